@@ -1,0 +1,5 @@
+"""`python -m aggregator` runs the same CLI as the `aggregator` console script."""
+
+from aggregator.cli import main
+
+raise SystemExit(main())

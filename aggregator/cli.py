@@ -1,0 +1,112 @@
+"""`aggregator serve | certs init | demo | check`: flags named like kube-apiserver's."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from aggregator import __version__
+from aggregator.config import ConfigError, add_serve_flags, options_from_args, validate
+from aggregator.logs import configure_logging
+
+EXIT_USAGE = 2
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aggregator",
+        description="A Kubernetes API aggregation gateway: merged discovery and a verified, streaming "
+        "proxy to extension API servers.",
+    )
+    parser.add_argument("--version", action="version", version=f"aggregator {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Serve merged discovery and proxy aggregated API groups, from a folder of manifests "
+        "(--apiservices-dir, local mode) or from kube-apiserver (--kubeconfig or in-cluster).",
+    )
+    add_serve_flags(serve)
+
+    certs = commands.add_parser("certs", help="certificate tools", description="Certificate tools.")
+    certs_commands = certs.add_subparsers(dest="certs_command", metavar="COMMAND", required=True)
+    init = certs_commands.add_parser(
+        "init",
+        help="write a serving CA and certificate, a client CA and admin certificate, a front-proxy CA and "
+        "client certificate, and an admin kubeconfig",
+        description="Write the PKI a local gateway needs. Existing files are kept unless --force.",
+    )
+    init.add_argument("--dir", default="certs", help="output folder (default certs/).")
+    init.add_argument(
+        "--hosts",
+        type=_csv,
+        default=[],
+        help="extra DNS names or IPs for the serving certificate (comma-separated).",
+    )
+    init.add_argument("--user", default="admin", help="user name (CN) of the admin client certificate.")
+    init.add_argument(
+        "--groups",
+        type=_csv,
+        default=["system:masters"],
+        help="groups (one O each) of the admin client certificate (default system:masters).",
+    )
+    init.add_argument(
+        "--server", default="https://127.0.0.1:8443", help="server URL written into admin.kubeconfig."
+    )
+    init.add_argument("--force", action="store_true", help="overwrite existing files.")
+    return parser
+
+
+def _certs_init(args: argparse.Namespace) -> int:
+    from aggregator.certs import init_pki
+
+    directory = Path(args.dir)
+    written = init_pki(
+        directory, hosts=args.hosts, user=args.user, groups=args.groups, server=args.server, force=args.force
+    )
+    for path in written:
+        print(f"wrote {path}")
+    if not written:
+        print(f"{directory}: every file already exists (use --force to replace them)")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from aggregator.server import run
+    from aggregator.tls.pem import PEMError
+
+    options = options_from_args(args)
+    try:
+        validate(options)
+    except ConfigError as err:
+        print(f"aggregator serve: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(options.log_format, options.verbosity)
+    try:
+        return run(options)
+    except PEMError as err:
+        print(f"aggregator serve: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as err:
+        print(
+            f"aggregator serve: --secure-port: cannot listen on {options.bind_address}:{options.secure_port}: "
+            f"{err.strerror or err}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "certs":
+        return _certs_init(args)
+    return EXIT_USAGE

@@ -1,0 +1,412 @@
+"""Options of `aggregator serve`, and the checks that reject a wrong combination before anything starts.
+
+Flag names follow kube-apiserver's so operators can carry their knowledge over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aggregator.durations import parse_duration
+
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+DEFAULT_CERT_DIR = "apiserver.local.config/certificates"
+DEFAULT_DENY_CIDRS = ("169.254.0.0/16", "fe80::/10")
+DEFAULT_ALWAYS_ALLOW_PATHS = ("/healthz", "/readyz", "/livez")
+
+
+class ConfigError(Exception):
+    """A flag combination that cannot work. `str()` is the one line shown before exiting with code 2."""
+
+    def __init__(self, flag: str, problem: str) -> None:
+        super().__init__(f"{flag}: {problem}")
+        self.flag = flag
+        self.problem = problem
+
+
+@dataclass
+class Options:
+    bind_address: str = "0.0.0.0"
+    secure_port: int = 8443
+    tls_cert_file: str | None = None
+    tls_private_key_file: str | None = None
+    cert_dir: str = DEFAULT_CERT_DIR
+    client_ca_file: str | None = None
+    requestheader_client_ca_file: str | None = None
+    requestheader_allowed_names: list[str] = field(default_factory=list)
+    requestheader_username_headers: list[str] = field(default_factory=lambda: ["X-Remote-User"])
+    requestheader_uid_headers: list[str] = field(default_factory=list)
+    requestheader_group_headers: list[str] = field(default_factory=lambda: ["X-Remote-Group"])
+    requestheader_extra_headers_prefix: list[str] = field(default_factory=lambda: ["X-Remote-Extra-"])
+    proxy_client_cert_file: str | None = None
+    proxy_client_key_file: str | None = None
+    kubeconfig: str | None = None
+    apiservices_dir: str | None = None
+    log_format: str = "text"
+    verbosity: int = 0
+    # proxy
+    enable_aggregator_routing: bool = False
+    allow_external_name_services: bool = False
+    backend_deny_cidrs: list[str] = field(default_factory=lambda: list(DEFAULT_DENY_CIDRS))
+    delegate_auth: str = "front-proxy"
+    # authentication / authorization
+    anonymous_auth: bool = False
+    token_auth_file: str | None = None
+    authentication_token_webhook_cache_ttl: float = 10.0
+    authentication_skip_lookup: bool = False
+    authorization_kubeconfig: str | None = None
+    authorization_always_allow_paths: list[str] = field(
+        default_factory=lambda: list(DEFAULT_ALWAYS_ALLOW_PATHS)
+    )
+    authorization_always_allow_groups: list[str] = field(default_factory=lambda: ["system:masters"])
+    authorization_webhook_cache_authorized_ttl: float = 10.0
+    authorization_webhook_cache_unauthorized_ttl: float = 10.0
+    # availability
+    write_apiservice_status: bool = False
+    # lifecycle
+    shutdown_delay_duration: float = 0.0
+
+    @property
+    def in_cluster(self) -> bool:
+        """True when no kubeconfig is given but a pod service account is mounted."""
+        return (
+            self.kubeconfig is None
+            and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+            and IN_CLUSTER_TOKEN.exists()
+        )
+
+    @property
+    def local_mode(self) -> bool:
+        """Objects come from a folder; the kubeconfig (if any) is only used for reviews."""
+        return self.apiservices_dir is not None
+
+    @property
+    def kube_mode(self) -> bool:
+        return not self.local_mode
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "t", "true", "yes", "y", "on"):
+        return True
+    if lowered in ("0", "f", "false", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
+
+
+def add_source_flags(parser: argparse.ArgumentParser) -> None:
+    """Where APIService, Service and EndpointSlice objects come from (shared by serve and check)."""
+    group = parser.add_argument_group("object source")
+    group.add_argument(
+        "--kubeconfig",
+        help="kubeconfig of the kube-apiserver to watch APIServices, Services and EndpointSlices in and to "
+        "delegate unknown paths to. Without it (and without --apiservices-dir) the in-cluster service "
+        "account is used.",
+    )
+    group.add_argument(
+        "--apiservices-dir",
+        help="local mode: read APIService, Service and EndpointSlice manifests (*.yaml, *.yml, *.json) "
+        "from this folder and reload them on change; no cluster is needed.",
+    )
+
+
+def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    """Every flag of `aggregator serve`, each with help text."""
+    add_source_flags(parser)
+    serving = parser.add_argument_group("secure serving")
+    serving.add_argument(
+        "--bind-address", default="0.0.0.0", help="IP address to listen on (default 0.0.0.0)."
+    )
+    serving.add_argument(
+        "--secure-port",
+        type=int,
+        default=8443,
+        help="HTTPS port to serve on (default 8443; 0 picks a free port).",
+    )
+    serving.add_argument(
+        "--tls-cert-file",
+        help="PEM serving certificate (followed by any intermediates). Re-read when the file changes.",
+    )
+    serving.add_argument("--tls-private-key-file", help="PEM private key matching --tls-cert-file.")
+    serving.add_argument(
+        "--cert-dir",
+        default=DEFAULT_CERT_DIR,
+        help="where a self-signed serving pair (apiserver.crt, apiserver.key) is generated when "
+        f"--tls-cert-file is not given (default {DEFAULT_CERT_DIR}).",
+    )
+    serving.add_argument(
+        "--shutdown-delay-duration",
+        type=_duration,
+        default=0.0,
+        help="on SIGTERM, fail /readyz and keep serving this long before closing (default 0s).",
+    )
+
+    authn = parser.add_argument_group("authentication")
+    authn.add_argument(
+        "--client-ca-file",
+        help="CA bundle that signs client certificates; a verified certificate authenticates as CN (user) "
+        "and O (groups).",
+    )
+    authn.add_argument(
+        "--requestheader-client-ca-file",
+        help="CA bundle that signs front-proxy client certificates; only callers presenting such a "
+        "certificate may assert identity with the request headers below.",
+    )
+    authn.add_argument(
+        "--requestheader-allowed-names",
+        type=_csv,
+        default=[],
+        help="comma-separated common names allowed for front-proxy certificates; empty allows any name "
+        "signed by --requestheader-client-ca-file.",
+    )
+    authn.add_argument(
+        "--requestheader-username-headers",
+        type=_csv,
+        default=["X-Remote-User"],
+        help="request headers to read the user name from, first non-empty wins (default X-Remote-User).",
+    )
+    authn.add_argument(
+        "--requestheader-uid-headers",
+        type=_csv,
+        default=[],
+        help="request headers to read the user UID from (default none).",
+    )
+    authn.add_argument(
+        "--requestheader-group-headers",
+        type=_csv,
+        default=["X-Remote-Group"],
+        help="request headers to read groups from (default X-Remote-Group).",
+    )
+    authn.add_argument(
+        "--requestheader-extra-headers-prefix",
+        type=_csv,
+        default=["X-Remote-Extra-"],
+        help="request header prefixes for user extra fields (default X-Remote-Extra-).",
+    )
+    authn.add_argument(
+        "--anonymous-auth",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="serve requests without credentials as system:anonymous (default false: they get a 401, "
+        "except on the always-allowed health paths).",
+    )
+    authn.add_argument(
+        "--token-auth-file",
+        help='static bearer tokens in kube-apiserver\'s CSV format (token,user,uid,"group1,group2"); '
+        "re-read on change.",
+    )
+    authn.add_argument(
+        "--authentication-token-webhook-cache-ttl",
+        type=_duration,
+        default=10.0,
+        help="how long TokenReview answers are cached (default 10s).",
+    )
+    authn.add_argument(
+        "--authentication-skip-lookup",
+        action="store_true",
+        help="do not read kube-system/extension-apiserver-authentication for missing CA settings.",
+    )
+
+    authz = parser.add_argument_group("authorization")
+    authz.add_argument(
+        "--authorization-kubeconfig",
+        help="kubeconfig for SubjectAccessReviews (default: the main kubeconfig or in-cluster account).",
+    )
+    authz.add_argument(
+        "--authorization-always-allow-paths",
+        type=_csv,
+        default=list(DEFAULT_ALWAYS_ALLOW_PATHS),
+        help="non-resource paths allowed without a review; exact, or a prefix with a trailing '*' "
+        "(default /healthz,/readyz,/livez).",
+    )
+    authz.add_argument(
+        "--authorization-always-allow-groups",
+        type=_csv,
+        default=["system:masters"],
+        help="groups allowed everything without a review (default system:masters).",
+    )
+    authz.add_argument(
+        "--authorization-webhook-cache-authorized-ttl",
+        type=_duration,
+        default=10.0,
+        help="how long an allowed SubjectAccessReview answer is cached (default 10s).",
+    )
+    authz.add_argument(
+        "--authorization-webhook-cache-unauthorized-ttl",
+        type=_duration,
+        default=10.0,
+        help="how long a denied SubjectAccessReview answer is cached (default 10s).",
+    )
+
+    proxy = parser.add_argument_group("proxy")
+    proxy.add_argument(
+        "--proxy-client-cert-file",
+        help="client certificate presented to extension API servers (and to kube-apiserver as the "
+        "front proxy); must be signed by their requestheader CA. Re-read on change.",
+    )
+    proxy.add_argument("--proxy-client-key-file", help="private key for --proxy-client-cert-file.")
+    proxy.add_argument(
+        "--enable-aggregator-routing",
+        action="store_true",
+        help="route to a ready EndpointSlice endpoint instead of the Service's cluster IP.",
+    )
+    proxy.add_argument(
+        "--allow-external-name-services",
+        action="store_true",
+        help="allow APIServices backed by ExternalName Services (off: they are a server-side request "
+        "forgery risk).",
+    )
+    proxy.add_argument(
+        "--backend-deny-cidrs",
+        type=_csv,
+        default=list(DEFAULT_DENY_CIDRS),
+        help="backend addresses never dialed (default 169.254.0.0/16,fe80::/10: cloud metadata); "
+        "an empty value allows all.",
+    )
+    proxy.add_argument(
+        "--delegate-auth",
+        choices=["front-proxy", "impersonate"],
+        default="front-proxy",
+        help="how the caller's identity reaches kube-apiserver: front-proxy headers with "
+        "--proxy-client-cert-file (default), or impersonation with the gateway's own credentials.",
+    )
+
+    status = parser.add_argument_group("availability")
+    status.add_argument(
+        "--write-apiservice-status",
+        action="store_true",
+        help="kube mode: write each APIService's Available condition to its status (off by default: "
+        "kube-apiserver's own aggregator writes it too).",
+    )
+
+    logs = parser.add_argument_group("logging")
+    logs.add_argument("--log-format", choices=["text", "json"], default="text", help="log line format.")
+    logs.add_argument(
+        "-v",
+        "--v",
+        dest="verbosity",
+        type=int,
+        default=0,
+        help="log verbosity; 4 and above logs debug lines.",
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    """Copy the parsed flags that Options knows into an Options."""
+    opts = Options()
+    for name in vars(opts):
+        if hasattr(args, name):
+            setattr(opts, name, getattr(args, name))
+    return opts
+
+
+def _check_readable(flag: str, path: str | None) -> None:
+    if path is None:
+        return
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except OSError as err:
+        raise ConfigError(flag, f"cannot read {path}: {err.strerror or err}") from err
+
+
+def _check_pair(cert_flag: str, cert: str | None, key_flag: str, key: str | None) -> None:
+    if cert and not key:
+        raise ConfigError(key_flag, f"is required when {cert_flag} is set")
+    if key and not cert:
+        raise ConfigError(cert_flag, f"is required when {key_flag} is set")
+
+
+def _same_file_content(a: str, b: str) -> bool:
+    try:
+        return Path(a).read_bytes().strip() == Path(b).read_bytes().strip()
+    except OSError:
+        return False
+
+
+def validate(opts: Options) -> None:
+    """Raise ConfigError for the first wrong combination, naming the flag."""
+    if not 0 <= opts.secure_port <= 65535:
+        raise ConfigError("--secure-port", f"{opts.secure_port} is not a valid port (0-65535)")
+    try:
+        ipaddress.ip_address(opts.bind_address)
+    except ValueError as err:
+        raise ConfigError("--bind-address", f"{opts.bind_address!r} is not an IP address") from err
+    _check_pair("--tls-cert-file", opts.tls_cert_file, "--tls-private-key-file", opts.tls_private_key_file)
+    _check_pair(
+        "--proxy-client-cert-file",
+        opts.proxy_client_cert_file,
+        "--proxy-client-key-file",
+        opts.proxy_client_key_file,
+    )
+    for flag, path in (
+        ("--tls-cert-file", opts.tls_cert_file),
+        ("--tls-private-key-file", opts.tls_private_key_file),
+        ("--client-ca-file", opts.client_ca_file),
+        ("--requestheader-client-ca-file", opts.requestheader_client_ca_file),
+        ("--proxy-client-cert-file", opts.proxy_client_cert_file),
+        ("--proxy-client-key-file", opts.proxy_client_key_file),
+        ("--kubeconfig", opts.kubeconfig),
+        ("--authorization-kubeconfig", opts.authorization_kubeconfig),
+        ("--token-auth-file", opts.token_auth_file),
+    ):
+        _check_readable(flag, path)
+    if opts.apiservices_dir is not None and not Path(opts.apiservices_dir).is_dir():
+        raise ConfigError("--apiservices-dir", f"{opts.apiservices_dir} is not a readable directory")
+    if opts.apiservices_dir is None and opts.kubeconfig is None and not opts.in_cluster:
+        raise ConfigError(
+            "--apiservices-dir",
+            "neither --apiservices-dir nor --kubeconfig is set and no in-cluster service account was found",
+        )
+    for cidr in opts.backend_deny_cidrs:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as err:
+            raise ConfigError("--backend-deny-cidrs", f"{cidr!r} is not a CIDR") from err
+    if (
+        opts.client_ca_file
+        and opts.requestheader_client_ca_file
+        and not opts.requestheader_allowed_names
+        and _same_file_content(opts.client_ca_file, opts.requestheader_client_ca_file)
+    ):
+        raise ConfigError(
+            "--requestheader-client-ca-file",
+            "is the same CA as --client-ca-file and --requestheader-allowed-names is empty, so any client "
+            "certificate could assert any identity; use a separate front-proxy CA or set allowed names",
+        )
+    if opts.delegate_auth == "front-proxy" and opts.kube_mode and not opts.proxy_client_cert_file:
+        # Without a front-proxy certificate kube-apiserver cannot trust the caller's identity headers.
+        raise ConfigError(
+            "--proxy-client-cert-file",
+            "is required in kube mode with --delegate-auth=front-proxy (kube-apiserver trusts X-Remote-* "
+            "only from a front-proxy certificate)",
+        )
+    for flag, ttl in (
+        ("--authentication-token-webhook-cache-ttl", opts.authentication_token_webhook_cache_ttl),
+        ("--authorization-webhook-cache-authorized-ttl", opts.authorization_webhook_cache_authorized_ttl),
+        ("--authorization-webhook-cache-unauthorized-ttl", opts.authorization_webhook_cache_unauthorized_ttl),
+    ):
+        if ttl < 0:
+            raise ConfigError(flag, "must not be negative")
+    for entry in opts.authorization_always_allow_paths:
+        if "*" in entry[:-1]:
+            raise ConfigError(
+                "--authorization-always-allow-paths", f"{entry!r}: '*' is only allowed at the end"
+            )

@@ -1,0 +1,27 @@
+"""Typed keys for what the pipeline attaches to a request."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from aggregator.model.userinfo import UserInfo
+from aggregator.routing import Route
+
+USER = web.RequestKey("aggregator.user", UserInfo)
+ROUTE = web.RequestKey("aggregator.route", Route)
+
+
+def set_user(request: web.Request, user: UserInfo) -> None:
+    request[USER] = user
+
+
+def get_user(request: web.Request) -> UserInfo | None:
+    return request.get(USER)
+
+
+def set_route(request: web.Request, route: Route) -> None:
+    request[ROUTE] = route
+
+
+def get_route(request: web.Request) -> Route:
+    return request[ROUTE]

@@ -1,0 +1,118 @@
+"""`/healthz`, `/livez` and `/readyz` as kube-apiserver serves them.
+
+Components register named checks; the wire format (`[+]name ok`, `[-]name failed: reason withheld`,
+`?verbose`, `?exclude=`) is upstream's `healthz.handleRootHealth`, so probes and scripts written for
+kube-apiserver read ours unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+# A check returns None when healthy, or the (logged, never served) reason it is not.
+Check = Callable[[], str | None]
+# Extra lines shown in the verbose output of a passing endpoint (e.g. unavailable APIServices).
+Notes = Callable[[], list[str]]
+
+ENDPOINTS = ("healthz", "livez", "readyz")
+
+
+@dataclass(frozen=True)
+class _Registered:
+    name: str
+    check: Check
+    endpoints: frozenset[str]
+
+
+class HealthChecks:
+    """Named checks per endpoint; `healthz` carries every check, like upstream."""
+
+    def __init__(self) -> None:
+        self._checks: list[_Registered] = []
+        self._notes: dict[str, list[Notes]] = {e: [] for e in ENDPOINTS}
+
+    def add(self, name: str, check: Check, *, livez: bool = True, readyz: bool = True) -> None:
+        endpoints = {"healthz"}
+        if livez:
+            endpoints.add("livez")
+        if readyz:
+            endpoints.add("readyz")
+        self._checks.append(_Registered(name, check, frozenset(endpoints)))
+
+    def add_notes(self, endpoint: str, notes: Notes) -> None:
+        self._notes[endpoint].append(notes)
+
+    def checks_for(self, endpoint: str) -> list[_Registered]:
+        return [c for c in self._checks if endpoint in c.endpoints]
+
+    def handler(self, endpoint: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """Serves `/<endpoint>` and `/<endpoint>/<check>`."""
+
+        async def handle(request: web.Request) -> web.Response:
+            name = request.path[len(endpoint) + 2 :]
+            return self._single(endpoint, name) if name else self._root(endpoint, request)
+
+        return handle
+
+    def _root(self, endpoint: str, request: web.Request) -> web.Response:
+        excluded = set(request.query.getall("exclude", []))
+        out: list[str] = []
+        failed: list[str] = []
+        for registered in self.checks_for(endpoint):
+            if registered.name in excluded:
+                excluded.discard(registered.name)
+                out.append(f"[+]{registered.name} excluded: ok\n")
+                continue
+            reason = _run(registered)
+            if reason is None:
+                out.append(f"[+]{registered.name} ok\n")
+            else:
+                out.append(f"[-]{registered.name} failed: reason withheld\n")
+                failed.append(f"{registered.name}: {reason}")
+        if excluded:
+            quoted = ", ".join(f'"{name}"' for name in sorted(excluded))
+            out.append(f"warn: some health checks cannot be excluded: no matches for {quoted}\n")
+        if failed:
+            log.info("%s check failed: %s", endpoint, "; ".join(failed))
+            out.append(f"{endpoint} check failed\n")
+            # http.Error appends a newline of its own.
+            return _text("".join(out) + "\n", 500)
+        if "verbose" not in request.query:
+            return _text("ok", 200)
+        for notes in self._notes[endpoint]:
+            out.extend(f"{line}\n" for line in notes())
+        out.append(f"{endpoint} check passed\n")
+        return _text("".join(out), 200)
+
+    def _single(self, endpoint: str, name: str) -> web.Response:
+        for registered in self.checks_for(endpoint):
+            if registered.name == name:
+                reason = _run(registered)
+                if reason is None:
+                    return _text("ok", 200)
+                log.info("%s check %s failed: %s", endpoint, name, reason)
+                return _text(f"internal server error: {reason}\n", 500)
+        return _text("404 page not found\n", 404)
+
+
+def _run(registered: _Registered) -> str | None:
+    try:
+        return registered.check()
+    except Exception as err:  # a broken check must fail, not crash the endpoint
+        return f"check raised {type(err).__name__}: {err}"
+
+
+def _text(body: str, status: int) -> web.Response:
+    return web.Response(
+        text=body,
+        status=status,
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )

@@ -1,0 +1,151 @@
+"""Prometheus collectors, one registry per gateway (no process-global state, so tests can run many).
+
+Names mirror upstream where upstream has the metric (`aggregator_unavailable_apiservice`), and use
+the `aggregator_` prefix for what upstream lacks (per-APIService proxy traffic, discovery freshness,
+auth caches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class UnavailableGauge:
+    """`aggregator_unavailable_apiservice{name}`: a custom collector, as upstream's is.
+
+    It shares its family name with the `aggregator_unavailable_apiservice_total` counter, which a
+    standard Gauge could not (the registry would refuse the duplicate name).
+    """
+
+    HELP = "[ALPHA] Gauge of APIServices which are marked as unavailable broken down by APIService name."
+
+    def __init__(self) -> None:
+        self._values: dict[str, float] = {}
+
+    def set(self, name: str, unavailable: bool) -> None:
+        self._values[name] = 1.0 if unavailable else 0.0
+
+    def forget(self, name: str) -> None:
+        self._values.pop(name, None)
+
+    def value(self, name: str) -> float | None:
+        return self._values.get(name)
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("aggregator_unavailable_apiservice", self.HELP, labels=["name"])
+        for name, value in sorted(self._values.items()):
+            family.add_metric([name], value)
+        yield family
+
+
+class Metrics:
+    def __init__(self) -> None:
+        # `_created` series double the output and nobody graphs them.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        r = self.registry = CollectorRegistry(auto_describe=False)
+        # availability (upstream names and help text)
+        self.unavailable_apiservice = UnavailableGauge()
+        r.register(self.unavailable_apiservice)
+        self.unavailable_apiservice_total = Counter(
+            "aggregator_unavailable_apiservice",
+            "[ALPHA] Counter of APIServices which are marked as unavailable broken down by APIService name "
+            "and reason.",
+            ["name", "reason"],
+            registry=r,
+        )
+        # requests the gateway serves, by route
+        self.requests = Counter(
+            "aggregator_requests",
+            "Requests served, by route kind and HTTP code.",
+            ["route", "code"],
+            registry=r,
+        )
+        # proxy
+        self.proxy_requests = Counter(
+            "aggregator_proxy_requests",
+            "Requests proxied to extension API servers, by APIService, verb and HTTP code.",
+            ["apiservice", "verb", "code"],
+            registry=r,
+        )
+        self.proxy_duration = Histogram(
+            "aggregator_proxy_request_duration_seconds",
+            "Time to the backend's response headers, by APIService and verb.",
+            ["apiservice", "verb"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.backend_errors = Counter(
+            "aggregator_backend_errors",
+            "Failures reaching a backend, by APIService and kind (resolve, connect, tls, timeout, redirect).",
+            ["apiservice", "kind"],
+            registry=r,
+        )
+        self.insecure_backends = Gauge(
+            "aggregator_insecure_backends",
+            "1 for each APIService proxied with insecureSkipTLSVerify.",
+            ["name"],
+            registry=r,
+        )
+        # discovery
+        self.discovery_fetches = Counter(
+            "aggregator_discovery_fetches",
+            "Backend discovery fetches, by APIService and outcome (aggregated, not_modified, legacy, error).",
+            ["apiservice", "result"],
+            registry=r,
+        )
+        self.discovery_last_success = Gauge(
+            "aggregator_discovery_last_success_timestamp_seconds",
+            "Unix time of the last good discovery fetch, by APIService.",
+            ["apiservice"],
+            registry=r,
+        )
+        self.discovery_aggregations = Counter(
+            "aggregator_discovery_aggregation_count",
+            "Times the aggregated discovery document was regenerated.",
+            registry=r,
+        )
+        # authentication / authorization
+        self.authn_cache = Counter(
+            "aggregator_authentication_cache",
+            "Token cache lookups by result (hit, miss).",
+            ["result"],
+            registry=r,
+        )
+        self.authz_cache = Counter(
+            "aggregator_authorization_cache",
+            "SubjectAccessReview cache lookups by result (hit, miss).",
+            ["result"],
+            registry=r,
+        )
+        self.review_duration = Histogram(
+            "aggregator_webhook_review_duration_seconds",
+            "Latency of TokenReview and SubjectAccessReview calls.",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reviews_in_flight = Gauge(
+            "aggregator_webhook_reviews_in_flight", "Reviews awaiting kube-apiserver.", ["kind"], registry=r
+        )
+        # object sources
+        self.watch_restarts = Counter(
+            "aggregator_watch_restarts", "Watches restarted, by resource.", ["resource"], registry=r
+        )
+        self.watch_relists = Counter(
+            "aggregator_watch_relists",
+            "Full relists (410 Gone or ERROR events), by resource.",
+            ["resource"],
+            registry=r,
+        )
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """`GET /metrics` in the Prometheus (or OpenMetrics, when asked) text format."""
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(self.registry), headers={"Content-Type": content_type})

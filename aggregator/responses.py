@@ -1,0 +1,49 @@
+"""Responses the gateway writes itself: Status errors and negotiated API objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from aggregator.model.jsonenc import encode_object
+from aggregator.model.status import NOT_FOUND_MESSAGE, status_body
+
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_PRETTY_AGENTS = ("curl", "Wget", "Mozilla/5.0")
+
+
+def wants_pretty(request: web.Request) -> bool:
+    """Upstream's rule: `?pretty=<ParseBool>` wins, else curl, Wget and browsers get indented JSON."""
+    pretty = request.query.get("pretty")
+    if pretty:
+        return pretty in _TRUE
+    return request.headers.get("User-Agent", "").startswith(_PRETTY_AGENTS)
+
+
+def json_response(request: web.Request | None, obj: Any, *, status: int = 200) -> web.Response:
+    pretty = request is not None and wants_pretty(request)
+    return web.Response(
+        body=encode_object(obj, pretty=pretty), status=status, content_type="application/json"
+    )
+
+
+def status_response(
+    request: web.Request | None,
+    code: int,
+    message: str,
+    *,
+    reason: str | None = None,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """A Kubernetes Status with the matching HTTP code."""
+    response = json_response(request, status_body(code, message, reason=reason, details=details), status=code)
+    if headers:
+        response.headers.update(headers)
+    return response
+
+
+def not_found(request: web.Request | None) -> web.Response:
+    """kube-apiserver's answer for a path nothing serves."""
+    return status_response(request, 404, NOT_FOUND_MESSAGE, details={})

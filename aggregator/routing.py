@@ -1,0 +1,71 @@
+"""Which component answers a path.
+
+Like upstream's path recorder: exact paths first, then the dynamic APIService table (group and
+group-version paths), then registered prefixes, then the fallback (kube-apiserver in kube mode,
+a 404 Status in local mode). Matching is dictionary lookups and a short prefix scan: it runs for
+every request before authentication, so it must stay cheap.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class RouteKind(enum.Enum):
+    OWN = "own"  # answered by the gateway itself
+    BACKEND = "backend"  # proxied to an extension API server
+    DELEGATE = "delegate"  # forwarded to kube-apiserver, which authorizes it itself
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    handler: Handler
+    kind: RouteKind
+    # For logs and metrics: "healthz", "discovery", "v1beta1.metrics.k8s.io", "delegate", ...
+    name: str
+    # Served to callers without credentials even when --anonymous-auth is off (health probes).
+    public: bool = False
+    # Whether a protocol upgrade (exec, attach, port-forward) may be tunnelled through this route.
+    upgradable: bool = False
+
+
+Resolver = Callable[[str], Route | None]
+
+
+class Router:
+    def __init__(self, fallback: Route) -> None:
+        self.fallback = fallback
+        self._exact: dict[str, Route] = {}
+        self._prefixes: list[tuple[str, Route]] = []
+        self._resolvers: list[Resolver] = []
+
+    def add_exact(self, path: str, route: Route) -> None:
+        self._exact[path] = route
+
+    def add_prefix(self, prefix: str, route: Route) -> None:
+        """`prefix` should end with `/`; longer prefixes win."""
+        self._prefixes.append((prefix, route))
+        self._prefixes.sort(key=lambda item: (item[0].count("/"), len(item[0])), reverse=True)
+
+    def add_resolver(self, resolver: Resolver) -> None:
+        """A function that claims dynamic paths (the APIService table) or returns None."""
+        self._resolvers.append(resolver)
+
+    def match(self, path: str) -> Route:
+        route = self._exact.get(path)
+        if route is not None:
+            return route
+        for resolver in self._resolvers:
+            route = resolver(path)
+            if route is not None:
+                return route
+        for prefix, route in self._prefixes:
+            if path.startswith(prefix):
+                return route
+        return self.fallback

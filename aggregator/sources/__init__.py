@@ -1,0 +1,1 @@
+"""Where objects come from (a folder or kube-apiserver) and the store that holds them."""

@@ -1,0 +1,1 @@
+"""TLS plumbing shared by the server side (serving certificates) and the client side (backends)."""

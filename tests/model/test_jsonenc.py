@@ -1,0 +1,17 @@
+from aggregator.model.jsonenc import encode_object, go_marshal, go_marshal_indent
+from aggregator.model.status import status_body
+
+
+def test_go_html_escaping_and_unicode() -> None:
+    assert go_marshal({"a": "<b>&</b>", "é": "\u2028"}) == '{"a":"\\u003cb\\u003e\\u0026\\u003c/b\\u003e","é":"\\u2028"}'.encode()
+
+
+def test_indent_matches_marshal_indent() -> None:
+    assert go_marshal_indent({"a": [], "b": {}, "c": [1]}) == b'{\n  "a": [],\n  "b": {},\n  "c": [\n    1\n  ]\n}'
+
+
+def test_status_field_order() -> None:
+    assert encode_object(status_body(401, "Unauthorized")) == (
+        b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized",'
+        b'"reason":"Unauthorized","code":401}\n'
+    )

@@ -1,0 +1,158 @@
+"""Local mode's folder source: hot reload within 2 s, broken files and invalid objects isolated."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from aggregator.sources.files import FolderSource
+from aggregator.sources.store import Store
+
+APISERVICE = """
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata:
+  name: {version}.{group}
+spec:
+  group: {group}
+  version: {version}
+  groupPriorityMinimum: 1000
+  versionPriority: {vp}
+  service:
+    namespace: wardle
+    name: api
+"""
+
+
+def manifest(group: str = "wardle.example.com", version: str = "v1alpha1", vp: int = 15) -> str:
+    return APISERVICE.format(group=group, version=version, vp=vp)
+
+
+@pytest.fixture
+async def source(tmp_path: Path) -> AsyncIterator[FolderSource]:
+    src = FolderSource(tmp_path, Store(), interval=0.2)
+    await src.start()
+    yield src
+    await src.stop()
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 2.0) -> float:
+    started = time.monotonic()
+    while not check():
+        if time.monotonic() - started > timeout:
+            raise AssertionError("condition not met within 2 s")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+async def test_add_change_remove_within_two_seconds(source: FolderSource, tmp_path: Path) -> None:
+    store = source.store
+    assert store.synced
+    path = tmp_path / "wardle.yaml"
+    path.write_text(manifest())
+    await eventually(lambda: store.apiservice("v1alpha1.wardle.example.com") is not None)
+    path.write_text(manifest(vp=99))
+    await eventually(lambda: store.apiservice("v1alpha1.wardle.example.com").version_priority == 99)  # type: ignore[union-attr]
+    path.unlink()
+    await eventually(lambda: store.apiservice("v1alpha1.wardle.example.com") is None)
+
+
+async def test_multi_document_list_json_and_nested_folders(source: FolderSource, tmp_path: Path) -> None:
+    (tmp_path / "nested" / "deeper").mkdir(parents=True)
+    (tmp_path / "multi.yml").write_text(manifest(version="v1") + "---\n" + manifest(version="v2") + "---\n")
+    items = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "wardle", "name": "api"},
+             "spec": {"clusterIP": "10.0.0.9", "ports": [{"name": "https", "port": 443, "targetPort": 8443}]}},
+            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+             "metadata": {"namespace": "wardle", "name": "api-x", "labels": {"kubernetes.io/service-name": "api"}},
+             "addressType": "IPv4", "ports": [{"name": "https", "port": 8443}],
+             "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]},
+            {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "ignored"}},
+        ],
+    }
+    (tmp_path / "nested" / "deeper" / "objects.json").write_text(json.dumps(items))
+    (tmp_path / "README.md").write_text("not a manifest")
+    store = source.store
+    await eventually(lambda: len(store.apiservices()) == 2 and store.service("wardle", "api") is not None)
+    service = store.service("wardle", "api")
+    assert service is not None and service.ports[0].target_port == 8443
+    slices = store.endpointslices_for("wardle", "api")
+    assert [s.endpoints[0].addresses for s in slices] == [("127.0.0.1",)]
+
+
+async def test_broken_file_keeps_its_objects_and_reports_file_and_line(
+    source: FolderSource, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR)
+    path = tmp_path / "wardle.yaml"
+    path.write_text(manifest())
+    await eventually(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
+    path.write_text(manifest() + "  broken: [unclosed\n")
+    await eventually(lambda: bool(source.errors))
+    assert source.store.apiservice("v1alpha1.wardle.example.com") is not None
+    reason = source.errors[path]
+    assert reason.startswith(f"{path}:")
+    line = int(reason.split(":")[1])
+    assert line >= 14
+    assert any(str(path) in r.fields.get("reason", "") for r in caplog.records if hasattr(r, "fields"))
+    path.write_text(manifest(vp=5))
+    await eventually(lambda: source.store.apiservice("v1alpha1.wardle.example.com").version_priority == 5)  # type: ignore[union-attr]
+    assert not source.errors
+
+
+async def test_one_broken_file_and_one_valid_apiservice(tmp_path: Path) -> None:
+    """The issue's case: start with a broken file beside a valid one; the valid one is served."""
+    (tmp_path / "a-broken.json").write_text('{"apiVersion": "apiregistration.k8s.io/v1",\n "kind": ')
+    (tmp_path / "b-valid.yaml").write_text(manifest())
+    source = FolderSource(tmp_path, Store())
+    await source.start()
+    try:
+        assert [s.name for s in source.store.apiservices()] == ["v1alpha1.wardle.example.com"]
+        assert source.errors[tmp_path / "a-broken.json"].startswith(f"{tmp_path / 'a-broken.json'}:2:")
+    finally:
+        await source.stop()
+
+
+async def test_invalid_object_is_skipped_with_every_field_error(
+    source: FolderSource, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR)
+    bad = manifest(group="other.example.com").replace("name: v1alpha1.other.example.com", "name: wrong-name")
+    bad = bad.replace("versionPriority: 15", "versionPriority: 0")
+    (tmp_path / "all.yaml").write_text(bad + "---\n" + manifest())
+    await eventually(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
+    assert [s.name for s in source.store.apiservices()] == ["v1alpha1.wardle.example.com"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert (
+        'APIService.apiregistration.k8s.io "wrong-name" is invalid: ['
+        'metadata.name: Invalid value: "wrong-name": must be `spec.version+"."+spec.group`: "v1alpha1.other.example.com", '
+        "spec.versionPriority: Invalid value: 0: must be positive and less than 1000]"
+    ) in messages
+
+
+async def test_invalid_edit_keeps_the_previous_valid_version(source: FolderSource, tmp_path: Path) -> None:
+    path = tmp_path / "wardle.yaml"
+    path.write_text(manifest(vp=7))
+    await eventually(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
+    path.write_text(manifest(vp=7).replace("groupPriorityMinimum: 1000", "groupPriorityMinimum: 0"))
+    await asyncio.sleep(0.6)
+    kept = source.store.apiservice("v1alpha1.wardle.example.com")
+    assert kept is not None and kept.group_priority_minimum == 1000
+
+
+async def test_v1beta1_apiservice_is_refused_with_a_reason(
+    source: FolderSource, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR)
+    (tmp_path / "old.yaml").write_text(manifest().replace("apiregistration.k8s.io/v1", "apiregistration.k8s.io/v1beta1"))
+    await eventually(lambda: any("v1beta1 APIService is not served" in r.getMessage() for r in caplog.records))
+    assert source.store.apiservices() == []

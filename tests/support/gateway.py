@@ -1,0 +1,40 @@
+"""Start a real gateway in-process: real TLS on a real socket, torn down after the test."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from aggregator.config import Options, validate
+from aggregator.server import GatewayServer
+from tests.support.pki import PKI
+
+
+def local_options(pki: PKI, apiservices_dir: str, **overrides: object) -> Options:
+    """Local mode on a free port with the test PKI's serving pair and client CAs."""
+    base = Options(
+        bind_address="127.0.0.1",
+        secure_port=0,
+        tls_cert_file=pki.path("serving.crt"),
+        tls_private_key_file=pki.path("serving.key"),
+        client_ca_file=pki.path("client-ca.crt"),
+        requestheader_client_ca_file=pki.path("front-proxy-ca.crt"),
+        requestheader_allowed_names=["front-proxy-client"],
+        proxy_client_cert_file=pki.path("front-proxy-client.crt"),
+        proxy_client_key_file=pki.path("front-proxy-client.key"),
+        apiservices_dir=apiservices_dir,
+    )
+    options = replace(base, **overrides)  # type: ignore[arg-type]
+    validate(options)
+    return options
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(options: Options) -> AsyncIterator[GatewayServer]:
+    server = GatewayServer(options)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()

@@ -1,0 +1,207 @@
+"""`aggregator` as a user runs it: flags, exit codes, and the one-line error for a wrong combination."""
+
+from __future__ import annotations
+
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.pki import PKI
+
+AGGREGATOR = [sys.executable, "-m", "aggregator"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean_env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    return subprocess.run([*AGGREGATOR, *args], capture_output=True, text=True, timeout=60, env=env or clean_env)
+
+
+def test_help_documents_every_flag_named_in_the_issue() -> None:
+    out = run_cli("serve", "--help").stdout
+    for flag in (
+        "--bind-address",
+        "--secure-port",
+        "--tls-cert-file",
+        "--tls-private-key-file",
+        "--cert-dir",
+        "--client-ca-file",
+        "--requestheader-client-ca-file",
+        "--requestheader-allowed-names",
+        "--requestheader-username-headers",
+        "--requestheader-group-headers",
+        "--requestheader-extra-headers-prefix",
+        "--proxy-client-cert-file",
+        "--proxy-client-key-file",
+        "--kubeconfig",
+        "--apiservices-dir",
+        "--log-format",
+        "-v",
+    ):
+        assert flag in out, flag
+    # argparse prints a help line under every flag; none may be left without one.
+    assert "default X-Remote-User" in out and "(default 8443" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--tls-cert-file", "{pki}/serving.crt"], "--tls-private-key-file: is required when --tls-cert-file is set"),
+        (["--tls-private-key-file", "{pki}/serving.key"], "--tls-cert-file: is required when --tls-private-key-file is set"),
+        (
+            ["--proxy-client-cert-file", "{pki}/front-proxy-client.crt"],
+            "--proxy-client-key-file: is required when --proxy-client-cert-file is set",
+        ),
+        (["--client-ca-file", "{tmp}/missing.crt"], "--client-ca-file: cannot read {tmp}/missing.crt: No such file or directory"),
+        (["--apiservices-dir", "{tmp}/nowhere"], "--apiservices-dir: {tmp}/nowhere is not a readable directory"),
+        (["--secure-port", "70000"], "--secure-port: 70000 is not a valid port (0-65535)"),
+        (["--bind-address", "localhost"], "--bind-address: 'localhost' is not an IP address"),
+        (["--backend-deny-cidrs", "10.0.0.0/33"], "--backend-deny-cidrs: '10.0.0.0/33' is not a CIDR"),
+        (
+            ["--client-ca-file", "{pki}/client-ca.crt", "--requestheader-client-ca-file", "{pki}/client-ca.crt"],
+            "--requestheader-client-ca-file: is the same CA as --client-ca-file and --requestheader-allowed-names is empty",
+        ),
+        (
+            ["--authorization-always-allow-paths", "/a*b"],
+            "--authorization-always-allow-paths: '/a*b': '*' is only allowed at the end",
+        ),
+    ],
+)
+def test_wrong_combination_exits_2_with_one_line(pki: PKI, tmp_path: Path, args: list[str], expected: str) -> None:
+    (tmp_path / "objs").mkdir()
+    filled = [a.format(pki=pki.dir, tmp=tmp_path) for a in args]
+    if "--apiservices-dir" not in filled:
+        filled += ["--apiservices-dir", str(tmp_path / "objs")]
+    result = run_cli("serve", *filled)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert expected.format(pki=pki.dir, tmp=tmp_path) in lines[0]
+
+
+def test_no_object_source_exits_2() -> None:
+    result = run_cli("serve")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "aggregator serve: --apiservices-dir: neither --apiservices-dir nor --kubeconfig is set and no "
+        "in-cluster service account was found"
+    )
+
+
+def test_mismatched_serving_pair_exits_2(pki: PKI, tmp_path: Path) -> None:
+    result = run_cli(
+        "serve",
+        "--apiservices-dir",
+        str(tmp_path),
+        "--tls-cert-file",
+        pki.path("serving.crt"),
+        "--tls-private-key-file",
+        pki.path("admin.key"),
+    )
+    assert result.returncode == 2
+    assert "private key does not match the certificate" in result.stderr
+
+
+def _wait_for_port(log_path: Path, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "serving" in log_path.read_text():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(log_path.read_text())
+        time.sleep(0.1)
+    raise AssertionError("gateway did not start: " + log_path.read_text())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_certs_init_then_serve_answers_healthz_over_mutual_tls(tmp_path: Path) -> None:
+    """The issue's own acceptance scenario, run as a user would."""
+    certs, empty = tmp_path / "D", tmp_path / "empty"
+    empty.mkdir()
+    assert run_cli("certs", "init", "--dir", str(certs)).returncode == 0
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [
+                *AGGREGATOR,
+                "serve",
+                "--apiservices-dir",
+                str(empty),
+                "--tls-cert-file",
+                str(certs / "serving.crt"),
+                "--tls-private-key-file",
+                str(certs / "serving.key"),
+                "--client-ca-file",
+                str(certs / "client-ca.crt"),
+                "--secure-port",
+                str(port),
+                "--log-format",
+                "json",
+            ],
+            stderr=log_file,
+        )
+    try:
+        _wait_for_port(log_path, proc)
+        ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        ctx.load_cert_chain(str(certs / "admin.crt"), str(certs / "admin.key"))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx) as resp:
+            assert resp.status == 200
+            assert resp.read() == b"ok"
+        # curl, as the issue runs it
+        curl = subprocess.run(
+            [
+                "curl",
+                "-s",
+                "--cacert",
+                str(certs / "ca.crt"),
+                "--cert",
+                str(certs / "admin.crt"),
+                "--key",
+                str(certs / "admin.key"),
+                f"https://127.0.0.1:{port}/healthz",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert curl.stdout == "ok"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    log_text = log_path.read_text()
+    assert '"msg": "serving"' in log_text and '"mode": "local"' in log_text
+    assert '"path": "/healthz"' in log_text
+
+
+def test_cert_dir_generates_a_self_signed_pair_when_no_cert_is_given(tmp_path: Path) -> None:
+    port = _free_port()
+    cert_dir = tmp_path / "generated"
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [*AGGREGATOR, "serve", "--apiservices-dir", str(tmp_path), "--cert-dir", str(cert_dir), "--secure-port", str(port)],
+            stderr=log_file,
+        )
+    try:
+        _wait_for_port(log_path, proc)
+        ctx = ssl.create_default_context(cafile=str(cert_dir / "apiserver.crt"))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/livez", context=ctx) as resp:
+            assert resp.read() == b"ok"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    assert oct((cert_dir / "apiserver.key").stat().st_mode & 0o777) == "0o600"

@@ -1,0 +1,139 @@
+"""Hot rotation of the serving certificate: new connections see the new pair, no restart."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import ssl
+import time
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from aggregator.certs import issue_serving_cert, new_ca, write_cert, write_key
+from tests.conftest import StartGateway
+from tests.support.pki import PKI
+
+
+async def served_certificate(port: int) -> x509.Certificate:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    _reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+    der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    writer.close()
+    await writer.wait_closed()
+    return x509.load_der_x509_certificate(der)
+
+
+async def wait_for_serial(port: int, serial: int, timeout: float = 10.0) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if (await served_certificate(port)).serial_number == serial:
+            return time.monotonic() - started
+        await asyncio.sleep(0.2)
+    raise AssertionError("new certificate not served within 10 s")
+
+
+@pytest.fixture
+def serving_files(pki: PKI, tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(pki.path("serving.crt"), cert)
+    shutil.copy(pki.path("serving.key"), key)
+    return cert, key
+
+
+async def test_replaced_pair_is_served_on_new_connections_without_restart(
+    start_gateway: StartGateway, serving_files: tuple[Path, Path]
+) -> None:
+    cert, key = serving_files
+    server = await start_gateway(tls_cert_file=str(cert), tls_private_key_file=str(key))
+    original = await served_certificate(server.port)
+
+    # An established keep-alive connection must survive the rotation.
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=ssl._create_unverified_context())
+
+    ca = new_ca("rotated-ca")
+    rotated = issue_serving_cert(ca, ["localhost", "127.0.0.1"])
+    write_key(key, rotated.key)
+    write_cert(cert, rotated.cert)
+
+    elapsed = await wait_for_serial(server.port, rotated.cert.serial_number)
+    assert elapsed < 10
+    assert original.serial_number != rotated.cert.serial_number
+
+    writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    writer.close()
+
+
+async def test_key_type_change_is_served_too(start_gateway: StartGateway, serving_files: tuple[Path, Path]) -> None:
+    """OpenSSL keeps one certificate per key type; an RSA pair must fully replace an EC one."""
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    import aggregator.certs as certs_module
+
+    cert, key = serving_files
+    server = await start_gateway(tls_cert_file=str(cert), tls_private_key_file=str(key))
+    original_new_key = certs_module.new_key
+    certs_module.new_key = lambda: rsa.generate_private_key(public_exponent=65537, key_size=2048)  # type: ignore[assignment,return-value]
+    try:
+        ca = new_ca("rsa-ca")
+        rotated = issue_serving_cert(ca, ["localhost", "127.0.0.1"])
+    finally:
+        certs_module.new_key = original_new_key
+    write_key(key, rotated.key)
+    write_cert(cert, rotated.cert)
+    await wait_for_serial(server.port, rotated.cert.serial_number)
+
+
+@pytest.mark.parametrize("breakage", ["half-written", "mismatched"])
+async def test_broken_pair_keeps_the_old_certificate_and_logs_why(
+    start_gateway: StartGateway,
+    serving_files: tuple[Path, Path],
+    breakage: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cert, key = serving_files
+    server = await start_gateway(tls_cert_file=str(cert), tls_private_key_file=str(key))
+    original = await served_certificate(server.port)
+    rotated = issue_serving_cert(new_ca("other"), ["localhost"])
+    caplog.set_level(logging.WARNING, logger="aggregator.tls.serving")
+    if breakage == "half-written":
+        pem = rotated.cert_pem
+        cert.write_bytes(pem[: len(pem) // 2])
+    else:
+        write_cert(cert, rotated.cert)  # new certificate, old key
+    await asyncio.sleep(2.5)
+    assert (await served_certificate(server.port)).serial_number == original.serial_number
+    messages = [r for r in caplog.records if "not reloaded" in r.getMessage()]
+    assert messages, caplog.text
+    reason = messages[-1].fields["reason"]  # type: ignore[attr-defined]
+    expected = "no valid PEM certificate" if breakage == "half-written" else "does not match the certificate"
+    assert expected in reason
+    # Once the pair is whole again it is picked up.
+    write_key(key, rotated.key)
+    write_cert(cert, rotated.cert)
+    await wait_for_serial(server.port, rotated.cert.serial_number)
+
+
+async def test_only_tls_1_2_and_above(start_gateway: StartGateway) -> None:
+    server = await start_gateway()
+    ctx = ssl._create_unverified_context()
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_1
+    ctx.minimum_version = ssl.TLSVersion.TLSv1
+    with pytest.raises((ssl.SSLError, ConnectionResetError)):
+        await asyncio.open_connection("127.0.0.1", server.port, ssl=ctx)
+
+
+async def test_advertises_http_1_1_only(start_gateway: StartGateway) -> None:
+    server = await start_gateway()
+    ctx = ssl._create_unverified_context()
+    ctx.set_alpn_protocols(["h2", "http/1.1"])
+    _r, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=ctx)
+    assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "http/1.1"
+    writer.close()

@@ -51,3 +51,41 @@ def status_body(
         body["details"] = details
     body["code"] = code
     return body
+
+
+def forbidden_message(
+    user: str,
+    verb: str,
+    *,
+    resource: str = "",
+    subresource: str = "",
+    group: str = "",
+    name: str = "",
+    namespace: str = "",
+    path: str = "",
+    reason: str = "",
+) -> str:
+    """The message of upstream's 403 (`responsewriters.forbiddenMessage` + `NewForbidden`).
+
+    Resource requests: `<resource>.<group> "<name>" is forbidden: User "<u>" cannot <verb> resource
+    "<res>[/<sub>]" in API group "<g>" in the namespace "<ns>"` (or `at the cluster scope`);
+    non-resource requests: `forbidden: User "<u>" cannot <verb> path "<path>"`. A non-empty
+    authorizer reason is appended after `: `.
+    """
+    if not resource:
+        message = f'forbidden: User "{user}" cannot {verb.lower()} path "{path}"'
+    else:
+        full = f"{resource}/{subresource}" if subresource else resource
+        scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+        detail = f'User "{user}" cannot {verb} resource "{full}" in API group "{group}" {scope}'
+        qualified = f"{resource}.{group}" if group else resource
+        message = (
+            f'{qualified} "{name}" is forbidden: {detail}' if name else f"{qualified} is forbidden: {detail}"
+        )
+    return f"{message}: {reason}" if reason else message
+
+
+def forbidden_details(resource: str, group: str, name: str) -> dict[str, str]:
+    """`details` of a 403 Status: name, group, kind (the resource), omitting empty fields."""
+    details = {"name": name, "group": group, "kind": resource}
+    return {k: v for k, v in details.items() if v}

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from aggregator.model.fielderrors import go_quote
+
 # HTTP code -> metav1.StatusReason, as apimachinery's errors package pairs them.
 REASONS: dict[int, str] = {
     400: "BadRequest",
@@ -72,20 +74,25 @@ def forbidden_message(
     non-resource requests: `forbidden: User "<u>" cannot <verb> path "<path>"`. A non-empty
     authorizer reason is appended after `: `.
     """
+    q = go_quote
     if not resource:
-        message = f'forbidden: User "{user}" cannot {verb.lower()} path "{path}"'
+        detail = f"User {q(user)} cannot {verb} path {q(path)}"
     else:
         full = f"{resource}/{subresource}" if subresource else resource
-        scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
-        detail = f'User "{user}" cannot {verb} resource "{full}" in API group "{group}" {scope}'
-        qualified = f"{resource}.{group}" if group else resource
-        message = (
-            f'{qualified} "{name}" is forbidden: {detail}' if name else f"{qualified} is forbidden: {detail}"
-        )
-    return f"{message}: {reason}" if reason else message
+        scope = f"in the namespace {q(namespace)}" if namespace else "at the cluster scope"
+        detail = f"User {q(user)} cannot {verb} resource {q(full)} in API group {q(group)} {scope}"
+    if reason:
+        detail = f"{detail}: {reason}"
+    if not resource and not group:
+        return f"forbidden: {detail}"
+    qualified = f"{resource}.{group}" if group else resource
+    return f"{qualified} {q(name)} is forbidden: {detail}" if name else f"{qualified} is forbidden: {detail}"
 
 
 def forbidden_details(resource: str, group: str, name: str) -> dict[str, str]:
-    """`details` of a 403 Status: name, group, kind (the resource), omitting empty fields."""
+    """`details` of a 403 Status: name, group, kind (the resource), omitting empty fields.
+
+    Always include it, even empty: upstream's non-resource 403 carries `"details":{}`.
+    """
     details = {"name": name, "group": group, "kind": resource}
     return {k: v for k, v in details.items() if v}

@@ -20,6 +20,7 @@ from typing import Protocol
 from aiohttp import web
 
 from aggregator import __version__
+from aggregator.auth.authn import Authenticator
 from aggregator.config import Options
 from aggregator.context import get_user, set_route
 from aggregator.health import ENDPOINTS, HealthChecks
@@ -60,6 +61,7 @@ class Gateway:
         self.started = False
         # Human-readable start-up facts components add to ("client certificates (client CA)", ...).
         self.auth_summary: list[str] = []
+        self.authenticator: Authenticator | None = None
 
         self.health.add("ping", lambda: None)
         self.health.add("shutdown", self._shutdown_check, livez=False)
@@ -184,6 +186,10 @@ def build_gateway(options: Options) -> Gateway:
 
         assert options.apiservices_dir is not None
         gateway.add_component(FolderSource(options.apiservices_dir, gateway.store))
+    # authentication
+    from aggregator.auth.setup import install_authentication
+
+    install_authentication(gateway)
     return gateway
 
 

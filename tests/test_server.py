@@ -16,7 +16,9 @@ from tests.support.pki import PKI
 async def test_unknown_path_in_local_mode_is_a_404_status(start_gateway: StartGateway, pki: PKI) -> None:
     server = await start_gateway()
     async with aiohttp.ClientSession() as session:
-        async with session.get(f"{server.url}/api/v1/pods", ssl=pki.client_context(), headers={"User-Agent": "kubectl"}) as resp:
+        async with session.get(
+            f"{server.url}/api/v1/pods", ssl=pki.client_context(), headers={"User-Agent": "kubectl"}
+        ) as resp:
             assert resp.status == 404
             assert resp.headers["Content-Type"] == "application/json"
             assert await resp.read() == (
@@ -24,7 +26,9 @@ async def test_unknown_path_in_local_mode_is_a_404_status(start_gateway: StartGa
                 b'"message":"the server could not find the requested resource","reason":"NotFound","details":{},"code":404}\n'
             )
         # curl gets it indented, as from kube-apiserver
-        async with session.get(f"{server.url}/nope", ssl=pki.client_context(), headers={"User-Agent": "curl/8.0"}) as resp:
+        async with session.get(
+            f"{server.url}/nope", ssl=pki.client_context(), headers={"User-Agent": "curl/8.0"}
+        ) as resp:
             text = await resp.text()
             assert text.startswith('{\n  "kind": "Status",\n')
             assert json.loads(text)["code"] == 404
@@ -32,7 +36,10 @@ async def test_unknown_path_in_local_mode_is_a_404_status(start_gateway: StartGa
 
 async def test_version_in_local_mode(start_gateway: StartGateway, pki: PKI) -> None:
     server = await start_gateway()
-    async with aiohttp.ClientSession() as session, session.get(f"{server.url}/version", ssl=pki.client_context()) as resp:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{server.url}/version", ssl=pki.client_context()) as resp,
+    ):
         body = await resp.json()
     assert body["gitVersion"] == f"v{__version__}"
     assert list(body)[:3] == ["major", "minor", "gitVersion"]
@@ -43,13 +50,15 @@ async def test_access_log_line_never_carries_credentials(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     server = await start_gateway()
-    async with aiohttp.ClientSession() as session:
-        async with session.get(
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
             f"{server.url}/livez?x=1",
             ssl=pki.client_context(),
             headers={"Authorization": "Bearer sup3rs3cr3t-token", "X-Remote-Extra-Secret": "hunter2"},
-        ) as resp:
-            assert resp.status == 200
+        ) as resp,
+    ):
+        assert resp.status == 200
     access = [r for r in caplog.records if r.name == "aggregator.access"]
     assert access
     assert access[-1].fields["path"] == "/livez"  # type: ignore[attr-defined]

@@ -1,0 +1,1 @@
+"""Who is calling (authentication) and may they (authorization)."""

@@ -1,0 +1,203 @@
+"""Authentication as a caller meets it: client certificates, front-proxy headers, anonymous rules."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from aggregator.certs import issue_client_cert, load_pair, new_ca, write_pair
+from aggregator.context import get_user
+from aggregator.routing import Route, RouteKind
+from tests.conftest import StartGateway
+from tests.support.pki import PKI
+
+UNAUTHORIZED = (
+    b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized",'
+    b'"reason":"Unauthorized","code":401}\n'
+)
+
+WhoAmI = Callable[..., Awaitable[tuple[int, bytes]]]
+
+
+def logged_reasons(caplog: pytest.LogCaptureFixture) -> str:
+    return " | ".join(str(getattr(r, "fields", {}).get("reason", "")) for r in caplog.records)
+
+
+@pytest.fixture
+async def whoami(start_gateway: StartGateway, pki: PKI) -> WhoAmI:
+    """A gateway with a `/whoami` route echoing the authenticated user; returns a caller."""
+    server = await start_gateway()
+
+    async def echo(request: web.Request) -> web.StreamResponse:
+        user = get_user(request)
+        assert user is not None
+        return web.json_response(
+            {
+                "name": user.name,
+                "uid": user.uid,
+                "groups": list(user.groups),
+                "extra": {k: list(v) for k, v in user.extra.items()},
+            }
+        )
+
+    server.gateway.router.add_exact("/whoami", Route(echo, RouteKind.OWN, "whoami"))
+
+    async def call(
+        cert: str | None = None,
+        headers: dict[str, str] | list[tuple[str, str]] | None = None,
+        path: str = "/whoami",
+    ) -> tuple[int, bytes]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(server.url + path, ssl=pki.client_context(cert), headers=headers or {}) as resp,
+        ):
+            return resp.status, await resp.read()
+
+    return call
+
+
+async def test_client_certificate_names_user_and_groups(whoami: WhoAmI, pki: PKI) -> None:
+    pki.issue_user("alice", "alice", ("devs", "ops"))
+    status, body = await whoami("alice")
+    assert status == 200
+    doc = json.loads(body)
+    assert doc["name"] == "alice"
+    assert doc["groups"] == ["devs", "ops", "system:authenticated"]
+    assert doc["extra"]["authentication.kubernetes.io/credential-id"][0].startswith("X509SHA256=")
+
+
+async def test_front_proxy_headers_are_trusted_from_the_front_proxy_certificate(whoami: WhoAmI) -> None:
+    headers = [
+        ("X-Remote-User", "bob"),
+        ("X-Remote-Group", "g1"),
+        ("X-Remote-Group", "g2"),
+        ("X-Remote-Extra-Scopes", "read"),
+        ("X-Remote-Extra-Scopes", "write"),
+        ("X-Remote-Extra-Example.com%2FTeam", "blue"),
+        ("X-Remote-Extra-Bad%zzKey", "raw"),
+    ]
+    status, body = await whoami("front-proxy-client", headers)
+    assert status == 200
+    doc = json.loads(body)
+    assert doc["name"] == "bob"
+    assert doc["groups"] == ["g1", "g2", "system:authenticated"]
+    assert doc["extra"] == {"scopes": ["read", "write"], "example.com/team": ["blue"], "bad%zzkey": ["raw"]}
+
+
+async def test_identity_headers_from_an_ordinary_user_are_ignored(whoami: WhoAmI, pki: PKI) -> None:
+    pki.issue_user("carol", "carol")
+    status, body = await whoami("carol", {"X-Remote-User": "admin", "X-Remote-Group": "system:masters"})
+    assert status == 200
+    assert json.loads(body)["name"] == "carol"
+    assert "system:masters" not in json.loads(body)["groups"]
+
+
+async def test_front_proxy_cn_not_in_allowed_names_is_401(
+    whoami: WhoAmI, pki: PKI, caplog: pytest.LogCaptureFixture
+) -> None:
+    pki.issue_user("rogue-proxy", "rogue", ca="front-proxy-ca")
+    caplog.set_level(logging.INFO, logger="aggregator.auth.authn")
+    status, body = await whoami("rogue-proxy", {"X-Remote-User": "admin"})
+    assert (status, body) == (401, UNAUTHORIZED)
+    assert "x509: subject with cn=rogue is not in the allowed list" in logged_reasons(caplog)
+
+
+async def test_front_proxy_certificate_without_username_header_is_401(whoami: WhoAmI) -> None:
+    status, body = await whoami("front-proxy-client")
+    assert (status, body) == (401, UNAUTHORIZED)
+
+
+async def test_certificate_from_unknown_ca_is_401(
+    whoami: WhoAmI, pki: PKI, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_pair(pki.dir, "stranger", issue_client_cert(new_ca("elsewhere"), "mallory", ("system:masters",)))
+    caplog.set_level(logging.INFO, logger="aggregator.auth.authn")
+    assert await whoami("stranger") == (401, UNAUTHORIZED)
+    assert "x509: certificate signed by unknown authority" in logged_reasons(caplog)
+
+
+async def test_expired_certificate_is_401(whoami: WhoAmI, pki: PKI, caplog: pytest.LogCaptureFixture) -> None:
+    old = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+    write_pair(
+        pki.dir,
+        "expired",
+        issue_client_cert(load_pair(pki.dir, "client-ca"), "old-user", not_before=old, days=30),
+    )
+    caplog.set_level(logging.INFO, logger="aggregator.auth.authn")
+    assert await whoami("expired") == (401, UNAUTHORIZED)
+    assert "x509: certificate has expired or is not yet valid: current time" in logged_reasons(caplog)
+    assert "is after 2020-01-31T00:00:00Z" in logged_reasons(caplog)
+
+
+async def test_server_certificate_cannot_be_used_as_a_client_certificate(
+    whoami: WhoAmI, pki: PKI, tmp_path: Path
+) -> None:
+    from aggregator.certs import issue_serving_cert
+
+    write_pair(
+        pki.dir, "serverish", issue_serving_cert(load_pair(pki.dir, "client-ca"), ["x"], common_name="x")
+    )
+    assert await whoami("serverish") == (401, UNAUTHORIZED)
+
+
+async def test_no_credentials_is_401_except_on_health_paths(whoami: WhoAmI) -> None:
+    assert await whoami(None) == (401, UNAUTHORIZED)
+    status, body = await whoami(None, path="/readyz")
+    assert (status, body) == (200, b"ok")
+
+
+async def test_anonymous_auth_flag_admits_system_anonymous(start_gateway: StartGateway, pki: PKI) -> None:
+    server = await start_gateway(anonymous_auth=True)
+
+    async def echo(request: web.Request) -> web.StreamResponse:
+        user = get_user(request)
+        assert user is not None
+        return web.json_response({"name": user.name, "groups": list(user.groups)})
+
+    server.gateway.router.add_exact("/whoami", Route(echo, RouteKind.OWN, "whoami"))
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(server.url + "/whoami", ssl=pki.client_context(None)) as resp,
+    ):
+        assert await resp.json() == {"name": "system:anonymous", "groups": ["system:unauthenticated"]}
+
+
+async def test_unknown_bearer_token_is_401_even_with_anonymous(start_gateway: StartGateway, pki: PKI) -> None:
+    server = await start_gateway(anonymous_auth=True)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            server.url + "/version", ssl=pki.client_context(None), headers={"Authorization": "Bearer nope"}
+        ) as resp,
+    ):
+        assert resp.status == 401
+        assert await resp.read() == UNAUTHORIZED
+
+
+async def test_rotated_client_ca_file_is_picked_up(
+    start_gateway: StartGateway, pki: PKI, tmp_path: Path
+) -> None:
+    ca_file = tmp_path / "client-ca.crt"
+    ca_file.write_bytes(Path(pki.path("client-ca.crt")).read_bytes())
+    server = await start_gateway(client_ca_file=str(ca_file))
+    new = new_ca("next-client-ca")
+    write_pair(pki.dir, "next-user", issue_client_cert(new, "dave"))
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + "/version", ssl=pki.client_context("next-user")) as resp:
+            assert resp.status == 401
+        ca_file.write_bytes(Path(pki.path("client-ca.crt")).read_bytes() + new.cert_pem)
+        import asyncio
+
+        for _ in range(50):
+            async with session.get(server.url + "/version", ssl=pki.client_context("next-user")) as resp:
+                if resp.status == 200:
+                    break
+            await asyncio.sleep(0.1)
+        assert resp.status == 200

@@ -46,6 +46,26 @@ class Component(Protocol):
     async def stop(self) -> None: ...
 
 
+class Availability(Protocol):
+    """Whether requests for an APIService may be proxied (upstream: its Available condition)."""
+
+    def is_available(self, name: str) -> bool: ...
+
+
+class ConditionAvailability:
+    """The APIService object's own `Available` condition, as upstream's proxy reads it.
+
+    The availability checker replaces this with its own, hop-by-hop view.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def is_available(self, name: str) -> bool:
+        svc = self._store.apiservice(name)
+        return svc is not None and svc.available
+
+
 class Gateway:
     """Everything one running gateway owns. Handlers get what they need from here."""
 
@@ -62,6 +82,7 @@ class Gateway:
         # Human-readable start-up facts components add to ("client certificates (client CA)", ...).
         self.auth_summary: list[str] = []
         self.authenticator: Authenticator | None = None
+        self.availability: Availability = ConditionAvailability(self.store)
 
         self.health.add("ping", lambda: None)
         self.health.add("shutdown", self._shutdown_check, livez=False)

@@ -211,6 +211,10 @@ def build_gateway(options: Options) -> Gateway:
     from aggregator.auth.setup import install_authentication
 
     install_authentication(gateway)
+    # discovery: /apis, /apis/<group> (and apiregistration.k8s.io itself in local mode)
+    from aggregator.discovery.component import install_discovery
+
+    install_discovery(gateway)
     return gateway
 
 

@@ -1,0 +1,1 @@
+"""Discovery: `/apis` and `/apis/<group>` (legacy), the aggregated document, and backend fetching."""

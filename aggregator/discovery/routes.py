@@ -1,0 +1,82 @@
+"""Where discovery plugs into the gateway's router: `/apis`, `/apis/`, `/apis/<group>`, `/apis/<group>/`.
+
+`/apis` is the wrapped handler upstream: the aggregated document when the Accept header asks for it
+(plain clauses skipped in that first pass), else the legacy APIGroupList. `/apis/` is legacy only.
+The group paths are claimed only for registered groups, and only in those two shapes:
+`/apis/<group>/<version>/...` belongs to the proxy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from aiohttp import web
+
+from aggregator.discovery.legacy import LegacyDiscovery
+from aggregator.discovery.negotiation import MediaType, Negotiator, discovery_restriction
+from aggregator.routing import Route, RouteKind
+
+if TYPE_CHECKING:
+    from aggregator.server import Gateway
+
+ROUTE_NAME = "discovery"
+
+
+class AggregatedEndpoint(Protocol):
+    """What `/apis` needs from the aggregated document (issue 5)."""
+
+    def serve(self, request: web.Request, media: MediaType) -> web.StreamResponse: ...
+
+
+class DiscoveryRoutes:
+    def __init__(self, gateway: Gateway, legacy: LegacyDiscovery) -> None:
+        self.gateway = gateway
+        self.legacy = legacy
+        self.aggregated: AggregatedEndpoint | None = None
+        self._aggregated_negotiator = Negotiator(discovery_restriction)
+        self.apis_route = Route(self.serve_apis, RouteKind.OWN, ROUTE_NAME)
+        self.legacy_route = Route(self.serve_legacy_apis, RouteKind.OWN, ROUTE_NAME)
+        self.group_route = Route(self.serve_group, RouteKind.OWN, ROUTE_NAME)
+
+    def install(self) -> None:
+        router = self.gateway.router
+        router.add_exact("/apis", self.apis_route)
+        router.add_exact("/apis/", self.legacy_route)
+        router.add_resolver(self.resolve)
+
+    def resolve(self, path: str) -> Route | None:
+        """Claims `/apis/<group>` and `/apis/<group>/` for registered groups only."""
+        group = group_of_path(path)
+        if group is not None and self.legacy.has_group(group):
+            return self.group_route
+        return None
+
+    async def serve_apis(self, request: web.Request) -> web.StreamResponse:
+        if self.aggregated is not None:
+            media = self._aggregated_negotiator(request.headers.get("Accept", ""))
+            if media is not None and media.aggregated_version is not None:
+                return self.aggregated.serve(request, media)
+        return self.legacy.serve_group_list(request)
+
+    async def serve_legacy_apis(self, request: web.Request) -> web.StreamResponse:
+        return self.legacy.serve_group_list(request)
+
+    async def serve_group(self, request: web.Request) -> web.StreamResponse:
+        group = group_of_path(request.path)
+        response = self.legacy.serve_group(request, group) if group is not None else None
+        if response is None:
+            # The group went away while the request was being authorized: answer as for any unknown path.
+            return await self.gateway.router.fallback.handler(request)
+        return response
+
+
+def group_of_path(path: str) -> str | None:
+    """`/apis/<group>` or `/apis/<group>/` -> group; anything else -> None."""
+    if not path.startswith("/apis/"):
+        return None
+    rest = path[6:]
+    if rest.endswith("/"):
+        rest = rest[:-1]
+    if not rest or "/" in rest:
+        return None
+    return rest

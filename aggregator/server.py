@@ -24,6 +24,7 @@ from aggregator.auth.authn import Authenticator
 from aggregator.config import Options
 from aggregator.context import get_user, set_route
 from aggregator.health import ENDPOINTS, HealthChecks
+from aggregator.kube.client import KubeClient
 from aggregator.logs import ACCESS_LOGGER, fields
 from aggregator.metrics import Metrics
 from aggregator.responses import json_response, not_found, status_response
@@ -82,6 +83,8 @@ class Gateway:
         # Human-readable start-up facts components add to ("client certificates (client CA)", ...).
         self.auth_summary: list[str] = []
         self.authenticator: Authenticator | None = None
+        # kube-apiserver client: kube mode, or local mode with --kubeconfig (reviews only).
+        self.kube: KubeClient | None = None
         self.availability: Availability = ConditionAvailability(self.store)
 
         self.health.add("ping", lambda: None)
@@ -202,6 +205,16 @@ def version_info() -> dict[str, str]:
 def build_gateway(options: Options) -> Gateway:
     """Wire every component the options ask for into one Gateway."""
     gateway = Gateway(options)
+    # kube-apiserver client (stopped last: added first), and kube mode's list+watch object source
+    from aggregator.kube.client import client_for_options
+
+    gateway.kube = client_for_options(options)
+    if gateway.kube is not None:
+        gateway.add_component(gateway.kube)
+    if options.kube_mode and gateway.kube is not None:
+        from aggregator.sources.kube import KubeSource
+
+        gateway.add_component(KubeSource(gateway.kube, gateway.store, gateway.metrics))
     if options.local_mode:
         from aggregator.sources.files import FolderSource
 

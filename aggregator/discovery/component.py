@@ -22,6 +22,9 @@ class Discovery:
     def install(self) -> None:
         self.routes.install()
         self.gateway.add_component(self)
+        from aggregator.apiregistration import install_apiregistration
+
+        self.apiregistration = install_apiregistration(self.gateway)
 
     async def start(self) -> None:
         return None

@@ -1,0 +1,225 @@
+"""Local mode serves apiregistration.k8s.io/v1 itself, read-only: as kube-apiserver, for kubectl."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from aggregator.apiregistration import human_duration
+from aggregator.certs import kubeconfig, load_pair, write_kubeconfig
+from aggregator.model.apiservice import Condition
+from tests.conftest import StartGateway
+from tests.discovery.manifests import apiservice, write_manifests
+from tests.support.pki import PKI
+
+RESOURCE_LIST = (
+    b'{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"apiregistration.k8s.io/v1","resources":['
+    b'{"name":"apiservices","singularName":"apiservice","namespaced":false,"kind":"APIService","verbs":'
+    b'["create","delete","deletecollection","get","list","patch","update","watch"],"categories":["api-extensions"],'
+    b'"storageVersionHash":"InPBPD7+PqM="},{"name":"apiservices/status","singularName":"","namespaced":false,'
+    b'"kind":"APIService","verbs":["get","patch","update"]}]}\n'
+)
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+BASE = "/apis/apiregistration.k8s.io/v1"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (-5, "<invalid>"),
+        (-1, "0s"),
+        (0, "0s"),
+        (119, "119s"),
+        (120, "2m"),
+        (125, "2m5s"),
+        (600, "10m"),
+        (3 * 3600, "3h"),
+        (3 * 3600 + 60, "3h1m"),
+        (47 * 3600, "47h"),
+        (49 * 3600, "2d1h"),
+        (10 * 86400, "10d"),
+        (800 * 86400, "2y70d"),
+        (9 * 365 * 86400, "9y"),
+    ],
+)
+def test_human_duration(seconds: int, text: str) -> None:
+    assert human_duration(seconds) == text
+
+
+async def test_group_resources_list_get_and_errors(
+    start_gateway: StartGateway, apiservices_dir: Path, pki: PKI
+) -> None:
+    write_manifests(
+        apiservices_dir,
+        [
+            apiservice("v1beta1.metrics.k8s.io", 100, 100, service=("kube-system", "metrics-server")),
+            apiservice("v1.apps", 17800, 15, service=None),
+        ],
+    )
+    server = await start_gateway()
+    ssl = pki.client_context()
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + BASE, ssl=ssl) as resp:
+            assert resp.status == 200 and await resp.read() == RESOURCE_LIST
+        async with session.get(server.url + "/apis/apiregistration.k8s.io", ssl=ssl) as resp:
+            assert (await resp.json())["preferredVersion"] == {
+                "groupVersion": "apiregistration.k8s.io/v1",
+                "version": "v1",
+            }
+
+        async with session.get(server.url + BASE + "/apiservices", ssl=ssl) as resp:
+            assert resp.status == 200
+            listed = await resp.json()
+        assert listed["kind"] == "APIServiceList" and listed["metadata"]["resourceVersion"] == str(
+            server.gateway.store.revision
+        )
+        assert [i["metadata"]["name"] for i in listed["items"]] == ["v1.apps", "v1beta1.metrics.k8s.io"]
+        metrics = listed["items"][1]
+        assert list(metrics) == ["kind", "apiVersion", "metadata", "spec", "status"]
+        assert list(metrics["metadata"]) == ["name", "uid", "resourceVersion", "creationTimestamp"]
+        assert metrics["spec"] == {
+            "service": {"namespace": "kube-system", "name": "metrics-server", "port": 443},
+            "group": "metrics.k8s.io",
+            "version": "v1beta1",
+            "groupPriorityMinimum": 100,
+            "versionPriority": 100,
+        }
+
+        # current conditions as the store holds them
+        server.gateway.store.set_apiservice_conditions(
+            "v1beta1.metrics.k8s.io",
+            (Condition("Available", "False", "2026-01-01T00:00:00Z", "MissingEndpoints", "no endpoints"),),
+        )
+        async with session.get(server.url + BASE + "/apiservices/v1beta1.metrics.k8s.io", ssl=ssl) as resp:
+            got = await resp.json()
+        assert got["status"] == {
+            "conditions": [
+                {
+                    "type": "Available",
+                    "status": "False",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    "reason": "MissingEndpoints",
+                    "message": "no endpoints",
+                }
+            ]
+        }
+        assert got["metadata"]["uid"] == metrics["metadata"]["uid"]
+        async with session.get(
+            server.url + BASE + "/apiservices/v1beta1.metrics.k8s.io/status", ssl=ssl
+        ) as resp:
+            assert (await resp.json())["status"] == got["status"]
+
+        async with session.get(server.url + BASE + "/apiservices/v1.nope", ssl=ssl) as resp:
+            assert resp.status == 404
+            assert await resp.read() == (
+                b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
+                b'"message":"apiservices.apiregistration.k8s.io \\"v1.nope\\" not found","reason":"NotFound",'
+                b'"details":{"name":"v1.nope","group":"apiregistration.k8s.io","kind":"apiservices"},"code":404}\n'
+            )
+        async with session.delete(server.url + BASE + "/apiservices/v1.apps", ssl=ssl) as resp:
+            assert resp.status == 405
+            status = await resp.json()
+            assert status["reason"] == "MethodNotAllowed"
+            assert status["message"].startswith(
+                'delete is not supported on resources of kind "apiservices.apiregistration.k8s.io"'
+            )
+        async with session.post(server.url + BASE + "/apiservices", ssl=ssl, json={}) as resp:
+            assert resp.status == 405
+        assert server.gateway.store.apiservice("v1.apps") is not None
+
+        async with session.get(
+            server.url + BASE + "/apiservices?fieldSelector=metadata.name%3Dv1.apps", ssl=ssl
+        ) as resp:
+            assert [i["metadata"]["name"] for i in (await resp.json())["items"]] == ["v1.apps"]
+        async with session.get(
+            server.url + BASE + "/apiservices", ssl=ssl, headers={"Accept": TABLE}
+        ) as resp:
+            assert resp.headers["Content-Type"] == "application/json;g=meta.k8s.io;v=v1;as=Table"
+            table = await resp.json()
+        assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Service", "Available", "Age"]
+        assert [r["cells"][:3] for r in table["rows"]] == [
+            ["v1.apps", "Local", "Unknown"],
+            ["v1beta1.metrics.k8s.io", "kube-system/metrics-server", "False (MissingEndpoints)"],
+        ]
+        assert table["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
+
+
+async def test_kubectl_get_apiservices(
+    start_gateway: StartGateway, apiservices_dir: Path, pki: PKI, tmp_path: Path
+) -> None:
+    write_manifests(
+        apiservices_dir,
+        [apiservice("v1beta1.metrics.k8s.io", 100, 100, service=("kube-system", "metrics-server"))],
+    )
+    server = await start_gateway()
+    config = tmp_path / "kubeconfig"
+    write_kubeconfig(
+        config, kubeconfig(server.url, Path(pki.path("ca.crt")).read_bytes(), load_pair(pki.dir, "admin"))
+    )
+    proc = await asyncio.create_subprocess_exec(
+        "kubectl",
+        "--kubeconfig",
+        str(config),
+        "get",
+        "apiservices",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert lines[0].split() == ["NAME", "SERVICE", "AVAILABLE", "AGE"]
+    assert lines[1].split()[:3] == ["v1beta1.metrics.k8s.io", "kube-system/metrics-server", "Unknown"]
+
+    proc = await asyncio.create_subprocess_exec(
+        "kubectl",
+        "--kubeconfig",
+        str(config),
+        "get",
+        "apiservice",
+        "v1beta1.metrics.k8s.io",
+        "-o",
+        "json",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert json.loads(out)["spec"]["service"]["name"] == "metrics-server"
+
+
+async def test_watch_from_a_listed_resource_version(
+    start_gateway: StartGateway, apiservices_dir: Path, pki: PKI
+) -> None:
+    write_manifests(apiservices_dir, [apiservice("v1.a.example.com", 100, 10)])
+    server = await start_gateway()
+    ssl = pki.client_context()
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + BASE + "/apiservices", ssl=ssl) as resp:
+            revision = (await resp.json())["metadata"]["resourceVersion"]
+        url = f"{server.url}{BASE}/apiservices?watch=true&resourceVersion={revision}&timeoutSeconds=5"
+        async with session.get(url, ssl=ssl) as resp:
+            assert resp.status == 200
+            write_manifests(apiservices_dir, [apiservice("v1.b.example.com", 100, 10)])
+            source = next(c for c in server.gateway.components if type(c).__name__ == "FolderSource")
+            source.reload()  # type: ignore[attr-defined]
+            events = [json.loads(await asyncio.wait_for(resp.content.readline(), 5)) for _ in range(2)]
+        assert sorted((e["type"], e["object"]["metadata"]["name"]) for e in events) == [
+            ("ADDED", "v1.b.example.com"),
+            ("DELETED", "v1.a.example.com"),
+        ]
+        # a watch without a resourceVersion starts with the current state
+        url = f"{server.url}{BASE}/apiservices?watch=1&timeoutSeconds=1"
+        async with session.get(url, ssl=ssl) as resp:
+            first = json.loads(await asyncio.wait_for(resp.content.readline(), 5))
+            assert (first["type"], first["object"]["metadata"]["name"]) == ("ADDED", "v1.b.example.com")
+            assert await asyncio.wait_for(resp.content.read(), 5) == b""  # closed at timeoutSeconds
+        async with session.get(
+            f"{server.url}{BASE}/apiservices?watch=1&resourceVersion=abc", ssl=ssl
+        ) as resp:
+            assert resp.status == 400

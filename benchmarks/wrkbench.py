@@ -1,0 +1,127 @@
+"""Shared helpers for the wrk benchmarks: run a gateway in a subprocess and measure one URL with wrk.
+
+Figures are only comparable within one run on one machine, so every benchmark measures a baseline in
+the same run and prints the ratio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    label: str
+    requests_per_second: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+    def line(self) -> str:
+        return (
+            f"{self.label:<32} {self.requests_per_second:>10.0f} req/s   p50 {self.p50_ms:>7.2f} ms   "
+            f"p99 {self.p99_ms:>7.2f} ms   errors {self.errors}"
+        )
+
+
+def _ms(text: str) -> float:
+    match = re.fullmatch(r"([0-9.]+)(us|ms|s|m)", text)
+    if match is None:
+        raise ValueError(f"unexpected wrk latency {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_wrk(label: str, output: str) -> WrkResult:
+    rps = re.search(r"Requests/sec:\s+([0-9.]+)", output)
+    p50 = re.search(r"^\s+50%\s+(\S+)", output, re.MULTILINE)
+    p99 = re.search(r"^\s+99%\s+(\S+)", output, re.MULTILINE)
+    if not (rps and p50 and p99):
+        raise RuntimeError(f"could not read wrk output:\n{output}")
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", output))
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    errors += int(non2xx.group(1)) if non2xx else 0
+    return WrkResult(label, float(rps.group(1)), _ms(p50.group(1)), _ms(p99.group(1)), errors)
+
+
+def run_wrk(
+    label: str,
+    url: str,
+    *,
+    headers: Sequence[str] = (),
+    threads: int = 2,
+    connections: int = 32,
+    seconds: int = 10,
+) -> WrkResult:
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency"]
+    for header in headers:
+        cmd += ["-H", header]
+    out = subprocess.run([*cmd, url], check=True, capture_output=True, text=True).stdout
+    return parse_wrk(label, out)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One request with certificate checks off (the bench gateway's serving cert is self-signed)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, context=ctx, timeout=5) as resp:  # noqa: S310 - a local bench URL
+        return resp.status, dict(resp.headers), resp.read()
+
+
+@contextlib.contextmanager
+def gateway_process(apiservices_dir: Path, workdir: Path, extra_args: Sequence[str] = ()) -> Iterator[str]:
+    """`aggregator serve` in local mode with anonymous access (wrk has no client certificates)."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "aggregator", "serve",
+        "--apiservices-dir", str(apiservices_dir),
+        "--bind-address", "127.0.0.1",
+        "--secure-port", str(port),
+        "--cert-dir", str(workdir / "certs"),
+        "--anonymous-auth",
+        *extra_args,
+    ]  # fmt: skip
+    log = (workdir / "gateway.log").open("w")
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    url = f"https://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if fetch(url + "/readyz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway did not start; see {workdir / 'gateway.log'}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

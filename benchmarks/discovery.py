@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import yaml  # noqa: E402
-from wrkbench import WrkResult, fetch, gateway_process, run_wrk  # noqa: E402
+import yaml
+from wrkbench import WrkResult, fetch, gateway_process, run_wrk
 
 AGGREGATED = "Accept: application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 

@@ -1,0 +1,351 @@
+"""Offline checks of Kubernetes manifests, for the tests of `manifests/`.
+
+There is no cluster here, so each check borrows a real source of truth instead:
+- schemas: the official `kubernetes` client's models, generated from upstream's OpenAPI
+  (release-1.37). `from_dict` checks types and required fields; `unknown_fields` walks the
+  document against each model's field map, as kube-apiserver's strict field validation does.
+- which resources exist and whether they are namespaced: the REST paths in the same client's
+  API classes (`/apis/<g>/<v>/namespaces/{namespace}/<plural>` means namespaced).
+- kubectl itself: `kubectl kustomize` builds, and `kubectl apply --dry-run=client` runs against
+  `DiscoveryServer`, a loopback HTTP server that serves discovery built from those REST paths and
+  answers 404 for every object (so kubectl takes the create path it takes on a fresh cluster).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import json
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+KUBECTL = shutil.which("kubectl")
+
+Obj = dict[str, Any]
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+
+def manifest_files() -> list[Path]:
+    """Every YAML file under manifests/ except kustomize's own."""
+    return sorted(
+        p
+        for p in MANIFESTS.rglob("*.y*ml")
+        if p.suffix in (".yaml", ".yml") and p.name not in ("kustomization.yaml", "kustomization.yml")
+    )
+
+
+def kustomization_dirs() -> list[Path]:
+    """Every directory kustomize can build (Components are only built through an overlay)."""
+    dirs = []
+    for path in sorted(MANIFESTS.rglob("kustomization.yaml")):
+        if yaml.safe_load(path.read_text()).get("kind", "Kustomization") == "Kustomization":
+            dirs.append(path.parent)
+    return dirs
+
+
+def load_documents(text: str) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+
+
+def kustomize(directory: Path) -> list[Obj]:
+    """`kubectl kustomize DIR`, parsed."""
+    assert KUBECTL is not None
+    result = subprocess.run(
+        [KUBECTL, "kustomize", str(directory)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, f"kubectl kustomize {directory} failed:\n{result.stderr}"
+    return load_documents(result.stdout)
+
+
+def find(objs: list[Obj], kind: str, name: str, namespace: str | None = None) -> Obj:
+    for obj in objs:
+        meta = obj.get("metadata", {})
+        if obj.get("kind") == kind and meta.get("name") == name and meta.get("namespace") == namespace:
+            return obj
+    raise AssertionError(f"no {kind} {namespace + '/' if namespace else ''}{name} in {describe(objs)}")
+
+
+def describe(objs: list[Obj]) -> list[str]:
+    return [f"{o.get('kind')}/{o.get('metadata', {}).get('name')}" for o in objs]
+
+
+def split_api_version(api_version: str) -> tuple[str, str]:
+    group, _, version = api_version.rpartition("/")
+    return group, version
+
+
+# --- the REST resources Kubernetes serves (from the official client) ---------------------------------
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+
+_PATH = re.compile(r"resource_path='(/apis?/[^']*)'")
+
+
+@functools.cache
+def served_resources() -> dict[tuple[str, str, str], Resource]:
+    """(group, version, plural) -> Resource, for every resource path in kubernetes.client.api."""
+    api_dir = Path(importlib.import_module("kubernetes.client.api").__file__ or "").parent
+    cluster: set[tuple[str, str, str]] = set()
+    namespaced: set[tuple[str, str, str]] = set()
+    for source in api_dir.glob("*_api.py"):
+        for path in _PATH.findall(source.read_text()):
+            parts = path.strip("/").split("/")
+            if parts[0] == "api":
+                group, rest = "", parts[1:]
+            elif len(parts) > 1:
+                group, rest = parts[1], parts[2:]
+            else:
+                continue
+            if not rest:
+                continue
+            version, rest = rest[0], rest[1:]
+            if rest[:2] == ["namespaces", "{namespace}"] and len(rest) >= 3:
+                namespaced.add((group, version, rest[2]))
+            elif rest and not rest[0].startswith("{") and rest[0] != "watch":
+                cluster.add((group, version, rest[0]))
+    out = {key: Resource(*key, namespaced=False) for key in cluster}
+    out.update({key: Resource(*key, namespaced=True) for key in namespaced})
+    return out
+
+
+def plural_of(kind: str) -> str:
+    """The resource name Kubernetes registers for a kind (lower case, regular English plural)."""
+    lowered = kind.lower()
+    if lowered.endswith("y") and lowered[-2:-1] not in "aeiou":
+        return lowered[:-1] + "ies"
+    if lowered.endswith(("s", "x", "ch", "sh")):
+        return lowered + "es"
+    return lowered + "s"
+
+
+def resource_for(obj: Obj) -> Resource:
+    group, version = split_api_version(str(obj.get("apiVersion", "")))
+    key = (group, version, plural_of(str(obj.get("kind", ""))))
+    resource = served_resources().get(key)
+    assert resource is not None, (
+        f"{obj.get('apiVersion')} {obj.get('kind')}: Kubernetes 1.37 serves no resource {key[2]!r} in "
+        f"{obj.get('apiVersion')}"
+    )
+    return resource
+
+
+# --- schemas (from the official client's models) --------------------------------------------------
+
+
+def _models() -> Any:
+    return importlib.import_module("kubernetes.client.models")
+
+
+def model_name(obj: Obj) -> str:
+    """`apps/v1` `Deployment` -> `V1Deployment`, the client's model class for it."""
+    _, version = split_api_version(str(obj.get("apiVersion", "")))
+    return f"V{version[1:]}{obj.get('kind')}"
+
+
+_LIST = re.compile(r"^List\[(.+)\]$")
+_DICT = re.compile(r"^Dict\[str, (.+)\]$")
+
+
+def unknown_fields(value: Any, type_name: str, where: str = "") -> list[str]:
+    """Field paths in `value` that the model `type_name` (recursively) does not define."""
+    if match := _LIST.match(type_name):
+        if not isinstance(value, list):
+            return []  # a type error: from_dict reports it
+        return [e for i, item in enumerate(value) for e in unknown_fields(item, match[1], f"{where}[{i}]")]
+    if match := _DICT.match(type_name):
+        if not isinstance(value, dict):
+            return []
+        return [e for k, item in value.items() for e in unknown_fields(item, match[1], f"{where}.{k}")]
+    model = getattr(_models(), type_name, None)
+    if model is None or not isinstance(value, dict):
+        return []  # a primitive (str, int, bool, datetime, object): from_dict checks its type
+    by_json_name = {json_name: attr for attr, json_name in model.attribute_map.items()}
+    errors = []
+    for key, item in value.items():
+        attr = by_json_name.get(key)
+        if attr is None:
+            errors.append(f"{where}.{key}".lstrip("."))
+            continue
+        errors.extend(unknown_fields(item, model.openapi_types[attr], f"{where}.{key}"))
+    return errors
+
+
+def schema_errors(obj: Obj) -> list[str]:
+    """Why kube-apiserver would reject `obj`'s shape (unknown fields, wrong types, missing fields)."""
+    name = model_name(obj)
+    model = getattr(_models(), name, None)
+    if model is None:
+        return [f"{obj.get('apiVersion')} {obj.get('kind')}: no model {name} in the kubernetes client"]
+    errors = [f"unknown field {path!r}" for path in unknown_fields(obj, name)]
+    try:
+        model.from_dict(obj)
+    except Exception as err:  # pydantic.ValidationError, ValueError: the message names the field
+        errors.append(str(err))
+    return errors
+
+
+# --- kubectl against a discovery-only server --------------------------------------------------------
+
+
+class DiscoveryServer:
+    """Serves `/api`, `/apis` and resource lists for `resources`; every other GET is a 404 Status.
+
+    Enough for `kubectl apply --dry-run=client --validate=false`: kubectl maps each kind to its
+    resource (unknown kind or version = error), decides namespaced or not, GETs the object (404, so
+    it would create it) and prints the result without sending anything.
+    """
+
+    def __init__(self, resources: list[tuple[Resource, str]]) -> None:
+        self.requests: list[str] = []
+        self._bodies = self._render(resources)
+        handler = self._handler()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @staticmethod
+    def _render(resources: list[tuple[Resource, str]]) -> dict[str, Obj]:
+        by_gv: dict[tuple[str, str], list[Obj]] = {}
+        for resource, kind in resources:
+            by_gv.setdefault((resource.group, resource.version), []).append(
+                {
+                    "name": resource.plural,
+                    "singularName": kind.lower(),
+                    "namespaced": resource.namespaced,
+                    "kind": kind,
+                    "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+                }
+            )
+        by_gv.setdefault(("", "v1"), [])
+        bodies: dict[str, Obj] = {
+            "/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []},
+            "/apis": {
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": [
+                    {
+                        "name": group,
+                        "versions": [{"groupVersion": f"{group}/{version}", "version": version}],
+                        "preferredVersion": {"groupVersion": f"{group}/{version}", "version": version},
+                    }
+                    for group, version in sorted(by_gv)
+                    if group
+                ],
+            },
+        }
+        for (group, version), items in by_gv.items():
+            path = f"/apis/{group}/{version}" if group else f"/api/{version}"
+            bodies[path] = {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": f"{group}/{version}" if group else version,
+                "resources": items,
+            }
+        return bodies
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                server.requests.append(f"GET {path}")
+                body = server._bodies.get(path)
+                code = 200
+                if body is None:
+                    code = 404
+                    body = {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "reason": "NotFound",
+                        "message": f"{path} not found",
+                        "code": 404,
+                    }
+                self._send(code, body)
+
+            def _refuse(self) -> None:
+                # A client dry run must never write: fail loudly if kubectl tries.
+                server.requests.append(f"{self.command} {self.path}")
+                self._send(405, {"kind": "Status", "apiVersion": "v1", "code": 405})
+
+            do_POST = do_PUT = do_PATCH = do_DELETE = _refuse
+
+            def _send(self, code: int, body: Obj) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "offline", "cluster": {"server": self.url}}],
+                    "users": [{"name": "offline", "user": {"token": "unused"}}],
+                    "contexts": [
+                        {
+                            "name": "offline",
+                            "context": {"cluster": "offline", "user": "offline", "namespace": "default"},
+                        }
+                    ],
+                    "current-context": "offline",
+                }
+            )
+        )
+        return path
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[DiscoveryServer]:
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def kubectl_apply_dry_run(kubeconfig: Path, *source: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl apply --dry-run=client --validate=false` (schemas are checked by `schema_errors`)."""
+    assert KUBECTL is not None
+    return subprocess.run(
+        [KUBECTL, "--kubeconfig", str(kubeconfig), "apply", "--dry-run=client", "--validate=false", *source],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from aggregator.server import GatewayServer
+from tests.support.fakekube import FakeKube, running_fake_kube
 from tests.support.gateway import local_options, running_gateway
 from tests.support.pki import PKI, make_pki
 
@@ -39,3 +40,10 @@ async def start_gateway(pki: PKI, apiservices_dir: Path) -> AsyncIterator[StartG
             return await stack.enter_async_context(running_gateway(options))
 
         yield start
+
+
+@pytest.fixture
+async def fake_kube(tmp_path: Path) -> AsyncIterator[FakeKube]:
+    """A running fake kube-apiserver over TLS; `fake_kube.kubeconfig` authenticates with a token."""
+    async with running_fake_kube(tmp_path / "fake-kube") as fake:
+        yield fake

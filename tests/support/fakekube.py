@@ -1,0 +1,741 @@
+"""A fake kube-apiserver over real TLS, for tests that need a cluster without one.
+
+What it does like the real one:
+- objects per resource with one global resourceVersion counter; LIST (paged with `limit` and
+  `continue`, items without apiVersion/kind), GET, POST (create), PUT (update, `/status` too),
+  DELETE, and WATCH from a resourceVersion: events after it are replayed from a bounded history,
+  new ones stream as JSON lines, BOOKMARKs when the watcher allowed them;
+- a resourceVersion older than the history window gets 410 Expired, as an HTTP 410 or as an
+  in-band ERROR event (`gone_mode`);
+- callers authenticate with a bearer token (`tokens`) or a client certificate signed by its client
+  CA; anything else gets a 401 Status.
+
+Knobs for tests: `drop_watches()`, `expire_history()`, `send_bookmarks()`, `send_watch_error()`,
+`slow()`/`release()`, `counts` of requests by (verb, resource), `requests` seen (with the user),
+`add_route()` for other endpoints (TokenReview, SubjectAccessReview, discovery), `serve_json()`,
+`register()` for more resources, and `write_kubeconfig()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import contextlib
+import copy
+import dataclasses
+import json
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from aggregator.certs import (
+    KeyPair,
+    issue_client_cert,
+    issue_serving_cert,
+    new_ca,
+    write_cert,
+    write_kubeconfig,
+    write_pair,
+)
+from aggregator.config import Options, validate
+from tests.support.pki import PKI
+
+# The authenticated caller of a request, for handlers added with `add_route`: `request[USER]`.
+USER = web.RequestKey("user", str)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FakeResource:
+    group: str
+    version: str
+    resource: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def prefix(self) -> str:
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+
+APISERVICES = FakeResource("apiregistration.k8s.io", "v1", "apiservices", "APIService", False)
+SERVICES = FakeResource("", "v1", "services", "Service", True)
+ENDPOINTSLICES = FakeResource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True)
+CONFIGMAPS = FakeResource("", "v1", "configmaps", "ConfigMap", True)
+BUILTIN = (APISERVICES, SERVICES, ENDPOINTSLICES, CONFIGMAPS)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request the fake answered (after authentication)."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    user: str | None
+    verb: str
+    resource: str
+
+
+@dataclass(frozen=True)
+class _Event:
+    rv: int
+    resource: str
+    type: str
+    obj: Obj
+
+    @property
+    def namespace(self) -> str:
+        return str(self.obj.get("metadata", {}).get("namespace", ""))
+
+
+# Messages a watch queue can carry besides events.
+_END, _DROP = "end", "drop"
+
+
+@dataclass(eq=False)
+class _Watch:
+    resource: str
+    namespace: str
+    bookmarks: bool
+    queue: asyncio.Queue[_Event | str | Obj] = field(default_factory=asyncio.Queue)
+
+
+def status(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> Obj:
+    body: Obj = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if code < 400 else "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        body["details"] = details
+    return body
+
+
+def status_response(
+    code: int, reason: str, message: str, details: dict[str, Any] | None = None
+) -> web.Response:
+    return web.json_response(status(code, reason, message, details), status=code)
+
+
+class FakeKube:
+    """An in-process kube-apiserver stand-in. `await start()`, then point a kubeconfig at `url`."""
+
+    def __init__(self, workdir: Path, *, history: int = 1000, port: int = 0, first_rv: int = 100) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ca = new_ca("fake-kube-ca")
+        self.client_ca = new_ca("fake-kube-client-ca")
+        # Not valid for "localhost": tests of `tls-server-name` connect by that name.
+        self.serving = issue_serving_cert(self.ca, ["127.0.0.1", "kubernetes.default.svc"])
+        write_cert(self.dir / "ca.crt", self.ca.cert)
+        write_cert(self.dir / "client-ca.crt", self.client_ca.cert)
+        write_pair(self.dir, "serving", self.serving)
+        self.port = port
+        # token -> user name; mutate freely to rotate or revoke.
+        self.tokens: dict[str, str] = {}
+        self.resources: dict[str, FakeResource] = {}
+        self.objects: dict[str, dict[tuple[str, str], Obj]] = {}
+        for res in BUILTIN:
+            self.register(res)
+        self.rv = first_rv
+        self.history: collections.deque[_Event] = collections.deque(maxlen=history)
+        # Watches from a resourceVersion below this get 410.
+        self.compacted_rv = 0
+        # How a too-old watch is refused: "http" (410 status) or "event" (200 + ERROR event).
+        self.gone_mode = "http"
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.requests: list[Seen] = []
+        self.unauthorized = 0
+        self._watches: list[_Watch] = []
+        self._routes: dict[tuple[str, str], Handler] = {}
+        self._delays: dict[tuple[str | None, str | None], float] = {}
+        self._release = asyncio.Event()
+        self._snapshots: dict[str, tuple[int, list[Obj]]] = {}
+        self._runner: web.AppRunner | None = None
+        # A kubeconfig for the default gateway credentials (set by `running_fake_kube`).
+        self.kubeconfig: Path | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.dir / "ca.crt"
+
+    def server_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.dir / "serving.crt", self.dir / "serving.key")
+        ctx.load_verify_locations(cafile=str(self.dir / "client-ca.crt"))
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+        return ctx
+
+    async def start(self) -> str:
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.server_context())
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        self.port = int(sockets[0].getsockname()[1])
+        return self.url
+
+    async def stop(self) -> None:
+        """Close every watch and stop listening (state is kept: `start()` again = a restart)."""
+        self.drop_watches()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+    # --- credentials -------------------------------------------------------------------------------
+
+    def add_token(self, token: str, user: str) -> None:
+        self.tokens[token] = user
+
+    def issue_client_cert(
+        self, user: str, groups: tuple[str, ...] = (), *, stem: str | None = None
+    ) -> tuple[Path, Path]:
+        """A client certificate the fake accepts; returns (cert file, key file)."""
+        pair: KeyPair = issue_client_cert(self.client_ca, user, groups)
+        cert, key = write_pair(self.dir, stem or f"client-{user.replace(':', '_')}", pair)
+        return cert, key
+
+    def write_kubeconfig(
+        self,
+        path: Path,
+        *,
+        token: str | None = None,
+        token_file: Path | None = None,
+        client_cert: tuple[Path, Path] | None = None,
+        tls_server_name: str | None = None,
+        server: str | None = None,
+        embed: bool = True,
+    ) -> Path:
+        """A kubeconfig for this fake with the given credentials (none at all if none are given)."""
+        cluster: dict[str, Any] = {"server": server or self.url}
+        if embed:
+            cluster["certificate-authority-data"] = _b64(self.ca_file.read_bytes())
+        else:
+            cluster["certificate-authority"] = str(self.ca_file)
+        if tls_server_name:
+            cluster["tls-server-name"] = tls_server_name
+        user: dict[str, Any] = {}
+        if token:
+            user["token"] = token
+        if token_file:
+            user["tokenFile"] = str(token_file)
+        if client_cert:
+            if embed:
+                user["client-certificate-data"] = _b64(client_cert[0].read_bytes())
+                user["client-key-data"] = _b64(client_cert[1].read_bytes())
+            else:
+                user["client-certificate"] = str(client_cert[0])
+                user["client-key"] = str(client_cert[1])
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": cluster}],
+            "users": [{"name": "tester", "user": user}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester"}}],
+            "current-context": "fake",
+        }
+        write_kubeconfig(path, config)
+        return path
+
+    # --- objects -----------------------------------------------------------------------------------
+
+    def register(self, resource: FakeResource) -> None:
+        """Serve another resource (list/watch/get/create/update/delete) under its API path."""
+        self.resources[resource.resource] = resource
+        self.objects.setdefault(resource.resource, {})
+
+    def _resource(self, resource: str | FakeResource) -> FakeResource:
+        return resource if isinstance(resource, FakeResource) else self.resources[resource]
+
+    @staticmethod
+    def _key(res: FakeResource, obj: Obj) -> tuple[str, str]:
+        meta = obj.setdefault("metadata", {})
+        namespace = meta.get("namespace", "") if res.namespaced else ""
+        if res.namespaced and not namespace:
+            namespace = meta["namespace"] = "default"
+        return namespace, meta["name"]
+
+    def _record(self, res: FakeResource, kind: str, obj: Obj) -> Obj:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        event = _Event(self.rv, res.resource, kind, copy.deepcopy(obj))
+        if self.history.maxlen is not None and len(self.history) == self.history.maxlen:
+            self.compacted_rv = self.history[0].rv
+        self.history.append(event)
+        for watch in self._watches:
+            if watch.resource == res.resource and (not watch.namespace or watch.namespace == event.namespace):
+                watch.queue.put_nowait(event)
+        return copy.deepcopy(obj)
+
+    def add_object(self, resource: str | FakeResource, obj: Obj) -> Obj:
+        """Create (or replace) an object; returns it with its new resourceVersion."""
+        res = self._resource(resource)
+        obj = copy.deepcopy(obj)
+        obj.setdefault("apiVersion", res.api_version)
+        obj.setdefault("kind", res.kind)
+        key = self._key(res, obj)
+        kind = "MODIFIED" if key in self.objects[res.resource] else "ADDED"
+        obj["metadata"].setdefault("uid", f"uid-{res.resource}-{key[0]}-{key[1]}")
+        self.objects[res.resource][key] = obj
+        return self._record(res, kind, obj)
+
+    update_object = add_object
+
+    def delete_object(self, resource: str | FakeResource, name: str, namespace: str = "") -> Obj | None:
+        res = self._resource(resource)
+        key = (namespace or ("default" if res.namespaced else ""), name)
+        obj = self.objects[res.resource].pop(key, None)
+        if obj is None:
+            return None
+        return self._record(res, "DELETED", obj)
+
+    def get_object(self, resource: str | FakeResource, name: str, namespace: str = "") -> Obj | None:
+        res = self._resource(resource)
+        obj = self.objects[res.resource].get((namespace or ("default" if res.namespaced else ""), name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    # --- knobs -------------------------------------------------------------------------------------
+
+    def drop_watches(self, *, abort: bool = True) -> int:
+        """End every open watch: abort the TCP connection (default) or end the stream cleanly."""
+        watches, self._watches = self._watches, []
+        for watch in watches:
+            watch.queue.put_nowait(_DROP if abort else _END)
+        return len(watches)
+
+    def open_watches(self, resource: str | None = None) -> int:
+        return sum(1 for w in self._watches if resource is None or w.resource == resource)
+
+    def expire_history(self) -> int:
+        """Compact: every resourceVersion handed out so far becomes too old to watch from."""
+        self.rv += 1
+        self.compacted_rv = self.rv
+        self.history.clear()
+        return self.rv
+
+    def send_bookmarks(self) -> int:
+        """A BOOKMARK at the current resourceVersion to each watch that allowed them."""
+        sent = 0
+        for watch in self._watches:
+            if watch.bookmarks:
+                res = self.resources[watch.resource]
+                watch.queue.put_nowait(
+                    {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": res.kind,
+                            "apiVersion": res.api_version,
+                            "metadata": {"resourceVersion": str(self.rv)},
+                        },
+                    }
+                )
+                sent += 1
+        return sent
+
+    def send_watch_error(self, code: int = 410, reason: str = "Expired", message: str = "") -> int:
+        """An in-band ERROR event on every open watch, which then ends."""
+        message = message or f"too old resource version: {self.compacted_rv}"
+        watches, self._watches = self._watches, []
+        for watch in watches:
+            watch.queue.put_nowait({"type": "ERROR", "object": status(code, reason, message)})
+            watch.queue.put_nowait(_END)
+        return len(watches)
+
+    def slow(self, seconds: float, *, verb: str | None = None, resource: str | None = None) -> None:
+        """Delay matching requests (None matches any) by `seconds`, or until `release()`."""
+        self._release.clear()
+        self._delays[(verb, resource)] = seconds
+
+    def release(self) -> None:
+        """Stop delaying: clears every `slow()` and lets delayed requests go on now."""
+        self._delays.clear()
+        self._release.set()
+
+    def count(self, verb: str, resource: str) -> int:
+        return self.counts[(verb, resource)]
+
+    def users(self) -> list[str | None]:
+        return [seen.user for seen in self.requests]
+
+    def add_route(self, method: str, path: str, handler: Handler) -> None:
+        """Serve `method path` (method "*" = any) with `handler` after authentication.
+
+        The handler finds the caller in `request[USER]`; counted as ("<method>", path).
+        """
+        self._routes[(method.upper(), path)] = handler
+
+    def serve_json(self, path: str, doc: Any, *, status_code: int = 200) -> None:
+        """GET `path` returns `doc` as JSON (e.g. kube-apiserver's own `/apis` or `/version`)."""
+
+        async def handler(_request: web.Request) -> web.Response:
+            return web.json_response(doc, status=status_code)
+
+        self.add_route("GET", path, handler)
+
+    # --- HTTP ----------------------------------------------------------------------------------------
+
+    def _authenticate(self, request: web.Request) -> str | None:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer" and token.strip() in self.tokens:
+            return self.tokens[token.strip()]
+        peercert = request.transport.get_extra_info("peercert") if request.transport else None
+        if peercert:
+            for rdn in peercert.get("subject", ()):
+                for key, value in rdn:
+                    if key == "commonName":
+                        return str(value)
+        return None
+
+    async def _delay(self, verb: str, resource: str) -> None:
+        seconds = max(
+            (s for (v, r), s in self._delays.items() if v in (None, verb) and r in (None, resource)),
+            default=0.0,
+        )
+        if seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._release.wait(), seconds)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        user = self._authenticate(request)
+        if user is None:
+            self.unauthorized += 1
+            return status_response(401, "Unauthorized", "Unauthorized")
+        request[USER] = user
+        query = dict(request.query)
+        route = self._routes.get((request.method, request.path)) or self._routes.get(("*", request.path))
+        if route is not None:
+            self.counts[(request.method, request.path)] += 1
+            self.requests.append(
+                Seen(request.method, request.path, query, user, request.method, request.path)
+            )
+            await self._delay(request.method, request.path)
+            return await route(request)
+        parsed = self._parse(request.path)
+        if parsed is None:
+            self.requests.append(Seen(request.method, request.path, query, user, "", ""))
+            return status_response(404, "NotFound", "the server could not find the requested resource")
+        res, namespace, name, sub = parsed
+        verb = _verb(request.method, name, query)
+        label = f"{res.resource}/{sub}" if sub else res.resource
+        self.counts[(verb, label)] += 1
+        self.requests.append(Seen(request.method, request.path, query, user, verb, label))
+        await self._delay(verb, label)
+        if verb == "watch":
+            return await self._watch(request, res, namespace, query)
+        if verb == "list":
+            return self._list(res, namespace, query)
+        if verb == "get":
+            obj = self.get_object(res, name, namespace)
+            return web.json_response(obj) if obj else _not_found(res, name)
+        if verb == "delete":
+            obj = self.delete_object(res, name, namespace)
+            return web.json_response(obj) if obj else _not_found(res, name)
+        try:
+            body = await request.json()
+        except ValueError:
+            return status_response(400, "BadRequest", "request body is not JSON")
+        if not isinstance(body, dict):
+            return status_response(400, "BadRequest", "request body is not an object")
+        if namespace and res.namespaced:
+            body.setdefault("metadata", {})["namespace"] = namespace
+        if verb == "create":
+            body_name = body.get("metadata", {}).get("name", "")
+            if self.get_object(res, body_name, namespace) is not None:
+                return status_response(409, "AlreadyExists", f'{res.resource} "{body_name}" already exists')
+            return web.json_response(self.add_object(res, body), status=201)
+        return self._update(res, namespace, name, sub, body)
+
+    def _parse(self, path: str) -> tuple[FakeResource, str, str, str] | None:
+        for res in self.resources.values():
+            if not path.startswith(res.prefix + "/"):
+                continue
+            parts = path[len(res.prefix) + 1 :].split("/")
+            namespace = ""
+            if res.namespaced and len(parts) >= 3 and parts[0] == "namespaces":
+                namespace, parts = parts[1], parts[2:]
+            if not parts or parts[0] != res.resource or len(parts) > 3:
+                continue
+            name = parts[1] if len(parts) > 1 else ""
+            sub = parts[2] if len(parts) > 2 else ""
+            return res, namespace, name, sub
+        return None
+
+    def _list(self, res: FakeResource, namespace: str, query: dict[str, str]) -> web.Response:
+        token = query.get("continue")
+        if token:
+            snapshot = self._snapshots.get(token)
+            if snapshot is None or snapshot[0] < self.compacted_rv:
+                return status_response(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list result.",
+                )
+            rv, items = snapshot
+        else:
+            rv = self.rv
+            items = [
+                _as_item(o)
+                for (ns, _), o in sorted(self.objects[res.resource].items())
+                if not namespace or ns == namespace
+            ]
+        limit = int(query.get("limit", "0") or 0)
+        metadata: dict[str, Any] = {"resourceVersion": str(rv)}
+        if limit and len(items) > limit:
+            rest = items[limit:]
+            items = items[:limit]
+            next_token = f"c{len(self._snapshots) + 1}"
+            self._snapshots[next_token] = (rv, rest)
+            metadata["continue"] = next_token
+        return web.json_response(
+            {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": metadata, "items": items}
+        )
+
+    def _update(self, res: FakeResource, namespace: str, name: str, sub: str, body: Obj) -> web.Response:
+        current = self.get_object(res, name, namespace)
+        if current is None:
+            return _not_found(res, name)
+        sent_rv = body.get("metadata", {}).get("resourceVersion")
+        if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
+            return status_response(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {res.resource} "{name}": the object has been modified; '
+                "please apply your changes to the latest version and try again",
+            )
+        if sub == "status":
+            current["status"] = body.get("status", {})
+            new = current
+        elif sub:
+            return status_response(404, "NotFound", f"subresource {sub} not served by the fake")
+        else:
+            new = body
+            new.setdefault("metadata", {})["name"] = name
+            if "status" in current and "status" not in new:
+                new["status"] = current["status"]
+        return web.json_response(self.add_object(res, new))
+
+    async def _watch(
+        self, request: web.Request, res: FakeResource, namespace: str, query: dict[str, str]
+    ) -> web.StreamResponse:
+        rv_text = query.get("resourceVersion", "")
+        bookmarks = query.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        timeout = float(query.get("timeoutSeconds", "0") or 0) or 1800.0
+        watch = _Watch(res.resource, namespace, bookmarks)
+        replay: list[_Event | Obj | str]
+        if rv_text in ("", "0"):
+            replay = [
+                _Event(self.rv, res.resource, "ADDED", copy.deepcopy(o))
+                for (ns, _), o in sorted(self.objects[res.resource].items())
+                if not namespace or ns == namespace
+            ]
+        else:
+            since = int(rv_text)
+            if since < self.compacted_rv:
+                message = f"too old resource version: {since} ({self.compacted_rv})"
+                if self.gone_mode == "http":
+                    return status_response(410, "Expired", message)
+                replay = [{"type": "ERROR", "object": status(410, "Expired", message)}, _END]
+            else:
+                replay = [
+                    e
+                    for e in self.history
+                    if e.rv > since
+                    and e.resource == res.resource
+                    and (not namespace or e.namespace == namespace)
+                ]
+        # Registered before any await, so nothing recorded after the replay snapshot is missed.
+        if not (replay and replay[-1] == _END):
+            self._watches.append(watch)
+        for item in replay:
+            watch.queue.put_nowait(item)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        try:
+            await response.prepare(request)
+            deadline = asyncio.get_running_loop().time() + timeout
+            while True:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(watch.queue.get(), remaining)
+                except TimeoutError:
+                    break
+                if item == _END:
+                    break
+                if item == _DROP:
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return response
+                line = {"type": item.type, "object": item.obj} if isinstance(item, _Event) else item
+                await response.write(json.dumps(line).encode() + b"\n")
+            await response.write_eof()
+            return response
+        finally:
+            with contextlib.suppress(ValueError):
+                self._watches.remove(watch)
+
+
+def _verb(method: str, name: str, query: dict[str, str]) -> str:
+    if method == "GET":
+        if name:
+            return "get"
+        return "watch" if query.get("watch", "").lower() in ("true", "1") else "list"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+        method, method.lower()
+    )
+
+
+def _as_item(obj: Obj) -> Obj:
+    """List items carry no apiVersion/kind, as kube-apiserver sends them."""
+    item = copy.deepcopy(obj)
+    item.pop("apiVersion", None)
+    item.pop("kind", None)
+    return item
+
+
+def _not_found(res: FakeResource, name: str) -> web.Response:
+    group = f".{res.group}" if res.group else ""
+    return status_response(
+        404,
+        "NotFound",
+        f'{res.resource}{group} "{name}" not found',
+        {"name": name, "group": res.group, "kind": res.resource},
+    )
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+GATEWAY_TOKEN = "gateway-token"
+GATEWAY_USER = "system:serviceaccount:aggregator:gateway"
+
+
+@contextlib.asynccontextmanager
+async def running_fake_kube(workdir: Path, **kwargs: Any) -> AsyncIterator[FakeKube]:
+    """A started fake that accepts GATEWAY_TOKEN as GATEWAY_USER; `fake.kubeconfig` uses that token."""
+    fake = FakeKube(workdir, **kwargs)
+    await fake.start()
+    fake.add_token(GATEWAY_TOKEN, GATEWAY_USER)
+    fake.kubeconfig = fake.write_kubeconfig(workdir / "gateway.kubeconfig", token=GATEWAY_TOKEN)
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+def kube_options(pki: PKI, kubeconfig: Path | str, **overrides: Any) -> Options:
+    """A kube-mode gateway on a free port (test PKI serving pair and CAs) reading objects via `kubeconfig`."""
+    base = Options(
+        bind_address="127.0.0.1",
+        secure_port=0,
+        tls_cert_file=pki.path("serving.crt"),
+        tls_private_key_file=pki.path("serving.key"),
+        client_ca_file=pki.path("client-ca.crt"),
+        requestheader_client_ca_file=pki.path("front-proxy-ca.crt"),
+        requestheader_allowed_names=["front-proxy-client"],
+        # Required in kube mode: the gateway's identity towards kube-apiserver as the front proxy.
+        proxy_client_cert_file=pki.path("front-proxy-client.crt"),
+        proxy_client_key_file=pki.path("front-proxy-client.key"),
+        kubeconfig=str(kubeconfig),
+        # The fake serves no extension-apiserver-authentication ConfigMap unless a test adds one.
+        authentication_skip_lookup=True,
+    )
+    options = dataclasses.replace(base, **overrides)
+    validate(options)
+    assert options.kube_mode
+    return options
+
+
+# --- sample objects ------------------------------------------------------------------------------
+
+
+def apiservice(
+    group: str = "wardle.example.com",
+    version: str = "v1alpha1",
+    *,
+    service: tuple[str, str] | None = ("wardle", "api"),
+    version_priority: int = 15,
+    group_priority_minimum: int = 1000,
+) -> Obj:
+    spec: Obj = {
+        "group": group,
+        "version": version,
+        "groupPriorityMinimum": group_priority_minimum,
+        "versionPriority": version_priority,
+        "insecureSkipTLSVerify": True,
+    }
+    if service is not None:
+        spec["service"] = {"namespace": service[0], "name": service[1], "port": 443}
+    return {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": f"{version}.{group}"},
+        "spec": spec,
+    }
+
+
+def service(
+    namespace: str = "wardle", name: str = "api", *, cluster_ip: str = "10.0.0.10", port: int = 443
+) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": cluster_ip,
+            "ports": [{"name": "https", "port": port, "targetPort": 8443, "protocol": "TCP"}],
+        },
+    }
+
+
+def endpointslice(
+    namespace: str = "wardle",
+    name: str = "api-abc",
+    *,
+    service_name: str = "api",
+    addresses: tuple[str, ...] = ("10.1.0.5",),
+) -> Obj:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "labels": {"kubernetes.io/service-name": service_name},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "https", "port": 8443, "protocol": "TCP"}],
+        "endpoints": [{"addresses": list(addresses), "conditions": {"ready": True}}],
+    }

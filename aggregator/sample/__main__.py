@@ -1,0 +1,42 @@
+"""`python -m aggregator.sample --secure-port ... --requestheader-client-ca-file ...`"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from aggregator.logs import configure_logging
+from aggregator.sample.options import OptionsError, build_parser, options_from_args, validate
+from aggregator.sample.server import serve
+from aggregator.tls.pem import PEMError
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        return loop
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = options_from_args(build_parser().parse_args(argv))
+    try:
+        validate(options)
+    except OptionsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    configure_logging(options.log_format, options.verbosity)
+    try:
+        with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+            return runner.run(serve(options))
+    except (OSError, PEMError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,274 @@
+"""Aggregated discovery (`apidiscovery.k8s.io/v2` APIGroupDiscoveryList): merge, order, render, serve.
+
+Inputs are per group-version entries, each with its priorities and (maybe) resources: the gateway's
+own `apiregistration.k8s.io/v1` (pinned first at 20001), remote APIServices with the priorities of
+their spec and the resources their backend last served, and kube-apiserver's own groups with the
+built-in priority table (CRD groups 1000/100, anything else 1000/15). Groups are ordered by their
+highest groupPriorityMinimum, ties by group NAME (unlike legacy `/apis`); versions by
+versionPriority, then kube-aware order.
+
+Freshness goes beyond upstream: a backend that starts failing keeps its last good resources, marked
+`Stale`; a backend never reached is `Stale` with no resources. The document is rendered once per
+change (v2 and v2beta1, JSON, indented JSON, YAML) with upstream's ETag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources as package_resources
+from typing import Any
+
+from aiohttp import web
+
+from aggregator.discovery.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, MediaType
+from aggregator.discovery.rendered import Rendered, quoted_sha512, respond
+from aggregator.model.jsonenc import go_marshal
+from aggregator.model.versions import version_sort_key
+
+log = logging.getLogger(__name__)
+
+CURRENT, STALE = "Current", "Stale"
+REGISTRATION_GROUP_PRIORITY = 20001
+DEFAULT_PRIORITY = (1000, 15)
+CRD_PRIORITY = (1000, 100)
+HEADERS = {"Vary": "Accept", "Cache-Control": "public"}
+
+# What kube-apiserver publishes for its own apiregistration.k8s.io/v1 (Appendix A).
+_APISERVICE_KIND = {"group": "", "version": "", "kind": "APIService"}
+REGISTRATION_RESOURCES: list[dict[str, Any]] = [
+    {
+        "resource": "apiservices",
+        "responseKind": _APISERVICE_KIND,
+        "scope": "Cluster",
+        "singularResource": "apiservice",
+        "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+        "categories": ["api-extensions"],
+        "subresources": [
+            {"subresource": "status", "responseKind": _APISERVICE_KIND, "verbs": ["get", "patch", "update"]}
+        ],
+    }
+]
+
+
+def load_builtin_priorities() -> dict[str, tuple[int, int]]:
+    """`group/version` -> (groupPriorityMinimum, versionPriority) for kube-apiserver's built-in groups."""
+    text = package_resources.files("aggregator.model").joinpath("priorities.json").read_text()
+    table = json.loads(text)["priorities"]
+    return {gv: (p["groupPriorityMinimum"], p["versionPriority"]) for gv, p in table.items()}
+
+
+# --- normalizing backend documents into Go's struct shapes --------------------------------------------
+
+
+def _gvk(value: Any) -> dict[str, str]:
+    """A `*GroupVersionKind`; nil becomes `{}`-valued fields (upstream's client-go 0.26 workaround)."""
+    value = value if isinstance(value, Mapping) else {}
+    return {k: str(value.get(k) or "") for k in ("group", "version", "kind")}
+
+
+def _strings(value: Any) -> list[str] | None:
+    return [str(v) for v in value] if isinstance(value, list) else None
+
+
+def normalize_subresource(sub: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "subresource": str(sub.get("subresource") or ""),
+        "responseKind": _gvk(sub.get("responseKind")),
+    }
+    accepted = sub.get("acceptedTypes")
+    if isinstance(accepted, list) and accepted:
+        out["acceptedTypes"] = [_gvk(t) for t in accepted]
+    out["verbs"] = _strings(sub.get("verbs"))
+    return out
+
+
+def normalize_resource(res: Mapping[str, Any]) -> dict[str, Any]:
+    """APIResourceDiscovery with Go's field order and omitempty rules, unknown fields dropped."""
+    out: dict[str, Any] = {
+        "resource": str(res.get("resource") or ""),
+        "responseKind": _gvk(res.get("responseKind")),
+        "scope": str(res.get("scope") or ""),
+        "singularResource": str(res.get("singularResource") or ""),
+        "verbs": _strings(res.get("verbs")),
+    }
+    for key in ("shortNames", "categories"):
+        values = _strings(res.get(key))
+        if values:
+            out[key] = values
+    subs = res.get("subresources")
+    if isinstance(subs, list) and subs:
+        out["subresources"] = [normalize_subresource(s) for s in subs if isinstance(s, Mapping)]
+    return out
+
+
+class ConversionError(ValueError):
+    """A legacy APIResourceList that cannot be expressed as aggregated discovery."""
+
+
+def convert_resource_list(resources: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """apiserver `ConvertGroupVersionIntoToDiscovery`: a legacy APIResourceList's resources, aggregated."""
+    out: list[dict[str, Any]] = []
+    parents: dict[str, int] = {}
+    for r in resources:
+        name = str(r.get("name") or "")
+        if "/" in name:
+            continue
+        resource: dict[str, Any] = {
+            "resource": name,
+            "responseKind": {
+                "group": str(r.get("group") or ""),
+                "version": str(r.get("version") or ""),
+                "kind": str(r.get("kind") or ""),
+            },
+            "scope": "Namespaced" if r.get("namespaced") else "Cluster",
+            "singularResource": str(r.get("singularName") or ""),
+            "verbs": _strings(r.get("verbs")),
+        }
+        for key in ("shortNames", "categories"):
+            values = _strings(r.get(key))
+            if values:
+                resource[key] = values
+        out.append(resource)
+        parents[name] = len(out) - 1
+    for r in resources:
+        name = str(r.get("name") or "")
+        if "/" not in name:
+            continue
+        parent, sub = name.split("/", 1)
+        scope = "Namespaced" if r.get("namespaced") else "Cluster"
+        index = parents.get(parent)
+        if index is None:
+            out.append(
+                {
+                    "resource": parent,
+                    "responseKind": _gvk(None),
+                    "scope": scope,
+                    "singularResource": "",
+                    "verbs": None,
+                }
+            )
+            index = parents[parent] = len(out) - 1
+        if out[index]["scope"] != scope:
+            raise ConversionError(
+                f"Error: Parent {parent} (scope: {out[index]['scope']}) and subresource {sub} (scope: {scope}) scope do not match"
+            )
+        kind = str(r.get("kind") or "")
+        response_kind = (
+            {"group": str(r.get("group") or ""), "version": str(r.get("version") or ""), "kind": kind}
+            if kind
+            else _gvk(None)
+        )
+        out[index].setdefault("subresources", []).append(
+            {"subresource": sub, "responseKind": response_kind, "verbs": _strings(r.get("verbs"))}
+        )
+    # Go's field order puts subresources last; setdefault appended it after any optional fields.
+    return out
+
+
+# --- merge and order -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VersionEntry:
+    """One group-version of the document, with the priorities that place it."""
+
+    group: str
+    version: str
+    group_priority: int
+    version_priority: int
+    resources: tuple[Mapping[str, Any], ...] | None  # None: nothing known (never fetched)
+    freshness: str = CURRENT
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"version": self.version}
+        if self.resources:
+            out["resources"] = list(self.resources)
+        if self.freshness:
+            out["freshness"] = self.freshness
+        return out
+
+
+def registration_entry() -> VersionEntry:
+    return VersionEntry(
+        "apiregistration.k8s.io", "v1", REGISTRATION_GROUP_PRIORITY, 0, tuple(REGISTRATION_RESOURCES)
+    )
+
+
+def merge_items(entries: Iterable[VersionEntry]) -> list[dict[str, Any]]:
+    """APIGroupDiscovery items: groups by (highest priority desc, name), versions by (vp desc, kube-aware)."""
+    by_group: dict[str, dict[str, VersionEntry]] = {}
+    for entry in entries:
+        # The first entry for a group-version wins (callers list the authoritative source first).
+        by_group.setdefault(entry.group, {}).setdefault(entry.version, entry)
+    groups = []
+    for name, versions in by_group.items():
+        ordered = sorted(versions.values(), key=lambda e: (-e.version_priority, version_sort_key(e.version)))
+        groups.append((max(e.group_priority for e in ordered), name, ordered))
+    groups.sort(key=lambda g: (-g[0], g[1]))
+    items = []
+    for _, name, ordered in groups:
+        metadata = {"name": name} if name else {}
+        items.append({"metadata": metadata, "versions": [e.to_json() for e in ordered]})
+    return items
+
+
+def render(items: list[dict[str, Any]]) -> dict[str, Rendered]:
+    """The document per served version (`v2`, `v2beta1`), all sharing upstream's ETag."""
+    etag = quoted_sha512(go_marshal({"metadata": {}, "items": items}))
+    return {
+        version: Rendered.of(
+            {
+                "kind": DISCOVERY_KIND,
+                "apiVersion": f"{DISCOVERY_GROUP}/{version}",
+                "metadata": {},
+                "items": items,
+            },
+            etag,
+        )
+        for version in ("v2", "v2beta1")
+    }
+
+
+class AggregatedDiscovery:
+    """Keeps the rendered document in step with its sources; `/apis` serves it without waiting on anything."""
+
+    def __init__(
+        self, entries: Callable[[], Iterable[VersionEntry]], on_render: Callable[[], None] | None = None
+    ) -> None:
+        self._entries = entries
+        self._on_render = on_render
+        self._rendered: dict[str, Rendered] | None = None
+        self._scheduled = False
+
+    def invalidate(self) -> None:
+        """A source changed: re-render soon (once per burst), or at the next read if no loop runs."""
+        self._rendered = None
+        if self._scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._scheduled = True
+        loop.call_soon(self._scheduled_render)
+
+    def _scheduled_render(self) -> None:
+        self._scheduled = False
+        if self._rendered is None:
+            self.document()
+
+    def document(self, version: str = "v2") -> Rendered:
+        if self._rendered is None:
+            self._rendered = render(merge_items(self._entries()))
+            if self._on_render is not None:
+                self._on_render()
+        return self._rendered[version]
+
+    def serve(self, request: web.Request, media: MediaType) -> web.StreamResponse:
+        version = media.aggregated_version or "v2"
+        content_type = f"{media.media_type};g={DISCOVERY_GROUP};v={version};as={DISCOVERY_KIND}"
+        return respond(request, self.document(version), media, content_type=content_type, headers=HEADERS)

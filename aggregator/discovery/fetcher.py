@@ -1,0 +1,339 @@
+"""Fetches each remote APIService's discovery from its backend, so `/apis` never has to.
+
+Per APIService (per group-version, not per Service: several APIServices behind one Service each get
+their own entry, user-needs §1.3): GET the backend's `/apis` with the aggregated Accept and the last
+ETag; on a non-aggregated answer fall back to `GET /apis/<g>/<v>` and convert the APIResourceList.
+Refresh every 60 s, at once when the APIService, its Service or its EndpointSlices change; failures
+retry with backoff from 0.5 s to 60 s. A bounded number of fetches run at a time, each with a 5 s
+timeout, as the gateway's own identity (system:kube-aggregator, system:masters), like upstream.
+
+The backend call goes through the proxy's transport (service resolution, caBundle/SNI TLS, the
+front-proxy client certificate): anything with the `Backends` shape below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aggregator.discovery.aggregated import (
+    CURRENT,
+    STALE,
+    ConversionError,
+    VersionEntry,
+    convert_resource_list,
+    normalize_resource,
+)
+from aggregator.discovery.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, DISCOVERY_VERSIONS
+from aggregator.logs import fields
+from aggregator.model.apiservice import APIService
+from aggregator.model.objects import EndpointSlice, Service
+from aggregator.model.userinfo import AGGREGATOR, AGGREGATOR_USER, UserInfo
+from aggregator.sources.store import DELETED, Event, Kind, Store
+
+if TYPE_CHECKING:
+    from aggregator.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+AGGREGATED_ACCEPT = ",".join(
+    f"application/json;g={DISCOVERY_GROUP};v={v};as={DISCOVERY_KIND}" for v in DISCOVERY_VERSIONS
+)
+# Upstream's legacy fallback runs as the aggregator user without groups.
+LEGACY_USER = UserInfo(AGGREGATOR_USER)
+
+
+class BackendResponse(Protocol):
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class Backends(Protocol):
+    """The proxy transport's fetch (`gateway.backends`); raises (BackendError) when unreachable."""
+
+    async def fetch(
+        self,
+        apiservice: APIService,
+        path: str,
+        *,
+        headers: Mapping[str, str],
+        user: UserInfo,
+        timeout: float,  # noqa: ASYNC109 - the agreed transport contract takes the timeout
+    ) -> BackendResponse: ...
+
+
+class FetchError(Exception):
+    """A backend answered, but not with usable discovery."""
+
+
+def is_aggregated_content_type(value: str | None) -> bool:
+    """`discovery.ContentTypeIsGVK` for JSON: order-insensitive params, extra params allowed."""
+    if not value:
+        return False
+    media, *params = value.split(";")
+    if media.strip().lower() != "application/json":
+        return False
+    parsed = {}
+    for param in params:
+        key, _, val = param.partition("=")
+        parsed[key.strip().lower()] = val.strip().strip('"')
+    return (
+        parsed.get("g") == DISCOVERY_GROUP
+        and parsed.get("as") == DISCOVERY_KIND
+        and parsed.get("v") in DISCOVERY_VERSIONS
+    )
+
+
+def _body_excerpt(body: bytes, limit: int = 512) -> str:
+    return body[:limit].decode("utf-8", "replace").strip()
+
+
+@dataclass
+class FetchState:
+    """What the gateway knows about one APIService's discovery."""
+
+    apiservice: APIService
+    resources: tuple[Mapping[str, Any], ...] | None = None  # the last good resources
+    etag: str = ""
+    fresh: bool = False  # the last attempt succeeded
+    last_success: float | None = None
+    last_error: str = ""
+    failures: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    def entry(self) -> VersionEntry:
+        svc = self.apiservice
+        return VersionEntry(
+            svc.group,
+            svc.version,
+            svc.group_priority_minimum,
+            svc.version_priority,
+            self.resources,
+            CURRENT if self.fresh else STALE,
+        )
+
+
+class DiscoveryFetcher:
+    def __init__(
+        self,
+        store: Store,
+        backends: Callable[[], Backends | None],
+        on_change: Callable[[], None],
+        *,
+        metrics: Metrics | None = None,
+        refresh_interval: float = 60.0,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 60.0,
+        timeout: float = 5.0,
+        concurrency: int = 8,
+    ) -> None:
+        self.store = store
+        self._backends = backends
+        self._on_change = on_change
+        self._metrics = metrics
+        self.refresh_interval = refresh_interval
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.timeout = timeout
+        self._concurrency = concurrency
+        self._semaphore: asyncio.Semaphore | None = None
+        self.states: dict[str, FetchState] = {}
+        self._running = False
+        store.add_listener(self._on_event)
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._semaphore = asyncio.Semaphore(self._concurrency)
+        self._running = True
+        for svc in self.store.apiservices():
+            self._track(svc)
+
+    async def stop(self) -> None:
+        self._running = False
+        tasks = [s.task for s in self.states.values() if s.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def entries(self) -> list[VersionEntry]:
+        return [state.entry() for state in self.states.values()]
+
+    # --- store events -------------------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        if event.kind is Kind.APISERVICE:
+            assert isinstance(event.obj, APIService)
+            if event.type == DELETED:
+                self._forget(event.obj.name)
+            else:
+                self._track(event.obj)
+            return
+        obj = event.obj
+        if isinstance(obj, Service):
+            namespace, name = obj.namespace, obj.name
+        elif isinstance(obj, EndpointSlice):
+            namespace, name = obj.namespace, obj.service_name
+        else:
+            return
+        for svc in self.store.apiservices_for_service(namespace, name):
+            self.poke(svc.name)
+
+    def _track(self, svc: APIService) -> None:
+        if svc.local:
+            self._forget(svc.name)
+            return
+        state = self.states.get(svc.name)
+        if state is None:
+            state = self.states[svc.name] = FetchState(svc)
+        else:
+            state.apiservice = svc
+        self._on_change()
+        if not self._running:
+            return
+        if state.task is None or state.task.done():
+            state.task = asyncio.get_running_loop().create_task(
+                self._run(state), name=f"discovery:{svc.name}"
+            )
+        state.wake.set()
+
+    def _forget(self, name: str) -> None:
+        state = self.states.pop(name, None)
+        if state is None:
+            return
+        if state.task is not None:
+            state.task.cancel()
+        if self._metrics is not None:
+            with contextlib.suppress(KeyError):
+                self._metrics.discovery_last_success.remove(name)
+        self._on_change()
+
+    def poke(self, name: str) -> None:
+        """Refetch now (the APIService, its Service or its endpoints changed)."""
+        state = self.states.get(name)
+        if state is not None:
+            state.wake.set()
+
+    # --- the loop -----------------------------------------------------------------------------------
+
+    async def _run(self, state: FetchState) -> None:
+        assert self._semaphore is not None
+        while True:
+            state.wake.clear()  # a poke during the fetch below means "fetch again right after"
+            async with self._semaphore:
+                ok = await self.fetch_once(state)
+            self._on_change()
+            delay = (
+                self.refresh_interval
+                if ok
+                else min(self.backoff_max, self.backoff_initial * 2 ** min(state.failures - 1, 30))
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.wake.wait(), delay)
+
+    async def fetch_once(self, state: FetchState) -> bool:
+        """One discovery attempt; updates `state` and returns whether it succeeded."""
+        svc = state.apiservice
+        started = time.time()
+        try:
+            backends = self._backends()
+            if backends is None:
+                raise FetchError("no backend transport is configured")
+            async with asyncio.timeout(self.timeout + 1):
+                resources, etag, result = await self._discover(backends, state)
+        except (Exception, TimeoutError) as err:
+            message = str(err) or type(err).__name__
+            if isinstance(err, TimeoutError):
+                message = f"discovery request timed out after {self.timeout:g}s"
+            hop = getattr(err, "hop", "")
+            first_failure = state.fresh or state.failures == 0
+            state.fresh = False
+            state.failures += 1
+            state.last_error = message
+            self._count(svc.name, "error")
+            (log.warning if first_failure else log.debug)(
+                "discovery fetch failed; serving the last good resources as Stale",
+                extra=fields(apiservice=svc.name, hop=hop, error=message, failures=state.failures),
+            )
+            return False
+        state.resources = resources
+        state.etag = etag
+        if not state.fresh and state.failures:
+            log.info(
+                "discovery fetch recovered", extra=fields(apiservice=svc.name, after_failures=state.failures)
+            )
+        state.fresh = True
+        state.failures = 0
+        state.last_error = ""
+        state.last_success = started
+        self._count(svc.name, result)
+        if self._metrics is not None:
+            self._metrics.discovery_last_success.labels(svc.name).set(started)
+        return True
+
+    def _count(self, name: str, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.discovery_fetches.labels(name, result).inc()
+
+    async def _discover(
+        self, backends: Backends, state: FetchState
+    ) -> tuple[tuple[Mapping[str, Any], ...], str, str]:
+        svc = state.apiservice
+        assert svc.service is not None
+        headers = {"Accept": AGGREGATED_ACCEPT}
+        if state.etag and state.resources is not None:
+            headers["If-None-Match"] = state.etag
+        resp = await backends.fetch(svc, "/apis", headers=headers, user=AGGREGATOR, timeout=self.timeout)
+        if resp.status == 304 and state.resources is not None:
+            return state.resources, state.etag, "not_modified"
+        if resp.status == 503:
+            ref = svc.service
+            raise FetchError(
+                f"service {ref.namespace}/{ref.name}:{ref.port} returned non-success response code: 503"
+            )
+        if resp.status == 200 and is_aggregated_content_type(resp.headers.get("Content-Type")):
+            return self._from_aggregated(svc, resp), resp.headers.get("ETag", ""), "aggregated"
+        return await self._legacy(backends, svc), "", "legacy"
+
+    def _from_aggregated(self, svc: APIService, resp: BackendResponse) -> tuple[Mapping[str, Any], ...]:
+        try:
+            doc = json.loads(resp.body)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise FetchError(f"invalid aggregated discovery document from the backend: {err}") from err
+        items = doc.get("items") if isinstance(doc, dict) else None
+        for item in items if isinstance(items, list) else []:
+            metadata = item.get("metadata") if isinstance(item, dict) else None
+            if not isinstance(metadata, dict) or metadata.get("name", "") != svc.group:
+                continue
+            for version in item.get("versions") or []:
+                if isinstance(version, dict) and version.get("version") == svc.version:
+                    resources = version.get("resources") or []
+                    return tuple(normalize_resource(r) for r in resources if isinstance(r, dict))
+        # The backend does not serve this group-version: listed, Current, without resources (as upstream).
+        return ()
+
+    async def _legacy(self, backends: Backends, svc: APIService) -> tuple[Mapping[str, Any], ...]:
+        path = f"/apis/{svc.group}/{svc.version}" if svc.group else f"/api/{svc.version}"
+        resp = await backends.fetch(
+            svc, path, headers={"Accept": "application/json"}, user=LEGACY_USER, timeout=self.timeout
+        )
+        if resp.status != 200:
+            raise FetchError(f"failed to download legacy discovery for {path}: {_body_excerpt(resp.body)}")
+        try:
+            doc = json.loads(resp.body)
+            resources = doc.get("resources") or [] if isinstance(doc, dict) else []
+            return tuple(convert_resource_list([r for r in resources if isinstance(r, dict)]))
+        except ConversionError as err:
+            raise FetchError(str(err)) from err
+        except (ValueError, UnicodeDecodeError) as err:
+            raise FetchError(f"invalid APIResourceList from {path}: {err}") from err

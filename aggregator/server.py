@@ -27,6 +27,7 @@ from aggregator.health import ENDPOINTS, HealthChecks
 from aggregator.kube.client import KubeClient
 from aggregator.logs import ACCESS_LOGGER, fields
 from aggregator.metrics import Metrics
+from aggregator.proxy.transport import Backends
 from aggregator.responses import json_response, not_found, status_response
 from aggregator.routing import Route, RouteKind, Router
 from aggregator.sources.store import Store
@@ -86,6 +87,9 @@ class Gateway:
         # kube-apiserver client: kube mode, or local mode with --kubeconfig (reviews only).
         self.kube: KubeClient | None = None
         self.availability: Availability = ConditionAvailability(self.store)
+        # Backend transports (TLS contexts, pools, resolution) and `fetch`, for the proxy and for
+        # the gateway's own backend calls (discovery, availability).
+        self.backends = Backends(options, self.store, self.metrics)
 
         self.health.add("ping", lambda: None)
         self.health.add("shutdown", self._shutdown_check, livez=False)
@@ -224,6 +228,10 @@ def build_gateway(options: Options) -> Gateway:
     from aggregator.auth.setup import install_authentication
 
     install_authentication(gateway)
+    # proxy: /apis/<g>/<v>[/...] to extension API servers (and the delegate in kube mode)
+    from aggregator.proxy.setup import install_proxy
+
+    install_proxy(gateway)
     # discovery: /apis, /apis/<group> (and apiregistration.k8s.io itself in local mode)
     from aggregator.discovery.component import install_discovery
 

@@ -1,0 +1,292 @@
+"""Which headers cross the gateway, and which identity the backend is told about.
+
+Pure functions over header lists, so the security-critical rules are property-tested without
+sockets. Inbound: every header that could carry identity or credentials is dropped whatever its
+letter case and however often it appears (the standard `X-Remote-*` names, the configured
+`--requestheader-*` names and prefixes, `Authorization`, `Impersonate-*`), hop-by-hop headers go
+(including those named in `Connection`), then the authenticated caller is asserted exactly as
+client-go's `SetAuthProxyHeaders` does. Outbound responses lose hop-by-hop and CORS headers
+(upstream's `corsRemovingTransport`).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from multidict import CIMultiDict
+
+from aggregator.model.userinfo import UserInfo
+
+# RFC 7230 §6.1 plus the de-facto Proxy-Connection; Go's ReverseProxy list.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# What upstream's corsRemovingTransport deletes from backend responses.
+CORS_RESPONSE = frozenset(
+    {
+        "access-control-allow-credentials",
+        "access-control-allow-headers",
+        "access-control-allow-methods",
+        "access-control-allow-origin",
+    }
+)
+# Identity headers stripped whatever the requestheader configuration says (upstream strips these
+# in WithAuthentication and WithImpersonation before the aggregator ever proxies).
+STANDARD_IDENTITY_NAMES = ("authorization", "x-remote-user", "x-remote-uid", "x-remote-group")
+STANDARD_IDENTITY_PREFIXES = ("x-remote-extra-", "impersonate-")
+
+REMOTE_USER = "X-Remote-User"
+REMOTE_UID = "X-Remote-Uid"
+REMOTE_GROUP = "X-Remote-Group"
+REMOTE_EXTRA_PREFIX = "X-Remote-Extra-"
+IMPERSONATE_USER = "Impersonate-User"
+IMPERSONATE_UID = "Impersonate-Uid"
+IMPERSONATE_GROUP = "Impersonate-Group"
+IMPERSONATE_EXTRA_PREFIX = "Impersonate-Extra-"
+
+_TOKEN_BYTES = frozenset((string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~").encode())
+# Bytes that would let a value smuggle a second header line (or be refused by the HTTP writer).
+_UNSAFE_VALUE = ("\r", "\n", "\x00")
+
+
+def header_key_escape(key: str) -> str:
+    """client-go's `headerKeyEscape`: %-encode (uppercase hex) every non-token byte and every `%`."""
+    out = []
+    for b in key.encode("utf-8"):
+        if b not in _TOKEN_BYTES or b == 0x25:
+            out.append(f"%{b:02X}")
+        else:
+            out.append(chr(b))
+    return "".join(out)
+
+
+def canonical_header_key(name: str) -> str:
+    """Go's `textproto.CanonicalMIMEHeaderKey` (`x-remote-extra-a%2fb` -> `X-Remote-Extra-A%2fb`).
+
+    Names with a non-token byte are returned unchanged, as Go does.
+    """
+    if any(ord(c) > 127 or ord(c) not in _TOKEN_BYTES for c in name):
+        return name
+    out = []
+    upper = True
+    for c in name:
+        out.append(c.upper() if upper else c.lower())
+        upper = c == "-"
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class IdentityHeaderPolicy:
+    """Which inbound header names carry identity: exact names and prefixes, all lower-cased."""
+
+    names: frozenset[str]
+    prefixes: tuple[str, ...]
+    # Escaped, canonical extra-header names by key; extra keys repeat (credential-id), so cache.
+    _extra_names: dict[tuple[str, str], str] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        username_headers: Iterable[str] = (),
+        uid_headers: Iterable[str] = (),
+        group_headers: Iterable[str] = (),
+        extra_prefixes: Iterable[str] = (),
+    ) -> IdentityHeaderPolicy:
+        """The standard names plus the configured `--requestheader-*` names and prefixes."""
+        names = {*STANDARD_IDENTITY_NAMES}
+        names.update(h.strip().lower() for h in (*username_headers, *uid_headers, *group_headers))
+        prefixes = {*STANDARD_IDENTITY_PREFIXES}
+        prefixes.update(p.strip().lower() for p in extra_prefixes)
+        names.discard("")
+        prefixes.discard("")
+        return cls(frozenset(names), tuple(sorted(prefixes)))
+
+    def is_identity(self, name: str) -> bool:
+        lowered = name.lower()
+        return lowered in self.names or lowered.startswith(self.prefixes)
+
+    def extra_header(self, prefix: str, key: str) -> str:
+        cache_key = (prefix, key)
+        name = self._extra_names.get(cache_key)
+        if name is None:
+            name = canonical_header_key(prefix + header_key_escape(key))
+            if len(self._extra_names) < 4096:
+                self._extra_names[cache_key] = name
+        return name
+
+
+DEFAULT_POLICY = IdentityHeaderPolicy.build()
+
+
+def _safe(value: str) -> bool:
+    return not any(c in value for c in _UNSAFE_VALUE)
+
+
+def connection_tokens(values: Iterable[str]) -> frozenset[str]:
+    """Lower-cased header names listed in `Connection` values (`close`, `upgrade`, `x-foo`...)."""
+    return frozenset(t.strip().lower() for v in values for t in v.split(",") if t.strip())
+
+
+def identity_headers(
+    user: UserInfo,
+    policy: IdentityHeaderPolicy = DEFAULT_POLICY,
+    *,
+    impersonate: bool = False,
+) -> list[tuple[str, str]]:
+    """The caller as front-proxy headers (`SetAuthProxyHeaders`) or impersonation headers.
+
+    `X-Remote-User` always (even empty), `X-Remote-Uid` only when set, one `X-Remote-Group` per
+    group in order, `X-Remote-Extra-<escaped key>` once per value (keys sorted: Go iterates its map
+    in random order, a fixed order is kinder to caches and tests). Values that could break the
+    header block (CR, LF, NUL) are left out: asserting less identity is the safe direction.
+    """
+    if impersonate:
+        user_h, uid_h, group_h, extra_p = (
+            IMPERSONATE_USER,
+            IMPERSONATE_UID,
+            IMPERSONATE_GROUP,
+            IMPERSONATE_EXTRA_PREFIX,
+        )
+    else:
+        user_h, uid_h, group_h, extra_p = REMOTE_USER, REMOTE_UID, REMOTE_GROUP, REMOTE_EXTRA_PREFIX
+    out = [(user_h, user.name if _safe(user.name) else "")]
+    if user.uid and _safe(user.uid):
+        out.append((uid_h, user.uid))
+    out.extend((group_h, g) for g in user.groups if _safe(g))
+    for key in sorted(user.extra):
+        name = policy.extra_header(extra_p, key)
+        out.extend((name, v) for v in user.extra[key] if _safe(v))
+    return out
+
+
+def go_path_clean(path: str) -> str:
+    """Go's `path.Clean` (posixpath.normpath keeps a leading `//`; Go does not)."""
+    if not path:
+        return "."
+    rooted = path.startswith("/")
+    parts: list[str] = []
+    for seg in path.split("/"):
+        if seg in ("", "."):
+            continue
+        if seg == "..":
+            if parts and parts[-1] != "..":
+                parts.pop()
+            elif not rooted:
+                parts.append("..")
+            continue
+        parts.append(seg)
+    cleaned = "/".join(parts)
+    if rooted:
+        return "/" + cleaned
+    return cleaned or "."
+
+
+def forwarded_uri(raw_path: str) -> str:
+    """`X-Forwarded-Uri`: the escaped path, cleaned, trailing `/` kept, no query (proxy.Transport)."""
+    path = raw_path.split("?", 1)[0]
+    uri = go_path_clean(path) if path else ""
+    if path.endswith("/") and not uri.endswith("/"):
+        uri += "/"
+    return uri
+
+
+def request_headers(
+    inbound: Iterable[tuple[str, str]],
+    user: UserInfo | None,
+    policy: IdentityHeaderPolicy = DEFAULT_POLICY,
+    *,
+    authority: str,
+    client_ip: str | None = None,
+    forwarded_host: str | None = None,
+    forwarded_uri: str | None = None,
+    upgrade: str | None = None,
+    impersonate: bool = False,
+    extra: Mapping[str, str] | None = None,
+) -> CIMultiDict[str]:
+    """The headers of the request sent to a backend.
+
+    `inbound` is every (name, value) the client sent. `user` None sends no identity at all (the
+    delegate with its own credentials when the caller is unknown never happens; fetch always has
+    one). `upgrade` is the protocol of a tunnelled upgrade: its `Upgrade` header survives with
+    `Connection: Upgrade`. `extra` headers (the gateway's own `Authorization` for impersonation)
+    are added last.
+    """
+    pairs = list(inbound)
+    hop = HOP_BY_HOP
+    dropped: frozenset[str] = frozenset()
+    forwarded_for: list[str] = []
+    for name, value in pairs:
+        lowered = name.lower()
+        if lowered == "connection":
+            dropped = dropped | connection_tokens((value,))
+        elif lowered == "x-forwarded-for":
+            forwarded_for.append(value)
+    names = policy.names
+    prefixes = policy.prefixes
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in pairs:
+        lowered = name.lower()
+        if (
+            lowered in hop
+            or lowered in names
+            or lowered.startswith(prefixes)
+            or lowered in dropped
+            or lowered == "host"
+            or lowered == "x-forwarded-for"
+        ):
+            continue
+        if forwarded_uri is not None and lowered in (
+            "x-forwarded-uri",
+            "x-forwarded-host",
+            "x-forwarded-proto",
+        ):
+            continue
+        out.add(name, value)
+    out["Host"] = authority
+    if user is not None:
+        for name, value in identity_headers(user, policy, impersonate=impersonate):
+            out.add(name, value)
+    if client_ip:
+        forwarded_for.append(client_ip)
+    if forwarded_for:
+        out["X-Forwarded-For"] = ", ".join(forwarded_for)
+    if forwarded_uri is not None:
+        out["X-Forwarded-Uri"] = forwarded_uri
+        out["X-Forwarded-Host"] = forwarded_host or authority
+        out["X-Forwarded-Proto"] = "https"
+    if upgrade is not None:
+        out["Connection"] = "Upgrade"
+        out["Upgrade"] = upgrade
+    if extra:
+        for name, value in extra.items():
+            out[name] = value
+    return out
+
+
+def response_headers(upstream: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+    """A backend response's headers minus hop-by-hop (and `Connection`-named) and CORS headers."""
+    pairs = list(upstream)
+    dropped: frozenset[str] = frozenset()
+    for name, value in pairs:
+        if name.lower() == "connection":
+            dropped = dropped | connection_tokens((value,))
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in pairs:
+        lowered = name.lower()
+        if lowered in HOP_BY_HOP or lowered in CORS_RESPONSE or lowered in dropped:
+            continue
+        out.add(name, value)
+    return out

@@ -1,0 +1,261 @@
+"""Which address a request for an APIService is sent to (upstream's service resolvers, §4.5).
+
+By default the Service's cluster IP and the Service port whose `port` equals `spec.service.port`
+(`ResolveCluster`); with `--enable-aggregator-routing` a ready endpoint of the Service's
+EndpointSlices, port matched by name, from a random start (`ResolveEndpoint`). The objects come
+from the store, so local mode resolves through the folder's Service and EndpointSlice manifests
+the same way.
+
+Security (S6 of the reference): an ExternalName Service is refused unless
+`--allow-external-name-services`; its name is resolved once and the resulting IP is dialed (no
+second lookup a DNS server could answer differently); every address is checked against
+`--backend-deny-cidrs` before anything is dialed. The TLS verification name is always
+`<service>.<namespace>.svc`, whatever address is dialed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import random
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from aggregator.model.apiservice import APIService, ServiceReference
+from aggregator.model.objects import EndpointSlice, Service
+from aggregator.proxy.errors import BackendError, Hop
+from aggregator.sources.store import Store
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Lookup = Callable[[str], Awaitable[list[str]]]
+
+_ROUTABLE_TYPES = ("ClusterIP", "LoadBalancer", "NodePort")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A resolved backend: the IP to dial, its port, and the name its certificate must hold."""
+
+    ip: str
+    port: int
+    server_name: str
+
+    @property
+    def authority(self) -> str:
+        """`host:port` as Go's `net.JoinHostPort` writes it (IPv6 in brackets)."""
+        return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"https://{self.authority}"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingLookup:
+    """An ExternalName target whose host name still has to be resolved (once) to an IP."""
+
+    host: str
+    port: int
+    server_name: str
+    service: str
+
+
+async def system_lookup(host: str) -> list[str]:
+    """The host's addresses from the system resolver, in its order."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _family(address: str) -> str:
+    return "IPv6" if ":" in address else "IPv4"
+
+
+class DenyList:
+    """`--backend-deny-cidrs`, with verdicts cached per address (the same few IPs repeat)."""
+
+    def __init__(self, cidrs: Sequence[str]) -> None:
+        self.networks: tuple[IPNetwork, ...] = tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
+        self._verdicts: dict[str, IPNetwork | None] = {}
+
+    def match(self, address: str) -> IPNetwork | None:
+        """The denied network containing `address`, or None when it may be dialed."""
+        try:
+            return self._verdicts[address]
+        except KeyError:
+            pass
+        ip = ipaddress.ip_address(address)
+        mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+        verdict = next((n for n in self.networks if ip in n or (mapped is not None and mapped in n)), None)
+        if len(self._verdicts) > 4096:
+            self._verdicts.clear()
+        self._verdicts[address] = verdict
+        return verdict
+
+
+class Resolver:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        endpoint_routing: bool = False,
+        allow_external_name: bool = False,
+        deny_cidrs: Sequence[str] = (),
+        lookup: Lookup = system_lookup,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.endpoint_routing = endpoint_routing
+        self.allow_external_name = allow_external_name
+        self.deny = DenyList(deny_cidrs)
+        self.lookup = lookup
+        self._rng = rng or random.Random()
+        # APIService name -> (service object, resolved target): the cluster-IP answer only
+        # changes when the Service object does, so a hit is two identity checks.
+        self._cluster_cache: dict[tuple[str, str, int], tuple[Service, Target]] = {}
+
+    # --- public ------------------------------------------------------------------------------------
+
+    async def resolve(self, apiservice: APIService) -> Target:
+        """The target for a remote APIService, or BackendError naming the failing hop."""
+        found = self.resolve_now(apiservice)
+        if isinstance(found, PendingLookup):
+            return await self.finish_lookup(found)
+        return found
+
+    def resolve_now(self, apiservice: APIService) -> Target | PendingLookup:
+        """Everything that needs no DNS; an ExternalName comes back as a PendingLookup."""
+        ref = apiservice.service
+        if ref is None:
+            raise BackendError(Hop.SERVICE, f"APIService {apiservice.name} is local (no spec.service)")
+        if self.endpoint_routing:
+            return self._checked(self._resolve_endpoint(ref), ref)
+        key = (ref.namespace, ref.name, ref.port)
+        svc = self.store.service(ref.namespace, ref.name)
+        cached = self._cluster_cache.get(key)
+        if cached is not None and svc is cached[0]:
+            return cached[1]
+        found = self._resolve_cluster(ref, svc)
+        if isinstance(found, PendingLookup):
+            return found
+        target = self._checked(found, ref)
+        if svc is not None:
+            if len(self._cluster_cache) > 4096:
+                self._cluster_cache.clear()
+            self._cluster_cache[key] = (svc, target)
+        return target
+
+    async def finish_lookup(self, pending: PendingLookup) -> Target:
+        """Resolve an ExternalName once and pin the first address the deny list allows."""
+        if _is_ip(pending.host):
+            addresses = [pending.host]
+        else:
+            try:
+                addresses = await self.lookup(pending.host)
+            except OSError as err:
+                raise BackendError(
+                    Hop.CONNECT, f"dial tcp: lookup {pending.host}: {err.strerror or 'no such host'}"
+                ) from err
+        if not addresses:
+            raise BackendError(Hop.CONNECT, f"dial tcp: lookup {pending.host}: no such host")
+        for address in addresses:
+            if self.deny.match(address) is None:
+                return Target(address, pending.port, pending.server_name)
+        network = self.deny.match(addresses[0])
+        raise BackendError(
+            Hop.DENY_CIDR,
+            f"address {addresses[0]} of service {pending.service} (ExternalName {pending.host}) is in "
+            f"--backend-deny-cidrs range {network}",
+        )
+
+    # --- upstream's two resolvers -------------------------------------------------------------------
+
+    def _service(self, ref: ServiceReference) -> Service:
+        svc = self.store.service(ref.namespace, ref.name)
+        if svc is None:
+            raise BackendError(Hop.SERVICE, f'service "{ref.name}" not found')
+        return svc
+
+    def _resolve_cluster(self, ref: ServiceReference, svc: Service | None) -> Target | PendingLookup:
+        """`ResolveCluster`: cluster IP and the Service port equal to spec.service.port."""
+        if svc is None:
+            raise BackendError(Hop.SERVICE, f'service "{ref.name}" not found')
+        if svc.type == "ClusterIP" and svc.cluster_ip == "None":
+            raise BackendError(Hop.SERVICE, 'cannot route to service with ClusterIP "None"')
+        if svc.type in _ROUTABLE_TYPES:
+            port = svc.port_by_number(ref.port)
+            if port is None:
+                raise BackendError(Hop.PORT, f'no service port {ref.port} found for service "{svc.name}"')
+            if not svc.cluster_ip:
+                raise BackendError(Hop.SERVICE, f'service "{svc.name}" has no cluster IP')
+            if not _is_ip(svc.cluster_ip):
+                raise BackendError(
+                    Hop.SERVICE, f'service "{svc.name}" has cluster IP {svc.cluster_ip!r}, not an IP address'
+                )
+            return Target(svc.cluster_ip, port.port, ref.server_name)
+        if svc.type == "ExternalName":
+            if not self.allow_external_name:
+                raise BackendError(
+                    Hop.SERVICE,
+                    f'service "{svc.name}" is of type ExternalName, which is refused unless '
+                    "--allow-external-name-services is set",
+                )
+            if not svc.external_name:
+                raise BackendError(Hop.SERVICE, f'service "{svc.name}" has no externalName')
+            return PendingLookup(
+                svc.external_name.rstrip("."), ref.port, ref.server_name, f"{ref.namespace}/{ref.name}"
+            )
+        raise BackendError(Hop.SERVICE, f'unsupported service type "{svc.type}"')
+
+    def _resolve_endpoint(self, ref: ServiceReference) -> Target:
+        """`ResolveEndpoint`: a ready endpoint of a slice whose port name matches the Service port's."""
+        svc = self._service(ref)
+        if svc.type not in _ROUTABLE_TYPES:
+            raise BackendError(Hop.SERVICE, f'unsupported service type "{svc.type}"')
+        port = svc.port_by_number(ref.port)
+        if port is None:
+            raise BackendError(Hop.PORT, f'no service port {ref.port} found for service "{svc.name}"')
+        slices = self.store.endpointslices_for(svc.namespace, svc.name)
+        if not slices:
+            raise BackendError(Hop.ENDPOINTS, f'no endpoints available for service "{svc.name}"')
+        if len(slices) > 1:
+            # Random order, the Service's own IP family first (upstream uses spec.ipFamilies[0]).
+            preferred = _family(svc.cluster_ip) if _is_ip(svc.cluster_ip) else "IPv4"
+            order = {id(s): self._rng.random() for s in slices}
+            slices.sort(key=lambda s: (s.address_type != preferred, order[id(s)]))
+        for candidate in slices:
+            target = self._endpoint_in(candidate, port.name, ref.server_name)
+            if target is not None:
+                return target
+        raise BackendError(Hop.ENDPOINTS, f'no endpoints available for service "{svc.name}"')
+
+    def _endpoint_in(self, eps: EndpointSlice, port_name: str, server_name: str) -> Target | None:
+        for slice_port in eps.ports:
+            if (slice_port.name or "") != port_name or slice_port.port is None or not eps.endpoints:
+                continue
+            count = len(eps.endpoints)
+            offset = self._rng.randrange(count)
+            for i in range(count):
+                endpoint = eps.endpoints[(i + offset) % count]
+                # Only addresses[0] is used (as upstream); FQDN slices cannot be pinned to an IP.
+                if endpoint.ready is not False and endpoint.addresses and _is_ip(endpoint.addresses[0]):
+                    return Target(endpoint.addresses[0], slice_port.port, server_name)
+        return None
+
+    def _checked(self, target: Target, ref: ServiceReference) -> Target:
+        network = self.deny.match(target.ip)
+        if network is not None:
+            raise BackendError(
+                Hop.DENY_CIDR,
+                f"address {target.ip} of service {ref.namespace}/{ref.name} is in --backend-deny-cidrs "
+                f"range {network}",
+            )
+        return target

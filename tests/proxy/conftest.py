@@ -1,0 +1,92 @@
+"""Fixtures: a fake extension server, and a local-mode gateway registered to proxy to it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from aggregator.server import GatewayServer
+from tests.conftest import StartGateway
+from tests.proxy.support import (
+    SERVER_NAME,
+    BackendPKI,
+    FakeBackend,
+    apiservice_manifest,
+    make_backend_pki,
+    service_manifest,
+    write_manifests,
+)
+from tests.support.pki import PKI
+
+
+@pytest.fixture(scope="session")
+def backend_pki(tmp_path_factory: pytest.TempPathFactory) -> BackendPKI:
+    return make_backend_pki(tmp_path_factory.mktemp("backend-pki"))
+
+
+@pytest.fixture
+async def backend(backend_pki: BackendPKI, pki: PKI) -> AsyncIterator[FakeBackend]:
+    cert, key = backend_pki.serving("api", [SERVER_NAME])
+    fake = FakeBackend(cert, key, pki.path("front-proxy-ca.crt"))
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@dataclass
+class Proxied:
+    server: GatewayServer
+    backend: FakeBackend
+    pki: PKI
+    session: aiohttp.ClientSession
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def request(self, method: str, path: str, *, cert: str | None = "admin", **kwargs: Any) -> Any:
+        """`async with proxied.request("GET", "/apis/...") as resp` as the `cert` user."""
+        from yarl import URL
+
+        return self.session.request(
+            method, URL(self.url + path, encoded=True), ssl=self.pki.client_context(cert), **kwargs
+        )
+
+
+StartProxied = Callable[..., Any]
+
+
+@pytest.fixture
+async def start_proxied(
+    start_gateway: StartGateway,
+    backend: FakeBackend,
+    backend_pki: BackendPKI,
+    pki: PKI,
+    apiservices_dir: Path,
+) -> AsyncIterator[StartProxied]:
+    """`await start_proxied(**gateway_options)`: the demo APIService registered, gateway running."""
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def start(
+        *, manifests: bool = True, apiservice: dict[str, Any] | None = None, **options: Any
+    ) -> Proxied:
+        if manifests:
+            write_manifests(
+                apiservices_dir,
+                "demo",
+                apiservice or apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem),
+                service_manifest(port=backend.port),
+            )
+        server = await start_gateway(**options)
+        session = aiohttp.ClientSession(auto_decompress=False)
+        sessions.append(session)
+        return Proxied(server, backend, pki, session)
+
+    yield start
+    for session in sessions:
+        await session.close()

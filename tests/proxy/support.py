@@ -1,0 +1,247 @@
+"""A fake extension API server over real TLS, and the manifests that register it.
+
+The server demands a client certificate signed by the front-proxy CA (as an extension API server
+configured with `--requestheader-client-ca-file` does), records every request exactly as it
+arrived (raw path, every header line, the peer's CN), and answers from per-path handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from aggregator.certs import KeyPair, issue_serving_cert, new_ca, write_pair
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+GROUP = "demo.example.com"
+VERSION = "v1"
+APISERVICE = f"{VERSION}.{GROUP}"
+NAMESPACE = "demo"
+SERVICE = "api"
+SERVER_NAME = f"{SERVICE}.{NAMESPACE}.svc"
+PREFIX = f"/apis/{GROUP}/{VERSION}"
+
+
+@dataclass
+class Received:
+    method: str
+    raw_path: str
+    headers: list[tuple[str, str]]
+    peer_cn: str
+    body_size: int = 0
+
+    def all(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k.lower() == name.lower()]
+
+    def one(self, name: str) -> str | None:
+        values = self.all(name)
+        assert len(values) <= 1, f"{name} sent {len(values)} times: {values}"
+        return values[0] if values else None
+
+
+@dataclass
+class BackendPKI:
+    """A CA for extension servers and serving pairs signed by it, written under `dir`."""
+
+    dir: Path
+    ca: KeyPair
+    other_ca: KeyPair
+
+    def serving(self, stem: str, hosts: list[str], *, ca: KeyPair | None = None) -> tuple[str, str]:
+        pair = issue_serving_cert(ca or self.ca, hosts)
+        write_pair(self.dir, stem, pair)
+        return str(self.dir / f"{stem}.crt"), str(self.dir / f"{stem}.key")
+
+
+def make_backend_pki(directory: Path) -> BackendPKI:
+    return BackendPKI(directory, new_ca("extension-ca"), new_ca("unrelated-ca"))
+
+
+async def echo(request: web.Request) -> web.StreamResponse:
+    """What the backend saw: path, identity headers."""
+    return web.json_response(
+        {
+            "path": request.raw_path,
+            "user": request.headers.get("X-Remote-User"),
+            "groups": request.headers.getall("X-Remote-Group", []),
+        }
+    )
+
+
+@dataclass
+class FakeBackend:
+    cert_file: str
+    key_file: str
+    front_proxy_ca_file: str
+    require_client_cert: bool = True
+    received: list[Received] = field(default_factory=list)
+    routes: dict[str, Handler] = field(default_factory=dict)
+    default: Handler = echo
+    port: int = 0
+    connections: int = 0
+    _runner: web.AppRunner | None = None
+
+    def seen_by(self, user: str) -> list[Received]:
+        """Requests made as `user` (the gateway's own discovery calls come as system:kube-aggregator)."""
+        return [r for r in self.received if user in r.all("X-Remote-User")]
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.cert_file, self.key_file)
+        if self.require_client_cert:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(self.front_proxy_ca_file)
+        return ctx
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+        peer = ssl_object.getpeercert() if ssl_object is not None else None
+        cn = ""
+        for rdn in (peer or {}).get("subject", ()):
+            for key, value in rdn:
+                if key == "commonName":
+                    cn = value
+        self.received.append(
+            Received(
+                request.method,
+                request.raw_path,
+                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers],
+                cn,
+            )
+        )
+        handler = self.routes.get(request.path, self.default)
+        return await handler(request)
+
+    async def start(self) -> int:
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.context())
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+def apiservice_manifest(
+    *,
+    port: int,
+    ca_pem: bytes | None,
+    group: str = GROUP,
+    version: str = VERSION,
+    namespace: str = NAMESPACE,
+    service: str = SERVICE,
+    available: bool = True,
+    insecure: bool = False,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "group": group,
+        "version": version,
+        "service": {"namespace": namespace, "name": service, "port": port},
+        "groupPriorityMinimum": 1000,
+        "versionPriority": 15,
+    }
+    if ca_pem:
+        spec["caBundle"] = base64.b64encode(ca_pem).decode()
+    if insecure:
+        spec["insecureSkipTLSVerify"] = True
+    status = "True" if available else "False"
+    return {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": f"{version}.{group}"},
+        "spec": spec,
+        "status": {"conditions": [{"type": "Available", "status": status, "reason": "Passed"}]},
+    }
+
+
+def service_manifest(
+    *,
+    port: int,
+    namespace: str = NAMESPACE,
+    name: str = SERVICE,
+    cluster_ip: str = "127.0.0.1",
+    type_: str = "ClusterIP",
+    external_name: str = "",
+    port_name: str = "https",
+    target_port: int | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"type": type_}
+    if type_ == "ExternalName":
+        spec["externalName"] = external_name
+    else:
+        spec["clusterIP"] = cluster_ip
+    spec["ports"] = [{"name": port_name, "port": port, "targetPort": target_port or port}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": spec,
+    }
+
+
+def endpointslice_manifest(
+    name: str,
+    endpoints: list[tuple[str, bool | None]],
+    *,
+    port: int,
+    port_name: str = "https",
+    namespace: str = NAMESPACE,
+    service: str = SERVICE,
+    address_type: str = "IPv4",
+) -> dict[str, Any]:
+    eps = []
+    for address, ready in endpoints:
+        ep: dict[str, Any] = {"addresses": [address]}
+        if ready is not None:
+            ep["conditions"] = {"ready": ready}
+        eps.append(ep)
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": address_type,
+        "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
+        "endpoints": eps,
+    }
+
+
+def write_manifests(folder: Path, name: str, *docs: dict[str, Any]) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return path
+
+
+def status_of(body: bytes) -> dict[str, Any]:
+    doc = json.loads(body)
+    assert doc["kind"] == "Status", doc
+    return dict(doc)
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)

@@ -166,6 +166,10 @@ class DiscoveryFetcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    @property
+    def backstop(self) -> float:
+        return 2 * self.timeout + 1
+
     def entries(self) -> list[VersionEntry]:
         return [state.entry() for state in self.states.values()]
 
@@ -249,12 +253,13 @@ class DiscoveryFetcher:
             backends = self._backends()
             if backends is None:
                 raise FetchError("no backend transport is configured")
-            async with asyncio.timeout(self.timeout + 1):
+            # Each backend call has its own timeout; this backstop covers both (aggregated + legacy).
+            async with asyncio.timeout(self.backstop):
                 resources, etag, result = await self._discover(backends, state)
         except (Exception, TimeoutError) as err:
             message = str(err) or type(err).__name__
             if isinstance(err, TimeoutError):
-                message = f"discovery request timed out after {self.timeout:g}s"
+                message = f"discovery did not complete within {self.backstop:g}s"
             hop = getattr(err, "hop", "")
             first_failure = state.fresh or state.failures == 0
             state.fresh = False

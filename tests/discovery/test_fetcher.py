@@ -1,0 +1,145 @@
+"""The fetcher's schedule and cache, driven through an in-memory transport."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Mapping
+
+from aggregator.discovery.fetcher import DiscoveryFetcher
+from aggregator.metrics import Metrics
+from aggregator.model.apiservice import decode_apiservice
+from aggregator.model.objects import EndpointSlice, Service
+from aggregator.sources.store import Kind, Store
+from tests.discovery.fakes import FakeBackends, FakeResponse, Unreachable, resource, serve_aggregated
+from tests.discovery.manifests import apiservice
+
+
+async def until(predicate: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def make(store: Store, fakes: FakeBackends, **options: float) -> tuple[DiscoveryFetcher, list[int]]:
+    changes: list[int] = []
+    fetcher = DiscoveryFetcher(store, lambda: fakes, lambda: changes.append(1), metrics=Metrics(), **options)  # type: ignore[arg-type]
+    return fetcher, changes
+
+
+async def test_etag_revalidation_and_periodic_refresh() -> None:
+    store = Store()
+    store.upsert(decode_apiservice(apiservice("v1.a.example.com", 100, 10)))
+    fakes = FakeBackends()
+    fakes.handlers["v1.a.example.com"] = serve_aggregated(
+        {"a.example.com": {"v1": [resource("as", "A")]}}, etag='"X"'
+    )
+    fetcher, _ = make(store, fakes, refresh_interval=0.05)
+    await fetcher.start()
+    try:
+        await until(lambda: len(fakes.calls) >= 3)
+    finally:
+        await fetcher.stop()
+    assert "If-None-Match" not in fakes.calls[0][2]
+    assert fakes.calls[1][2]["If-None-Match"] == '"X"'
+    state = fetcher.states["v1.a.example.com"]
+    assert state.fresh and state.resources == (resource("as", "A"),)
+    assert fetcher._metrics is not None
+    sample = fetcher._metrics.registry.get_sample_value
+    assert (
+        sample(
+            "aggregator_discovery_fetches_total", {"apiservice": "v1.a.example.com", "result": "not_modified"}
+        )
+        >= 2
+    )
+
+
+async def test_failures_back_off_exponentially_up_to_the_cap() -> None:
+    store = Store()
+    store.upsert(decode_apiservice(apiservice("v1.a.example.com", 100, 10)))
+    fakes = FakeBackends()
+    stamps: list[float] = []
+
+    def failing(_path: str, _headers: Mapping[str, str]) -> Exception:
+        stamps.append(time.monotonic())
+        return Unreachable("connect", "connection refused")
+
+    fakes.handlers["v1.a.example.com"] = failing
+    fetcher, _ = make(store, fakes, backoff_initial=0.02, backoff_max=0.08)
+    await fetcher.start()
+    try:
+        await until(lambda: len(stamps) >= 6)
+    finally:
+        await fetcher.stop()
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    assert gaps[0] > 0.015  # 0.02
+    assert gaps[1] > 0.035  # 0.04
+    assert gaps[2] > 0.07  # 0.08
+    assert all(gap < 0.5 for gap in gaps[3:])  # capped at 0.08 (generous for loaded machines)
+    state = fetcher.states["v1.a.example.com"]
+    assert not state.fresh and state.resources is None and state.last_error == "connection refused"
+    assert state.entry().freshness == "Stale"
+
+
+async def test_cache_is_per_apiservice_not_per_service() -> None:
+    store = Store()
+    for name in ("v1.a.example.com", "v2.a.example.com"):
+        store.upsert(decode_apiservice(apiservice(name, 100, 10, service=("ns", "shared"))))
+    fakes = FakeBackends()
+    doc = {"a.example.com": {"v1": [resource("ones", "One")], "v2": [resource("twos", "Two")]}}
+    fakes.handlers["v1.a.example.com"] = serve_aggregated(doc)
+    fakes.handlers["v2.a.example.com"] = serve_aggregated(doc)
+    fetcher, _ = make(store, fakes)
+    await fetcher.start()
+    try:
+        await until(lambda: all(s.fresh for s in fetcher.states.values()))
+    finally:
+        await fetcher.stop()
+    assert fetcher.states["v1.a.example.com"].resources == (resource("ones", "One"),)
+    assert fetcher.states["v2.a.example.com"].resources == (resource("twos", "Two"),)
+
+
+async def test_service_and_endpoint_changes_trigger_a_refetch_and_deletion_forgets() -> None:
+    store = Store()
+    store.upsert(decode_apiservice(apiservice("v1.a.example.com", 100, 10, service=("ns", "svc"))))
+    fakes = FakeBackends()
+    fakes.handlers["v1.a.example.com"] = lambda _p, _h: FakeResponse(503)
+    fetcher, changes = make(store, fakes, backoff_initial=30, backoff_max=30)
+    await fetcher.start()
+    try:
+        await until(lambda: len(fakes.calls) == 1)
+        fakes.handlers["v1.a.example.com"] = serve_aggregated({"a.example.com": {"v1": []}})
+        store.upsert(Service(namespace="ns", name="svc"))
+        await until(lambda: fetcher.states["v1.a.example.com"].fresh)
+        calls = len(fakes.calls)
+        store.upsert(EndpointSlice(namespace="ns", name="svc-abc", service_name="svc"))
+        await until(lambda: len(fakes.calls) > calls)
+        store.upsert(Service(namespace="ns", name="other"))  # unrelated: no fetch
+        await asyncio.sleep(0.05)
+        assert len(fakes.calls) == calls + 1
+        store.delete(Kind.APISERVICE, "", "v1.a.example.com")
+        assert fetcher.states == {}
+        assert changes
+    finally:
+        await fetcher.stop()
+
+
+async def test_hung_backend_times_out() -> None:
+    store = Store()
+    store.upsert(decode_apiservice(apiservice("v1.a.example.com", 100, 10)))
+    fakes = FakeBackends()
+
+    async def slow(_path: str, _headers: Mapping[str, str]) -> FakeResponse:
+        await asyncio.sleep(10)
+        return FakeResponse(200)
+
+    fakes.handlers["v1.a.example.com"] = slow
+    fetcher, _ = make(store, fakes, timeout=0.05, backoff_initial=10)
+    await fetcher.start()
+    try:
+        await until(lambda: fetcher.states["v1.a.example.com"].failures >= 1, timeout=3)
+    finally:
+        await fetcher.stop()
+    assert "did not complete within" in fetcher.states["v1.a.example.com"].last_error

@@ -183,8 +183,6 @@ class _Loaded:
     trust: ServerTrust
     # (CA, client cert, client key) contents: the TLS context is rebuilt only when these change.
     tls_material: tuple[bytes | None, bytes | None, bytes | None]
-    cert_file: str | None
-    key_file: str | None
     proxy: str | None
 
 
@@ -476,7 +474,7 @@ class KubeClient:
                 )
         if previous is None or previous.trust != trust:
             self.trust_generation += 1
-        self._loaded = _Loaded(cfg, trust, material, cert_file, key_file, cfg.proxy or None)
+        self._loaded = _Loaded(cfg, trust, material, cfg.proxy or None)
         self._next_refresh = time.monotonic() + self.refresh_interval
         if not initial:
             log.debug(

@@ -161,7 +161,7 @@ class Reflector:
         self.failures = 0
         self.last_error: str | None = None
         self._rng = random.Random()
-        self._gone_in_a_row = 0
+        self._listed_at = 0.0
 
     @property
     def name(self) -> str:
@@ -180,13 +180,12 @@ class Reflector:
             except Gone as err:
                 need_list = True
                 self.metrics.watch_relists.labels(self.name).inc()
-                self._gone_in_a_row += 1
                 log.info(
                     "watch resourceVersion expired; relisting",
                     extra=fields(resource=self.name, resourceVersion=self.resource_version, reason=str(err)),
                 )
-                # A fresh list's version that is already gone again means something is wrong: slow down.
-                if self._gone_in_a_row > 1:
+                # A list's version that is gone again at once means something is wrong: slow down.
+                if time.monotonic() - self._listed_at < SHORT_WATCH:
                     await self._fail(str(err))
             except WatchErrorEvent as err:
                 need_list = True
@@ -266,6 +265,7 @@ class Reflector:
         events = self.store.replace_all(self.spec.kind, objects)
         first = not self.listed.is_set()
         self.resource_version = resource_version
+        self._listed_at = time.monotonic()
         self.listed.set()
         self._succeeded()
         log.info(
@@ -312,7 +312,6 @@ class Reflector:
                         if line.strip():
                             self._handle_line(line)
                             delivered += 1
-                            self._gone_in_a_row = 0
                             if delivered == 1:
                                 self._succeeded()
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, ConnectionError) as err:

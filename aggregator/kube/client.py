@@ -27,7 +27,7 @@ import aiohttp
 import yarl
 
 from aggregator import __version__
-from aggregator.config import Options
+from aggregator.config import ConfigError, Options
 from aggregator.kube.calls import ApiCall, is_declared
 from aggregator.logs import fields
 
@@ -254,11 +254,25 @@ class KubeClient:
             self._session = None
 
     async def load(self) -> None:
-        """Load credentials once (idempotent); later refreshes happen on their own."""
+        """Load credentials once (idempotent); later refreshes happen on their own.
+
+        A kubeconfig or service account that cannot be loaded is a ConfigError naming the source:
+        the gateway cannot do anything useful in kube mode without it.
+        """
         if self._loaded is None:
             async with self._lock:
                 if self._loaded is None:
-                    await self._reload(initial=True)
+                    try:
+                        await self._reload(initial=True)
+                    except Exception as err:
+                        flag = (
+                            "--kubeconfig"
+                            if isinstance(self.credentials, KubeconfigCredentials)
+                            else "in-cluster"
+                        )
+                        raise ConfigError(
+                            flag, f"cannot load {self.credentials.description}: {describe_error(err)}"
+                        ) from err
 
     # --- what other components reuse --------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from aggregator.certs import load_pair
-from aggregator.config import Options
+from aggregator.config import ConfigError, Options
 from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import (
@@ -316,3 +316,37 @@ def test_expiry_helper_sanity() -> None:
 
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert _is_expired(now)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("not: [a, kubeconfig", "cannot load kubeconfig"),
+        ("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\n", "cannot load kubeconfig"),
+    ],
+)
+async def test_unloadable_kubeconfig_is_a_config_error_naming_the_file(
+    clients: list[KubeClient], tmp_path: Path, content: str, reason: str
+) -> None:
+    path = tmp_path / "broken.kubeconfig"
+    path.write_text(content)
+    client = kubeconfig_client(clients, path)
+    with pytest.raises(ConfigError) as caught:
+        await client.start()
+    assert caught.value.flag == "--kubeconfig"
+    assert f"{reason} {path}" in str(caught.value)
+
+
+async def test_missing_in_cluster_files_are_a_config_error(clients: list[KubeClient], tmp_path: Path) -> None:
+    client = KubeClient(
+        InClusterCredentials(
+            token_file=str(tmp_path / "missing-token"),
+            ca_file=str(tmp_path / "missing-ca"),
+            environ={"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"},
+        )
+    )
+    clients.append(client)
+    with pytest.raises(
+        ConfigError, match="in-cluster: cannot load in-cluster service account: Service token file"
+    ):
+        await client.load()

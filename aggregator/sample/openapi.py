@@ -18,6 +18,7 @@ import yaml
 
 from aggregator.model.jsonenc import go_marshal
 from aggregator.sample.api import GROUP, VERSIONS, ResourceType, resources_in
+from aggregator.sample.openapi_pb import encode_document
 
 JSON = dict[str, Any]
 
@@ -635,5 +636,8 @@ class OpenAPIDocuments:
                 }
             }
         )
-        self.v2 = go_marshal(build_v2(meta))
+        v2 = build_v2(meta)
+        self.v2 = go_marshal(v2)
         self.v2_etag = etag_of(self.v2)
+        self.v2_protobuf = encode_document(v2)
+        self.v2_protobuf_etag = etag_of(self.v2_protobuf)

@@ -29,6 +29,8 @@ from aggregator.sample.discovery import AGGREGATED_CONVERSIONS, Discovery, Rende
 from aggregator.sample.errors import APIError
 from aggregator.sample.negotiation import negotiate
 from aggregator.sample.openapi import OpenAPIDocuments
+from aggregator.sample.openapi_pb import CONTENT_TYPE as OPENAPI_V2_PROTOBUF_CONTENT_TYPE
+from aggregator.sample.openapi_pb import MEDIA_TYPE as OPENAPI_V2_PROTOBUF
 from aggregator.sample.options import SampleOptions, validate
 from aggregator.sample.requestinfo import RequestInfo, request_info
 from aggregator.sample.resources import ResourceHandlers, WatchSettings
@@ -104,6 +106,13 @@ class SampleAPI:
                     response = self._non_resource(request)
             except APIError as err:
                 response = _status(request, err)
+            except (asyncio.CancelledError, ConnectionResetError, web.HTTPException):
+                raise
+            except Exception:
+                log.exception("request failed", extra=fields(method=request.method, path=request.path))
+                response = status_response(
+                    request, 500, "Internal error occurred: the sample server failed to serve this request"
+                )
             return response
         finally:
             log.info(
@@ -219,12 +228,19 @@ class SampleAPI:
         return web.Response(body=data, content_type="application/json", headers=headers)
 
     def _openapi_v2(self, request: web.Request) -> web.Response:
-        if negotiate(request.headers.get("Accept", ""), ("application/json",)) is None:
-            return _not_acceptable(("application/json",))
-        headers = {"Etag": f'"{self.openapi.v2_etag}"', "Vary": "Accept"}
+        supported = ("application/json", OPENAPI_V2_PROTOBUF, OPENAPI_V2_PROTOBUF_CONTENT_TYPE)
+        chosen = negotiate(request.headers.get("Accept", ""), supported)
+        if chosen is None:
+            return _not_acceptable(supported)
+        if chosen.media_type == "application/json":
+            data, etag, content_type = self.openapi.v2, self.openapi.v2_etag, "application/json"
+        else:
+            data, etag = self.openapi.v2_protobuf, self.openapi.v2_protobuf_etag
+            content_type = OPENAPI_V2_PROTOBUF_CONTENT_TYPE
+        headers = {"Etag": f'"{etag}"', "Vary": "Accept"}
         if request.headers.get("If-None-Match") == headers["Etag"]:
             return web.Response(status=304, headers=headers)
-        return web.Response(body=self.openapi.v2, content_type="application/json", headers=headers)
+        return web.Response(body=data, headers={**headers, "Content-Type": content_type})
 
     def _version(self) -> dict[str, str]:
         return {

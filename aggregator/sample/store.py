@@ -66,7 +66,7 @@ class Event:
     revision: int
 
 
-@dataclass
+@dataclass(eq=False)
 class Watcher:
     """One watch's queue; `None` in the queue means the server is stopping."""
 

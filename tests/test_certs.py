@@ -15,7 +15,10 @@ from aggregator.certs import PKI_FILES
 
 def certs_init(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "aggregator", "certs", "init", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "aggregator", "certs", "init", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -44,7 +47,13 @@ def test_openssl_verifies_each_certificate_against_its_ca(tmp_path: Path) -> Non
         assert out.stdout.strip() == f"{tmp_path / leaf}.crt: OK", out.stderr
     # ...and not against another CA: the three CAs are really separate.
     wrong = subprocess.run(
-        ["openssl", "verify", "-CAfile", str(tmp_path / "client-ca.crt"), str(tmp_path / "front-proxy-client.crt")],
+        [
+            "openssl",
+            "verify",
+            "-CAfile",
+            str(tmp_path / "client-ca.crt"),
+            str(tmp_path / "front-proxy-client.crt"),
+        ],
         capture_output=True,
         text=True,
     )
@@ -52,27 +61,47 @@ def test_openssl_verifies_each_certificate_against_its_ca(tmp_path: Path) -> Non
 
 
 def test_subjects_usages_and_sans(tmp_path: Path) -> None:
-    certs_init("--dir", str(tmp_path), "--hosts", "gw.example.com,10.1.2.3", "--user", "alice", "--groups", "devs,ops")
+    certs_init(
+        "--dir",
+        str(tmp_path),
+        "--hosts",
+        "gw.example.com,10.1.2.3",
+        "--user",
+        "alice",
+        "--groups",
+        "devs,ops",
+    )
     serving = load(tmp_path / "serving.crt")
     sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert set(sans.get_values_for_type(x509.DNSName)) == {"localhost", "gw.example.com"}
     assert {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "10.1.2.3"}
-    assert ExtendedKeyUsageOID.SERVER_AUTH in serving.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert (
+        ExtendedKeyUsageOID.SERVER_AUTH
+        in serving.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    )
 
     admin = load(tmp_path / "admin.crt")
     assert admin.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "alice"
-    assert [a.value for a in admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)] == ["devs", "ops"]
+    assert [a.value for a in admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)] == [
+        "devs",
+        "ops",
+    ]
 
     proxy = load(tmp_path / "front-proxy-client.crt")
     assert proxy.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "front-proxy-client"
-    assert ExtendedKeyUsageOID.CLIENT_AUTH in proxy.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert (
+        ExtendedKeyUsageOID.CLIENT_AUTH
+        in proxy.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    )
 
 
 def test_default_admin_is_in_system_masters(tmp_path: Path) -> None:
     certs_init("--dir", str(tmp_path))
     admin = load(tmp_path / "admin.crt")
     assert admin.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "admin"
-    assert [a.value for a in admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)] == ["system:masters"]
+    assert [a.value for a in admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)] == [
+        "system:masters"
+    ]
 
 
 def test_kubeconfig_embeds_serving_ca_and_admin_cert(tmp_path: Path) -> None:
@@ -107,6 +136,7 @@ def test_a_missing_leaf_is_reissued_from_the_kept_ca(tmp_path: Path) -> None:
     assert f"wrote {tmp_path / 'serving.crt'}" in result.stdout
     assert (tmp_path / "ca.crt").read_bytes() == ca_before
     out = subprocess.run(
-        ["openssl", "verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "serving.crt")], capture_output=True
+        ["openssl", "verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "serving.crt")],
+        capture_output=True,
     )
     assert out.returncode == 0

@@ -20,7 +20,9 @@ AGGREGATOR = [sys.executable, "-m", "aggregator"]
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean_env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-    return subprocess.run([*AGGREGATOR, *args], capture_output=True, text=True, timeout=60, env=env or clean_env)
+    return subprocess.run(
+        [*AGGREGATOR, *args], capture_output=True, text=True, timeout=60, env=env or clean_env
+    )
 
 
 def test_help_documents_every_flag_named_in_the_issue() -> None:
@@ -52,19 +54,36 @@ def test_help_documents_every_flag_named_in_the_issue() -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--tls-cert-file", "{pki}/serving.crt"], "--tls-private-key-file: is required when --tls-cert-file is set"),
-        (["--tls-private-key-file", "{pki}/serving.key"], "--tls-cert-file: is required when --tls-private-key-file is set"),
+        (
+            ["--tls-cert-file", "{pki}/serving.crt"],
+            "--tls-private-key-file: is required when --tls-cert-file is set",
+        ),
+        (
+            ["--tls-private-key-file", "{pki}/serving.key"],
+            "--tls-cert-file: is required when --tls-private-key-file is set",
+        ),
         (
             ["--proxy-client-cert-file", "{pki}/front-proxy-client.crt"],
             "--proxy-client-key-file: is required when --proxy-client-cert-file is set",
         ),
-        (["--client-ca-file", "{tmp}/missing.crt"], "--client-ca-file: cannot read {tmp}/missing.crt: No such file or directory"),
-        (["--apiservices-dir", "{tmp}/nowhere"], "--apiservices-dir: {tmp}/nowhere is not a readable directory"),
+        (
+            ["--client-ca-file", "{tmp}/missing.crt"],
+            "--client-ca-file: cannot read {tmp}/missing.crt: No such file or directory",
+        ),
+        (
+            ["--apiservices-dir", "{tmp}/nowhere"],
+            "--apiservices-dir: {tmp}/nowhere is not a readable directory",
+        ),
         (["--secure-port", "70000"], "--secure-port: 70000 is not a valid port (0-65535)"),
         (["--bind-address", "localhost"], "--bind-address: 'localhost' is not an IP address"),
         (["--backend-deny-cidrs", "10.0.0.0/33"], "--backend-deny-cidrs: '10.0.0.0/33' is not a CIDR"),
         (
-            ["--client-ca-file", "{pki}/client-ca.crt", "--requestheader-client-ca-file", "{pki}/client-ca.crt"],
+            [
+                "--client-ca-file",
+                "{pki}/client-ca.crt",
+                "--requestheader-client-ca-file",
+                "{pki}/client-ca.crt",
+            ],
             "--requestheader-client-ca-file: is the same CA as --client-ca-file and --requestheader-allowed-names is empty",
         ),
         (
@@ -73,7 +92,9 @@ def test_help_documents_every_flag_named_in_the_issue() -> None:
         ),
     ],
 )
-def test_wrong_combination_exits_2_with_one_line(pki: PKI, tmp_path: Path, args: list[str], expected: str) -> None:
+def test_wrong_combination_exits_2_with_one_line(
+    pki: PKI, tmp_path: Path, args: list[str], expected: str
+) -> None:
     (tmp_path / "objs").mkdir()
     filled = [a.format(pki=pki.dir, tmp=tmp_path) for a in args]
     if "--apiservices-dir" not in filled:
@@ -108,14 +129,19 @@ def test_mismatched_serving_pair_exits_2(pki: PKI, tmp_path: Path) -> None:
     assert "private key does not match the certificate" in result.stderr
 
 
-def _wait_for_port(log_path: Path, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+def _wait_for_port(port: int, log_path: Path, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    """Until the gateway accepts TCP connections (log lines alone say nothing about the socket)."""
+    import socket
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if "serving" in log_path.read_text():
-            return
         if proc.poll() is not None:
             raise AssertionError(log_path.read_text())
-        time.sleep(0.1)
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
     raise AssertionError("gateway did not start: " + log_path.read_text())
 
 
@@ -155,7 +181,7 @@ def test_certs_init_then_serve_answers_healthz_over_mutual_tls(tmp_path: Path) -
             stderr=log_file,
         )
     try:
-        _wait_for_port(log_path, proc)
+        _wait_for_port(port, log_path, proc)
         ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
         ctx.load_cert_chain(str(certs / "admin.crt"), str(certs / "admin.key"))
         with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx) as resp:
@@ -193,11 +219,20 @@ def test_cert_dir_generates_a_self_signed_pair_when_no_cert_is_given(tmp_path: P
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [*AGGREGATOR, "serve", "--apiservices-dir", str(tmp_path), "--cert-dir", str(cert_dir), "--secure-port", str(port)],
+            [
+                *AGGREGATOR,
+                "serve",
+                "--apiservices-dir",
+                str(tmp_path),
+                "--cert-dir",
+                str(cert_dir),
+                "--secure-port",
+                str(port),
+            ],
             stderr=log_file,
         )
     try:
-        _wait_for_port(log_path, proc)
+        _wait_for_port(port, log_path, proc)
         ctx = ssl.create_default_context(cafile=str(cert_dir / "apiserver.crt"))
         with urllib.request.urlopen(f"https://127.0.0.1:{port}/livez", context=ctx) as resp:
             assert resp.read() == b"ok"

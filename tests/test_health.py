@@ -22,9 +22,7 @@ async def test_ok_plain_text(start_gateway: StartGateway, pki: PKI) -> None:
 async def test_verbose_lists_checks(start_gateway: StartGateway, pki: PKI) -> None:
     server = await start_gateway()
     _, _, body = await get(pki, f"{server.url}/readyz?verbose")
-    assert body == (
-        "[+]ping ok\n[+]shutdown ok\n[+]apiservice-registry-synced ok\nreadyz check passed\n"
-    )
+    assert body == ("[+]ping ok\n[+]shutdown ok\n[+]apiservice-registry-synced ok\nreadyz check passed\n")
     _, _, live = await get(pki, f"{server.url}/livez?verbose")
     assert live == "[+]ping ok\nlivez check passed\n"
 
@@ -60,7 +58,9 @@ async def test_single_check_path(start_gateway: StartGateway, pki: PKI) -> None:
     assert status == 404
 
 
-async def test_readyz_fails_while_shutting_down_but_livez_does_not(start_gateway: StartGateway, pki: PKI) -> None:
+async def test_readyz_fails_while_shutting_down_but_livez_does_not(
+    start_gateway: StartGateway, pki: PKI
+) -> None:
     server = await start_gateway()
     server.gateway.shutting_down = True
     assert (await get(pki, f"{server.url}/readyz"))[0] == 500

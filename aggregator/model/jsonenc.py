@@ -30,5 +30,9 @@ def go_marshal_indent(obj: Any) -> bytes:
 
 
 def encode_object(obj: Any, *, pretty: bool = False) -> bytes:
-    """What the apimachinery JSON serializer writes for an API object: the document plus `\\n`."""
-    return (go_marshal_indent(obj) if pretty else go_marshal(obj)) + b"\n"
+    """What the apimachinery JSON serializer writes for an API object.
+
+    Compact output goes through `json.Encoder.Encode`, which appends `\n`; the pretty path is
+    `json.MarshalIndent` written as is, without one.
+    """
+    return go_marshal_indent(obj) if pretty else go_marshal(obj) + b"\n"

@@ -41,7 +41,12 @@ def apiservice(name: str = "v1alpha1.wardle.example.com", **spec: Any) -> dict[s
     }
     base.update(spec)
     base = {k: v for k, v in base.items() if v is not None}
-    return {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": name}, "spec": base}
+    return {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": name},
+        "spec": base,
+    }
 
 
 def errors(obj: dict[str, Any]) -> list[str]:
@@ -67,13 +72,18 @@ def test_valid_local() -> None:
         (apiservice(name=""), ["metadata.name: Required value: name or generateName is required"]),
         (
             apiservice(name="v1.other.example.com"),
-            ['metadata.name: Invalid value: "v1.other.example.com": must be `spec.version+"."+spec.group`: "v1alpha1.wardle.example.com"'],
+            [
+                'metadata.name: Invalid value: "v1.other.example.com": must be `spec.version+"."+spec.group`: "v1alpha1.wardle.example.com"'
+            ],
         ),
         (apiservice(name="."), ["metadata.name: Invalid value: \".\": may not be '.'"]),
         (apiservice(name=".."), ["metadata.name: Invalid value: \"..\": may not be '..'"]),
         (
             apiservice(name="v1/x%y"),
-            ["metadata.name: Invalid value: \"v1/x%y\": may not contain '/'", "metadata.name: Invalid value: \"v1/x%y\": may not contain '%'"],
+            [
+                "metadata.name: Invalid value: \"v1/x%y\": may not contain '/'",
+                "metadata.name: Invalid value: \"v1/x%y\": may not contain '%'",
+            ],
         ),
         (
             apiservice(name="v2.", group="", version="v2"),
@@ -87,7 +97,10 @@ def test_valid_local() -> None:
             apiservice(name="v1alpha1." + "a" * 254, group="a" * 254),
             [f'spec.group: Invalid value: "{"a" * 254}": must be no more than 253 characters'],
         ),
-        (apiservice(name="V1.wardle.example.com", version="V1"), [f'spec.version: Invalid value: "V1": {DNS1035}']),
+        (
+            apiservice(name="V1.wardle.example.com", version="V1"),
+            [f'spec.version: Invalid value: "V1": {DNS1035}'],
+        ),
         (
             apiservice(groupPriorityMinimum=0),
             ["spec.groupPriorityMinimum: Invalid value: 0: must be positive and less than 20000"],
@@ -96,25 +109,37 @@ def test_valid_local() -> None:
             apiservice(groupPriorityMinimum=20001),
             ["spec.groupPriorityMinimum: Invalid value: 20001: must be positive and less than 20000"],
         ),
-        (apiservice(versionPriority=-1), ["spec.versionPriority: Invalid value: -1: must be positive and less than 1000"]),
-        (apiservice(versionPriority=1001), ["spec.versionPriority: Invalid value: 1001: must be positive and less than 1000"]),
+        (
+            apiservice(versionPriority=-1),
+            ["spec.versionPriority: Invalid value: -1: must be positive and less than 1000"],
+        ),
+        (
+            apiservice(versionPriority=1001),
+            ["spec.versionPriority: Invalid value: 1001: must be positive and less than 1000"],
+        ),
         (
             apiservice(service=None, caBundle=base64.b64encode(b"12345").decode()),
             ['spec.caBundle: Invalid value: "5 bytes": local APIServices may not have a caBundle'],
         ),
         (
             apiservice(service=None, insecureSkipTLSVerify=True),
-            ["spec.insecureSkipTLSVerify: Invalid value: true: local APIServices may not have insecureSkipTLSVerify"],
+            [
+                "spec.insecureSkipTLSVerify: Invalid value: true: local APIServices may not have insecureSkipTLSVerify"
+            ],
         ),
         (apiservice(service={"name": "api"}), ["spec.service.namespace: Required value"]),
         (apiservice(service={"namespace": "wardle"}), ["spec.service.name: Required value"]),
         (
             apiservice(service={"namespace": "wardle", "name": "api", "port": 0}),
-            ["spec.service.port: Invalid value: 0: port is not valid: must be between 1 and 65535, inclusive"],
+            [
+                "spec.service.port: Invalid value: 0: port is not valid: must be between 1 and 65535, inclusive"
+            ],
         ),
         (
             apiservice(service={"namespace": "wardle", "name": "api", "port": 65536}),
-            ["spec.service.port: Invalid value: 65536: port is not valid: must be between 1 and 65535, inclusive"],
+            [
+                "spec.service.port: Invalid value: 65536: port is not valid: must be between 1 and 65535, inclusive"
+            ],
         ),
         (
             apiservice(insecureSkipTLSVerify=True, caBundle=base64.b64encode(b"x").decode()),

@@ -70,12 +70,27 @@ async def test_multi_document_list_json_and_nested_folders(source: FolderSource,
         "apiVersion": "v1",
         "kind": "List",
         "items": [
-            {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "wardle", "name": "api"},
-             "spec": {"clusterIP": "10.0.0.9", "ports": [{"name": "https", "port": 443, "targetPort": 8443}]}},
-            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-             "metadata": {"namespace": "wardle", "name": "api-x", "labels": {"kubernetes.io/service-name": "api"}},
-             "addressType": "IPv4", "ports": [{"name": "https", "port": 8443}],
-             "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]},
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"namespace": "wardle", "name": "api"},
+                "spec": {
+                    "clusterIP": "10.0.0.9",
+                    "ports": [{"name": "https", "port": 443, "targetPort": 8443}],
+                },
+            },
+            {
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "namespace": "wardle",
+                    "name": "api-x",
+                    "labels": {"kubernetes.io/service-name": "api"},
+                },
+                "addressType": "IPv4",
+                "ports": [{"name": "https", "port": 8443}],
+                "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+            },
             {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "ignored"}},
         ],
     }
@@ -153,6 +168,10 @@ async def test_v1beta1_apiservice_is_refused_with_a_reason(
     source: FolderSource, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR)
-    (tmp_path / "old.yaml").write_text(manifest().replace("apiregistration.k8s.io/v1", "apiregistration.k8s.io/v1beta1"))
-    await eventually(lambda: any("v1beta1 APIService is not served" in r.getMessage() for r in caplog.records))
+    (tmp_path / "old.yaml").write_text(
+        manifest().replace("apiregistration.k8s.io/v1", "apiregistration.k8s.io/v1beta1")
+    )
+    await eventually(
+        lambda: any("v1beta1 APIService is not served" in r.getMessage() for r in caplog.records)
+    )
     assert source.store.apiservices() == []

@@ -53,7 +53,9 @@ async def test_replaced_pair_is_served_on_new_connections_without_restart(
     original = await served_certificate(server.port)
 
     # An established keep-alive connection must survive the rotation.
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=ssl._create_unverified_context())
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", server.port, ssl=ssl._create_unverified_context()
+    )
 
     ca = new_ca("rotated-ca")
     rotated = issue_serving_cert(ca, ["localhost", "127.0.0.1"])
@@ -71,7 +73,9 @@ async def test_replaced_pair_is_served_on_new_connections_without_restart(
     writer.close()
 
 
-async def test_key_type_change_is_served_too(start_gateway: StartGateway, serving_files: tuple[Path, Path]) -> None:
+async def test_key_type_change_is_served_too(
+    start_gateway: StartGateway, serving_files: tuple[Path, Path]
+) -> None:
     """OpenSSL keeps one certificate per key type; an RSA pair must fully replace an EC one."""
     from cryptography.hazmat.primitives.asymmetric import rsa
 

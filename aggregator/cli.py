@@ -80,26 +80,15 @@ def _certs_init(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from aggregator.server import run
-    from aggregator.tls.pem import PEMError
 
     options = options_from_args(args)
     try:
         validate(options)
-    except ConfigError as err:
-        print(f"aggregator serve: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    configure_logging(options.log_format, options.verbosity)
-    try:
+        configure_logging(options.log_format, options.verbosity)
         return run(options)
-    except PEMError as err:
+    except ConfigError as err:
+        # Start-up problems (bad flags, unreadable certificates or kubeconfig, a busy port): one line.
         print(f"aggregator serve: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as err:
-        print(
-            f"aggregator serve: --secure-port: cannot listen on {options.bind_address}:{options.secure_port}: "
-            f"{err.strerror or err}",
-            file=sys.stderr,
-        )
         return EXIT_USAGE
 
 

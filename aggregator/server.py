@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import platform
 import signal
 import socket
@@ -21,7 +22,7 @@ from aiohttp import web
 
 from aggregator import __version__
 from aggregator.auth.authn import Authenticator
-from aggregator.config import Options
+from aggregator.config import ConfigError, Options
 from aggregator.context import get_user, set_route
 from aggregator.health import ENDPOINTS, HealthChecks
 from aggregator.kube.client import KubeClient
@@ -31,6 +32,7 @@ from aggregator.proxy.transport import Backends
 from aggregator.responses import json_response, not_found, status_response
 from aggregator.routing import Route, RouteKind, Router
 from aggregator.sources.store import Store
+from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 
 log = logging.getLogger(__name__)
@@ -224,10 +226,11 @@ def build_gateway(options: Options) -> Gateway:
 
         assert options.apiservices_dir is not None
         gateway.add_component(FolderSource(options.apiservices_dir, gateway.store))
-    # authentication
-    from aggregator.auth.setup import install_authentication
+    # authentication, then authorization (gates run in this order)
+    from aggregator.auth.setup import install_authentication, install_authorization
 
     install_authentication(gateway)
+    install_authorization(gateway)
     # proxy: /apis/<g>/<v>[/...] to extension API servers (and the delegate in kube mode)
     from aggregator.proxy.setup import install_proxy
 
@@ -267,7 +270,11 @@ class GatewayServer:
         if generated:
             log.info("generated a self-signed serving certificate", extra=fields(cert_file=cert_file))
         client_cas = [f for f in (options.client_ca_file, options.requestheader_client_ca_file) if f]
-        self.serving = ServingCertificate(cert_file, key_file, client_ca_files=client_cas)
+        try:
+            self.serving = ServingCertificate(cert_file, key_file, client_ca_files=client_cas)
+        except PEMError as err:
+            flag = "--tls-cert-file" if options.tls_cert_file else "--cert-dir"
+            raise ConfigError(flag, str(err)) from err
         self.gateway = gateway or build_gateway(options)
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -295,7 +302,13 @@ class GatewayServer:
             ssl_context=self.serving.context,
             backlog=1024,
         )
-        await site.start()
+        try:
+            await site.start()
+        except OSError as err:
+            await self._runner.cleanup()
+            address = f"{self.options.bind_address}:{self.options.secure_port}"
+            reason = os.strerror(err.errno) if err.errno else str(err)
+            raise ConfigError("--secure-port", f"cannot listen on {address}: {reason}") from err
         self.serving.start()
         self.port = _bound_port(site) or self.options.secure_port
         log.info(

@@ -240,3 +240,51 @@ def test_cert_dir_generates_a_self_signed_pair_when_no_cert_is_given(tmp_path: P
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
     assert oct((cert_dir / "apiserver.key").stat().st_mode & 0o777) == "0o600"
+
+
+def test_busy_port_exits_2_with_one_line(pki: PKI, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli(
+            "serve",
+            "--apiservices-dir",
+            str(tmp_path),
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(port),
+            "--tls-cert-file",
+            pki.path("serving.crt"),
+            "--tls-private-key-file",
+            pki.path("serving.key"),
+        )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"aggregator serve: --secure-port: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+
+
+def test_unusable_kubeconfig_exits_2_with_one_line(pki: PKI, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    result = run_cli(
+        "serve",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--proxy-client-cert-file",
+        pki.path("front-proxy-client.crt"),
+        "--proxy-client-key-file",
+        pki.path("front-proxy-client.key"),
+        "--secure-port",
+        "0",
+        "--cert-dir",
+        str(tmp_path / "certs"),
+    )
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("aggregator serve: --kubeconfig: "), result.stderr
+    assert "Traceback" not in result.stderr

@@ -93,6 +93,13 @@ WATCH_SERVICES = ApiCall("watch", "", "v1", "services", namespaced=True)
 LIST_ENDPOINTSLICES = ApiCall("list", "discovery.k8s.io", "v1", "endpointslices", namespaced=True)
 WATCH_ENDPOINTSLICES = ApiCall("watch", "discovery.k8s.io", "v1", "endpointslices", namespaced=True)
 
+# --- authentication and authorization (aggregator/auth/) -------------------------------------------
+CREATE_TOKENREVIEWS = ApiCall("create", "authentication.k8s.io", "v1", "tokenreviews")
+CREATE_SUBJECTACCESSREVIEWS = ApiCall("create", "authorization.k8s.io", "v1", "subjectaccessreviews")
+# Only kube-system/extension-apiserver-authentication (the watch selects it by metadata.name).
+GET_CONFIGMAPS = ApiCall("get", "", "v1", "configmaps", namespaced=True)
+WATCH_CONFIGMAPS = ApiCall("watch", "", "v1", "configmaps", namespaced=True)
+
 
 @functools.cache
 def declared_calls() -> frozenset[ApiCall]:

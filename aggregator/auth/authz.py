@@ -1,0 +1,386 @@
+"""Authorization, in the order extension API servers use (`DelegatingAuthorizationOptions`).
+
+1. always-allow groups (`--authorization-always-allow-groups`, default system:masters);
+2. always-allow paths (`--authorization-always-allow-paths`, default /healthz,/readyz,/livez):
+   non-resource requests only, compared without the leading `/`, exact or `prefix*`;
+3. a SubjectAccessReview to kube-apiserver, cached (`cachetools.TLRUCache`, 8192 entries; allowed
+   answers for the authorized TTL, others for the unauthorized TTL; requests whose attributes add
+   up to 10000 bytes or more are never cached) with identical concurrent reviews coalesced.
+   Without any kubeconfig (local mode), step 3 is "allow": the gateway says so loudly at start.
+
+Allowed: the request goes on. A review that failed: 500, upstream's `Internal Server Error:
+"<RequestURI>": <err>` text in a Status. Otherwise: upstream's 403 Status. Requests routed to
+kube-apiserver itself are not reviewed here: kube-apiserver authorizes them with the same
+attributes, so a second review would only double the load. A cache hit awaits nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from aggregator.auth.cache import MISSING, CoalescingCache
+from aggregator.auth.requestinfo import RequestInfo, RequestInfoError, request_info
+from aggregator.auth.selectors import (
+    DOES_NOT_EXIST,
+    DOUBLE_EQUALS,
+    EQUALS,
+    EXISTS,
+    IN,
+    NOT_EQUALS,
+    NOT_IN,
+    SelectorError,
+    parse_field_selector,
+    parse_label_selector,
+)
+from aggregator.auth.webhook import ReviewFailed, WebhookClient
+from aggregator.context import get_user
+from aggregator.logs import fields
+from aggregator.metrics import Metrics
+from aggregator.model.fielderrors import go_quote
+from aggregator.model.status import forbidden_details, forbidden_message
+from aggregator.model.userinfo import UserInfo
+from aggregator.responses import status_response
+from aggregator.routing import Route, RouteKind
+
+log = logging.getLogger(__name__)
+
+KIND = "subjectaccessreview"
+MAX_ENTRIES = 8192
+# `maxControlledAttrCacheSize`: longer requester-controlled attributes are never cached.
+MAX_CACHED_ATTRIBUTE_BYTES = 10000
+
+
+class Decision(enum.Enum):
+    ALLOW = "allow"
+    DENY = "deny"
+    NO_OPINION = "no-opinion"
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewStatus:
+    """A SubjectAccessReview's `status`, as cached."""
+
+    allowed: bool
+    denied: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    decision: Decision
+    reason: str = ""
+    error: str = ""  # set: the request gets a 500 unless the decision is ALLOW
+
+
+ALLOWED = Verdict(Decision.ALLOW)
+NO_OPINION = Verdict(Decision.NO_OPINION)
+
+
+def verdict_from_status(status: ReviewStatus) -> Verdict:
+    """`WebhookAuthorizer.Authorize`'s decision from a review status."""
+    if status.allowed and status.denied:
+        return Verdict(
+            Decision.DENY,
+            status.reason,
+            "webhook subject access review returned both allow and deny response",
+        )
+    if status.denied:
+        return Verdict(Decision.DENY, status.reason)
+    if status.allowed:
+        return Verdict(Decision.ALLOW, status.reason)
+    return Verdict(Decision.NO_OPINION, status.reason)
+
+
+# --- the SubjectAccessReview spec ------------------------------------------------------------------
+
+_FIELD_OPERATORS = {EQUALS: "In", DOUBLE_EQUALS: "In", NOT_EQUALS: "NotIn"}
+_LABEL_OPERATORS = {
+    EQUALS: "In",
+    DOUBLE_EQUALS: "In",
+    IN: "In",
+    NOT_EQUALS: "NotIn",
+    NOT_IN: "NotIn",
+    EXISTS: "Exists",
+    DOES_NOT_EXIST: "DoesNotExist",
+}
+
+# Hashable and equal exactly when the JSON specs are: the cache key (upstream keys on the JSON).
+SpecKey = tuple[Any, ...]
+
+
+def _field_requirements(selector: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    if not selector:
+        return ()
+    try:
+        parsed = parse_field_selector(selector)
+    except SelectorError:
+        return ()  # upstream drops an unparsable selector from the review
+    return tuple(
+        (r.field, _FIELD_OPERATORS[r.operator], (r.value,)) for r in parsed if r.operator in _FIELD_OPERATORS
+    )
+
+
+def _label_requirements(selector: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    if not selector:
+        return ()
+    try:
+        parsed = parse_label_selector(selector)
+    except SelectorError:
+        return ()
+    # Gt/Lt have no SubjectAccessReview operator: dropping one only broadens what is checked.
+    return tuple(
+        (r.key, _LABEL_OPERATORS[r.operator], r.values) for r in parsed if r.operator in _LABEL_OPERATORS
+    )
+
+
+def spec_key(user: UserInfo, info: RequestInfo) -> SpecKey:
+    extra = tuple(sorted(user.extra.items())) if user.extra else ()
+    who = (user.name, user.uid, user.groups, extra)
+    if not info.is_resource_request:
+        return (*who, False, info.path, info.verb)
+    return (
+        *who,
+        True,
+        info.namespace,
+        info.verb,
+        info.api_group,
+        info.api_version,
+        info.resource,
+        info.subresource,
+        info.name,
+        _field_requirements(info.field_selector),
+        _label_requirements(info.label_selector),
+    )
+
+
+def spec_document(key: SpecKey) -> dict[str, Any]:
+    """The `spec` of the review, fields in Go's order and omitted when empty (`omitempty`)."""
+    name, uid, groups, extra, is_resource, *attributes = key
+    spec: dict[str, Any] = {}
+    if is_resource:
+        namespace, verb, group, version, resource, subresource, obj, field_reqs, label_reqs = attributes
+        resource_attributes = {
+            k: v
+            for k, v in (
+                ("namespace", namespace),
+                ("verb", verb),
+                ("group", group),
+                ("version", version),
+                ("resource", resource),
+                ("subresource", subresource),
+                ("name", obj),
+            )
+            if v
+        }
+        if field_reqs:
+            resource_attributes["fieldSelector"] = {
+                "requirements": [{"key": k, "operator": op, "values": list(v)} for k, op, v in field_reqs]
+            }
+        if label_reqs:
+            resource_attributes["labelSelector"] = {
+                "requirements": [
+                    {"key": k, "operator": op, **({"values": list(v)} if v else {})}
+                    for k, op, v in label_reqs
+                ]
+            }
+        spec["resourceAttributes"] = resource_attributes
+    else:
+        path, verb = attributes
+        spec["nonResourceAttributes"] = {k: v for k, v in (("path", path), ("verb", verb)) if v}
+    if name:
+        spec["user"] = name
+    if groups:
+        spec["groups"] = list(groups)
+    if extra:
+        spec["extra"] = {k: list(v) for k, v in extra}
+    if uid:
+        spec["uid"] = uid
+    return spec
+
+
+def attribute_bytes(info: RequestInfo) -> int:
+    """`shouldCache`'s measure: namespace+verb+group+version+resource+subresource+name+path, in bytes."""
+    return sum(
+        len(part.encode("utf-8", "surrogateescape"))
+        for part in (
+            info.namespace,
+            info.verb,
+            info.api_group,
+            info.api_version,
+            info.resource,
+            info.subresource,
+            info.name,
+            info.path,
+        )
+    )
+
+
+class SubjectAccessReviewer:
+    """The webhook authorizer: cached, coalesced SubjectAccessReviews."""
+
+    def __init__(
+        self,
+        webhook: WebhookClient,
+        *,
+        allowed_ttl: float,
+        denied_ttl: float,
+        metrics: Metrics,
+        maxsize: int = MAX_ENTRIES,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.webhook = webhook
+        self.metrics = metrics
+        self._cache: CoalescingCache[SpecKey, ReviewStatus] = CoalescingCache(
+            ttl_for=lambda status: allowed_ttl if status.allowed else denied_ttl, maxsize=maxsize, timer=timer
+        )
+
+    def cached(self, key: SpecKey) -> Verdict | None:
+        """The verdict from the cache, or None. No await, no I/O."""
+        status = self._cache.get(key)
+        if status is MISSING:
+            self.metrics.authz_cache.labels("miss").inc()
+            return None
+        self.metrics.authz_cache.labels("hit").inc()
+        assert isinstance(status, ReviewStatus)
+        return verdict_from_status(status)
+
+    async def review(self, key: SpecKey, *, cache: bool = True) -> Verdict:
+        """Ask kube-apiserver (or join the identical review in flight). Raises ReviewFailed."""
+        if not cache:
+            return verdict_from_status(await self._create(key))
+        status = await self._cache.fetch(key, lambda: self._create(key))
+        return verdict_from_status(status)
+
+    async def _create(self, key: SpecKey) -> ReviewStatus:
+        review = await self.webhook.create(
+            {
+                "kind": "SubjectAccessReview",
+                "apiVersion": "authorization.k8s.io/v1",
+                "spec": spec_document(key),
+            }
+        )
+        status = review.get("status") or {}
+        if not isinstance(status, Mapping):
+            raise ReviewFailed("SubjectAccessReview answer has no status object")
+        return ReviewStatus(
+            bool(status.get("allowed")), bool(status.get("denied")), str(status.get("reason") or "")
+        )
+
+
+class AlwaysAllowPaths:
+    """`path.NewAuthorizer`: exact paths and `prefix*` entries, leading `/` ignored."""
+
+    def __init__(self, entries: Iterable[str]) -> None:
+        self.exact: set[str] = set()
+        self.prefixes: list[str] = []
+        for entry in entries:
+            stripped = entry.removeprefix("/")
+            if not stripped:
+                self.exact.add(stripped)
+                continue
+            if "*" in stripped[:-1]:
+                raise ValueError(f"only trailing * allowed in {entry!r}")
+            if stripped.endswith("*"):
+                self.prefixes.append(stripped[:-1])
+            else:
+                self.exact.add(stripped)
+
+    def allows(self, info: RequestInfo) -> bool:
+        if info.is_resource_request:
+            return False
+        path = info.path.removeprefix("/")
+        return path in self.exact or any(path.startswith(p) for p in self.prefixes)
+
+
+def internal_error(request: web.Request, err: str) -> web.Response:
+    """`responsewriters.InternalError`'s text, as a Status (every gateway error is a Status)."""
+    return status_response(request, 500, f"Internal Server Error: {go_quote(request.raw_path)}: {err}")
+
+
+def forbidden(request: web.Request, user: UserInfo, info: RequestInfo, reason: str) -> web.Response:
+    if info.is_resource_request:
+        message = forbidden_message(
+            user.name,
+            info.verb,
+            resource=info.resource,
+            subresource=info.subresource,
+            group=info.api_group,
+            name=info.name,
+            namespace=info.namespace,
+            reason=reason,
+        )
+        details = forbidden_details(info.resource, info.api_group, info.name)
+    else:
+        message = forbidden_message(user.name, info.verb, path=info.path, reason=reason)
+        details = forbidden_details("", "", "")
+    return status_response(request, 403, message, details=details)
+
+
+class Authorizer:
+    """The authorization gate (after authentication in `gateway.gates`)."""
+
+    def __init__(
+        self,
+        *,
+        always_allow_groups: Iterable[str],
+        always_allow_paths: Iterable[str],
+        reviewer: SubjectAccessReviewer | None,
+        allow_all: bool = False,
+    ) -> None:
+        if reviewer is None and not allow_all:
+            raise ValueError("an Authorizer needs a reviewer, or allow_all for local mode")
+        self.always_allow_groups = frozenset(always_allow_groups)
+        self.always_allow_paths = AlwaysAllowPaths(always_allow_paths)
+        self.reviewer = reviewer
+        self.allow_all = allow_all
+
+    def decide_now(self, user: UserInfo, info: RequestInfo) -> Verdict | None:
+        """Everything that needs no I/O: the union up to the webhook, then its cache."""
+        if self.always_allow_groups.intersection(user.groups):
+            return ALLOWED
+        if self.always_allow_paths.allows(info):
+            return ALLOWED
+        if self.reviewer is None:
+            return ALLOWED if self.allow_all else NO_OPINION
+        return self.reviewer.cached(spec_key(user, info))
+
+    async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
+        if route.kind is RouteKind.DELEGATE:
+            return None  # kube-apiserver authorizes what it serves
+        user = get_user(request)
+        if user is None:
+            return internal_error(request, "no user found for request")
+        try:
+            info = request_info(request)
+        except RequestInfoError as err:
+            return internal_error(request, f"failed to create RequestInfo: {err}")
+        verdict = self.decide_now(user, info)
+        if verdict is None:
+            assert self.reviewer is not None
+            key = spec_key(user, info)
+            try:
+                verdict = await self.reviewer.review(
+                    key, cache=attribute_bytes(info) < MAX_CACHED_ATTRIBUTE_BYTES
+                )
+            except ReviewFailed as err:
+                log.error(
+                    "Failed to make webhook authorizer request",
+                    extra=fields(method=request.method, path=request.path, reason=str(err)),
+                )
+                return internal_error(request, str(err))
+        if verdict.decision is Decision.ALLOW:
+            return None
+        if verdict.error:
+            return internal_error(request, verdict.error)
+        log.debug(
+            "Forbidden",
+            extra=fields(method=request.method, path=request.path, user=user.name, reason=verdict.reason),
+        )
+        return forbidden(request, user, info, verdict.reason)

@@ -1,0 +1,342 @@
+"""Client CA and front-proxy settings from `kube-system/extension-apiserver-authentication`.
+
+kube-apiserver publishes there the CA that signs client certificates (`client-ca-file`) and its
+front-proxy settings (`requestheader-client-ca-file`, `requestheader-allowed-names`,
+`requestheader-{username,uid,group}-headers`, `requestheader-extra-headers-prefix`; list values
+are JSON string arrays). Extension API servers without explicit CA flags read it and follow its
+changes (apiserver's `DynamicCAFromConfigMapController` and `RequestHeaderAuthRequestController`);
+the gateway does the same in kube mode: one GET, then a single-object watch resumed from the last
+resourceVersion, a fresh GET after 410 Gone, backoff on errors. A changed CA is used for the next
+request without a restart; an unparsable new version is logged and the previous one stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from aggregator.auth.requestheader import RequestHeaderConfig
+from aggregator.kube import calls
+from aggregator.kube.client import KubeClient, KubeError, describe_error
+from aggregator.logs import fields
+from aggregator.tls.pem import PEMError
+from aggregator.tls.verify import CAPool
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "kube-system"
+NAME = "extension-apiserver-authentication"
+SOURCE = f"configmap {NAMESPACE}/{NAME}"
+
+
+class ConfigMapError(ValueError):
+    """A key of the ConfigMap that cannot be used."""
+
+
+@dataclass(frozen=True)
+class ClusterAuthentication:
+    """What the ConfigMap says; None where it says nothing."""
+
+    client_ca_pem: bytes | None
+    requestheader_ca_pem: bytes | None
+    allowed_names: tuple[str, ...] = ()
+    username_headers: tuple[str, ...] = ()
+    uid_headers: tuple[str, ...] = ()
+    group_headers: tuple[str, ...] = ()
+    extra_prefixes: tuple[str, ...] = ()
+
+
+def _strings(data: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    """A JSON string array value (`deserializeStrings`): empty or absent is no values."""
+    raw = data.get(key, "")
+    if not raw:
+        return ()
+    try:
+        values = json.loads(raw)
+    except ValueError as err:
+        raise ConfigMapError(f"{key}: not a JSON array: {err}") from err
+    if values is None:
+        return ()
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ConfigMapError(f"{key}: not a JSON array of strings")
+    return tuple(values)
+
+
+def parse_configmap(obj: Mapping[str, Any]) -> ClusterAuthentication:
+    data = obj.get("data") or {}
+    if not isinstance(data, Mapping):
+        raise ConfigMapError("data is not an object")
+    client_ca = data.get("client-ca-file") or None
+    requestheader_ca = data.get("requestheader-client-ca-file") or None
+    return ClusterAuthentication(
+        client_ca_pem=client_ca.encode() if isinstance(client_ca, str) else None,
+        requestheader_ca_pem=requestheader_ca.encode() if isinstance(requestheader_ca, str) else None,
+        allowed_names=_strings(data, "requestheader-allowed-names"),
+        username_headers=_strings(data, "requestheader-username-headers"),
+        uid_headers=_strings(data, "requestheader-uid-headers"),
+        group_headers=_strings(data, "requestheader-group-headers"),
+        extra_prefixes=_strings(data, "requestheader-extra-headers-prefix"),
+    )
+
+
+class AuthConfigMap:
+    """Keeps the client CA and/or front-proxy settings equal to the ConfigMap; a Gateway component.
+
+    `want_client_ca` / `want_requestheader` say which of the two the flags left unset.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        want_client_ca: bool,
+        want_requestheader: bool,
+        watch_timeout: float = 300.0,
+        initial_timeout: float = 10.0,
+        backoff_initial: float = 0.5,
+        backoff_cap: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.want_client_ca = want_client_ca
+        self.want_requestheader = want_requestheader
+        self.watch_timeout = watch_timeout
+        self.initial_timeout = initial_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_cap = backoff_cap
+        self.resource_version = ""
+        self.current: ClusterAuthentication | None = None
+        self._client_ca: CAPool | None = None
+        self._requestheader: RequestHeaderConfig | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.synced = asyncio.Event()
+
+    # --- what the authenticator calls (no I/O) -------------------------------------------------------
+
+    def client_ca_pool(self) -> CAPool | None:
+        return self._client_ca
+
+    def requestheader_config(self) -> RequestHeaderConfig | None:
+        return self._requestheader
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read the ConfigMap once (bounded), then follow it in the background."""
+        try:
+            async with asyncio.timeout(self.initial_timeout):
+                await self._get()
+        except (KubeError, ConfigMapError, TimeoutError, aiohttp.ClientError, OSError) as err:
+            log.warning(
+                "cannot read the cluster's authentication configmap yet; client certificates and "
+                "front-proxy headers it would allow are refused until it is read",
+                extra=fields(configmap=f"{NAMESPACE}/{NAME}", reason=_reason(err)),
+            )
+        self._task = asyncio.create_task(self._run(), name=f"watch {SOURCE}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    # --- applying a version --------------------------------------------------------------------------
+
+    def apply(self, obj: Mapping[str, Any] | None) -> None:
+        """Use this version of the ConfigMap (None: it does not exist)."""
+        if obj is None:
+            config = ClusterAuthentication(None, None)
+        else:
+            try:
+                config = parse_configmap(obj)
+            except ConfigMapError as err:
+                log.error(
+                    "ignoring an unusable version of the authentication configmap",
+                    extra=fields(reason=str(err)),
+                )
+                return
+        try:
+            client_ca = self._pool(config.client_ca_pem, "client-ca-file", self._client_ca)
+            requestheader_ca = self._pool(
+                config.requestheader_ca_pem,
+                "requestheader-client-ca-file",
+                self._requestheader.pool if self._requestheader is not None else None,
+            )
+        except PEMError as err:
+            log.error(
+                "ignoring an unusable version of the authentication configmap", extra=fields(reason=str(err))
+            )
+            return
+        if config == self.current:
+            self.synced.set()
+            return
+        if self.want_client_ca:
+            self._client_ca = client_ca
+        if self.want_requestheader:
+            self._requestheader = (
+                RequestHeaderConfig(
+                    pool=requestheader_ca,
+                    allowed_names=frozenset(config.allowed_names),
+                    username_headers=config.username_headers,
+                    uid_headers=config.uid_headers,
+                    group_headers=config.group_headers,
+                    extra_prefixes=config.extra_prefixes,
+                )
+                if requestheader_ca is not None
+                else None
+            )
+        self.current = config
+        self.synced.set()
+        log.info(
+            "authentication configmap applied",
+            extra=fields(
+                configmap=f"{NAMESPACE}/{NAME}",
+                resourceVersion=self.resource_version,
+                client_ca=_count(client_ca) if self.want_client_ca else "from --client-ca-file",
+                requestheader_ca=_count(requestheader_ca)
+                if self.want_requestheader
+                else "from --requestheader-client-ca-file",
+                allowed_names=",".join(config.allowed_names) or "any",
+            ),
+        )
+        if (
+            self.want_client_ca
+            and self.want_requestheader
+            and client_ca is not None
+            and requestheader_ca is not None
+            and client_ca.pem.strip() == requestheader_ca.pem.strip()
+            and not config.allowed_names
+        ):
+            log.warning(
+                "the cluster's client CA and front-proxy CA are the same and no allowed names are set: "
+                "any client certificate may assert any identity in request headers"
+            )
+
+    @staticmethod
+    def _pool(pem: bytes | None, key: str, previous: CAPool | None) -> CAPool | None:
+        if pem is None:
+            return None
+        if previous is not None and previous.pem == pem:
+            return previous  # keeps its verification cache
+        return CAPool(pem, source=f"{SOURCE} {key}")
+
+    # --- following it --------------------------------------------------------------------------------
+
+    async def _get(self) -> None:
+        response = await self.client.request(calls.GET_CONFIGMAPS, namespace=NAMESPACE, name=NAME)
+        if response.status == 404:
+            self.resource_version = ""
+            self.apply(None)
+            return
+        if response.status != 200:
+            raise KubeError(f"{calls.GET_CONFIGMAPS}: HTTP {response.status}: {_message(response.body)}")
+        obj = response.json()
+        self.resource_version = str(obj.get("metadata", {}).get("resourceVersion", ""))
+        self.apply(obj)
+
+    async def _run(self) -> None:
+        delay = self.backoff_initial
+        need_get = self.current is None
+        while True:
+            try:
+                if need_get:
+                    await self._get()
+                    need_get = False
+                started = asyncio.get_running_loop().time()
+                delivered = await self._watch_once()
+                if delivered or asyncio.get_running_loop().time() - started >= 1.0:
+                    delay = self.backoff_initial
+                    continue
+                log.debug("configmap watch ended at once without events; backing off")
+            except _Gone:
+                need_get = True
+                continue
+            except (KubeError, ConfigMapError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
+                log.warning(
+                    "following the authentication configmap failed; retrying",
+                    extra=fields(reason=_reason(err), retry_in=round(delay, 2)),
+                )
+            await asyncio.sleep(delay * (1.0 - 0.5 * random.random()))
+            delay = min(self.backoff_cap, delay * 2)
+
+    async def _watch_once(self) -> bool:
+        """One watch, until the server ends it or the connection drops; True if it delivered events."""
+        params: dict[str, str | int] = {
+            "fieldSelector": f"metadata.name={NAME}",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": max(1, round(self.watch_timeout)),
+        }
+        if self.resource_version:
+            params["resourceVersion"] = self.resource_version
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.watch_timeout + 30)
+        delivered = False
+        async with self.client.stream(
+            calls.WATCH_CONFIGMAPS, namespace=NAMESPACE, params=params, client_timeout=timeout
+        ) as response:
+            if response.status == 410:
+                raise _Gone()
+            if response.status != 200:
+                raise KubeError(
+                    f"{calls.WATCH_CONFIGMAPS}: HTTP {response.status}: {_message(await response.read())}"
+                )
+            with contextlib.suppress(aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+                async for line in response.content:
+                    if line.strip():
+                        self._event(line)
+                        delivered = True
+        return delivered
+
+    def _event(self, line: bytes) -> None:
+        event = json.loads(line)
+        obj = event.get("object") if isinstance(event, dict) else None
+        if not isinstance(obj, dict):
+            raise ValueError("watch event without an object")
+        kind = event.get("type")
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Gone()
+            raise KubeError(f"watch ERROR event: {obj.get('code')} {obj.get('message', '')}")
+        metadata = obj.get("metadata") or {}
+        rv = metadata.get("resourceVersion")
+        if isinstance(rv, str) and rv:
+            self.resource_version = rv
+        if (
+            kind == "BOOKMARK"
+            or metadata.get("name") != NAME
+            or metadata.get("namespace", NAMESPACE) != NAMESPACE
+        ):
+            return
+        if kind in ("ADDED", "MODIFIED"):
+            self.apply(obj)
+        elif kind == "DELETED":
+            log.warning(
+                "the authentication configmap was deleted", extra=fields(configmap=f"{NAMESPACE}/{NAME}")
+            )
+            self.apply(None)
+
+
+class _Gone(Exception):
+    """The resourceVersion was compacted: GET again."""
+
+
+def _count(pool: CAPool | None) -> str:
+    return f"{len(pool.anchors)} certificate(s)" if pool is not None else "none"
+
+
+def _message(body: bytes) -> str:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body[:200].decode("utf-8", "replace")
+    return str(doc.get("message", "")) if isinstance(doc, dict) else ""
+
+
+def _reason(err: BaseException) -> str:
+    return str(err) if isinstance(err, KubeError | ConfigMapError) else describe_error(err)

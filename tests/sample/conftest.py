@@ -33,7 +33,9 @@ def sample_options(pki: PKI, **overrides: Any) -> SampleOptions:
 class Client:
     """Requests to the sample server with a chosen client certificate and identity headers."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, ssl_context: ssl.SSLContext, headers: dict[str, str]):
+    def __init__(
+        self, session: aiohttp.ClientSession, url: str, ssl_context: ssl.SSLContext, headers: dict[str, str]
+    ):
         self.session = session
         self.url = url
         self.ssl = ssl_context
@@ -103,7 +105,9 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest.fixture
 def make_client(pki: PKI, session: aiohttp.ClientSession) -> MakeClient:
-    def make(server: SampleServer, cert: str | None = "front-proxy-client", headers: dict[str, str] | None = None) -> Client:
+    def make(
+        server: SampleServer, cert: str | None = "front-proxy-client", headers: dict[str, str] | None = None
+    ) -> Client:
         return Client(session, server.url, pki.client_context(cert), ADMIN if headers is None else headers)
 
     return make

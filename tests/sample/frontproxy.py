@@ -52,9 +52,13 @@ class FrontProxy:
         with open(self.pki.path("client-ca.crt"), "rb") as f:
             self._client_ca = CAPool(f.read(), source="client-ca.crt")
         upstream = ssl.create_default_context(cafile=self.pki.path("ca.crt"))
-        upstream.load_cert_chain(self.pki.path("front-proxy-client.crt"), self.pki.path("front-proxy-client.key"))
+        upstream.load_cert_chain(
+            self.pki.path("front-proxy-client.crt"), self.pki.path("front-proxy-client.key")
+        )
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=upstream), auto_decompress=False, timeout=aiohttp.ClientTimeout()
+            connector=aiohttp.TCPConnector(ssl=upstream),
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(),
         )
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -79,8 +83,15 @@ class FrontProxy:
             cert = self._client_ca.verify(der)
         except CertificateError:
             return web.json_response(
-                {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                 "message": "Unauthorized", "reason": "Unauthorized", "code": 401},
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Failure",
+                    "message": "Unauthorized",
+                    "reason": "Unauthorized",
+                    "code": 401,
+                },
                 status=401,
             )
         seen = Seen(
@@ -91,7 +102,11 @@ class FrontProxy:
             cert.common_name,
         )
         self.seen.append(seen)
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP and not k.lower().startswith("x-remote-")]
+        headers = [
+            (k, v)
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP and not k.lower().startswith("x-remote-")
+        ]
         headers.append(("X-Remote-User", cert.common_name))
         headers.extend(("X-Remote-Group", group) for group in (*cert.organizations, "system:authenticated"))
         assert self._session is not None

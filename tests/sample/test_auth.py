@@ -9,7 +9,7 @@ import pytest
 
 from aggregator.certs import issue_client_cert, new_ca, write_pair
 from aggregator.sample import SampleServer
-from tests.sample.conftest import Client, MakeClient
+from tests.sample.conftest import MakeClient
 from tests.support.pki import PKI
 
 UNAUTHORIZED = {
@@ -25,7 +25,9 @@ FLUNDERS = "/apis/wardle.example.com/v1beta1/namespaces/default/flunders"
 
 
 @pytest.mark.parametrize("path", ["/apis", FLUNDERS, "/openapi/v3", "/version", "/nothing-here"])
-async def test_request_without_client_certificate_is_401(sample: SampleServer, make_client: MakeClient, path: str) -> None:
+async def test_request_without_client_certificate_is_401(
+    sample: SampleServer, make_client: MakeClient, path: str
+) -> None:
     status, headers, body, _ = await make_client(sample, cert=None).get(path)
     assert status == 401
     assert body == UNAUTHORIZED
@@ -43,7 +45,9 @@ async def test_certificate_from_another_ca_is_401(
     assert (status, body) == (401, UNAUTHORIZED)
 
 
-async def test_front_proxy_cn_must_be_allowed(sample: SampleServer, make_client: MakeClient, pki: PKI) -> None:
+async def test_front_proxy_cn_must_be_allowed(
+    sample: SampleServer, make_client: MakeClient, pki: PKI
+) -> None:
     pki.issue_user("other-proxy", "other-proxy", ca="front-proxy-ca")
     status, _, body, _ = await make_client(sample, cert="other-proxy").get(FLUNDERS)
     assert (status, body) == (401, UNAUTHORIZED)
@@ -94,9 +98,18 @@ async def test_user_without_rights_gets_upstreams_403(sample: SampleServer, make
     assert body["details"] == {"name": "fred", "group": "wardle.example.com", "kind": "fischers"}
 
 
-async def test_any_authenticated_user_may_read_discovery_and_openapi(sample: SampleServer, make_client: MakeClient) -> None:
+async def test_any_authenticated_user_may_read_discovery_and_openapi(
+    sample: SampleServer, make_client: MakeClient
+) -> None:
     bob = make_client(sample, headers={"X-Remote-User": "bob"})
-    for path in ("/apis", "/apis/wardle.example.com", "/apis/wardle.example.com/v1alpha1", "/openapi/v3", "/openapi/v2", "/version"):
+    for path in (
+        "/apis",
+        "/apis/wardle.example.com",
+        "/apis/wardle.example.com/v1alpha1",
+        "/openapi/v3",
+        "/openapi/v2",
+        "/version",
+    ):
         status, _, _, _ = await bob.get(path)
         assert status == 200, path
     status, _, body, _ = await bob.get("/metrics")
@@ -121,13 +134,17 @@ async def test_second_user_header_and_group_headers(start_sample: Any, make_clie
         requestheader_username_headers=["X-Proxy-User", "X-Remote-User"],
         requestheader_group_headers=["X-Proxy-Group"],
     )
-    client = make_client(server, headers={"x-proxy-user": "", "X-Remote-User": "eve", "x-proxy-group": "system:masters"})
+    client = make_client(
+        server, headers={"x-proxy-user": "", "X-Remote-User": "eve", "x-proxy-group": "system:masters"}
+    )
     assert (await client.get(FLUNDERS))[0] == 200
     client = make_client(server, headers={"X-Remote-User": "eve", "X-Remote-Group": "system:masters"})
     assert (await client.get(FLUNDERS))[0] == 403
 
 
-async def test_front_proxy_ca_file_is_reloaded(start_sample: Any, make_client: MakeClient, pki: PKI, tmp_path: Path) -> None:
+async def test_front_proxy_ca_file_is_reloaded(
+    start_sample: Any, make_client: MakeClient, pki: PKI, tmp_path: Path
+) -> None:
     """Rotating the front-proxy CA file takes effect without a restart."""
     import shutil
 

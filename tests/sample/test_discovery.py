@@ -21,9 +21,11 @@ async def test_legacy_group_list(admin: Client) -> None:
     status, headers, _, raw = await admin.get("/apis")
     assert status == 200
     assert headers["Content-Type"] == "application/json"
-    expected = {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-        {"name": "wardle.example.com", "versions": GROUP_VERSIONS, "preferredVersion": PREFERRED}
-    ]}
+    expected = {
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [{"name": "wardle.example.com", "versions": GROUP_VERSIONS, "preferredVersion": PREFERRED}],
+    }
     assert raw == json.dumps(expected, separators=(",", ":")).encode() + b"\n"
 
 
@@ -31,29 +33,47 @@ async def test_group_and_trailing_slash(admin: Client) -> None:
     for path in ("/apis/wardle.example.com", "/apis/wardle.example.com/"):
         status, _, body, _ = await admin.get(path)
         assert status == 200
-        assert body == {"kind": "APIGroup", "apiVersion": "v1", "name": "wardle.example.com",
-                        "versions": GROUP_VERSIONS, "preferredVersion": PREFERRED}
+        assert body == {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": "wardle.example.com",
+            "versions": GROUP_VERSIONS,
+            "preferredVersion": PREFERRED,
+        }
     # /apis/ is legacy only, even when aggregated discovery is asked for
     status, headers, body, _ = await admin.get("/apis/", headers={"Accept": V2 + ",application/json"})
     assert (status, body["kind"], headers["Content-Type"]) == (200, "APIGroupList", "application/json")
 
 
 async def test_resource_lists(admin: Client) -> None:
-    status, _, body, raw = await admin.get("/apis/wardle.example.com/v1alpha1")
+    status, _, body, _raw = await admin.get("/apis/wardle.example.com/v1alpha1")
     assert status == 200
     assert list(body) == ["kind", "apiVersion", "groupVersion", "resources"]
     fischers, flunders = body["resources"]
-    assert list(fischers) == ["name", "singularName", "namespaced", "kind", "verbs", "shortNames", "categories", "storageVersionHash"]
-    assert fischers["name"] == "fischers" and fischers["namespaced"] is False and fischers["kind"] == "Fischer"
+    assert list(fischers) == [
+        "name",
+        "singularName",
+        "namespaced",
+        "kind",
+        "verbs",
+        "shortNames",
+        "categories",
+        "storageVersionHash",
+    ]
+    assert (
+        fischers["name"] == "fischers" and fischers["namespaced"] is False and fischers["kind"] == "Fischer"
+    )
     assert fischers["shortNames"] == ["fi"] and fischers["verbs"] == VERBS
     assert flunders["name"] == "flunders" and flunders["namespaced"] is True and flunders["kind"] == "Flunder"
     assert flunders["singularName"] == "flunder" and flunders["shortNames"] == ["fl"]
     assert flunders["categories"] == ["all", "wardle"]
     # storage version hash = base64(sha256("wardle.example.com/v1alpha1/Flunder")[:8])
     import base64
-    assert flunders["storageVersionHash"] == base64.b64encode(
-        hashlib.sha256(b"wardle.example.com/v1alpha1/Flunder").digest()[:8]
-    ).decode()
+
+    assert (
+        flunders["storageVersionHash"]
+        == base64.b64encode(hashlib.sha256(b"wardle.example.com/v1alpha1/Flunder").digest()[:8]).decode()
+    )
     status, _, body, _ = await admin.get("/apis/wardle.example.com/v1beta1")
     assert [r["name"] for r in body["resources"]] == ["flunders"]
     status, _, body, _ = await admin.get("/apis/wardle.example.com/v2")
@@ -61,7 +81,9 @@ async def test_resource_lists(admin: Client) -> None:
 
 
 async def test_aggregated_discovery_v2(admin: Client) -> None:
-    status, headers, body, raw = await admin.get("/apis", headers={"Accept": V2 + "," + V2BETA1 + ",application/json"})
+    status, headers, body, _raw = await admin.get(
+        "/apis", headers={"Accept": V2 + "," + V2BETA1 + ",application/json"}
+    )
     assert status == 200
     assert headers["Content-Type"] == V2
     assert headers["Vary"] == "Accept" and headers["Cache-Control"] == "public"
@@ -71,15 +93,17 @@ async def test_aggregated_discovery_v2(admin: Client) -> None:
     beta, alpha = group["versions"]
     assert list(beta) == ["version", "resources", "freshness"]
     assert (beta["version"], alpha["version"], beta["freshness"]) == ("v1beta1", "v1alpha1", "Current")
-    assert beta["resources"] == [{
-        "resource": "flunders",
-        "responseKind": {"group": "", "version": "", "kind": "Flunder"},
-        "scope": "Namespaced",
-        "singularResource": "flunder",
-        "verbs": VERBS,
-        "shortNames": ["fl"],
-        "categories": ["all", "wardle"],
-    }]
+    assert beta["resources"] == [
+        {
+            "resource": "flunders",
+            "responseKind": {"group": "", "version": "", "kind": "Flunder"},
+            "scope": "Namespaced",
+            "singularResource": "flunder",
+            "verbs": VERBS,
+            "shortNames": ["fl"],
+            "categories": ["all", "wardle"],
+        }
+    ]
     assert [r["resource"] for r in alpha["resources"]] == ["fischers", "flunders"]
     assert alpha["resources"][0]["scope"] == "Cluster"
     # ETag: uppercase hex SHA-512 of the list without kind/apiVersion
@@ -104,11 +128,17 @@ async def test_aggregated_discovery_v2beta1_and_304(admin: Client) -> None:
 
 
 async def test_not_acceptable_and_yaml(admin: Client) -> None:
-    status, headers, body, raw = await admin.get("/apis", headers={"Accept": "application/vnd.kubernetes.protobuf"})
+    status, headers, body, raw = await admin.get(
+        "/apis", headers={"Accept": "application/vnd.kubernetes.protobuf"}
+    )
     assert status == 406
-    assert body["message"] == "only the following media types are accepted: application/json, application/yaml"
+    assert (
+        body["message"] == "only the following media types are accepted: application/json, application/yaml"
+    )
     assert not raw.endswith(b"\n")  # apiserver writes this one indented, without a newline
-    status, headers, _, raw = await admin.get("/apis/wardle.example.com", headers={"Accept": "application/yaml"})
+    status, headers, _, raw = await admin.get(
+        "/apis/wardle.example.com", headers={"Accept": "application/yaml"}
+    )
     assert status == 200 and headers["Content-Type"] == "application/yaml"
     assert raw.startswith(b"kind: APIGroup\n")
 

@@ -52,7 +52,9 @@ class Kubectl:
         self.binary = binary
         self.config = config
 
-    async def __call__(self, *args: str, stdin: str | None = None, check: bool = True) -> tuple[int, str, str]:
+    async def __call__(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> tuple[int, str, str]:
         process = await asyncio.create_subprocess_exec(
             self.binary,
             "--kubeconfig",
@@ -82,7 +84,10 @@ async def proxy(sample: SampleServer, pki: PKI) -> AsyncIterator[FrontProxy]:
 
 def _config(pki: PKI, proxy: FrontProxy, tmp_path: Path, stem: str = "admin") -> Path:
     path = tmp_path / f"{stem}.kubeconfig"
-    write_kubeconfig(path, kubeconfig(proxy.url, Path(pki.path("ca.crt")).read_bytes(), load_pair(pki.dir, stem), user=stem))
+    write_kubeconfig(
+        path,
+        kubeconfig(proxy.url, Path(pki.path("ca.crt")).read_bytes(), load_pair(pki.dir, stem), user=stem),
+    )
     return path
 
 
@@ -103,25 +108,36 @@ async def test_kubectl_workflow(binary: str, proxy: FrontProxy, pki: PKI, tmp_pa
     assert "fieldValidation=Strict" in creates[-1].path_qs  # server-side validation was chosen
 
     _, out, _ = await kubectl("get", "fl")
-    assert out.split() [:2] == ["NAME", "AGE"] and out.splitlines()[1].startswith("my-flunder")
+    assert out.split()[:2] == ["NAME", "AGE"] and out.splitlines()[1].startswith("my-flunder")
     _, out, _ = await kubectl("get", "flunders", "-o", "wide")
     header, row = out.splitlines()
     assert header.split() == ["NAME", "AGE", "REFERENCE", "TYPE", "REFERENCE"]
     assert row.split()[0] == "my-flunder" and row.split()[2:] == ["Fischer", "fred"]
-    _, out, _ = await kubectl("get", "flunders.v1alpha1.wardle.example.com", "my-flunder", "-o", "jsonpath={.spec.reference}")
+    _, out, _ = await kubectl(
+        "get", "flunders.v1alpha1.wardle.example.com", "my-flunder", "-o", "jsonpath={.spec.reference}"
+    )
     assert out == "fred"
 
     _, out, _ = await kubectl("explain", "flunders.spec")
-    assert "fischerReference" in out and "A name of a fischer, mutually exclusive to the FlunderReference." in out
+    assert (
+        "fischerReference" in out
+        and "A name of a fischer, mutually exclusive to the FlunderReference." in out
+    )
 
     _, out, _ = await kubectl("patch", "fl", "my-flunder", "-p", '{"spec":{"fischerReference":"wilma"}}')
     assert "patched" in out
-    _, out, _ = await kubectl("get", "fl", "my-flunder", "-o", "jsonpath={.spec.fischerReference} {.metadata.generation}")
+    _, out, _ = await kubectl(
+        "get", "fl", "my-flunder", "-o", "jsonpath={.spec.fischerReference} {.metadata.generation}"
+    )
     assert out == "wilma 2"
 
     code, _, err = await kubectl("create", "-f", str(tmp_path / "flunder.yaml"), check=False)
     assert code != 0 and 'flunders.wardle.example.com "my-flunder" already exists' in err
-    (tmp_path / "bad.yaml").write_text(FLUNDER.replace("name: my-flunder", "name: bad").replace("fischerReference: fred", "fischerReference: fred\n  colour: red"))
+    (tmp_path / "bad.yaml").write_text(
+        FLUNDER.replace("name: my-flunder", "name: bad").replace(
+            "fischerReference: fred", "fischerReference: fred\n  colour: red"
+        )
+    )
     code, _, err = await kubectl("create", "-f", str(tmp_path / "bad.yaml"), check=False)
     assert code != 0 and 'unknown field "spec.colour"' in err
 
@@ -132,8 +148,15 @@ async def test_kubectl_workflow(binary: str, proxy: FrontProxy, pki: PKI, tmp_pa
 async def test_kubectl_watch_sees_events(proxy: FrontProxy, pki: PKI, tmp_path: Path) -> None:
     kubectl = Kubectl(KUBECTLS[0], _config(pki, proxy, tmp_path))
     process = await asyncio.create_subprocess_exec(
-        kubectl.binary, "--kubeconfig", str(kubectl.config), "get", "flunders", "--watch", "--request-timeout=20s",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        kubectl.binary,
+        "--kubeconfig",
+        str(kubectl.config),
+        "get",
+        "flunders",
+        "--watch",
+        "--request-timeout=20s",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "HOME": str(tmp_path)},
     )
     try:

@@ -20,7 +20,7 @@ async def test_index_points_at_hashed_documents(admin: Client) -> None:
     for path, entry in index["paths"].items():
         url = entry["serverRelativeURL"]
         assert url.startswith(f"/openapi/v3/{path}?hash=")
-        status, headers, doc, raw = await admin.get(url)
+        status, headers, _doc, raw = await admin.get(url)
         assert status == 200
         expected_hash = hashlib.sha512(raw).hexdigest().upper()
         assert url.endswith(expected_hash)
@@ -34,7 +34,9 @@ async def test_wrong_hash_redirects_and_no_hash_is_not_immutable(admin: Client) 
     status, headers, _, _ = await admin.request("GET", f"{V3}/v1beta1?hash=OLD", headers={})
     # aiohttp follows the 301 to the current URL
     assert status == 200
-    async with admin.session.get(admin.url + f"{V3}/v1beta1?hash=OLD", headers=admin.headers, ssl=admin.ssl, allow_redirects=False) as r:
+    async with admin.session.get(
+        admin.url + f"{V3}/v1beta1?hash=OLD", headers=admin.headers, ssl=admin.ssl, allow_redirects=False
+    ) as r:
         assert r.status == 301
         assert r.headers["Location"].startswith(f"{V3}/v1beta1?hash=")
     status, headers, _, _ = await admin.get(f"{V3}/v1beta1")
@@ -45,7 +47,9 @@ async def test_wrong_hash_redirects_and_no_hash_is_not_immutable(admin: Client) 
 
 def _schema(doc: dict[str, Any], kind: str, version: str) -> dict[str, Any]:
     for schema in doc["components"]["schemas"].values():
-        if {"group": "wardle.example.com", "kind": kind, "version": version} in schema.get("x-kubernetes-group-version-kind", []):
+        if {"group": "wardle.example.com", "kind": kind, "version": version} in schema.get(
+            "x-kubernetes-group-version-kind", []
+        ):
             return schema  # type: ignore[no-any-return]
     raise AssertionError(f"no schema for {kind}")
 
@@ -54,8 +58,12 @@ async def test_v3_documents_have_what_kubectl_needs(admin: Client) -> None:
     _, _, doc, _ = await admin.get(f"{V3}/v1beta1")
     assert doc["openapi"] == "3.0.0"
     flunder = _schema(doc, "Flunder", "v1beta1")
-    assert flunder["properties"]["spec"]["allOf"] == [{"$ref": "#/components/schemas/com.example.wardle.v1beta1.FlunderSpec"}]
-    assert flunder["properties"]["metadata"]["allOf"] == [{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}]
+    assert flunder["properties"]["spec"]["allOf"] == [
+        {"$ref": "#/components/schemas/com.example.wardle.v1beta1.FlunderSpec"}
+    ]
+    assert flunder["properties"]["metadata"]["allOf"] == [
+        {"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}
+    ]
     spec = doc["components"]["schemas"]["com.example.wardle.v1beta1.FlunderSpec"]
     assert set(spec["properties"]) == {"flunderReference", "fischerReference", "referenceType"}
     assert all(p["description"] for p in spec["properties"].values())
@@ -64,7 +72,11 @@ async def test_v3_documents_have_what_kubectl_needs(admin: Client) -> None:
     assert refs and all(r.removeprefix("#/components/schemas/") in doc["components"]["schemas"] for r in refs)
     # kubectl's queryParamVerifierV3: a PATCH for the GVK listing fieldValidation
     patch = doc["paths"]["/apis/wardle.example.com/v1beta1/namespaces/{namespace}/flunders/{name}"]["patch"]
-    assert patch["x-kubernetes-group-version-kind"] == {"group": "wardle.example.com", "kind": "Flunder", "version": "v1beta1"}
+    assert patch["x-kubernetes-group-version-kind"] == {
+        "group": "wardle.example.com",
+        "kind": "Flunder",
+        "version": "v1beta1",
+    }
     assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
     assert set(patch["requestBody"]["content"]) == {
         "application/apply-patch+yaml",
@@ -76,7 +88,13 @@ async def test_v3_documents_have_what_kubectl_needs(admin: Client) -> None:
     fischer = _schema(alpha, "Fischer", "v1alpha1")
     assert fischer["properties"]["disallowedFlunders"]["items"]["type"] == "string"
     assert "/apis/wardle.example.com/v1alpha1/fischers/{name}" in alpha["paths"]
-    assert set(_schema(alpha, "Flunder", "v1alpha1")["properties"]) == {"apiVersion", "kind", "metadata", "spec", "status"}
+    assert set(_schema(alpha, "Flunder", "v1alpha1")["properties"]) == {
+        "apiVersion",
+        "kind",
+        "metadata",
+        "spec",
+        "status",
+    }
 
 
 async def test_v2_json_and_protobuf(admin: Client) -> None:
@@ -99,6 +117,7 @@ async def test_v2_json_and_protobuf(admin: Client) -> None:
 
 def test_protobuf_fields_round_trip() -> None:
     """Decode our encoding generically and find the GVK extension where gnostic keeps it."""
+
     def fields(data: bytes) -> list[tuple[int, Any]]:
         out, i = [], 0
         while i < len(data):

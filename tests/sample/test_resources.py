@@ -28,10 +28,20 @@ async def create(client: Client, body: dict[str, Any], path: str = BETA, **kw: A
 
 
 async def test_create_get_list_delete(admin: Client) -> None:
-    created = await create(admin, flunder("a", {"referenceType": "Fischer", "fischerReference": "fred"}, labels={"app": "x"}))
+    created = await create(
+        admin, flunder("a", {"referenceType": "Fischer", "fischerReference": "fred"}, labels={"app": "x"})
+    )
     meta = created["metadata"]
     assert list(created) == ["kind", "apiVersion", "metadata", "spec", "status"]
-    assert list(meta) == ["name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp", "labels"]
+    assert list(meta) == [
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "labels",
+    ]
     assert meta["namespace"] == "default" and meta["generation"] == 1
     assert created["spec"] == {"fischerReference": "fred", "referenceType": "Fischer"}
     assert created["status"] == {}
@@ -74,7 +84,12 @@ async def test_create_get_list_delete(admin: Client) -> None:
 
 async def test_versions_convert_both_ways(admin: Client) -> None:
     """v1alpha1 `reference` (defaulted to type Flunder) is v1beta1's `flunderReference`, and back."""
-    alpha = {"apiVersion": "wardle.example.com/v1alpha1", "kind": "Flunder", "metadata": {"name": "c"}, "spec": {"reference": "a"}}
+    alpha = {
+        "apiVersion": "wardle.example.com/v1alpha1",
+        "kind": "Flunder",
+        "metadata": {"name": "c"},
+        "spec": {"reference": "a"},
+    }
     created = await create(admin, alpha, ALPHA)
     assert created["apiVersion"] == "wardle.example.com/v1alpha1"
     assert created["spec"] == {"reference": "a", "referenceType": "Flunder"}
@@ -99,11 +114,16 @@ async def test_already_exists_and_namespace_mismatch(admin: Client) -> None:
     assert body["message"] == 'flunders.wardle.example.com "a" already exists'
     status, _, body, _ = await admin.request("POST", BETA, body=flunder("z", namespace="other"))
     assert status == 400
-    assert body["message"] == "the namespace of the provided object does not match the namespace sent on the request"
+    assert (
+        body["message"]
+        == "the namespace of the provided object does not match the namespace sent on the request"
+    )
 
 
 async def test_validation_errors_are_422_with_causes(admin: Client) -> None:
-    status, _, body, _ = await admin.request("POST", BETA, body=flunder("v", {"referenceType": "Fischer", "flunderReference": "x"}))
+    status, _, body, _ = await admin.request(
+        "POST", BETA, body=flunder("v", {"referenceType": "Fischer", "flunderReference": "x"})
+    )
     assert status == 422
     assert body["reason"] == "Invalid"
     assert body["message"] == (
@@ -114,19 +134,30 @@ async def test_validation_errors_are_422_with_causes(admin: Client) -> None:
         "name": "v",
         "group": "wardle.example.com",
         "kind": "Flunder",
-        "causes": [{
-            "reason": "FieldValueInvalid",
-            "message": 'Invalid value: "x": cannot be set if referenceType is not Flunder',
-            "field": "spec.flunderReference",
-        }],
+        "causes": [
+            {
+                "reason": "FieldValueInvalid",
+                "message": 'Invalid value: "x": cannot be set if referenceType is not Flunder',
+                "field": "spec.flunderReference",
+            }
+        ],
     }
     status, _, body, _ = await admin.request("POST", BETA, body=flunder("v", {"referenceType": "Other"}))
-    assert body["message"] == 'Flunder.wardle.example.com "v" is invalid: spec.referenceType: Invalid value: "Other": must be Flunder or Fischer'
+    assert (
+        body["message"]
+        == 'Flunder.wardle.example.com "v" is invalid: spec.referenceType: Invalid value: "Other": must be Flunder or Fischer'
+    )
     status, _, body, _ = await admin.request("POST", BETA, body={"kind": "Flunder", "metadata": {}})
     assert status == 422
-    assert body["message"] == 'Flunder.wardle.example.com "" is invalid: metadata.name: Required value: name or generateName is required'
+    assert (
+        body["message"]
+        == 'Flunder.wardle.example.com "" is invalid: metadata.name: Required value: name or generateName is required'
+    )
     status, _, body, _ = await admin.request("POST", BETA, body=flunder("a%b"))
-    assert body["message"] == "Flunder.wardle.example.com \"a%b\" is invalid: metadata.name: Invalid value: \"a%b\": may not contain '%'"
+    assert (
+        body["message"]
+        == 'Flunder.wardle.example.com "a%b" is invalid: metadata.name: Invalid value: "a%b": may not contain \'%\''
+    )
 
 
 async def test_generate_name(admin: Client) -> None:
@@ -146,16 +177,20 @@ async def test_field_validation_strict_warn_ignore(admin: Client) -> None:
         'Flunder in version "v1beta1" cannot be handled as a Flunder: strict decoding error: '
         'unknown field "spec.colour", unknown field "extra"'  # in document order
     )
-    status, headers, obj, _ = await admin.request("POST", BETA, body=body)  # default is Warn
+    status, _headers, obj, _ = await admin.request("POST", BETA, body=body)  # default is Warn
     assert status == 201
     assert obj["spec"] == {} and "extra" not in obj
     # Both warnings arrive (aiohttp folds repeated headers in dict(); check the raw list instead).
-    status, _, obj, _ = await admin.request("POST", BETA, body=flunder("i", {"colour": "red"}), params={"fieldValidation": "Ignore"})
+    status, _, obj, _ = await admin.request(
+        "POST", BETA, body=flunder("i", {"colour": "red"}), params={"fieldValidation": "Ignore"}
+    )
     assert status == 201
     raw = b'{"kind":"Flunder","metadata":{"name":"dup","name":"dup2"}}'
     status, _, err, _ = await admin.request("POST", BETA, body=raw, params={"fieldValidation": "Strict"})
     assert status == 400 and err["message"].endswith('strict decoding error: duplicate field "metadata.name"')
-    status, _, err, _ = await admin.request("POST", BETA, body=flunder("x"), params={"fieldValidation": "Sometimes"})
+    status, _, err, _ = await admin.request(
+        "POST", BETA, body=flunder("x"), params={"fieldValidation": "Sometimes"}
+    )
     assert status == 422
     assert err["message"] == (
         'CreateOptions.meta.k8s.io "" is invalid: fieldValidation: Unsupported value: "Sometimes": '
@@ -165,10 +200,16 @@ async def test_field_validation_strict_warn_ignore(admin: Client) -> None:
 
 async def test_warning_headers(admin: Client) -> None:
     async with admin.session.post(
-        admin.url + BETA, json=flunder("w", {"colour": "red", "size": 1}), headers=admin.headers, ssl=admin.ssl
+        admin.url + BETA,
+        json=flunder("w", {"colour": "red", "size": 1}),
+        headers=admin.headers,
+        ssl=admin.ssl,
     ) as response:
         assert response.status == 201
-        assert response.headers.getall("Warning") == ['299 - "unknown field \\"spec.colour\\""', '299 - "unknown field \\"spec.size\\""']
+        assert response.headers.getall("Warning") == [
+            '299 - "unknown field \\"spec.colour\\""',
+            '299 - "unknown field \\"spec.size\\""',
+        ]
 
 
 async def test_type_errors_are_400(admin: Client) -> None:
@@ -217,50 +258,80 @@ async def test_update_requires_and_checks_resource_version(admin: Client) -> Non
     assert same["metadata"]["resourceVersion"] == relabelled["metadata"]["resourceVersion"]
     # name mismatch, missing object
     status, _, err, _ = await admin.request("PUT", f"{BETA}/other", body=relabelled)
-    assert status == 400 and err["message"] == "the name of the object (u) does not match the name on the URL (other)"
-    status, _, err, _ = await admin.request("PUT", f"{BETA}/gone", body=dict(relabelled, metadata={"name": "gone", "resourceVersion": "1"}))
+    assert (
+        status == 400
+        and err["message"] == "the name of the object (u) does not match the name on the URL (other)"
+    )
+    status, _, err, _ = await admin.request(
+        "PUT", f"{BETA}/gone", body=dict(relabelled, metadata={"name": "gone", "resourceVersion": "1"})
+    )
     assert status == 404
 
 
 async def test_patch_types(admin: Client) -> None:
     await create(admin, flunder("p", labels={"a": "1"}))
     status, _, obj, _ = await admin.request(
-        "PATCH", f"{BETA}/p", body={"spec": {"referenceType": "Fischer", "fischerReference": "f"}},
+        "PATCH",
+        f"{BETA}/p",
+        body={"spec": {"referenceType": "Fischer", "fischerReference": "f"}},
         content_type="application/strategic-merge-patch+json",
     )
     assert status == 200 and obj["spec"] == {"fischerReference": "f", "referenceType": "Fischer"}
     status, _, obj, _ = await admin.request(
-        "PATCH", f"{BETA}/p", body={"metadata": {"labels": {"a": None, "b": "2"}}},
+        "PATCH",
+        f"{BETA}/p",
+        body={"metadata": {"labels": {"a": None, "b": "2"}}},
         content_type="application/merge-patch+json",
     )
     assert obj["metadata"]["labels"] == {"b": "2"}
     status, _, obj, _ = await admin.request(
-        "PATCH", f"{BETA}/p",
-        body=[{"op": "replace", "path": "/spec/fischerReference", "value": "g"}, {"op": "add", "path": "/metadata/labels/c", "value": "3"}],
+        "PATCH",
+        f"{BETA}/p",
+        body=[
+            {"op": "replace", "path": "/spec/fischerReference", "value": "g"},
+            {"op": "add", "path": "/metadata/labels/c", "value": "3"},
+        ],
         content_type="application/json-patch+json",
     )
     assert obj["spec"]["fischerReference"] == "g" and obj["metadata"]["labels"] == {"b": "2", "c": "3"}
     status, _, err, _ = await admin.request(
-        "PATCH", f"{BETA}/p", body=[{"op": "test", "path": "/spec/fischerReference", "value": "nope"}],
+        "PATCH",
+        f"{BETA}/p",
+        body=[{"op": "test", "path": "/spec/fischerReference", "value": "nope"}],
         content_type="application/json-patch+json",
     )
-    assert status == 422 and err["details"]["causes"][0]["message"] == "testing value /spec/fischerReference failed: test failed"
+    assert (
+        status == 422
+        and err["details"]["causes"][0]["message"]
+        == "testing value /spec/fischerReference failed: test failed"
+    )
     # a patch carrying a stale resourceVersion conflicts
     status, _, err, _ = await admin.request(
-        "PATCH", f"{BETA}/p", body={"metadata": {"resourceVersion": "1"}}, content_type="application/merge-patch+json"
+        "PATCH",
+        f"{BETA}/p",
+        body={"metadata": {"resourceVersion": "1"}},
+        content_type="application/merge-patch+json",
     )
     assert status == 409 and err["reason"] == "Conflict"
     # validation runs on the patched object
     status, _, err, _ = await admin.request(
-        "PATCH", f"{BETA}/p", body={"spec": {"referenceType": "Flunder"}}, content_type="application/merge-patch+json"
+        "PATCH",
+        f"{BETA}/p",
+        body={"spec": {"referenceType": "Flunder"}},
+        content_type="application/merge-patch+json",
     )
     assert status == 422
     status, _, err, _ = await admin.request(
-        "PATCH", f"{BETA}/p", body={"spec": {"x": 1}}, content_type="application/merge-patch+json",
+        "PATCH",
+        f"{BETA}/p",
+        body={"spec": {"x": 1}},
+        content_type="application/merge-patch+json",
         params={"fieldValidation": "Strict"},
     )
     assert status == 400 and err["message"] == 'strict decoding error: unknown field "spec.x"'
-    status, _, err, _ = await admin.request("PATCH", f"{BETA}/missing", body={}, content_type="application/merge-patch+json")
+    status, _, err, _ = await admin.request(
+        "PATCH", f"{BETA}/missing", body={}, content_type="application/merge-patch+json"
+    )
     assert status == 404
     status, _, err, _ = await admin.request("PATCH", f"{BETA}/p", body={}, content_type="application/json")
     assert status == 415
@@ -268,14 +339,25 @@ async def test_patch_types(admin: Client) -> None:
 
 async def test_server_side_apply_creates_then_merges(admin: Client) -> None:
     applied = "apiVersion: wardle.example.com/v1beta1\nkind: Flunder\nmetadata:\n  name: ap\nspec:\n  referenceType: Flunder\n  flunderReference: x\n"
-    status, _, err, _ = await admin.request("PATCH", f"{BETA}/ap", body=applied, content_type="application/apply-patch+yaml")
+    status, _, err, _ = await admin.request(
+        "PATCH", f"{BETA}/ap", body=applied, content_type="application/apply-patch+yaml"
+    )
     assert status == 422
-    assert err["message"] == 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch'
+    assert (
+        err["message"]
+        == 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch'
+    )
     params = {"fieldManager": "me"}
-    status, _, obj, _ = await admin.request("PATCH", f"{BETA}/ap", body=applied, content_type="application/apply-patch+yaml", params=params)
+    status, _, obj, _ = await admin.request(
+        "PATCH", f"{BETA}/ap", body=applied, content_type="application/apply-patch+yaml", params=params
+    )
     assert status == 201 and obj["spec"]["flunderReference"] == "x"
     status, _, obj, _ = await admin.request(
-        "PATCH", f"{BETA}/ap", body=applied.replace("x\n", "y\n"), content_type="application/apply-patch+yaml", params=params
+        "PATCH",
+        f"{BETA}/ap",
+        body=applied.replace("x\n", "y\n"),
+        content_type="application/apply-patch+yaml",
+        params=params,
     )
     assert status == 200 and obj["spec"]["flunderReference"] == "y"
 
@@ -286,12 +368,18 @@ async def test_finalizers_delay_deletion(admin: Client) -> None:
     assert status == 200
     assert obj["kind"] == "Flunder" and obj["metadata"]["deletionTimestamp"]
     assert obj["metadata"]["deletionGracePeriodSeconds"] == 0
-    status, _, err, _ = await admin.request(
-        "PATCH", f"{BETA}/fin", body={"metadata": {"finalizers": ["example.com/hold", "new"]}}, content_type="application/merge-patch+json"
+    status, _, _err, _ = await admin.request(
+        "PATCH",
+        f"{BETA}/fin",
+        body={"metadata": {"finalizers": ["example.com/hold", "new"]}},
+        content_type="application/merge-patch+json",
     )
     assert status == 422
     status, _, obj, _ = await admin.request(
-        "PATCH", f"{BETA}/fin", body={"metadata": {"finalizers": None}}, content_type="application/merge-patch+json"
+        "PATCH",
+        f"{BETA}/fin",
+        body={"metadata": {"finalizers": None}},
+        content_type="application/merge-patch+json",
     )
     assert status == 200
     status, _, _, _ = await admin.get(f"{BETA}/fin")
@@ -307,7 +395,7 @@ async def test_delete_preconditions_and_collection(admin: Client) -> None:
     assert status == 409
     assert err["message"] == (
         'Operation cannot be fulfilled on flunders.wardle.example.com "a": Precondition failed: '
-        f'UID in precondition: other, UID in object meta: {a["metadata"]["uid"]}'
+        f"UID in precondition: other, UID in object meta: {a['metadata']['uid']}"
     )
     status, _, body, _ = await admin.request("DELETE", BETA, params={"labelSelector": "team"})
     assert status == 200 and body["kind"] == "FlunderList"
@@ -322,10 +410,12 @@ async def test_delete_preconditions_and_collection(admin: Client) -> None:
 async def test_selectors_and_paging(admin: Client) -> None:
     for i, team in enumerate(["x", "y", "x", "z"]):
         await create(admin, flunder(f"f{i}", labels={"team": team, "n": str(i)}))
+
     async def names(**params: str) -> list[str]:
         status, _, body, raw = await admin.get(BETA, params=params)
         assert status == 200, raw
         return [i["metadata"]["name"] for i in body["items"]]
+
     assert await names(labelSelector="team=x") == ["f0", "f2"]
     assert await names(labelSelector="team!=x") == ["f1", "f3"]
     assert await names(labelSelector="team in (y,z)") == ["f1", "f3"]
@@ -335,13 +425,17 @@ async def test_selectors_and_paging(admin: Client) -> None:
     assert await names(fieldSelector="metadata.name!=f1,metadata.namespace=default") == ["f0", "f2", "f3"]
     status, _, err, _ = await admin.get(BETA, params={"fieldSelector": "spec.x=1"})
     assert status == 400
-    assert err["message"] == '"spec.x" is not a known field selector: only "metadata.name", "metadata.namespace"'
+    assert (
+        err["message"] == '"spec.x" is not a known field selector: only "metadata.name", "metadata.namespace"'
+    )
     status, _, err, _ = await admin.get(BETA, params={"labelSelector": "a b c"})
     assert status == 400
     status, _, page, _ = await admin.get(BETA, params={"limit": "3"})
     assert [i["metadata"]["name"] for i in page["items"]] == ["f0", "f1", "f2"]
     assert page["metadata"]["remainingItemCount"] == 1
-    status, _, page2, _ = await admin.get(BETA, params={"limit": "3", "continue": page["metadata"]["continue"]})
+    status, _, page2, _ = await admin.get(
+        BETA, params={"limit": "3", "continue": page["metadata"]["continue"]}
+    )
     assert [i["metadata"]["name"] for i in page2["items"]] == ["f3"]
     assert "continue" not in page2["metadata"]
     status, _, err, _ = await admin.get(BETA, params={"continue": "garbage"})
@@ -349,13 +443,21 @@ async def test_selectors_and_paging(admin: Client) -> None:
 
 
 async def test_cluster_scoped_fischers_and_ban_flunder_admission(admin: Client) -> None:
-    fischer = {"apiVersion": "wardle.example.com/v1alpha1", "kind": "Fischer", "metadata": {"name": "fred", "namespace": "ignored"}, "disallowedFlunders": ["banned"]}
+    fischer = {
+        "apiVersion": "wardle.example.com/v1alpha1",
+        "kind": "Fischer",
+        "metadata": {"name": "fred", "namespace": "ignored"},
+        "disallowedFlunders": ["banned"],
+    }
     created = await create(admin, fischer, FISCHERS)
     assert "namespace" not in created["metadata"]
     assert list(created) == ["kind", "apiVersion", "metadata", "disallowedFlunders"]
     status, _, err, _ = await admin.request("POST", BETA, body=flunder("banned"))
     assert status == 403
-    assert err["message"] == 'flunders.wardle.example.com "banned" is forbidden: this name may not be used, please change the resource name'
+    assert (
+        err["message"]
+        == 'flunders.wardle.example.com "banned" is forbidden: this name may not be used, please change the resource name'
+    )
     status, _, _, _ = await admin.get(f"{G}/v1alpha1/namespaces/default/fischers")
     assert status == 404
     status, _, _, _ = await admin.get(f"{G}/v1beta1/fischers")
@@ -364,7 +466,9 @@ async def test_cluster_scoped_fischers_and_ban_flunder_admission(admin: Client) 
 
 async def test_yaml_in_and_out_and_dry_run(admin: Client) -> None:
     body = "apiVersion: wardle.example.com/v1beta1\nkind: Flunder\nmetadata:\n  name: y\n"
-    status, headers, _, raw = await admin.request("POST", BETA, body=body, content_type="application/yaml", headers={"Accept": "application/yaml"})
+    status, headers, _, raw = await admin.request(
+        "POST", BETA, body=body, content_type="application/yaml", headers={"Accept": "application/yaml"}
+    )
     assert status == 201 and headers["Content-Type"] == "application/yaml"
     assert raw.startswith(b"kind: Flunder\napiVersion: wardle.example.com/v1beta1\n")
     status, _, obj, _ = await admin.request("POST", BETA, body=flunder("dry"), params={"dryRun": "All"})

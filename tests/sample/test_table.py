@@ -14,7 +14,9 @@ KUBECTL_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;
 async def test_list_as_table_with_partial_metadata_rows(admin: Client) -> None:
     created = await create(admin, flunder("a", {"referenceType": "Fischer", "fischerReference": "fred"}))
     await create(admin, flunder("b"))
-    status, headers, table, _ = await admin.get(BETA, params={"limit": "500"}, headers={"Accept": KUBECTL_ACCEPT})
+    status, headers, table, _ = await admin.get(
+        BETA, params={"limit": "500"}, headers={"Accept": KUBECTL_ACCEPT}
+    )
     assert status == 200
     assert headers["Content-Type"] == "application/json"
     assert list(table) == ["kind", "apiVersion", "metadata", "columnDefinitions", "rows"]
@@ -28,7 +30,11 @@ async def test_list_as_table_with_partial_metadata_rows(admin: Client) -> None:
     ]
     assert list(columns[0]) == ["name", "type", "format", "description", "priority"]
     first, second = table["rows"]
-    assert first["cells"][0] == "a" and first["cells"][1].endswith("s") and first["cells"][2:] == ["Fischer", "fred"]
+    assert (
+        first["cells"][0] == "a"
+        and first["cells"][1].endswith("s")
+        and first["cells"][2:] == ["Fischer", "fred"]
+    )
     assert second["cells"][2:] == [None, None]
     assert first["object"] == {
         "kind": "PartialObjectMetadata",
@@ -39,11 +45,17 @@ async def test_list_as_table_with_partial_metadata_rows(admin: Client) -> None:
 
 async def test_include_object_and_table_versions(admin: Client) -> None:
     await create(admin, flunder("a"))
-    _, _, table, _ = await admin.get(BETA, params={"includeObject": "Object"}, headers={"Accept": KUBECTL_ACCEPT})
+    _, _, table, _ = await admin.get(
+        BETA, params={"includeObject": "Object"}, headers={"Accept": KUBECTL_ACCEPT}
+    )
     assert table["rows"][0]["object"]["kind"] == "Flunder"
-    _, _, table, _ = await admin.get(BETA, params={"includeObject": "None"}, headers={"Accept": KUBECTL_ACCEPT})
+    _, _, table, _ = await admin.get(
+        BETA, params={"includeObject": "None"}, headers={"Accept": KUBECTL_ACCEPT}
+    )
     assert "object" not in table["rows"][0]
-    status, _, err, _ = await admin.get(BETA, params={"includeObject": "All"}, headers={"Accept": KUBECTL_ACCEPT})
+    status, _, err, _ = await admin.get(
+        BETA, params={"includeObject": "All"}, headers={"Accept": KUBECTL_ACCEPT}
+    )
     assert status == 400 and err["message"] == 'unrecognized includeObject value: "All"'
     accept = "application/json;as=Table;v=v1beta1;g=meta.k8s.io"
     _, _, table, _ = await admin.get(f"{BETA}/a", headers={"Accept": accept})
@@ -51,7 +63,9 @@ async def test_include_object_and_table_versions(admin: Client) -> None:
     assert table["rows"][0]["object"]["apiVersion"] == "meta.k8s.io/v1beta1"
     assert table["metadata"]["resourceVersion"] == table["rows"][0]["object"]["metadata"]["resourceVersion"]
     # an unknown transformation is skipped in favour of the next acceptable clause
-    _, _, plain, _ = await admin.get(BETA, headers={"Accept": "application/json;as=Other;v=v1;g=meta.k8s.io, application/json"})
+    _, _, plain, _ = await admin.get(
+        BETA, headers={"Accept": "application/json;as=Other;v=v1;g=meta.k8s.io, application/json"}
+    )
     assert plain["kind"] == "FlunderList"
 
 

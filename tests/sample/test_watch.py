@@ -34,7 +34,9 @@ class Stream:
 
 
 @asynccontextmanager
-async def watch(client: Client, path: str = BETA, headers: dict[str, str] | None = None, **params: str) -> AsyncIterator[Stream]:
+async def watch(
+    client: Client, path: str = BETA, headers: dict[str, str] | None = None, **params: str
+) -> AsyncIterator[Stream]:
     async with client.session.get(
         client.url + path,
         params={"watch": "true", **params},
@@ -54,10 +56,15 @@ async def test_watch_without_resource_version_starts_with_current_state(admin: C
         await create(admin, flunder("b"))
         event = await stream.next()
         assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "b")
-        await admin.request("PATCH", f"{BETA}/b", body={"metadata": {"labels": {"x": "y"}}}, content_type="application/merge-patch+json")
+        await admin.request(
+            "PATCH",
+            f"{BETA}/b",
+            body={"metadata": {"labels": {"x": "y"}}},
+            content_type="application/merge-patch+json",
+        )
         event = await stream.next()
         assert event["type"] == "MODIFIED" and event["object"]["metadata"]["labels"] == {"x": "y"}
-        status, _, _, _ = await admin.request("DELETE", f"{BETA}/b")
+        _status, _, _, _ = await admin.request("DELETE", f"{BETA}/b")
         event = await stream.next()
         assert (event["type"], event["object"]["metadata"]["name"]) == ("DELETED", "b")
 
@@ -72,8 +79,14 @@ async def test_watch_resumes_after_a_resource_version(admin: Client) -> None:
 
 
 async def test_watch_in_other_version_and_other_namespace(admin: Client) -> None:
-    async with watch(admin, "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders", resourceVersion="1") as stream:
-        await create(admin, flunder("other", namespace="elsewhere"), "/apis/wardle.example.com/v1beta1/namespaces/elsewhere/flunders")
+    async with watch(
+        admin, "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders", resourceVersion="1"
+    ) as stream:
+        await create(
+            admin,
+            flunder("other", namespace="elsewhere"),
+            "/apis/wardle.example.com/v1beta1/namespaces/elsewhere/flunders",
+        )
         await create(admin, flunder("a", {"referenceType": "Flunder", "flunderReference": "x"}))
         event = await stream.next()
         assert event["object"]["apiVersion"] == "wardle.example.com/v1alpha1"
@@ -120,12 +133,16 @@ async def test_bookmarks_when_allowed(admin: Client, sample: SampleServer) -> No
 
 async def test_send_initial_events_ends_with_annotated_bookmark(admin: Client) -> None:
     await create(admin, flunder("a"))
-    async with watch(admin, sendInitialEvents="true", allowWatchBookmarks="true", resourceVersionMatch="NotOlderThan") as stream:
+    async with watch(
+        admin, sendInitialEvents="true", allowWatchBookmarks="true", resourceVersionMatch="NotOlderThan"
+    ) as stream:
         assert (await stream.next())["type"] == "ADDED"
         bookmark = await stream.next()
         assert bookmark["type"] == "BOOKMARK"
         assert bookmark["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
-    status, _, err, _ = await admin.get(BETA, params={"watch": "true", "sendInitialEvents": "true", "allowWatchBookmarks": "true"})
+    status, _, err, _ = await admin.get(
+        BETA, params={"watch": "true", "sendInitialEvents": "true", "allowWatchBookmarks": "true"}
+    )
     assert status == 422
     assert err["message"] == (
         'ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: Forbidden: sendInitialEvents requires '
@@ -133,7 +150,9 @@ async def test_send_initial_events_ends_with_annotated_bookmark(admin: Client) -
     )
 
 
-async def test_too_old_resource_version_gets_410_error_event(start_sample: Any, make_client: MakeClient) -> None:
+async def test_too_old_resource_version_gets_410_error_event(
+    start_sample: Any, make_client: MakeClient
+) -> None:
     server = await start_sample(watch_history=3)
     client = make_client(server)
     for i in range(6):
@@ -161,7 +180,12 @@ async def test_table_watch_sends_headers_once(admin: Client) -> None:
     async with watch(admin, headers={"Accept": TABLE}) as stream:
         first = await stream.next()
         assert first["object"]["kind"] == "Table"
-        assert [c["name"] for c in first["object"]["columnDefinitions"]] == ["Name", "Age", "Reference Type", "Reference"]
+        assert [c["name"] for c in first["object"]["columnDefinitions"]] == [
+            "Name",
+            "Age",
+            "Reference Type",
+            "Reference",
+        ]
         assert first["object"]["rows"][0]["cells"][0] == "a"
         await create(admin, flunder("b"))
         second = await stream.next()
@@ -170,7 +194,9 @@ async def test_table_watch_sends_headers_once(admin: Client) -> None:
         assert second["object"]["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
 
 
-async def test_watch_timeout_and_server_stop_end_the_stream(start_sample: Any, make_client: MakeClient) -> None:
+async def test_watch_timeout_and_server_stop_end_the_stream(
+    start_sample: Any, make_client: MakeClient
+) -> None:
     server = await start_sample()
     client = make_client(server)
     async with watch(client, timeoutSeconds="1") as stream:

@@ -1,0 +1,103 @@
+"""`python -m aggregator.sample` as a human runs it: flags, a real request, clean exit on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from tests.support.pki import PKI
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_module_serves_until_sigterm(pki: PKI, tmp_path: Path) -> None:
+    port = _free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "aggregator.sample",
+        "--bind-address",
+        "127.0.0.1",
+        "--secure-port",
+        str(port),
+        "--tls-cert-file",
+        pki.path("serving.crt"),
+        "--tls-private-key-file",
+        pki.path("serving.key"),
+        "--requestheader-client-ca-file",
+        pki.path("front-proxy-ca.crt"),
+        "--requestheader-allowed-names",
+        "front-proxy-client",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(100):
+                try:
+                    async with session.get(
+                        f"https://127.0.0.1:{port}/apis/wardle.example.com/v1beta1/namespaces/default/flunders",
+                        headers={"X-Remote-User": "admin", "X-Remote-Group": "system:masters"},
+                        ssl=pki.client_context("front-proxy-client"),
+                    ) as response:
+                        assert response.status == 200
+                        assert (await response.json())["kind"] == "FlunderList"
+                        break
+                except aiohttp.ClientConnectorError:
+                    await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the sample server did not start")
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 10) == 0
+        assert process.stdout is not None
+        output = (await process.stdout.read()).decode()
+        assert "sample API server serving" in output
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_missing_front_proxy_ca_is_a_clear_error() -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "aggregator.sample",
+        "--secure-port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 2
+    assert b"--requestheader-client-ca-file: required" in err
+
+
+async def test_unreadable_certificate_is_a_clear_error(pki: PKI, tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "aggregator.sample",
+        "--secure-port",
+        "0",
+        "--tls-cert-file",
+        str(tmp_path / "missing.crt"),
+        "--tls-private-key-file",
+        str(tmp_path / "missing.key"),
+        "--requestheader-client-ca-file",
+        pki.path("front-proxy-ca.crt"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 1
+    assert b"missing.crt" in err

@@ -1,0 +1,151 @@
+"""Pure pieces: selectors, patches, Accept negotiation, conversion and request info."""
+
+from __future__ import annotations
+
+import pytest
+
+from aggregator.sample.api import FLUNDERS
+from aggregator.sample.negotiation import negotiate, parse_accept
+from aggregator.sample.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from aggregator.sample.requestinfo import request_info
+from aggregator.sample.selectors import SelectorError, parse_field_selector, parse_label_selector
+
+
+def test_label_selector_parsing() -> None:
+    reqs = parse_label_selector("a=1,b!=2, c in (x, y),d notin (z),e,!f")
+    assert [(r.key, r.operator, r.values) for r in reqs] == [
+        ("a", "=", ("1",)),
+        ("b", "!=", ("2",)),
+        ("c", "in", ("x", "y")),
+        ("d", "notin", ("z",)),
+        ("e", "exists", ()),
+        ("f", "!", ()),
+    ]
+    assert parse_label_selector("") == []
+    with pytest.raises(SelectorError):
+        parse_label_selector("a in ()")
+    with pytest.raises(SelectorError):
+        parse_label_selector("a==b==c")
+
+
+def test_field_selector_parsing() -> None:
+    assert parse_field_selector("metadata.name==x,metadata.namespace!=y") == [
+        ("metadata.name", "=", "x"),
+        ("metadata.namespace", "!=", "y"),
+    ]
+    with pytest.raises(SelectorError, match="not a known field selector"):
+        parse_field_selector("status.phase=Running")
+
+
+def test_merge_and_strategic_patches() -> None:
+    target = {"a": {"b": 1, "c": 2}, "l": [1, 2]}
+    assert merge_patch(target, {"a": {"b": None, "d": 3}, "l": [3]}) == {"a": {"c": 2, "d": 3}, "l": [3]}
+    assert strategic_merge_patch(target, {"a": {"$patch": "replace", "x": 1}}) == {"a": {"x": 1}, "l": [1, 2]}
+    assert strategic_merge_patch(target, {"a": {"$patch": "delete"}}) == {"l": [1, 2]}
+    assert strategic_merge_patch(target, {"$setElementOrder/l": [1], "a": {"b": 5}})["a"] == {"b": 5, "c": 2}
+    with pytest.raises(PatchError):
+        strategic_merge_patch(target, {"$patch": "explode"})
+
+
+def test_json_patch_operations_and_errors() -> None:
+    doc = {"a": {"b": [1, 2]}, "c": "x"}
+    patched = json_patch(
+        doc,
+        [
+            {"op": "add", "path": "/a/b/-", "value": 3},
+            {"op": "add", "path": "/a/b/0", "value": 0},
+            {"op": "remove", "path": "/c"},
+            {"op": "copy", "from": "/a/b", "path": "/d"},
+            {"op": "move", "from": "/d", "path": "/e"},
+            {"op": "replace", "path": "/a/b/1", "value": 9},
+            {"op": "test", "path": "/e/3", "value": 3},
+            {"op": "add", "path": "/k~1v", "value": True},
+        ],
+    )
+    assert patched == {"a": {"b": [0, 9, 2, 3]}, "e": [0, 1, 2, 3], "k/v": True}
+    assert doc == {"a": {"b": [1, 2]}, "c": "x"}  # the input is not modified
+    for ops in (
+        [{"op": "remove", "path": "/nope"}],
+        [{"op": "replace", "path": "/a/x", "value": 1}],
+        [{"op": "add", "path": "/a/b/7", "value": 1}],
+        [{"op": "frobnicate", "path": "/a"}],
+    ):
+        with pytest.raises(PatchError):
+            json_patch(doc, ops)
+    with pytest.raises(PatchError) as err:
+        json_patch(doc, {"op": "add"})
+    assert err.value.code == 400
+
+
+def test_accept_parsing_follows_goautoneg() -> None:
+    clauses = parse_accept("text/*, application/json;q=0.9, */*;q=0.1")
+    assert [c.media_type for c in clauses] == ["application/json", "text/*", "*/*"]  # goautoneg's quirk
+    assert parse_accept("application/json;q=0.9")[0].q == pytest.approx(0.9, abs=1e-6)
+    table = frozenset({("meta.k8s.io", "v1", "Table")})
+    chosen = negotiate(
+        "application/json;as=Table;v=v1;g=meta.k8s.io, application/json", ("application/json",), table
+    )
+    assert chosen is not None and chosen.convert == ("meta.k8s.io", "v1", "Table")
+    chosen = negotiate(
+        "application/json;as=Table;v=v2;g=meta.k8s.io, application/json", ("application/json",), table
+    )
+    assert chosen is not None and chosen.convert is None
+    assert negotiate("application/json;stream=other", ("application/json",)) is None
+    assert negotiate("", ("application/json",)) is not None
+    assert negotiate("*/*", ("application/json", "application/yaml")).media_type == "application/json"  # type: ignore[union-attr]
+
+
+def test_conversion_drops_unknown_reference_types_like_upstream() -> None:
+    internal = FLUNDERS.from_version(
+        {"metadata": {}, "spec": {"reference": "x", "referenceType": "Other"}}, "v1alpha1"
+    )
+    assert internal["spec"] == {}
+    internal = FLUNDERS.from_version({"metadata": {}, "spec": {"reference": "x"}}, "v1alpha1")
+    assert internal["spec"] == {"referenceType": "Flunder", "flunderReference": "x"}
+    assert FLUNDERS.to_version(internal, "v1beta1")["spec"] == {
+        "flunderReference": "x",
+        "referenceType": "Flunder",
+    }
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "watch", "expected"),
+    [
+        (
+            "GET",
+            "/apis/wardle.example.com/v1beta1/namespaces/ns/flunders",
+            "",
+            ("list", "ns", "flunders", ""),
+        ),
+        (
+            "GET",
+            "/apis/wardle.example.com/v1beta1/namespaces/ns/flunders",
+            "true",
+            ("watch", "ns", "flunders", ""),
+        ),
+        (
+            "GET",
+            "/apis/wardle.example.com/v1beta1/watch/namespaces/ns/flunders/x",
+            "",
+            ("watch", "ns", "flunders", "x"),
+        ),
+        (
+            "DELETE",
+            "/apis/wardle.example.com/v1alpha1/fischers",
+            "",
+            ("deletecollection", "", "fischers", ""),
+        ),
+        ("PUT", "/apis/wardle.example.com/v1alpha1/fischers/f", "", ("update", "", "fischers", "f")),
+        ("GET", "/apis/wardle.example.com/v1alpha1/namespaces/ns", "", ("get", "ns", "namespaces", "ns")),
+    ],
+)
+def test_request_info(method: str, path: str, watch: str, expected: tuple[str, str, str, str]) -> None:
+    info = request_info(method, path, watch)
+    assert info.resource_request
+    assert (info.verb, info.namespace, info.resource, info.name) == expected
+
+
+def test_non_resource_request_info() -> None:
+    for path in ("/apis", "/apis/wardle.example.com", "/apis/wardle.example.com/v1beta1", "/openapi/v3"):
+        info = request_info("GET", path, "")
+        assert not info.resource_request and info.verb == "get"

@@ -659,8 +659,7 @@ class ResourceHandlers:
         if dry_run:
             return internal, 200
         if old_meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            self.store.update(resource.plural, internal)
-            return self.store.delete(resource.plural, info.namespace, info.name), 200
+            return self.store.delete(resource.plural, info.namespace, info.name, internal), 200
         return self.store.update(resource.plural, internal), 200
 
     async def patch(

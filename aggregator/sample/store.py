@@ -138,9 +138,11 @@ class ObjectStore:
         old = self._objects[self._key(resource, obj)]
         return self._commit("MODIFIED", resource, copy.deepcopy(obj), old)
 
-    def delete(self, resource: str, namespace: str, name: str) -> JSON:
+    def delete(self, resource: str, namespace: str, name: str, final: JSON | None = None) -> JSON:
+        """Remove the object; `final` is its last state when an update completes a deletion
+        (the last finalizer removed), which watchers then see as the DELETED object."""
         current = self._objects[(resource, namespace, name)]
-        return self._commit("DELETED", resource, current, current)
+        return self._commit("DELETED", resource, final if final is not None else current, current)
 
     # --- watch -----------------------------------------------------------------------------------
 

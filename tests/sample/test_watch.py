@@ -206,3 +206,20 @@ async def test_watch_timeout_and_server_stop_end_the_stream(
         await server.stop()
         line = await asyncio.wait_for(stream.response.content.readline(), 5)
         assert line == b""
+
+
+async def test_removing_the_last_finalizer_deletes_with_one_event(admin: Client) -> None:
+    created = await create(admin, flunder("fin", finalizers=["example.com/hold"]))
+    async with watch(admin, resourceVersion=created["metadata"]["resourceVersion"]) as stream:
+        await admin.request("DELETE", f"{BETA}/fin")
+        marked = await stream.next()
+        assert marked["type"] == "MODIFIED" and marked["object"]["metadata"]["deletionTimestamp"]
+        await admin.request(
+            "PATCH",
+            f"{BETA}/fin",
+            body={"metadata": {"finalizers": None}},
+            content_type="application/merge-patch+json",
+        )
+        gone = await stream.next()
+        assert gone["type"] == "DELETED" and "finalizers" not in gone["object"]["metadata"]
+        assert await stream.quiet()

@@ -1,0 +1,72 @@
+"""What registers the sample server with a gateway in local mode: APIServices, Service, EndpointSlice.
+
+The demo (and tests) write these into the `--apiservices-dir` folder so the gateway routes
+wardle.example.com to a sample server listening on this machine. The gateway verifies the sample's
+serving certificate against `ca_bundle` with the server name `<service>.<namespace>.svc`, so that
+name must be in the certificate.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from aggregator.sample.api import GROUP
+
+# Upstream sample-apiserver's registration: group priority 1000; v1beta1 above v1alpha1.
+GROUP_PRIORITY_MINIMUM = 1000
+VERSION_PRIORITIES = {"v1beta1": 15, "v1alpha1": 9}
+
+
+def local_manifests(
+    ca_bundle: bytes,
+    port: int,
+    *,
+    address: str = "127.0.0.1",
+    namespace: str = "wardle",
+    service: str = "api",
+) -> list[dict[str, Any]]:
+    """Both APIServices, a Service (port 443) and an EndpointSlice pointing at `address:port`."""
+    docs: list[dict[str, Any]] = []
+    for version, priority in VERSION_PRIORITIES.items():
+        docs.append(
+            {
+                "apiVersion": "apiregistration.k8s.io/v1",
+                "kind": "APIService",
+                "metadata": {"name": f"{version}.{GROUP}"},
+                "spec": {
+                    "group": GROUP,
+                    "version": version,
+                    "groupPriorityMinimum": GROUP_PRIORITY_MINIMUM,
+                    "versionPriority": priority,
+                    "service": {"namespace": namespace, "name": service, "port": 443},
+                    "caBundle": base64.b64encode(ca_bundle).decode(),
+                },
+            }
+        )
+    docs.append(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"namespace": namespace, "name": service},
+            "spec": {
+                "clusterIP": address,
+                "ports": [{"name": "https", "port": 443, "targetPort": port, "protocol": "TCP"}],
+            },
+        }
+    )
+    docs.append(
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "namespace": namespace,
+                "name": f"{service}-local",
+                "labels": {"kubernetes.io/service-name": service},
+            },
+            "addressType": "IPv6" if ":" in address else "IPv4",
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+        }
+    )
+    return docs

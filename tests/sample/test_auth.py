@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,55 @@ async def test_front_proxy_ca_file_is_reloaded(
     ca_file.write_bytes(other.cert_pem)
     server.api.front_proxy_ca.reload()
     assert (await client.get(FLUNDERS))[0] == 401
+
+
+class _Transport:
+    def __init__(self, der: bytes) -> None:
+        self.der = der
+
+    def get_extra_info(self, name: str) -> object:
+        return _SSLObject(self.der) if name == "ssl_object" else None
+
+
+class _SSLObject(ssl.SSLObject):
+    def __init__(self, der: bytes) -> None:  # no real TLS state needed for this check
+        self.der = der
+
+    def getpeercert(self, binary_form: bool = False) -> Any:
+        return self.der
+
+
+def test_identity_from_headers_follows_requestheader_rules(pki: PKI) -> None:
+    """Groups from every group header value, extras unescaped and lower-cased, system:authenticated added."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    from aggregator.sample.auth import FrontProxyAuthenticator
+    from aggregator.tls.verify import CAFile
+
+    der = x509.load_pem_x509_certificate(Path(pki.path("front-proxy-client.crt")).read_bytes()).public_bytes(
+        Encoding.DER
+    )
+    headers = CIMultiDict(
+        [
+            ("X-Remote-User", "alice"),
+            ("X-Remote-Group", "devs"),
+            ("X-Remote-Group", ""),
+            ("X-Remote-Group", "ops"),
+            ("X-Remote-Extra-Scopes", "a"),
+            ("x-remote-extra-scopes", "b"),
+            ("X-Remote-Extra-Example.com%2Fteam", "blue"),
+        ]
+    )
+
+    class Request:
+        transport = _Transport(der)
+
+    request: Any = Request()
+    request.headers = CIMultiDictProxy(headers)
+    authenticator = FrontProxyAuthenticator(CAFile(pki.path("front-proxy-ca.crt")), ["front-proxy-client"])
+    user = authenticator.authenticate(request)
+    assert user.name == "alice"
+    assert user.groups == ("devs", "ops", "system:authenticated")
+    assert dict(user.extra) == {"scopes": ("a", "b"), "example.com/team": ("blue",)}

@@ -65,6 +65,8 @@ class TokenReviewAuthenticator:
         self.metrics = metrics
         self.audiences = audiences
         self._hmac_key = os.urandom(32)
+        self._hits = metrics.authn_cache.labels("hit")
+        self._misses = metrics.authn_cache.labels("miss")
         self._cache: CoalescingCache[bytes, TokenVerdict] = CoalescingCache(
             ttl_for=lambda _verdict: ttl, maxsize=maxsize, timer=timer
         )
@@ -89,10 +91,10 @@ class TokenReviewAuthenticator:
         key = self.cache_key(token)
         cached = self._cache.get(key)
         if cached is not MISSING:
-            self.metrics.authn_cache.labels("hit").inc()
+            self._hits.inc()
             assert isinstance(cached, TokenVerdict)
             return cached.user
-        self.metrics.authn_cache.labels("miss").inc()
+        self._misses.inc()
         return self._authenticate(key, token)
 
     async def _authenticate(self, key: bytes, token: str) -> UserInfo | None:

@@ -93,6 +93,13 @@ class Metrics:
             ["name"],
             registry=r,
         )
+        self.upgrade_rejected = Counter(
+            "aggregator_upgrade_rejected",
+            "Protocol upgrades not tunnelled, by reason (path: never on discovery/health/metrics; "
+            "protocol: not SPDY/3.1 or websocket; non101: the backend did not switch protocols).",
+            ["reason"],
+            registry=r,
+        )
         # discovery
         self.discovery_fetches = Counter(
             "aggregator_discovery_fetches",

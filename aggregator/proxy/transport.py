@@ -51,6 +51,8 @@ DEFAULT_LIMIT_PER_HOST = 512
 # Headers aiohttp would invent; a proxy passes the client's own (or none).
 SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 SESSION_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
+# Upstream bounds proxied discovery requests (`/apis/<g>/<v>`) to 5 s; nothing else has a total limit.
+DISCOVERY_TIMEOUT = aiohttp.ClientTimeout(total=5.0, sock_connect=CONNECT_TIMEOUT)
 INVALID_CA = "unable to load root certificates: unable to parse bytes as PEM block"
 
 
@@ -263,6 +265,7 @@ class Backends:
         self.store = store
         self.metrics = metrics
         self.limit_per_host = limit_per_host
+        self.discovery_timeout = DISCOVERY_TIMEOUT
         self.resolver = Resolver(
             store,
             endpoint_routing=options.enable_aggregator_routing,

@@ -245,3 +245,76 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.02)
+
+
+Respond = Callable[["RawBackend", asyncio.StreamReader, asyncio.StreamWriter, Received], Awaitable[None]]
+
+
+def parse_request_head(head: bytes) -> tuple[str, str, list[tuple[str, str]]]:
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _version = lines[0].split(" ", 2)
+    headers = []
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers.append((name.strip(), value.strip()))
+    return method, target, headers
+
+
+@dataclass
+class RawBackend:
+    """A TLS server speaking raw HTTP/1.1, for upgrades: `respond` decides what each request gets.
+
+    It keeps reading request heads on a connection until the peer closes it, so a test can tell
+    whether a second request ever arrived on a connection that should have been dropped.
+    """
+
+    cert_file: str
+    key_file: str
+    front_proxy_ca_file: str
+    respond: Respond
+    received: list[Received] = field(default_factory=list)
+    connections: int = 0
+    # Connections that carried an upgrade request (the gateway's discovery calls are not counted).
+    upgrade_connections: set[int] = field(default_factory=set)
+    port: int = 0
+    _server: asyncio.Server | None = None
+
+    def seen_by(self, user: str) -> list[Received]:
+        return [r for r in self.received if user in r.all("X-Remote-User")]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        peer = writer.get_extra_info("peercert") or {}
+        cn = next((v for rdn in peer.get("subject", ()) for k, v in rdn if k == "commonName"), "")
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+                    return
+                method, target, headers = parse_request_head(head)
+                received = Received(method, target, headers, cn)
+                self.received.append(received)
+                if received.one("Upgrade") is None:
+                    # The gateway's own discovery calls: not what these tests are about.
+                    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                    continue
+                self.upgrade_connections.add(id(writer))
+                await self.respond(self, reader, writer, received)
+        finally:
+            writer.close()
+
+    async def start(self) -> int:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.cert_file, self.key_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(self.front_proxy_ca_file)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=ctx)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None

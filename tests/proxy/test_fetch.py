@@ -140,14 +140,17 @@ async def test_fetch_timeout(start_proxied: StartProxied) -> None:
 
     proxied = await start_proxied()
 
+    release = asyncio.Event()
+
     async def slow(_request: web.Request) -> web.StreamResponse:
-        await asyncio.sleep(5)
+        await release.wait()
         return web.Response(text="late")
 
     proxied.backend.routes[PREFIX] = slow
     gateway = proxied.server.gateway
     with pytest.raises(BackendError) as info:
         await gateway.backends.fetch(registered(gateway.store), PREFIX, headers={}, user=ALICE, timeout=0.3)
+    release.set()
     assert info.value.hop is Hop.TIMEOUT
     assert info.value.cause == "context deadline exceeded"
 

@@ -1,0 +1,298 @@
+"""Protocol upgrades (exec, attach, port-forward): SPDY/3.1 and WebSocket, tunnelled raw.
+
+The request has been authenticated (and authorized) like any other by the time it gets here. The
+gateway dials the backend itself (same TLS context and pinned address as ordinary requests),
+sends the upgrade request with the caller's identity set on it and every spoofed identity header
+removed, and reads the backend's answer:
+
+- `101`: relay it verbatim and splice bytes both ways until either side closes;
+- `>= 400`: relay the backend's answer, then close the client connection;
+- anything else: 503 `invalid upgrade response: status code N`, then close.
+
+The backend connection is never pooled and never reused, and the client connection is closed
+whenever no tunnel was established, so bytes a client pipelines behind a refused upgrade are
+never read as a second request (CVE-2018-1002105). Only `SPDY/3.1` and `websocket` are accepted
+as protocols; other `Upgrade` values (h2c, tcp...) are refused with a 400 before anything is
+dialed, and upgrades on paths that never serve them (discovery, health, metrics) are refused by
+`refuse_upgrades` before they reach a handler.
+
+The splice uses aiohttp's `RequestHandler.set_parser` (the hook `WebSocketResponse` uses) to
+receive the client's raw bytes; aiohttp's minor version is pinned for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from aggregator.logs import fields
+from aggregator.metrics import Metrics
+from aggregator.model.userinfo import UserInfo
+from aggregator.proxy.errors import classify, tls_alert_error
+from aggregator.proxy.headers import request_headers, response_headers
+from aggregator.proxy.resolver import Target
+from aggregator.proxy.transport import CONNECT_TIMEOUT, Backend, Backends
+from aggregator.responses import status_response
+from aggregator.routing import Route
+
+log = logging.getLogger(__name__)
+
+ALLOWED_PROTOCOLS = ("spdy/3.1", "websocket")
+# How long a backend may take to answer the upgrade request (exec first reaches a kubelet).
+RESPONSE_HEAD_TIMEOUT = 60.0
+# A refused upgrade's body is relayed within these limits, then the connection is closed.
+ERROR_BODY_LIMIT = 1 << 20
+ERROR_RELAY_TIMEOUT = 10.0
+_HIGH_WATER = 1 << 20
+_CHUNK = 1 << 16
+
+
+def is_upgrade_request(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> bool:
+    """Upstream's `IsUpgradeRequest`: some `Connection` header mentions `upgrade`."""
+    return any("upgrade" in value.lower() for value in headers.getall("Connection", ()))
+
+
+def upgrade_refusal(request: web.Request) -> str | None:
+    """Why this upgrade is not tunnelled (a 400), or None when the protocol is acceptable."""
+    protocols = [p.strip() for v in request.headers.getall("Upgrade", ()) for p in v.split(",") if p.strip()]
+    if not protocols:
+        return "the request asks for a protocol upgrade but names no protocol in Upgrade"
+    for protocol in protocols:
+        if protocol.lower() not in ALLOWED_PROTOCOLS:
+            return f'upgrade to "{protocol}" is not supported: only SPDY/3.1 and websocket are tunnelled'
+    return None
+
+
+def upgrade_gate(metrics: Metrics) -> Any:
+    """A pipeline gate: upgrade requests on routes that never serve them get a 400 (k/k#72113)."""
+
+    async def refuse_upgrades(request: web.Request, route: Route) -> web.StreamResponse | None:
+        if route.upgradable or not is_upgrade_request(request.headers):
+            return None
+        metrics.upgrade_rejected.labels("path").inc()
+        response = status_response(
+            request,
+            400,
+            f'upgrade requests are not allowed on path "{request.path}": only resource paths of '
+            "aggregated APIs tunnel upgrades",
+        )
+        response.force_close()
+        return response
+
+    return refuse_upgrades
+
+
+def _parse_head(head: bytes) -> tuple[int, str, list[tuple[str, str]]]:
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ValueError(f"malformed HTTP response {lines[0][:80]!r}")
+    headers = []
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise ValueError(f"malformed header line {line[:80]!r}")
+        headers.append((name.strip(), value.strip()))
+    return int(parts[1]), parts[2] if len(parts) > 2 else "", headers
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[str, str]]) -> bytes:
+    """A refused upgrade's body (Content-Length, chunked, or until EOF), at most ERROR_BODY_LIMIT."""
+    values = CIMultiDict(headers)
+    if "chunked" in values.get("Transfer-Encoding", "").lower():
+        out = bytearray()
+        while len(out) < ERROR_BODY_LIMIT:
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                break
+            out += await reader.readexactly(size)
+            await reader.readexactly(2)
+        return bytes(out[:ERROR_BODY_LIMIT])
+    length = values.get("Content-Length")
+    if length is not None and length.isdigit():
+        return await reader.readexactly(min(int(length), ERROR_BODY_LIMIT))
+    return await reader.read(ERROR_BODY_LIMIT)
+
+
+class _ClientBytes:
+    """Stands in for aiohttp's payload parser: every client byte goes to the backend as is."""
+
+    def __init__(self, writer: asyncio.StreamWriter, client: asyncio.Transport, done: asyncio.Future[None]):
+        self._writer = writer
+        self._client = client
+        self._done = done
+        self._paused = False
+
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        self._writer.write(data)
+        transport = self._writer.transport
+        if not self._paused and transport.get_write_buffer_size() > _HIGH_WATER:
+            # The backend reads slower than the client writes: stop reading the client until it drains.
+            self._paused = True
+            self._client.pause_reading()
+            asyncio.get_running_loop().create_task(self._resume_when_drained())
+        return False, b""
+
+    async def _resume_when_drained(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._writer.drain()
+        self._paused = False
+        with contextlib.suppress(Exception):
+            self._client.resume_reading()
+
+    def feed_eof(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
+
+
+class UpgradeTunnel:
+    def __init__(self, backends: Backends, metrics: Metrics) -> None:
+        self.backends = backends
+        self.metrics = metrics
+
+    async def serve(
+        self, request: web.Request, name: str, backend: Backend, target: Target, user: UserInfo
+    ) -> web.StreamResponse:
+        protocol = request.headers.get("Upgrade", "")
+        headers = request_headers(
+            request.headers.items(),
+            user,
+            self.backends.policy,
+            authority=target.authority,
+            client_ip=request.remote,
+            upgrade=protocol,
+        )
+        raw_path = request.raw_path if request.raw_path.startswith("/") else request.rel_url.raw_path_qs
+        head = f"{request.method} {raw_path} HTTP/1.1\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in headers.items()
+        )
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                reader, writer = await asyncio.open_connection(
+                    target.ip,
+                    target.port,
+                    ssl=backend.context,
+                    server_hostname=target.server_name,
+                    limit=_CHUNK,
+                )
+        except ssl.SSLCertVerificationError as err:
+            cause = await backend.explain_tls(target, err)
+            return self._error(request, name, cause, "tls")
+        except ssl.SSLError as err:
+            return self._error(request, name, tls_alert_error(err), "tls")
+        except (OSError, TimeoutError) as err:
+            hop, cause = classify(err, target.authority)
+            return self._error(request, name, cause, hop.value)
+        try:
+            writer.write(head.encode("latin-1") + b"\r\n")
+            async with asyncio.timeout(RESPONSE_HEAD_TIMEOUT):
+                response_head = await reader.readuntil(b"\r\n\r\n")
+            status, reason, response_fields = _parse_head(response_head)
+            if status != 101:
+                return await self._refused(request, name, status, reason, response_fields, reader)
+            return await self._splice(request, response_head, reader, writer)
+        except (
+            OSError,
+            TimeoutError,
+            ValueError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+        ) as err:
+            hop, cause = classify(err, target.authority)
+            if isinstance(err, asyncio.IncompleteReadError):
+                cause = "EOF"
+            elif isinstance(err, ValueError | asyncio.LimitOverrunError):
+                cause = str(err)
+            return self._error(request, name, cause, hop.value)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _refused(
+        self,
+        request: web.Request,
+        name: str,
+        status: int,
+        reason: str,
+        fields_: list[tuple[str, str]],
+        reader: asyncio.StreamReader,
+    ) -> web.StreamResponse:
+        self.metrics.upgrade_rejected.labels("non101").inc()
+        log.info(
+            "backend refused a protocol upgrade",
+            extra=fields(apiservice=name, status=status, method=request.method, path=request.path),
+        )
+        if status < 400:
+            response = status_response(request, 503, f"invalid upgrade response: status code {status}")
+            response.force_close()
+            return response
+        try:
+            async with asyncio.timeout(ERROR_RELAY_TIMEOUT):
+                body = await _read_body(reader, fields_)
+        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            body = b""
+        headers = response_headers(fields_)
+        headers.popall("Content-Length", None)
+        relayed = web.Response(status=status, reason=reason or None, body=body, headers=headers)
+        relayed.force_close()
+        return relayed
+
+    async def _splice(
+        self,
+        request: web.Request,
+        response_head: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> web.StreamResponse:
+        transport = request.transport
+        protocol: Any = request.protocol
+        if transport is None or transport.is_closing():
+            return web.Response(status=101)
+        loop = asyncio.get_running_loop()
+        client_done: asyncio.Future[None] = loop.create_future()
+        # Take the client's bytes before it can send any: it waits for the 101 first.
+        protocol.set_parser(_ClientBytes(writer, transport, client_done))
+        transport.write(response_head)
+        pump = loop.create_task(self._backend_to_client(reader, transport, protocol))
+        try:
+            await asyncio.wait({pump, client_done}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pump
+            transport.close()
+        # Never written: the connection belongs to the tunnel and is closed.
+        return web.Response(status=101)
+
+    @staticmethod
+    async def _backend_to_client(
+        reader: asyncio.StreamReader, transport: asyncio.Transport, protocol: Any
+    ) -> None:
+        while True:
+            data = await reader.read(_CHUNK)
+            if not data or transport.is_closing():
+                return
+            transport.write(data)
+            if protocol.writing_paused:
+                await protocol._drain_helper()
+
+    def _error(self, request: web.Request, name: str, cause: str, kind: str) -> web.Response:
+        """Upstream's upgrade responder: 503 with the error itself (no `error trying to reach service`)."""
+        self.metrics.backend_errors.labels(name, kind).inc()
+        log.warning(
+            "cannot open an upgraded connection to the backend",
+            extra=fields(apiservice=name, hop=kind, path=request.path, reason=cause),
+        )
+        response = status_response(request, 503, cause)
+        response.force_close()
+        return response

@@ -1,0 +1,209 @@
+"""The header rules, property-tested: nothing that can carry identity crosses the gateway unchanged."""
+
+from __future__ import annotations
+
+import string
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aggregator.auth.requestheader import path_unescape
+from aggregator.model.userinfo import UserInfo
+from aggregator.proxy.headers import (
+    HOP_BY_HOP,
+    IdentityHeaderPolicy,
+    canonical_header_key,
+    forwarded_uri,
+    go_path_clean,
+    header_key_escape,
+    identity_headers,
+    request_headers,
+    response_headers,
+)
+
+TOKEN = string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~"
+token = st.text(TOKEN, min_size=1, max_size=20)
+value = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30)
+IDENTITY = ["Authorization", "X-Remote-User", "X-Remote-Uid", "X-Remote-Group"]
+IDENTITY_PREFIXES = ["X-Remote-Extra-", "Impersonate-"]
+
+
+@st.composite
+def any_case(draw: st.DrawFn, name: str) -> str:
+    flips = draw(st.lists(st.booleans(), min_size=len(name), max_size=len(name)))
+    return "".join(c.swapcase() if f else c for c, f in zip(name, flips, strict=True))
+
+
+@st.composite
+def identity_name(draw: st.DrawFn, custom: tuple[list[str], list[str]]) -> str:
+    names, prefixes = custom
+    if draw(st.booleans()):
+        return draw(any_case(draw(st.sampled_from(IDENTITY + names))))
+    prefix = draw(st.sampled_from(IDENTITY_PREFIXES + prefixes))
+    return draw(any_case(prefix)) + draw(token)
+
+
+custom_config = st.tuples(
+    st.lists(token.map(lambda t: "X-" + t), max_size=3),
+    st.lists(token.map(lambda t: "X-" + t + "-"), max_size=2),
+)
+users = st.builds(
+    UserInfo,
+    name=value,
+    uid=value,
+    groups=st.lists(value, max_size=4).map(tuple),
+    extra=st.dictionaries(
+        st.text(min_size=1, max_size=12), st.lists(value, max_size=2).map(tuple), max_size=3
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), custom=custom_config, user=users)
+def test_inbound_identity_never_survives(
+    data: st.DataObject, custom: tuple[list[str], list[str]], user: UserInfo
+) -> None:
+    names, prefixes = custom
+    policy = IdentityHeaderPolicy.build(username_headers=names, extra_prefixes=prefixes)
+    spoofed = data.draw(st.lists(st.tuples(identity_name(custom), st.just("SPOOF")), min_size=1, max_size=30))
+    ordinary = data.draw(st.lists(st.tuples(token.map(lambda t: "Y-" + t), value), max_size=10))
+    inbound = data.draw(st.permutations(spoofed + ordinary))
+    out = request_headers(inbound, user, policy, authority="10.0.0.5:443")
+    assert "SPOOF" not in out.values()
+    # What the backend is told is exactly the authenticated user.
+    asserted = [(k, v) for k, v in out.items() if policy.is_identity(k)]
+    assert asserted == identity_headers(user, policy)
+    for name, val in ordinary:
+        if name.lower() not in HOP_BY_HOP:
+            assert val in out.getall(name)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    inbound=st.lists(st.tuples(st.sampled_from(sorted(HOP_BY_HOP)).flatmap(any_case), value), max_size=10),
+    extra=token,
+)
+def test_hop_by_hop_and_connection_named_headers_are_dropped(
+    inbound: list[tuple[str, str]], extra: str
+) -> None:
+    headers = [*inbound, ("Connection", f"close, {extra}"), (extra.upper(), "hop"), ("Keep", "me")]
+    out = request_headers(headers, None, authority="h:1")
+    assert extra.lower() not in {k.lower() for k in out}
+    assert not any(k.lower() in HOP_BY_HOP for k in out)
+    assert out["Keep"] == "me"
+
+
+def test_upgrade_keeps_its_protocol_and_connection() -> None:
+    out = request_headers(
+        [("Connection", "Upgrade"), ("Upgrade", "SPDY/3.1"), ("Keep-Alive", "1")],
+        UserInfo("u"),
+        authority="h:1",
+        upgrade="SPDY/3.1",
+    )
+    assert out["Connection"] == "Upgrade"
+    assert out["Upgrade"] == "SPDY/3.1"
+    assert "Keep-Alive" not in out
+
+
+def test_identity_headers_follow_set_auth_proxy_headers() -> None:
+    user = UserInfo("alice", "", ("a", "b"), {"scopes": ("r", "w"), "example.com/team%": ("x",)})
+    assert identity_headers(user) == [
+        ("X-Remote-User", "alice"),
+        ("X-Remote-Group", "a"),
+        ("X-Remote-Group", "b"),
+        ("X-Remote-Extra-Example.com%2fteam%25", "x"),
+        ("X-Remote-Extra-Scopes", "r"),
+        ("X-Remote-Extra-Scopes", "w"),
+    ]
+    assert identity_headers(UserInfo("", "u1"))[:2] == [("X-Remote-User", ""), ("X-Remote-Uid", "u1")]
+    assert identity_headers(UserInfo("bob", groups=("g",)), impersonate=True) == [
+        ("Impersonate-User", "bob"),
+        ("Impersonate-Group", "g"),
+    ]
+
+
+def test_values_that_could_inject_a_header_line_are_dropped() -> None:
+    user = UserInfo(
+        "eve\r\nX-Remote-Group: system:masters", groups=("ok", "bad\nX: y"), extra={"k": ("v\r",)}
+    )
+    assert identity_headers(user) == [("X-Remote-User", ""), ("X-Remote-Group", "ok")]
+
+
+def test_forwarded_headers() -> None:
+    out = request_headers(
+        [("X-Forwarded-For", "1.2.3.4"), ("X-Forwarded-Uri", "/spoof"), ("X-Forwarded-Host", "evil")],
+        UserInfo("u"),
+        authority="10.0.0.5:443",
+        client_ip="127.0.0.1",
+        forwarded_uri="/apis/g/v/x/",
+    )
+    assert out.getall("X-Forwarded-For") == ["1.2.3.4, 127.0.0.1"]
+    assert out.getall("X-Forwarded-Uri") == ["/apis/g/v/x/"]
+    assert out.getall("X-Forwarded-Host") == ["10.0.0.5:443"]
+    assert out["X-Forwarded-Proto"] == "https"
+    assert out["Host"] == "10.0.0.5:443"
+
+
+@given(key=st.text(max_size=30))
+def test_header_key_escape_round_trips_through_the_receiver(key: str) -> None:
+    escaped = header_key_escape(key)
+    assert all(c in TOKEN for c in escaped)
+    # Receivers lower-case the name, then unescape (apiserver's headerrequest).
+    assert path_unescape(escaped.lower()) == key.lower() or key != key.lower()
+    if key == key.lower():
+        assert path_unescape(escaped.lower()) == key
+
+
+def test_header_key_escape_examples() -> None:
+    assert header_key_escape("example.com/team") == "example.com%2Fteam"
+    assert header_key_escape("100%") == "100%25"
+    assert header_key_escape("a b") == "a%20b"
+    assert header_key_escape("é") == "%C3%A9"
+
+
+@given(name=st.text(TOKEN, max_size=30))
+def test_canonical_header_key_is_case_insensitive(name: str) -> None:
+    canonical = canonical_header_key(name)
+    assert canonical.lower() == name.lower()
+    assert canonical_header_key(name.swapcase()) == canonical
+    assert canonical_header_key(canonical) == canonical
+
+
+def test_canonical_header_key_matches_go() -> None:
+    assert canonical_header_key("x-remote-extra-example.com%2Fteam") == "X-Remote-Extra-Example.com%2fteam"
+    assert canonical_header_key("accept-encoding") == "Accept-Encoding"
+    assert canonical_header_key("has space") == "has space"
+
+
+def test_go_path_clean_and_forwarded_uri() -> None:
+    assert go_path_clean("//a//b/./c/../d") == "/a/b/d"
+    assert go_path_clean("/../x") == "/x"
+    assert go_path_clean("") == "."
+    assert forwarded_uri("/apis/g/v/things/?watch=1") == "/apis/g/v/things/"
+    assert forwarded_uri("/apis/g/v/a%2Fb?x") == "/apis/g/v/a%2Fb"
+    assert forwarded_uri("/") == "/"
+
+
+@settings(max_examples=200)
+@given(
+    names=st.lists(
+        st.sampled_from(
+            [
+                "Access-Control-Allow-Origin",
+                "Access-Control-Allow-Credentials",
+                "Access-Control-Allow-Methods",
+                "Access-Control-Allow-Headers",
+                "Transfer-Encoding",
+                "Connection",
+                "ETag",
+                "Content-Type",
+            ]
+        ).flatmap(any_case),
+        max_size=12,
+    )
+)
+def test_response_headers_strip_cors_and_hop_by_hop(names: list[str]) -> None:
+    out = response_headers([(n, "v") for n in names])
+    kept = {k.lower() for k in out}
+    assert kept <= {"etag", "content-type"}
+    assert len(out) == sum(1 for n in names if n.lower() in ("etag", "content-type"))

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from aggregator.kube.calls import ApiCall
-from aggregator.kube.client import KubeError, KubeResponse, KubeUnreachable
+from aggregator.kube.client import KubeError, KubeResponse, KubeUnreachable, describe_error
 from aggregator.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,8 @@ class WebhookClient:
             raise _Attempt(str(err), retry=_connection_reset(err)) from err
         except KubeError as err:
             raise _Attempt(str(err), retry=False) from err
+        except Exception as err:  # credentials that cannot be loaded (bad kubeconfig, exec plugin...)
+            raise _Attempt(f"{self.call}: {describe_error(err)}", retry=False) from err
         finally:
             self.metrics.review_duration.labels(self.kind).observe(time.monotonic() - started)
         if not 200 <= response.status < 300:

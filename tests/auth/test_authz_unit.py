@@ -244,6 +244,7 @@ async def test_retry_after_is_a_reason_to_retry() -> None:
         KubeUnreachable(
             "create subjectaccessreviews.authorization.k8s.io: cannot connect: Connection refused"
         ),
+        FileNotFoundError(2, "No such file or directory"),  # e.g. a kubeconfig that went away
     ],
 )
 async def test_other_failures_are_not_retried(step: Step) -> None:

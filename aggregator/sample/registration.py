@@ -26,7 +26,11 @@ def local_manifests(
     namespace: str = "wardle",
     service: str = "api",
 ) -> list[dict[str, Any]]:
-    """Both APIServices, a Service (port 443) and an EndpointSlice pointing at `address:port`."""
+    """Both APIServices, a Service and an EndpointSlice, all pointing at `address:port`.
+
+    The Service's cluster IP is `address` and its port is `port`, so the gateway reaches the sample
+    with its default ClusterIP resolver as well as with `--enable-aggregator-routing`.
+    """
     docs: list[dict[str, Any]] = []
     for version, priority in VERSION_PRIORITIES.items():
         docs.append(
@@ -39,7 +43,7 @@ def local_manifests(
                     "version": version,
                     "groupPriorityMinimum": GROUP_PRIORITY_MINIMUM,
                     "versionPriority": priority,
-                    "service": {"namespace": namespace, "name": service, "port": 443},
+                    "service": {"namespace": namespace, "name": service, "port": port},
                     "caBundle": base64.b64encode(ca_bundle).decode(),
                 },
             }
@@ -51,7 +55,7 @@ def local_manifests(
             "metadata": {"namespace": namespace, "name": service},
             "spec": {
                 "clusterIP": address,
-                "ports": [{"name": "https", "port": 443, "targetPort": port, "protocol": "TCP"}],
+                "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}],
             },
         }
     )

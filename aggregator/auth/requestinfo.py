@@ -208,12 +208,12 @@ def decoded_path(raw_path: str) -> str:
         return raw_path
 
 
-_INFO = web.RequestKey("aggregator.request_info", RequestInfo)
+REQUEST_INFO = web.RequestKey("aggregator.request_info", RequestInfo)
 
 
 def request_info(request: web.Request) -> RequestInfo:
     """The request's attributes, computed once per request."""
-    info = request.get(_INFO)
+    info = request.get(REQUEST_INFO)
     if info is None:
         url = request.rel_url
         info = new_request_info(
@@ -222,5 +222,5 @@ def request_info(request: web.Request) -> RequestInfo:
             parse_query(url.raw_query_string),
             request_uri=request.raw_path,
         )
-        request[_INFO] = info
+        request[REQUEST_INFO] = info
     return info

@@ -37,7 +37,7 @@ from aggregator.model.userinfo import UserInfo
 from aggregator.proxy import tlsdiag
 from aggregator.proxy.errors import BackendError, Hop, classify
 from aggregator.proxy.headers import IdentityHeaderPolicy, request_headers
-from aggregator.proxy.resolver import Lookup, Resolver, Target, system_lookup
+from aggregator.proxy.resolver import Lookup, Resolver, system_lookup
 from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.tls.pem import CertKeyPair, PEMError, load_pair_into, parse_certificates, read_pair
 
@@ -174,15 +174,15 @@ class Backend:
         if session is not None and not session.closed:
             await session.close()
 
-    async def explain_tls(self, target: Target, err: BaseException) -> str:
+    async def explain_tls(self, host: str, port: int, server_name: str, err: BaseException) -> str:
         """Go's wording for a failed verification, after an unverified look at the certificate."""
         cert_err = getattr(err, "certificate_error", err)
         code = int(getattr(cert_err, "verify_code", 0) or 0)
         message = str(getattr(cert_err, "verify_message", "") or cert_err)
         if self._diag_context is None:
             self._diag_context = client_context(None, insecure=True, client_pair=self._client_pair)
-        cert = await tlsdiag.peer_certificate(target.ip, target.port, target.server_name, self._diag_context)
-        return tlsdiag.explain(cert, target.server_name, code, message)
+        cert = await tlsdiag.peer_certificate(host, port, server_name, self._diag_context)
+        return tlsdiag.explain(cert, server_name, code, message)
 
 
 class ProxyClientCertificate:
@@ -428,7 +428,8 @@ class Backends:
                         body = await resp.read()
                         return BackendResponse(resp.status, resp.headers, body)
                 except aiohttp.ClientConnectorCertificateError as err:
-                    raise BackendError(Hop.TLS, await backend.explain_tls(target, err), url=url) from err
+                    cause = await backend.explain_tls(target.ip, target.port, target.server_name, err)
+                    raise BackendError(Hop.TLS, cause, url=url) from err
                 except (aiohttp.ClientError, OSError, ssl.SSLError) as err:
                     hop, cause = classify(err, target.authority)
                     raise BackendError(hop, cause, url=url) from err

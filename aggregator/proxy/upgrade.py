@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -36,10 +36,12 @@ from aggregator.metrics import Metrics
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.errors import classify, tls_alert_error
 from aggregator.proxy.headers import request_headers, response_headers
-from aggregator.proxy.resolver import Target
-from aggregator.proxy.transport import CONNECT_TIMEOUT, Backend, Backends
+from aggregator.proxy.transport import CONNECT_TIMEOUT, Backends
 from aggregator.responses import status_response
 from aggregator.routing import Route
+
+if TYPE_CHECKING:
+    from aggregator.proxy.forward import Destination
 
 log = logging.getLogger(__name__)
 
@@ -159,38 +161,38 @@ class UpgradeTunnel:
         self.backends = backends
         self.metrics = metrics
 
-    async def serve(
-        self, request: web.Request, name: str, backend: Backend, target: Target, user: UserInfo
-    ) -> web.StreamResponse:
+    async def serve(self, request: web.Request, dest: Destination, user: UserInfo) -> web.StreamResponse:
+        name = dest.name
+        backend = dest.backend
         protocol = request.headers.get("Upgrade", "")
         headers = request_headers(
             request.headers.items(),
             user,
-            self.backends.policy,
-            authority=target.authority,
+            dest.policy,
+            authority=dest.authority,
             client_ip=request.remote,
             upgrade=protocol,
+            impersonate=dest.impersonate,
+            extra=dest.credentials,
         )
         raw_path = request.raw_path if request.raw_path.startswith("/") else request.rel_url.raw_path_qs
-        head = f"{request.method} {raw_path} HTTP/1.1\r\n" + "".join(
+        target = dest.base_path + raw_path
+        head = f"{request.method} {target} HTTP/1.1\r\n" + "".join(
             f"{k}: {v}\r\n" for k, v in headers.items()
         )
+        server_name = dest.server_name or dest.host
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 reader, writer = await asyncio.open_connection(
-                    target.ip,
-                    target.port,
-                    ssl=backend.context,
-                    server_hostname=target.server_name,
-                    limit=_CHUNK,
+                    dest.host, dest.port, ssl=backend.context, server_hostname=server_name, limit=_CHUNK
                 )
         except ssl.SSLCertVerificationError as err:
-            cause = await backend.explain_tls(target, err)
+            cause = await backend.explain_tls(dest.host, dest.port, server_name, err)
             return self._error(request, name, cause, "tls")
         except ssl.SSLError as err:
             return self._error(request, name, tls_alert_error(err), "tls")
         except (OSError, TimeoutError) as err:
-            hop, cause = classify(err, target.authority)
+            hop, cause = classify(err, dest.authority)
             return self._error(request, name, cause, hop.value)
         try:
             writer.write(head.encode("latin-1") + b"\r\n")
@@ -207,7 +209,7 @@ class UpgradeTunnel:
             asyncio.IncompleteReadError,
             asyncio.LimitOverrunError,
         ) as err:
-            hop, cause = classify(err, target.authority)
+            hop, cause = classify(err, dest.authority)
             if isinstance(err, asyncio.IncompleteReadError):
                 cause = "EOF"
             elif isinstance(err, ValueError | asyncio.LimitOverrunError):

@@ -75,10 +75,6 @@ SPOOFED = [
     "X-Remote-Group",
     "X-Remote-Extra-Scopes",
     "X-Remote-Extra-Example.com%2FTeam",
-    "Impersonate-User",
-    "Impersonate-Group",
-    "Impersonate-Uid",
-    "Impersonate-Extra-Scopes",
     "Authorization",
     "Proxy-Authorization",
     "X-Auth-User",
@@ -549,7 +545,7 @@ async def test_denied_cluster_ip_is_503_and_never_dialed(
     lines = [
         r
         for r in caplog.records
-        if r.name == "aggregator.proxy.handler" and getattr(r, "fields", {}).get("hop") == "deny-cidr"
+        if r.name == "aggregator.proxy.forward" and getattr(r, "fields", {}).get("hop") == "deny-cidr"
     ]
     assert lines and "169.254.169.254" in lines[0].fields["reason"]  # type: ignore[attr-defined]
     assert proxied.backend.seen_by("admin") == []
@@ -611,3 +607,19 @@ async def test_aggregator_routing_uses_a_ready_endpoint_and_its_target_port(
             async with session.get(server.url + THINGS, ssl=pki.client_context()) as resp:
                 assert resp.status == 200
     assert len(backend.seen_by("admin")) == 10
+
+
+@pytest.mark.parametrize(
+    "header", ["Impersonate-User", "impersonate-group", "IMPERSONATE-EXTRA-SCOPES", "Impersonate-Uid"]
+)
+async def test_impersonation_is_refused_not_silently_dropped(
+    start_proxied: StartProxied, header: str
+) -> None:
+    """S4: `kubectl --as` must not run with the caller's own rights behind its back."""
+    proxied = await start_proxied()
+    async with proxied.request("DELETE", THINGS + "/t1", headers={header: "system:masters"}) as resp:
+        assert resp.status == 403
+        body = status_of(await resp.read())
+    assert body["reason"] == "Forbidden"
+    assert body["message"].startswith(f"impersonation ({header}) is not supported by this gateway")
+    assert proxied.backend.seen_by("admin") == []

@@ -1,0 +1,285 @@
+"""Send one request to one destination and stream the answer back: the proxy's hot path.
+
+Shared by the APIService handler and the delegate. Bodies stream both ways and are never parsed:
+the request body is handed to the client session as it arrives, response chunks are written as
+they come (a watch event reaches the caller when the backend sends it), `Content-Length` and
+`Content-Encoding` pass through untouched, and path and query reach the backend byte for byte. A
+client that goes away cancels the handler (the server runs with `handler_cancellation=True`),
+which closes the backend connection. A 3xx with a `Location` becomes a 502 (CVE-2022-3172);
+transport failures become 503 `error trying to reach service: <cause>`. Upgrade requests go to
+the tunnel. The gateway's own answers are Kubernetes Status objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import Counter
+from yarl import URL
+
+from aggregator.logs import fields
+from aggregator.metrics import Metrics
+from aggregator.model.userinfo import UserInfo
+from aggregator.proxy.errors import BackendError, Hop, classify
+from aggregator.proxy.headers import IdentityHeaderPolicy, forwarded_uri, request_headers, response_headers
+from aggregator.proxy.transport import SESSION_TIMEOUT, Backend
+from aggregator.proxy.upgrade import UpgradeTunnel, is_upgrade_request, upgrade_refusal
+from aggregator.responses import status_response
+
+log = logging.getLogger(__name__)
+
+REDIRECT_MESSAGE = "the backend attempted to redirect this request, which is not permitted"
+# Methods Go's transport retries once when a pooled connection turns out to be closed.
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
+_LOG_EVERY = 10.0
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """Where one request goes and how: the address to dial, TLS, and how identity is asserted."""
+
+    name: str  # metrics and log label: the APIService name, or "delegate"
+    backend: Backend  # TLS context and connection pool
+    host: str  # what is dialed: a pinned IP for APIServices
+    port: int
+    server_name: str | None  # TLS verification name (None: the host)
+    policy: IdentityHeaderPolicy
+    base_path: str = ""  # the server URL's path (a kubeconfig server may have one)
+    impersonate: bool = False  # identity as Impersonate-* (with `credentials`) instead of X-Remote-*
+    credentials: Mapping[str, str] | None = None  # the gateway's own Authorization, when impersonating
+    request_options: Mapping[str, Any] = field(default_factory=dict)  # e.g. a kubeconfig proxy-url
+
+    @property
+    def authority(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"https://{self.authority}{self.base_path}"
+
+
+def verb_of(request: web.Request) -> str:
+    """The metrics verb: the HTTP method, or WATCH for `?watch=<true>` (Go's ParseBool spellings)."""
+    method = request.method
+    if (
+        method == "GET"
+        and "watch=" in request.query_string
+        and any(v in _TRUE for v in request.query.getall("watch", ()))
+    ):
+        return "WATCH"
+    return method
+
+
+def has_impersonation(request: web.Request) -> str | None:
+    """The first `Impersonate-*` header the caller sent, if any."""
+    for name in request.headers:
+        if name[:12].lower() == "impersonate-":
+            return name
+    return None
+
+
+class _HeadersWithBody(web.StreamResponse):
+    """Headers go out with the first body bytes (one TLS record for a small response).
+
+    Used only when the backend sent a Content-Length, i.e. the body is already on its way; a
+    streamed (chunked) response such as a watch sends its headers at once.
+    """
+
+    _send_headers_immediately = False
+
+
+class Forwarder:
+    def __init__(self, metrics: Metrics, tunnel: UpgradeTunnel) -> None:
+        self.metrics = metrics
+        self.tunnel = tunnel
+        self._counters: dict[tuple[str, str, int], Counter] = {}
+        self._last_logged: dict[tuple[str, str], float] = {}
+
+    async def send(
+        self,
+        request: web.Request,
+        dest: Destination,
+        user: UserInfo,
+        *,
+        client_timeout: aiohttp.ClientTimeout = SESSION_TIMEOUT,
+    ) -> web.StreamResponse:
+        """Forward (or tunnel, for an upgrade) `request` to `dest` as `user`."""
+        if is_upgrade_request(request.headers):
+            refusal = upgrade_refusal(request)
+            if refusal is not None:
+                self.metrics.upgrade_rejected.labels("protocol").inc()
+                return self.answer(request, dest.name, 400, refusal)
+            response = await self.tunnel.serve(request, dest, user)
+            self.count(dest.name, "CONNECT", response.status)
+            return response
+        return await self._forward(request, dest, user, client_timeout)
+
+    async def _forward(
+        self, request: web.Request, dest: Destination, user: UserInfo, client_timeout: aiohttp.ClientTimeout
+    ) -> web.StreamResponse:
+        raw_path = request.raw_path
+        if not raw_path.startswith("/"):  # absolute-form request target
+            raw_path = request.rel_url.raw_path_qs
+        headers = request_headers(
+            request.headers.items(),
+            user,
+            dest.policy,
+            authority=dest.authority,
+            client_ip=request.remote,
+            forwarded_uri=forwarded_uri(raw_path),
+            impersonate=dest.impersonate,
+            extra=dest.credentials,
+        )
+        method = request.method
+        verb = verb_of(request)
+        name = dest.name
+        backend = dest.backend
+        url = URL(dest.base_url + raw_path, encoded=True)
+        has_body = request.body_exists
+        started = time.monotonic()
+        backend.acquire()
+        try:
+            attempt = 0
+            while True:
+                try:
+                    resp = await backend.session.request(
+                        method,
+                        url,
+                        headers=headers,
+                        data=request.content if has_body else None,
+                        ssl=backend.context or False,
+                        server_hostname=dest.server_name,
+                        allow_redirects=False,
+                        timeout=client_timeout,
+                        **dest.request_options,
+                    )
+                    break
+                except aiohttp.ServerDisconnectedError as err:
+                    # A pooled connection the backend had just closed: Go retries such requests once.
+                    attempt += 1
+                    if attempt > 1 or has_body or method not in _IDEMPOTENT:
+                        return self.unreachable(request, name, Hop.CONNECT, "EOF", verb)
+                    del err
+                except aiohttp.ClientConnectorCertificateError as err:
+                    cause = await backend.explain_tls(
+                        dest.host, dest.port, dest.server_name or dest.host, err
+                    )
+                    return self.unreachable(request, name, Hop.TLS, cause, verb)
+                except (TimeoutError, aiohttp.ClientError, OSError, ssl.SSLError) as err:
+                    hop, cause = classify(err, dest.authority)
+                    return self.unreachable(request, name, hop, cause, verb)
+            self.metrics.proxy_duration.labels(name, verb).observe(time.monotonic() - started)
+            try:
+                return await self._relay(request, name, verb, resp)
+            finally:
+                resp.close()
+        finally:
+            backend.release()
+
+    async def _relay(
+        self, request: web.Request, name: str, verb: str, resp: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        status = resp.status
+        if 300 <= status < 400 and resp.headers.get("Location"):
+            self.metrics.backend_errors.labels(name, Hop.REDIRECT.value).inc()
+            log.warning(
+                "backend answered with a redirect; refused",
+                extra=fields(apiservice=name, status=status, method=request.method, path=request.path),
+            )
+            return self.answer(request, name, 502, REDIRECT_MESSAGE, verb)
+        headers = response_headers(resp.headers.items())
+        cls = _HeadersWithBody if resp.content_length is not None else web.StreamResponse
+        out = cls(status=status, reason=resp.reason, headers=headers)
+        self.count(name, verb, status)
+        await out.prepare(request)
+        content = resp.content
+        while True:
+            try:
+                chunk = await content.readany()
+            except (TimeoutError, aiohttp.ClientError, OSError) as err:
+                # Headers are gone already: end the connection so the client sees a truncated
+                # answer instead of a complete-looking one.
+                hop, cause = classify(err, "")
+                self.metrics.backend_errors.labels(name, hop.value).inc()
+                log.info(
+                    "backend response ended early",
+                    extra=fields(apiservice=name, method=request.method, path=request.path, reason=cause),
+                )
+                if request.transport is not None:
+                    request.transport.close()
+                return out
+            if not chunk:
+                break
+            # A client that went away raises ConnectionResetError here; the pipeline lets it through.
+            await out.write(chunk)
+        await out.write_eof()
+        return out
+
+    # --- answers and bookkeeping -------------------------------------------------------------------
+
+    def answer(
+        self, request: web.Request, name: str, code: int, message: str, verb: str | None = None
+    ) -> web.Response:
+        """A Status the gateway writes itself, counted under the destination's name."""
+        self.count(name, verb or verb_of(request), code)
+        response = status_response(request, code, message)
+        if is_upgrade_request(request.headers):
+            # No tunnel was set up: whatever the client sends next must not be read as a request.
+            response.force_close()
+        return response
+
+    def unreachable(self, request: web.Request, name: str, hop: Hop, cause: str, verb: str) -> web.Response:
+        self.metrics.backend_errors.labels(name, hop.value).inc()
+        self.log_limited(
+            name,
+            cause,
+            "error trying to reach service",
+            apiservice=name,
+            hop=hop.value,
+            method=request.method,
+            path=request.path,
+            reason=cause,
+        )
+        return self.answer(request, name, 503, f"error trying to reach service: {cause}", verb)
+
+    def unresolvable(self, request: web.Request, name: str, err: BackendError) -> web.Response:
+        """Upstream's answer when no address can be found: 503 `service unavailable`, reason logged."""
+        self.metrics.backend_errors.labels(name, err.hop.value).inc()
+        self.log_limited(
+            name,
+            err.cause,
+            "service unavailable: cannot resolve the backend",
+            apiservice=name,
+            hop=err.hop.value,
+            method=request.method,
+            path=request.path,
+            reason=err.cause,
+        )
+        return self.answer(request, name, 503, "service unavailable")
+
+    def log_limited(self, name: str, cause: str, message: str, **values: object) -> None:
+        """One line per destination and cause every 10 s: a broken backend must not flood the log."""
+        now = time.monotonic()
+        key = (name, cause)
+        last = self._last_logged.get(key)
+        if last is not None and now - last < _LOG_EVERY:
+            return
+        if len(self._last_logged) > 1024:
+            self._last_logged.clear()
+        self._last_logged[key] = now
+        log.warning(message, extra=fields(**values))
+
+    def count(self, name: str, verb: str, code: int) -> None:
+        key = (name, verb, code)
+        child = self._counters.get(key)
+        if child is None:
+            child = self._counters[key] = self.metrics.proxy_requests.labels(name, verb, str(code))
+        child.inc()

@@ -61,6 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--server", default="https://127.0.0.1:8443", help="server URL written into admin.kubeconfig."
     )
     init.add_argument("--force", action="store_true", help="overwrite existing files.")
+
+    demo = commands.add_parser(
+        "demo",
+        help="run the gateway in local mode in front of the sample extension API server",
+        description="Create certificates (once), start the sample wardle.example.com server and the "
+        "gateway in local mode, print curl and kubectl commands to try, and stop both on Ctrl-C.",
+    )
+    demo.add_argument(
+        "--dir", default="certs", help="where certificates and demo files live (default certs/)."
+    )
+    demo.add_argument("--bind-address", default="127.0.0.1", help="IP address both servers listen on.")
+    demo.add_argument(
+        "--secure-port", type=int, default=8443, help="the gateway's HTTPS port (default 8443)."
+    )
+    demo.add_argument(
+        "--sample-port", type=int, default=0, help="the sample server's HTTPS port (default: a free port)."
+    )
     return parser
 
 
@@ -92,10 +109,24 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
+def _demo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from aggregator.demo import run_demo
+
+    return asyncio.run(
+        run_demo(
+            args.dir, host=args.bind_address, gateway_port=args.secure_port, sample_port=args.sample_port
+        )
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "demo":
+        return _demo(args)
     if args.command == "certs":
         return _certs_init(args)
     return EXIT_USAGE

@@ -56,6 +56,8 @@ class Destination:
     impersonate: bool = False  # identity as Impersonate-* (with `credentials`) instead of X-Remote-*
     credentials: Mapping[str, str] | None = None  # the gateway's own Authorization, when impersonating
     request_options: Mapping[str, Any] = field(default_factory=dict)  # e.g. a kubeconfig proxy-url
+    # kube-apiserver's own redirects (e.g. service proxy paths) are passed on; a backend's never are.
+    pass_redirects: bool = False
 
     @property
     def authority(self) -> str:
@@ -178,17 +180,17 @@ class Forwarder:
                     return self.unreachable(request, name, hop, cause, verb)
             self.metrics.proxy_duration.labels(name, verb).observe(time.monotonic() - started)
             try:
-                return await self._relay(request, name, verb, resp)
+                return await self._relay(request, name, verb, resp, dest.pass_redirects)
             finally:
                 resp.close()
         finally:
             backend.release()
 
     async def _relay(
-        self, request: web.Request, name: str, verb: str, resp: aiohttp.ClientResponse
+        self, request: web.Request, name: str, verb: str, resp: aiohttp.ClientResponse, pass_redirects: bool
     ) -> web.StreamResponse:
         status = resp.status
-        if 300 <= status < 400 and resp.headers.get("Location"):
+        if 300 <= status < 400 and not pass_redirects and resp.headers.get("Location"):
             self.metrics.backend_errors.labels(name, Hop.REDIRECT.value).inc()
             log.warning(
                 "backend answered with a redirect; refused",

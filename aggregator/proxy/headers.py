@@ -104,11 +104,18 @@ class IdentityHeaderPolicy:
         uid_headers: Iterable[str] = (),
         group_headers: Iterable[str] = (),
         extra_prefixes: Iterable[str] = (),
+        keep_impersonation: bool = False,
     ) -> IdentityHeaderPolicy:
-        """The standard names plus the configured `--requestheader-*` names and prefixes."""
+        """The standard names plus the configured `--requestheader-*` names and prefixes.
+
+        `keep_impersonation` lets `Impersonate-*` through: only for kube-apiserver reached as the
+        front proxy, which authorizes the impersonation itself as upstream does.
+        """
         names = {*STANDARD_IDENTITY_NAMES}
         names.update(h.strip().lower() for h in (*username_headers, *uid_headers, *group_headers))
         prefixes = {*STANDARD_IDENTITY_PREFIXES}
+        if keep_impersonation:
+            prefixes.discard("impersonate-")
         prefixes.update(p.strip().lower() for p in extra_prefixes)
         names.discard("")
         prefixes.discard("")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from aggregator.proxy.delegate import Delegate
 from aggregator.proxy.handler import ProxyHandler
 from aggregator.proxy.upgrade import upgrade_gate
 
@@ -16,4 +17,9 @@ def install_proxy(gateway: Gateway) -> ProxyHandler:
     handler = ProxyHandler(gateway)
     gateway.router.add_resolver(handler.resolve)
     gateway.gates.append(upgrade_gate(gateway.metrics))
+    if gateway.options.kube_mode and gateway.kube is not None:
+        # Everything the gateway does not serve goes to kube-apiserver (local mode keeps the 404).
+        delegate = Delegate(gateway, gateway.kube, handler.forwarder)
+        gateway.add_component(delegate)
+        gateway.router.fallback = delegate.route
     return handler

@@ -104,7 +104,7 @@ def gateway_process(pki: PKI, apiservices_dir: Path, tmp_path: Path) -> Iterator
             pki.path("front-proxy-client.crt"),
             "--proxy-client-key-file",
             pki.path("front-proxy-client.key"),
-        ],  # fmt: skip
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

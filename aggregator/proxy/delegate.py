@@ -1,0 +1,175 @@
+"""Kube mode's fallback: everything the gateway does not serve itself goes to kube-apiserver.
+
+`/api/...`, `/version`, local APIServices' group-versions (built-in and CRD groups) and unknown
+paths are forwarded, streamed and tunnelled (exec on pods is an upgrade) by the same forwarding
+core as aggregated APIs, to the server named by the kubeconfig (or the in-cluster service).
+
+The caller's identity reaches kube-apiserver in one of two ways (`--delegate-auth`):
+- `front-proxy` (default): the gateway presents `--proxy-client-cert-file` and the caller's
+  `X-Remote-*` headers, which kube-apiserver trusts from a certificate signed by its
+  `--requestheader-client-ca-file` (exactly as extension servers trust kube-apiserver's
+  aggregator). `Impersonate-*` headers pass through: kube-apiserver authorizes and applies them
+  after authenticating the caller, as it does upstream.
+- `impersonate`: the gateway's own kubeconfig credentials with `Impersonate-User/-Uid/-Group/
+  -Extra-*` naming the caller; the gateway's account needs the `impersonate` verb on users, uids,
+  groups and userextras. A caller's own `Impersonate-*` headers cannot be nested and get a 403.
+
+kube-apiserver authorizes what it serves, so the route is of kind DELEGATE (the authorization gate
+leaves it alone). Its redirects are passed on: it is trusted, and its service and pod proxy paths
+redirect legitimately.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from yarl import URL
+
+from aggregator.context import get_user
+from aggregator.kube.client import KubeClient
+from aggregator.logs import fields
+from aggregator.model.userinfo import AUTHENTICATED_GROUP, UserInfo
+from aggregator.proxy.forward import Destination, Forwarder, has_impersonation
+from aggregator.proxy.headers import IdentityHeaderPolicy
+from aggregator.proxy.transport import Backend, Backends
+from aggregator.routing import Route, RouteKind
+from aggregator.tls.pem import load_pair_into
+
+if TYPE_CHECKING:
+    from aggregator.server import Gateway
+
+log = logging.getLogger(__name__)
+
+NAME = "delegate"
+FRONT_PROXY = "front-proxy"
+IMPERSONATE = "impersonate"
+
+
+class DelegateUnusable(Exception):
+    """The delegate cannot be reached as configured (the message says why)."""
+
+
+class Delegate:
+    def __init__(self, gateway: Gateway, kube: KubeClient, forwarder: Forwarder) -> None:
+        self.kube = kube
+        self.backends: Backends = gateway.backends
+        self.forwarder = forwarder
+        self.mode = gateway.options.delegate_auth
+        options = gateway.options
+        self.policy = IdentityHeaderPolicy.build(
+            username_headers=options.requestheader_username_headers,
+            uid_headers=options.requestheader_uid_headers,
+            group_headers=options.requestheader_group_headers,
+            extra_prefixes=options.requestheader_extra_headers_prefix,
+            keep_impersonation=self.mode == FRONT_PROXY,
+        )
+        self.route = Route(self.serve, RouteKind.DELEGATE, NAME, upgradable=True)
+        self._backend: Backend | None = None
+        self._key: tuple[object, ...] | None = None
+        self._destination: Destination | None = None
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        if self._backend is not None:
+            await self._backend.close()
+            self._backend = None
+
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        forwarder = self.forwarder
+        user = get_user(request)
+        if user is None:
+            return forwarder.answer(request, NAME, 500, "missing user")
+        try:
+            dest = await self.destination()
+        except DelegateUnusable as err:
+            forwarder.log_limited(NAME, str(err), "cannot forward to kube-apiserver", reason=str(err))
+            return forwarder.answer(request, NAME, 503, "service unavailable")
+        if dest.impersonate:
+            header = has_impersonation(request)
+            if header is not None:
+                return forwarder.answer(
+                    request,
+                    NAME,
+                    403,
+                    f"impersonation ({header}) cannot be nested: this gateway reaches kube-apiserver "
+                    "by impersonating the caller (--delegate-auth=impersonate)",
+                )
+            dest = replace(dest, credentials=await self.kube.auth_headers())
+            user = _for_impersonation(user)
+        return await forwarder.send(request, dest, user)
+
+    async def destination(self) -> Destination:
+        """The kube-apiserver destination, rebuilt when its address, CA or our credentials change."""
+        await self.kube.load()
+        trust = self.kube.trust
+        pair = self.backends.client_certificate.pair
+        if self.mode == FRONT_PROXY:
+            key: tuple[object, ...] = (
+                FRONT_PROXY,
+                self.kube.trust_generation,
+                self.backends.client_certificate.generation,
+            )
+        else:
+            key = (IMPERSONATE, self.kube.trust_generation, id(self.kube.ssl_context))
+        if key == self._key and self._destination is not None:
+            return self._destination
+        url = URL(trust.base_url)
+        if url.scheme != "https" or not url.host:
+            raise DelegateUnusable(
+                f"kube-apiserver URL {trust.base_url} is not https; the delegate needs TLS"
+            )
+        if self.mode == FRONT_PROXY:
+            if pair is None:
+                raise DelegateUnusable("--delegate-auth=front-proxy needs --proxy-client-cert-file")
+            context = trust.new_context()
+            load_pair_into(context, pair)
+        else:
+            context = self.kube.ssl_context
+        _harden(context)
+        options = self.kube.connect_kwargs()
+        request_options = {"proxy": options["proxy"]} if options.get("proxy") else {}
+        backend = Backend(NAME, context=context, client_pair=pair if self.mode == FRONT_PROXY else None)
+        if self._backend is not None:
+            self._backend.retire()
+        self._backend = backend
+        self._key = key
+        self._destination = Destination(
+            NAME,
+            backend,
+            url.host,
+            url.port or 443,
+            trust.server_name,
+            self.policy,
+            base_path=url.raw_path.rstrip("/"),
+            impersonate=self.mode == IMPERSONATE,
+            request_options=request_options,
+            pass_redirects=True,
+        )
+        log.info(
+            "delegating unserved paths to kube-apiserver",
+            extra=fields(server=trust.base_url, identity=self.mode),
+        )
+        return self._destination
+
+
+def _harden(context: ssl.SSLContext) -> None:
+    """HTTP/1.1 only (upgrades need it) and TLS >= 1.2, whatever the client library set."""
+    context.set_alpn_protocols(["http/1.1"])
+    if context.minimum_version < ssl.TLSVersion.TLSv1_2:
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+
+
+def _for_impersonation(user: UserInfo) -> UserInfo:
+    """kube-apiserver adds system:authenticated to an impersonated user itself; asking for it
+    explicitly would need an extra impersonate permission on that group."""
+    if AUTHENTICATED_GROUP not in user.groups:
+        return user
+    return UserInfo(
+        user.name, user.uid, tuple(g for g in user.groups if g != AUTHENTICATED_GROUP), user.extra
+    )

@@ -17,8 +17,10 @@ from tests.proxy.support import (
     BackendPKI,
     FakeBackend,
     apiservice_manifest,
+    backend_service,
+    force_available,
     make_backend_pki,
-    service_manifest,
+    wait_available,
     write_manifests,
 )
 from tests.support.pki import PKI
@@ -73,16 +75,26 @@ async def start_proxied(
     sessions: list[aiohttp.ClientSession] = []
 
     async def start(
-        *, manifests: bool = True, apiservice: dict[str, Any] | None = None, **options: Any
+        *,
+        manifests: bool = True,
+        apiservice: dict[str, Any] | None = None,
+        force: bool = False,
+        **options: Any,
     ) -> Proxied:
+        """`force`: the proxy is told the APIService is available whatever the checker finds
+        (for tests of the proxy's own failure answers); otherwise wait until it is available."""
         if manifests:
             write_manifests(
                 apiservices_dir,
                 "demo",
                 apiservice or apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem),
-                service_manifest(port=backend.port),
+                *backend_service(backend.port),
             )
         server = await start_gateway(**options)
+        if force:
+            force_available(server)
+        elif manifests:
+            await wait_available(server)
         session = aiohttp.ClientSession(auto_decompress=False)
         sessions.append(session)
         return Proxied(server, backend, pki, session)

@@ -227,6 +227,29 @@ def endpointslice_manifest(
     }
 
 
+def backend_service(port: int, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Service at 127.0.0.1:`port` and its EndpointSlice (availability checks look for it)."""
+    return service_manifest(port=port, **kwargs), endpointslice_manifest(
+        "api-1", [("127.0.0.1", True)], port=port
+    )
+
+
+class AlwaysAvailable:
+    """An availability view that says yes: for tests of the proxy's own failure paths, which the
+    availability checker would otherwise pre-empt with 503 `service unavailable`."""
+
+    def is_available(self, name: str) -> bool:
+        return True
+
+
+def force_available(server: Any) -> None:
+    server.gateway.availability = AlwaysAvailable()
+
+
+async def wait_available(server: Any, name: str = APISERVICE, timeout: float = 10.0) -> None:
+    await wait_for(lambda: server.gateway.availability.is_available(name), timeout)
+
+
 def write_manifests(folder: Path, name: str, *docs: dict[str, Any]) -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump_all(docs, sort_keys=False))

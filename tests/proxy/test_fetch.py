@@ -18,7 +18,7 @@ from tests.proxy.support import (
     BackendPKI,
     FakeBackend,
     apiservice_manifest,
-    service_manifest,
+    backend_service,
     write_manifests,
 )
 from tests.support.pki import PKI
@@ -78,7 +78,7 @@ async def test_fetch_wrong_ca_names_the_failure(
     start_proxied: StartProxied, backend: FakeBackend, backend_pki: BackendPKI
 ) -> None:
     proxied = await start_proxied(
-        apiservice=apiservice_manifest(port=backend.port, ca_pem=backend_pki.other_ca.cert_pem)
+        apiservice=apiservice_manifest(port=backend.port, ca_pem=backend_pki.other_ca.cert_pem), force=True
     )
     gateway = proxied.server.gateway
     with pytest.raises(BackendError) as info:
@@ -105,7 +105,7 @@ async def test_fetch_wrong_name_lists_the_names_the_certificate_holds(
             apiservices_dir,
             "demo",
             apiservice_manifest(port=port, ca_pem=backend_pki.ca.cert_pem),
-            service_manifest(port=port),
+            *backend_service(port),
         )
         server = await start_gateway()  # type: ignore[operator]
         gateway = server.gateway

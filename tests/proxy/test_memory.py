@@ -27,7 +27,7 @@ from tests.proxy.support import (
     BackendPKI,
     FakeBackend,
     apiservice_manifest,
-    service_manifest,
+    backend_service,
     write_manifests,
 )
 from tests.support.pki import PKI
@@ -144,7 +144,7 @@ async def test_50_mib_response_does_not_grow_the_gateway(
         apiservices_dir,
         "demo",
         apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem),
-        service_manifest(port=backend.port),
+        *backend_service(backend.port),
     )
     pid, port = gateway_process
     url = f"https://127.0.0.1:{port}{big}"

@@ -27,8 +27,9 @@ from tests.proxy.support import (
     RawBackend,
     Received,
     apiservice_manifest,
+    backend_service,
+    force_available,
     parse_request_head,
-    service_manifest,
     write_manifests,
 )
 from tests.support.pki import PKI
@@ -90,9 +91,11 @@ async def raw_gateway(
             apiservices_dir,
             "demo",
             apiservice_manifest(port=port, ca_pem=backend_pki.ca.cert_pem),
-            service_manifest(port=port),
+            *backend_service(port),
         )
         server = await start_gateway(**options)
+        # The raw backend answers no discovery: tell the proxy the APIService is available anyway.
+        force_available(server)
         return server, raw
 
     yield start

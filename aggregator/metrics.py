@@ -118,6 +118,24 @@ class Metrics:
             "Times the aggregated discovery document was regenerated.",
             registry=r,
         )
+        # OpenAPI aggregation
+        self.openapi_fetches = Counter(
+            "aggregator_openapi_fetches",
+            "OpenAPI downloads, by source (backend Service or kube-apiserver), document (v2, v3) and "
+            "outcome (ok, not_modified, not_found, error).",
+            ["source", "document", "result"],
+            registry=r,
+        )
+        self.openapi_v2_merges = Counter(
+            "aggregator_openapi_v2_merges",
+            "Times the merged OpenAPI v2 document was rebuilt (only when an input changed).",
+            registry=r,
+        )
+        self.openapi_v2_merge_duration = Gauge(
+            "aggregator_openapi_v2_merge_duration_seconds",
+            "Seconds the last OpenAPI v2 merge took (merge, JSON, protobuf and gzip renderings).",
+            registry=r,
+        )
         # authentication / authorization
         self.authn_cache = Counter(
             "aggregator_authentication_cache",

@@ -239,6 +239,10 @@ def build_gateway(options: Options) -> Gateway:
     from aggregator.discovery.component import install_discovery
 
     install_discovery(gateway)
+    # OpenAPI: /openapi/v3 (index, per group-version documents) and the merged /openapi/v2
+    from aggregator.openapi.component import install_openapi
+
+    install_openapi(gateway)
     return gateway
 
 

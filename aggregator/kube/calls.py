@@ -61,6 +61,11 @@ class ApiCall:
     def url_path(self, *, namespace: str | None = None, name: str | None = None) -> str:
         """The request path (without the server's base URL)."""
         if self.path:
+            if self.path.endswith("/*"):
+                # A family of non-resource paths (RBAC's trailing `*`): `name` is the rest of the path.
+                if not name or name.startswith("/"):
+                    raise ValueError(f"{self} needs the rest of the path as its name")
+                return self.path[:-1] + name
             return self.path
         root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         if namespace:
@@ -99,6 +104,12 @@ CREATE_SUBJECTACCESSREVIEWS = ApiCall("create", "authorization.k8s.io", "v1", "s
 # Only kube-system/extension-apiserver-authentication (the watch selects it by metadata.name).
 GET_CONFIGMAPS = ApiCall("get", "", "v1", "configmaps", namespaced=True)
 WATCH_CONFIGMAPS = ApiCall("watch", "", "v1", "configmaps", namespaced=True)
+
+# --- OpenAPI aggregation (aggregator/openapi/): kube-apiserver's own documents, in kube mode --------
+GET_OPENAPI_V2 = ApiCall("get", path="/openapi/v2")
+GET_OPENAPI_V3 = ApiCall("get", path="/openapi/v3")
+# One group-version's document: name = "apis/<group>/<version>" or "api/v1".
+GET_OPENAPI_V3_GROUP_VERSION = ApiCall("get", path="/openapi/v3/*")
 
 
 @functools.cache

@@ -1,0 +1,431 @@
+"""The OpenAPI component the gateway owns: sources, their refresh loops, and what is published.
+
+Sources: one per backend Service (every remote APIService pointing at the same Service, port and
+caBundle shares one download) and, in kube mode, kube-apiserver itself. They refresh every 60 s,
+at once when an APIService, its Service or its EndpointSlices change, and with backoff after a
+failure or a 404. Nothing is fetched on the request path: each change re-renders what is served.
+
+Published `/openapi/v3`: for each remote APIService, its backend's document for exactly its own
+group-version (a backend cannot publish someone else's); in kube mode every other key from
+kube-apiserver (core, built-ins, CRDs, local APIServices).
+
+Published `/openapi/v2`: kube-apiserver's document without the remote group-versions' paths (kube
+mode; a fixed `Kubernetes` header in local mode) first, then each remote APIService's paths under
+`/apis/<group>/<version>/`, in merge order (`merge_order`), merged as kube-openapi merges
+(`merge.py`). The merge, JSON, protobuf and gzip renderings run in a worker thread, debounced,
+and only when an input changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+import aiohttp
+from multidict import CIMultiDict
+
+from aggregator import __version__
+from aggregator.kube.calls import GET_OPENAPI_V2, GET_OPENAPI_V3, GET_OPENAPI_V3_GROUP_VERSION
+from aggregator.logs import fields
+from aggregator.model.apiservice import APIService
+from aggregator.model.jsonenc import go_marshal
+from aggregator.model.objects import EndpointSlice, Service
+from aggregator.model.userinfo import AGGREGATOR
+from aggregator.openapi.documents import Document
+from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
+from aggregator.openapi.gnostic import encode_document
+from aggregator.openapi.merge import JSON, drop_prefixes, filter_paths, keep_prefixes, merge_documents
+from aggregator.openapi.refresh import Refresher
+from aggregator.openapi.sources import V2_PATH, V3_ROOT, Answer, OpenAPISource
+from aggregator.sources.store import Event, Kind
+
+if TYPE_CHECKING:
+    from aggregator.kube.client import KubeClient
+    from aggregator.server import Gateway
+
+log = logging.getLogger(__name__)
+
+KUBE_APISERVER = "kube-apiserver"
+# (namespace, name, port, caBundle, insecureSkipTLSVerify): APIServices equal here share a download.
+BackendKey = tuple[str, str, int, bytes, bool]
+SourceKey = BackendKey | str
+
+
+def gv_key(svc: APIService) -> str:
+    """The `/openapi/v3` key of an APIService's group-version."""
+    return f"apis/{svc.group}/{svc.version}" if svc.group else f"api/{svc.version}"
+
+
+def gv_prefix(svc: APIService) -> str:
+    """The v2 path prefix an APIService's paths live under (upstream's filter)."""
+    return f"/apis/{svc.group}/{svc.version}/" if svc.group else f"/api/{svc.version}/"
+
+
+def backend_key(svc: APIService) -> BackendKey:
+    assert svc.service is not None
+    ref = svc.service
+    return (ref.namespace, ref.name, ref.port, svc.ca_bundle, svc.insecure_skip_tls_verify)
+
+
+def merge_order(apiservices: Iterable[APIService]) -> list[APIService]:
+    """Remote APIServices in the order their v2 documents merge (earlier ones keep their names).
+
+    Groups by priority (the highest groupPriorityMinimum of the group's remote APIServices),
+    descending; inside a group by versionPriority, descending, then name. Upstream compares a
+    group's members by name only: its comparator reads versionPriority from the same APIService
+    twice (`jPriority = a.apiServices[i].Spec.VersionPriority`). Groups of equal priority go by
+    group name, which keeps the order total (upstream falls back to APIService names there).
+    """
+    remote = [s for s in apiservices if not s.local]
+    priority: dict[str, int] = {}
+    for svc in remote:
+        priority[svc.group] = max(
+            priority.get(svc.group, svc.group_priority_minimum), svc.group_priority_minimum
+        )
+    return sorted(remote, key=lambda s: (-priority[s.group], s.group, -s.version_priority, s.name))
+
+
+# --- what is served ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class V3Published:
+    index: Document
+    documents: Mapping[str, Document]
+
+
+@dataclass(frozen=True, slots=True)
+class V2Published:
+    json: Document
+    protobuf: Document
+    sources: tuple[str, ...] = ()  # what was merged, in order
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class V2Input:
+    """One document to merge: a source's spec and which of its paths to take."""
+
+    name: str
+    spec: JSON
+    keep: tuple[str, ...] = ()  # only paths under these prefixes (a remote group-version)
+    drop: tuple[str, ...] = ()  # none under these (kube-apiserver: the remote group-versions)
+    revision: tuple[str, int] = ("", 0)  # (source, its v2 revision): equal inputs skip the merge
+
+
+def base_document() -> JSON:
+    """What heads the merged v2 document when kube-apiserver's does not (local mode)."""
+    return {"swagger": "2.0", "info": {"title": "Kubernetes", "version": f"v{__version__}"}, "paths": {}}
+
+
+def render_v3_index(documents: Mapping[str, Document]) -> bytes:
+    """kube-openapi's `OpenAPIV3Discovery`: keys sorted (a Go map), URLs with the current hash."""
+    return go_marshal(
+        {
+            "paths": {
+                key: {"serverRelativeURL": f"{V3_ROOT}/{key}?{urlencode({'hash': documents[key].etag})}"}
+                for key in sorted(documents)
+            }
+        }
+    )
+
+
+def build_v2(inputs: Sequence[V2Input]) -> V2Published:
+    """Filter, merge and render every representation (CPU-bound: runs in a worker thread)."""
+    specs: list[tuple[str, JSON]] = []
+    for item in inputs:
+        spec = item.spec
+        if item.keep:
+            spec = filter_paths(spec, keep_prefixes(item.keep))
+        if item.drop:
+            spec = filter_paths(spec, drop_prefixes(item.drop))
+        specs.append((item.name, spec))
+    result = merge_documents(specs)
+    json_doc = Document.render(go_marshal(result.document), compress=True)
+    # kube-openapi serves the protobuf under the JSON's ETag ("because of the Vary header").
+    protobuf = Document.render(
+        encode_document(result.document), PROTOBUF_CONTENT_TYPE, etag=json_doc.etag, compress=True
+    )
+    return V2Published(json_doc, protobuf, tuple(name for name, _ in specs), result.skipped)
+
+
+EMPTY_V3 = V3Published(Document.render(render_v3_index({})), {})
+
+
+# --- getters ----------------------------------------------------------------------------------------
+
+
+class BackendGetter:
+    """GETs against the backend of a group of APIServices, through the proxy transport."""
+
+    def __init__(self, owner: OpenAPIAggregation, key: BackendKey) -> None:
+        self._owner = owner
+        self._key = key
+
+    async def __call__(self, path: str, query: Mapping[str, str], headers: Mapping[str, str]) -> Answer:
+        members = self._owner.members.get(self._key)
+        if not members:
+            raise RuntimeError("no APIService uses this backend any more")
+        backends = self._owner.gateway.backends
+        target = path + ("?" + urlencode(query) if query else "")
+        resp = await backends.fetch(
+            members[0], target, headers=headers, user=AGGREGATOR, timeout=self._owner.timeout
+        )
+        return Answer(resp.status, resp.headers, resp.body)
+
+
+class KubeGetter:
+    """GETs against kube-apiserver's own OpenAPI, as declared calls of the gateway's client."""
+
+    def __init__(self, kube: KubeClient, timeout: float) -> None:
+        self._kube = kube
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=5.0)
+
+    async def __call__(self, path: str, query: Mapping[str, str], headers: Mapping[str, str]) -> Answer:
+        name = None
+        if path == V2_PATH:
+            call = GET_OPENAPI_V2
+        elif path == V3_ROOT:
+            call = GET_OPENAPI_V3
+        elif path.startswith(V3_ROOT + "/"):
+            call, name = GET_OPENAPI_V3_GROUP_VERSION, path[len(V3_ROOT) + 1 :]
+        else:
+            raise ValueError(f"not an OpenAPI path: {path}")
+        resp = await self._kube.request(
+            call, name=name, params=dict(query) or None, headers=headers, client_timeout=self._timeout
+        )
+        return Answer(resp.status, CIMultiDict(resp.headers), resp.body)
+
+
+# --- the component ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _V2State:
+    signature: tuple[Any, ...] | None = None
+    dirty: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+class OpenAPIAggregation:
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        refresh_interval: float = 60.0,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 300.0,
+        timeout: float = 30.0,
+        debounce: float = 0.05,
+        concurrency: int = 4,
+    ) -> None:
+        self.gateway = gateway
+        self.store = gateway.store
+        self.metrics = gateway.metrics
+        self.timeout = timeout
+        self.debounce = debounce
+        self.kube_mode = gateway.options.kube_mode
+        self.sources: dict[SourceKey, OpenAPISource] = {}
+        # Remote APIServices per backend, by name (the first one makes the backend calls).
+        self.members: dict[BackendKey, list[APIService]] = {}
+        self.refresher: Refresher[SourceKey] = Refresher(
+            self._refresh,
+            interval=refresh_interval,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+            concurrency=concurrency,
+            name="openapi",
+        )
+        self.v3: V3Published = EMPTY_V3
+        self.v2: V2Published = build_v2([V2Input("gateway", base_document())])
+        self._v2 = _V2State()
+        self._remote_keys: frozenset[str] = frozenset()
+        self._started = False
+        self.store.add_listener(self._on_event)
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._started = True
+        if self.kube_mode and self.gateway.kube is not None:
+            kube = OpenAPISource(
+                KUBE_APISERVER,
+                KubeGetter(self.gateway.kube, self.timeout),
+                wants=lambda key: key not in self._remote_keys,
+                metrics=self.metrics,
+            )
+            self.sources[KUBE_APISERVER] = kube
+            self.refresher.ensure(KUBE_APISERVER)
+        self._sync()
+        self.refresher.start()
+
+    async def stop(self) -> None:
+        self._started = False
+        await self.refresher.stop()
+        task = self._v2.task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # --- what changed --------------------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        if not self._started:
+            return
+        if event.kind is Kind.APISERVICE:
+            self._sync()
+            return
+        obj = event.obj
+        if isinstance(obj, Service):
+            namespace, name = obj.namespace, obj.name
+        elif isinstance(obj, EndpointSlice):
+            namespace, name = obj.namespace, obj.service_name
+        else:
+            return
+        for key in self.members:
+            if key[0] == namespace and key[1] == name:
+                self.refresher.poke(key)
+
+    def _sync(self) -> None:
+        """Match sources to the store's remote APIServices; republish what their change affects."""
+        members: dict[BackendKey, list[APIService]] = {}
+        for svc in sorted(self.store.apiservices(), key=lambda s: s.name):
+            if not svc.local:
+                members.setdefault(backend_key(svc), []).append(svc)
+        previous = self.members
+        self.members = members
+        retired = {
+            k: self.sources.pop(k) for k in list(self.sources) if k != KUBE_APISERVER and k not in members
+        }
+        for key in retired:
+            self.refresher.discard(key)
+        for key, group in members.items():
+            if key not in self.sources:
+                source = OpenAPISource(
+                    f"{key[0]}/{key[1]}:{key[2]}",
+                    BackendGetter(self, key),
+                    wants=self._wanted_by(key),
+                    metrics=self.metrics,
+                )
+                # Same server, new TLS settings (a rotated caBundle): serve its documents until
+                # the first download through the new settings replaces them.
+                for old_key, old in retired.items():
+                    if old_key[:3] == key[:3]:
+                        source.v3, source.v2, source.v2_revision = dict(old.v3), old.v2, old.v2_revision + 1
+                        break
+                self.sources[key] = source
+                self.refresher.ensure(key)
+            elif [gv_key(s) for s in group] != [gv_key(s) for s in previous.get(key, [])]:
+                self.refresher.poke(key)  # a group-version was added: download its document
+        remote_keys = frozenset(gv_key(s) for group in members.values() for s in group)
+        if remote_keys != self._remote_keys:
+            self._remote_keys = remote_keys
+            self.refresher.poke(KUBE_APISERVER)
+        self._publish_v3()
+        self._schedule_v2()
+
+    def _wanted_by(self, key: BackendKey) -> Any:
+        def wants(gv: str) -> bool:
+            return any(gv_key(s) == gv for s in self.members.get(key, ()))
+
+        return wants
+
+    async def _refresh(self, key: SourceKey) -> bool:
+        source = self.sources.get(key)
+        if source is None:
+            return True
+        result = await source.refresh()
+        if self.sources.get(key) is not source:
+            return result.ok  # removed while it ran
+        if result.v3_changed:
+            self._publish_v3()
+        if result.v2_changed:
+            self._schedule_v2()
+        return result.ok
+
+    # --- publishing ----------------------------------------------------------------------------------
+
+    def _publish_v3(self) -> None:
+        documents: dict[str, Document] = {}
+        kube = self.sources.get(KUBE_APISERVER)
+        if kube is not None:
+            documents.update((k, d) for k, d in kube.v3.items() if k not in self._remote_keys)
+        for key, group in self.members.items():
+            source = self.sources.get(key)
+            if source is None:
+                continue
+            for svc in group:
+                doc = source.v3.get(gv_key(svc))
+                if doc is not None:
+                    documents[gv_key(svc)] = doc
+        index = render_v3_index(documents)
+        if index != self.v3.index.body or documents.keys() != self.v3.documents.keys():
+            self.v3 = V3Published(Document.render(index), documents)
+
+    def v2_inputs(self) -> list[V2Input]:
+        """What the next v2 merge takes, in order."""
+        inputs: list[V2Input] = []
+        kube = self.sources.get(KUBE_APISERVER)
+        remote = merge_order(s for group in self.members.values() for s in group)
+        if kube is not None and kube.v2 is not None:
+            drop = tuple(sorted(gv_prefix(s) for s in remote))
+            inputs.append(V2Input(KUBE_APISERVER, kube.v2, drop=drop, revision=(kube.name, kube.v2_revision)))
+        else:
+            inputs.append(V2Input("gateway", base_document()))
+        for svc in remote:
+            source = self.sources.get(backend_key(svc))
+            if source is not None and source.v2 is not None:
+                revision = (source.name, source.v2_revision)
+                inputs.append(V2Input(svc.name, source.v2, keep=(gv_prefix(svc),), revision=revision))
+        return inputs
+
+    def _schedule_v2(self) -> None:
+        self._v2.dirty = True
+        if not self._started:
+            return
+        if self._v2.task is None or self._v2.task.done():
+            self._v2.task = asyncio.get_running_loop().create_task(self._rebuild_v2(), name="openapi:v2")
+
+    async def _rebuild_v2(self) -> None:
+        await asyncio.sleep(self.debounce)  # let a burst of changes settle into one merge
+        while self._v2.dirty:
+            self._v2.dirty = False
+            inputs = self.v2_inputs()
+            signature = tuple((i.name, i.revision, i.keep, i.drop) for i in inputs)
+            if signature == self._v2.signature:
+                continue
+            started = time.monotonic()
+            try:
+                published = await asyncio.to_thread(build_v2, inputs)
+            except Exception:
+                log.exception("merging OpenAPI v2 failed; serving the previous document")
+                continue
+            self._v2.signature = signature
+            self.v2 = published
+            elapsed = time.monotonic() - started
+            self.metrics.openapi_v2_merges.inc()
+            self.metrics.openapi_v2_merge_duration.set(elapsed)
+            for name, reason in published.skipped:
+                log.warning(
+                    "OpenAPI v2 document left out of the merge", extra=fields(source=name, reason=reason)
+                )
+            log.debug(
+                "OpenAPI v2 merged",
+                extra=fields(sources=len(inputs), bytes=len(published.json.body), seconds=round(elapsed, 3)),
+            )
+
+
+def install_openapi(gateway: Gateway, **options: Any) -> OpenAPIAggregation:
+    from aggregator.openapi.routes import OpenAPIRoutes
+
+    aggregation = OpenAPIAggregation(gateway, **options)
+    OpenAPIRoutes(aggregation).install(gateway.router)
+    gateway.add_component(aggregation)
+    return aggregation

@@ -1,0 +1,261 @@
+"""Where OpenAPI documents come from: one extension server (a Service), or kube-apiserver.
+
+A source refresh downloads, in the background:
+- `/openapi/v3`, then each wanted group-version's document, only when its `?hash=` changed (or
+  with `If-None-Match` when the server gives no hash);
+- `/openapi/v2` as JSON with `If-None-Match` (upstream's downloader asks the same way).
+
+A 404 means "not published": the source's documents are dropped and the refresh counts as not
+successful, so the scheduler retries with backoff (upstream never retries a 404 until the
+APIService changes: a backend that comes up without OpenAPI stays invisible to kubectl). Any other
+failure keeps the last good documents. Each transition is logged once; repeats are debug lines.
+
+Backends are asked as the gateway's own identity (system:kube-aggregator, system:masters), like
+the discovery fetcher; upstream uses `system:aggregator` without groups, which extension servers
+that authorize by group (our sample, many operators) refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from aggregator.logs import fields
+from aggregator.openapi.documents import Document
+
+if TYPE_CHECKING:
+    from aggregator.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+V3_ROOT = "/openapi/v3"
+V2_PATH = "/openapi/v2"
+ACCEPT_JSON = {"Accept": "application/json"}
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class Getter(Protocol):
+    """One GET against a source; raises (any Exception) when the source cannot be reached."""
+
+    async def __call__(self, path: str, query: Mapping[str, str], headers: Mapping[str, str]) -> Answer: ...
+
+
+class NotPublished(Exception):
+    """The source answered 404: it publishes no such document."""
+
+
+class SourceError(Exception):
+    """The source answered, but not with a usable document."""
+
+
+def _excerpt(body: bytes, limit: int = 300) -> str:
+    return body[:limit].decode("utf-8", "replace").strip()
+
+
+def _checked(answer: Answer, what: str) -> Answer:
+    if answer.status == 404:
+        raise NotPublished(f"{what}: 404 Not Found")
+    if answer.status not in (200, 304):
+        raise SourceError(f"{what}: HTTP {answer.status}: {_excerpt(answer.body)}")
+    return answer
+
+
+def _hash_of(url: str) -> str:
+    values = parse_qs(urlsplit(url).query).get("hash")
+    return values[0] if values else ""
+
+
+def _parse_object(body: bytes, what: str) -> JSON:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise SourceError(f"{what}: not JSON: {err}") from err
+    if not isinstance(doc, dict):
+        raise SourceError(f"{what}: not a JSON object")
+    return doc
+
+
+@dataclass(slots=True)
+class Refreshed:
+    ok: bool
+    v3_changed: bool = False
+    v2_changed: bool = False
+
+
+@dataclass
+class OpenAPISource:
+    """What the gateway holds from one source, and how to refresh it."""
+
+    name: str  # for logs and metrics: a Service (`ns/name:port`) or "kube-apiserver"
+    get: Getter
+    # Which `/openapi/v3` keys (`apis/<g>/<v>`) to download from this source.
+    wants: Callable[[str], bool]
+    metrics: Metrics | None = None
+    v3: dict[str, Document] = field(default_factory=dict)
+    v2: JSON | None = None
+    v2_revision: int = 0  # bumped whenever `v2` changes
+    v3_published: bool | None = None  # None until the first answer
+    v2_published: bool | None = None
+    failures: int = 0
+    last_error: str = ""
+    last_success: float | None = None
+    _v3_hashes: dict[str, str] = field(default_factory=dict)  # key -> the source's own hash
+    _v2_etag: str = ""
+    _failing: set[str] = field(default_factory=set)  # documents whose last attempt failed
+
+    # --- one refresh -----------------------------------------------------------------------------
+
+    async def refresh(self) -> Refreshed:
+        result = Refreshed(ok=True)
+        try:
+            result.v3_changed = await self._refresh_v3()
+            self._recovered("v3")
+        except Exception as err:
+            result.ok = False
+            result.v3_changed = self._failed("v3", err)
+        try:
+            result.v2_changed = await self._refresh_v2()
+            self._recovered("v2")
+        except Exception as err:
+            result.ok = False
+            result.v2_changed = self._failed("v2", err)
+        if result.ok:
+            self.failures = 0
+            self.last_error = ""
+            self.last_success = time.time()
+        else:
+            self.failures += 1
+        return result
+
+    async def _refresh_v3(self) -> bool:
+        answer = _checked(await self.get(V3_ROOT, {}, ACCEPT_JSON), f"GET {V3_ROOT}")
+        index = _parse_object(answer.body, f"GET {V3_ROOT}")
+        paths = index.get("paths")
+        entries: Mapping[str, Any] = paths if isinstance(paths, dict) else {}
+        changed = False
+        wanted = {key: entry for key, entry in entries.items() if self.wants(key)}
+        for key in [k for k in self.v3 if k not in wanted]:
+            del self.v3[key]
+            self._v3_hashes.pop(key, None)
+            changed = True
+        for key, entry in sorted(wanted.items()):
+            url = entry.get("serverRelativeURL", "") if isinstance(entry, dict) else ""
+            url = url if isinstance(url, str) else ""
+            changed |= await self._refresh_group_version(key, url)
+        self.v3_published = True
+        self._count("v3", "ok")
+        return changed
+
+    async def _refresh_group_version(self, key: str, url: str) -> bool:
+        """Download one group-version's document if its hash moved; True when it changed."""
+        path = f"{V3_ROOT}/{key}"
+        # Only the document this key names, whatever URL the index gives (a backend may not point
+        # the gateway at other paths on its behalf).
+        server_hash = _hash_of(url) if urlsplit(url).path == path else ""
+        current = self.v3.get(key)
+        if current is not None and server_hash and self._v3_hashes.get(key) == server_hash:
+            return False
+        headers = dict(ACCEPT_JSON)
+        if current is not None and not server_hash:
+            headers["If-None-Match"] = current.quoted_etag
+        answer = await self.get(path, {"hash": server_hash} if server_hash else {}, headers)
+        if answer.status == 304 and current is not None:
+            return False
+        if answer.status != 200:
+            # Listed in the index but not served: a broken source, not an unpublished document.
+            raise SourceError(f"GET {path}: HTTP {answer.status}: {_excerpt(answer.body)}")
+        await asyncio.to_thread(_parse_object, answer.body, f"GET {path}")
+        self._v3_hashes[key] = server_hash
+        if current is not None and current.body == answer.body:
+            return False
+        self.v3[key] = Document.render(answer.body)
+        return True
+
+    async def _refresh_v2(self) -> bool:
+        headers = dict(ACCEPT_JSON)
+        if self.v2 is not None and self._v2_etag:
+            headers["If-None-Match"] = self._v2_etag
+        answer = _checked(await self.get(V2_PATH, {}, headers), f"GET {V2_PATH}")
+        self.v2_published = True
+        if answer.status == 304:
+            if self.v2 is None:
+                raise SourceError(f"GET {V2_PATH}: 304 Not Modified without a previous download")
+            self._count("v2", "not_modified")
+            return False
+        spec = await asyncio.to_thread(_parse_object, answer.body, f"GET {V2_PATH}")
+        # Only a server-given ETag is sent back (a locally computed one would never match).
+        self._v2_etag = answer.headers.get("ETag", "") or answer.headers.get("Etag", "")
+        self._count("v2", "ok")
+        if self.v2 == spec:
+            return False
+        self.v2 = spec
+        self.v2_revision += 1
+        return True
+
+    # --- outcomes --------------------------------------------------------------------------------
+
+    def _failed(self, document: str, err: Exception) -> bool:
+        """Record a failed download; True when the served documents changed (404 drops them)."""
+        first = document not in self._failing
+        self._failing.add(document)
+        if isinstance(err, NotPublished):
+            self._count(document, "not_found")
+            changed = self._drop(document)
+            (log.info if first else log.debug)(
+                f"source publishes no OpenAPI {document}; retrying with backoff",
+                extra=fields(source=self.name, reason=str(err), failures=self.failures + 1),
+            )
+            return changed
+        message = str(err) or type(err).__name__
+        if isinstance(err, TimeoutError):
+            message = "timed out"
+        self.last_error = f"{document}: {message}"
+        self._count(document, "error")
+        (log.warning if first else log.debug)(
+            f"OpenAPI {document} download failed; serving the last good documents",
+            extra=fields(
+                source=self.name,
+                hop=getattr(err, "hop", "") or "",
+                error=message,
+                failures=self.failures + 1,
+            ),
+        )
+        return False
+
+    def _recovered(self, document: str) -> None:
+        if document in self._failing:
+            self._failing.discard(document)
+            log.info(f"OpenAPI {document} download recovered", extra=fields(source=self.name))
+
+    def _drop(self, document: str) -> bool:
+        if document == "v3":
+            self.v3_published = False
+            self._v3_hashes.clear()
+            if self.v3:
+                self.v3.clear()
+                return True
+            return False
+        self.v2_published = False
+        self._v2_etag = ""
+        if self.v2 is not None:
+            self.v2 = None
+            self.v2_revision += 1
+            return True
+        return False
+
+    def _count(self, document: str, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.openapi_fetches.labels(self.name, document, result).inc()

@@ -243,6 +243,10 @@ def build_gateway(options: Options) -> Gateway:
     from aggregator.openapi.component import install_openapi
 
     install_openapi(gateway)
+    # availability: the proxy's 503s, discovery's Stale marks, conditions, metrics, /readyz notes
+    from aggregator.availability import install_availability
+
+    install_availability(gateway)
     return gateway
 
 

@@ -13,6 +13,7 @@ import pytest
 from aggregator.apiregistration import human_duration
 from aggregator.certs import kubeconfig, load_pair, write_kubeconfig
 from aggregator.model.apiservice import Condition
+from aggregator.server import GatewayServer
 from tests.conftest import StartGateway
 from tests.discovery.manifests import apiservice, write_manifests
 from tests.support.pki import PKI
@@ -51,6 +52,16 @@ def test_human_duration(seconds: int, text: str) -> None:
     assert human_duration(seconds) == text
 
 
+async def conditions_recorded(server: GatewayServer, *names: str) -> None:
+    """Wait for the availability checker's first verdicts, so later writes cannot race the test."""
+    store = server.gateway.store
+    for _ in range(500):
+        if all((svc := store.apiservice(n)) is not None and svc.conditions for n in names):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no Available condition recorded for {names}")
+
+
 async def test_group_resources_list_get_and_errors(
     start_gateway: StartGateway, apiservices_dir: Path, pki: PKI
 ) -> None:
@@ -62,6 +73,7 @@ async def test_group_resources_list_get_and_errors(
         ],
     )
     server = await start_gateway()
+    await conditions_recorded(server, "v1.apps", "v1beta1.metrics.k8s.io")
     ssl = pki.client_context()
     async with aiohttp.ClientSession() as session:
         async with session.get(server.url + BASE, ssl=ssl) as resp:
@@ -143,7 +155,7 @@ async def test_group_resources_list_get_and_errors(
             table = await resp.json()
         assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Service", "Available", "Age"]
         assert [r["cells"][:3] for r in table["rows"]] == [
-            ["v1.apps", "Local", "Unknown"],
+            ["v1.apps", "Local", "True"],
             ["v1beta1.metrics.k8s.io", "kube-system/metrics-server", "False (MissingEndpoints)"],
         ]
         assert table["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
@@ -157,6 +169,7 @@ async def test_kubectl_get_apiservices(
         [apiservice("v1beta1.metrics.k8s.io", 100, 100, service=("kube-system", "metrics-server"))],
     )
     server = await start_gateway()
+    await conditions_recorded(server, "v1beta1.metrics.k8s.io")
     config = tmp_path / "kubeconfig"
     write_kubeconfig(
         config, kubeconfig(server.url, Path(pki.path("ca.crt")).read_bytes(), load_pair(pki.dir, "admin"))
@@ -174,7 +187,13 @@ async def test_kubectl_get_apiservices(
     assert proc.returncode == 0, err.decode()
     lines = out.decode().splitlines()
     assert lines[0].split() == ["NAME", "SERVICE", "AVAILABLE", "AGE"]
-    assert lines[1].split()[:3] == ["v1beta1.metrics.k8s.io", "kube-system/metrics-server", "Unknown"]
+    # The availability checker's verdict: there is no metrics-server Service in the folder.
+    assert lines[1].split()[:4] == [
+        "v1beta1.metrics.k8s.io",
+        "kube-system/metrics-server",
+        "False",
+        "(ServiceNotFound)",
+    ]
 
     proc = await asyncio.create_subprocess_exec(
         "kubectl",

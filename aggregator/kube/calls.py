@@ -98,6 +98,13 @@ WATCH_SERVICES = ApiCall("watch", "", "v1", "services", namespaced=True)
 LIST_ENDPOINTSLICES = ApiCall("list", "discovery.k8s.io", "v1", "endpointslices", namespaced=True)
 WATCH_ENDPOINTSLICES = ApiCall("watch", "discovery.k8s.io", "v1", "endpointslices", namespaced=True)
 
+# --- availability (aggregator/availability/) ------------------------------------------------------
+# `--write-apiservice-status` only (overlay write-apiservice-status); GET re-reads after a 409 conflict.
+UPDATE_APISERVICE_STATUS = ApiCall(
+    "update", "apiregistration.k8s.io", "v1", "apiservices", subresource="status"
+)
+GET_APISERVICES = ApiCall("get", "apiregistration.k8s.io", "v1", "apiservices")
+
 # --- authentication and authorization (aggregator/auth/) -------------------------------------------
 CREATE_TOKENREVIEWS = ApiCall("create", "authentication.k8s.io", "v1", "tokenreviews")
 CREATE_SUBJECTACCESSREVIEWS = ApiCall("create", "authorization.k8s.io", "v1", "subjectaccessreviews")

@@ -1,0 +1,281 @@
+"""`gateway.availability`: every APIService re-checked on a timer and on change; the proxy asks it.
+
+One loop per APIService, at most `workers` checks at a time (upstream runs 5 workers): a check at
+start (once the store has synced), every `interval` seconds (30 s, upstream's resync), at once
+when the APIService's spec, its Service or its EndpointSlices change, and sooner after a failed
+discovery GET (doubling from `retry_initial` up to `interval`, like upstream's rate-limited
+requeue). A status-only change of the APIService (our own write, or kube-apiserver's aggregator)
+does not trigger a check.
+
+The latest verdict answers `is_available` (the proxy's 503 `service unavailable`) straight from a
+dict; before an APIService's first verdict the object's own condition answers, as upstream's proxy
+reads it. Every verdict sets `aggregator_unavailable_apiservice{name}`; a recorded flip to
+not-available counts `aggregator_unavailable_apiservice_total{name,reason}`; a deleted APIService
+loses its gauge series. Listeners (discovery's fetcher) hear of every flip, so a backend found
+down is re-fetched, and its discovery marked Stale, at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from aggregator.availability import conditions as cond
+from aggregator.availability.conditions import Verdict
+from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
+from aggregator.availability.status import Change, StatusSink
+from aggregator.logs import fields
+from aggregator.metrics import Metrics
+from aggregator.model.apiservice import APIService, Condition
+from aggregator.model.objects import EndpointSlice, Service
+from aggregator.sources.store import DELETED, MODIFIED, Event, Store
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 30.0
+RETRY_INITIAL = 0.5
+WORKERS = 5
+
+
+@dataclass
+class _Loop:
+    name: str
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    failures: int = 0
+
+
+def _available(conditions: tuple[Condition, ...]) -> bool:
+    return any(c.type == "Available" and c.status == "True" for c in conditions)
+
+
+def _available_condition(conditions: tuple[Condition, ...]) -> Condition | None:
+    return next((c for c in conditions if c.type == "Available"), None)
+
+
+def _spec_changed(old: APIService, new: APIService) -> bool:
+    """False for a write that only touched the status (or just bumped the resourceVersion)."""
+    return replace(old, conditions=(), resource_version="") != replace(
+        new, conditions=(), resource_version=""
+    )
+
+
+class AvailabilityChecker:
+    def __init__(
+        self,
+        store: Store,
+        probe: DiscoveryProbe,
+        metrics: Metrics,
+        sink: StatusSink,
+        *,
+        interval: float = INTERVAL,
+        retry_initial: float = RETRY_INITIAL,
+        workers: int = WORKERS,
+        access: AccessError | None = None,
+    ) -> None:
+        self.store = store
+        self.probe = probe
+        self.metrics = metrics
+        self.sink = sink
+        self.interval = interval
+        self.retry_initial = retry_initial
+        self.access = access
+        self._workers = workers
+        self._semaphore: asyncio.Semaphore | None = None
+        self._loops: dict[str, _Loop] = {}
+        self._verdicts: dict[str, Verdict] = {}
+        self._listeners: list[Callable[[str], None]] = []
+        self._running = False
+        self._starter: asyncio.Task[None] | None = None
+        # Checks completed, for tests and for `/readyz?verbose` readers wondering if it runs at all.
+        self.checks = 0
+        store.add_listener(self._on_event)
+
+    # --- what the rest of the gateway asks ---------------------------------------------------------
+
+    def is_available(self, name: str) -> bool:
+        """May requests for this APIService be proxied? (upstream: its Available condition)"""
+        verdict = self._verdicts.get(name)
+        if verdict is not None:
+            return verdict.available
+        svc = self.store.apiservice(name)
+        return svc is not None and svc.available
+
+    def verdict(self, name: str) -> Verdict | None:
+        return self._verdicts.get(name)
+
+    def unavailable(self) -> list[tuple[str, Verdict]]:
+        return [(name, v) for name, v in sorted(self._verdicts.items()) if not v.available]
+
+    def notes(self) -> list[str]:
+        """Extra `/readyz?verbose` lines: backends being down never fails readiness, but is shown."""
+        return [
+            f"warn: APIService {name} is unavailable: {v.reason}: {v.message}"
+            for name, v in self.unavailable()
+        ]
+
+    def add_listener(self, listener: Callable[[str], None]) -> None:
+        """Called with an APIService name whenever its availability flips (or is first known)."""
+        self._listeners.append(listener)
+
+    def poke(self, name: str) -> None:
+        """Check this APIService again now."""
+        loop = self._loops.get(name)
+        if loop is not None:
+            loop.wake.set()
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._semaphore = asyncio.Semaphore(self._workers)
+        self._running = True
+        self._starter = asyncio.get_running_loop().create_task(self._start_when_synced(), name="availability")
+
+    async def _start_when_synced(self) -> None:
+        # Upstream waits for its informers: a Service not listed yet is not a missing Service.
+        await self.store.wait_synced()
+        for svc in self.store.apiservices():
+            self._track(svc.name)
+
+    async def stop(self) -> None:
+        self._running = False
+        tasks = [loop.task for loop in self._loops.values() if loop.task is not None]
+        if self._starter is not None:
+            tasks.append(self._starter)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # --- store events ------------------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        obj = event.obj
+        if isinstance(obj, APIService):
+            if event.type == DELETED:
+                self._forget(obj.name)
+            elif not (
+                event.type == MODIFIED
+                and isinstance(event.old, APIService)
+                and not _spec_changed(event.old, obj)
+            ):
+                self._track(obj.name)
+            return
+        names: set[tuple[str, str]] = set()
+        for item in (obj, event.old):
+            if isinstance(item, Service):
+                names.add((item.namespace, item.name))
+            elif isinstance(item, EndpointSlice) and item.service_name:
+                names.add((item.namespace, item.service_name))
+        for namespace, name in names:
+            for svc in self.store.apiservices_for_service(namespace, name):
+                self.poke(svc.name)
+
+    def _track(self, name: str) -> None:
+        if not self._running or not self.store.synced:
+            return  # the starter picks every APIService up once the store has synced
+        loop = self._loops.get(name)
+        if loop is None:
+            loop = self._loops[name] = _Loop(name)
+        if loop.task is None or loop.task.done():
+            loop.task = asyncio.get_running_loop().create_task(self._run(loop), name=f"availability:{name}")
+        loop.wake.set()
+
+    def _forget(self, name: str) -> None:
+        loop = self._loops.pop(name, None)
+        if loop is not None and loop.task is not None:
+            loop.task.cancel()
+        had = self._verdicts.pop(name, None)
+        self.metrics.unavailable_apiservice.forget(name)
+        self.sink.forget(name)
+        if had is not None:
+            self._notify(name)
+
+    # --- the loop ----------------------------------------------------------------------------------
+
+    async def _run(self, loop: _Loop) -> None:
+        assert self._semaphore is not None
+        while True:
+            loop.wake.clear()  # a change during the check below means "check again right after"
+            async with self._semaphore:
+                retry = await self.check_once(loop.name)
+            loop.failures = loop.failures + 1 if retry else 0
+            delay = (
+                min(self.interval, self.retry_initial * 2 ** min(loop.failures - 1, 30))
+                if retry
+                else self.interval
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(loop.wake.wait(), delay)
+
+    async def check_once(self, name: str) -> bool:
+        """Check one APIService and record the verdict; True when it should be retried soon."""
+        svc = self.store.apiservice(name)
+        if svc is None:
+            return False
+        try:
+            report = await check_apiservice(svc, self.store, self.probe, access=self.access)
+        except Exception:
+            log.exception("availability check failed unexpectedly", extra=fields(apiservice=name))
+            return True
+        self.checks += 1
+        await self.record(report)
+        return report.verdict.reason == cond.FAILED_DISCOVERY_CHECK
+
+    async def record(self, report: Report) -> None:
+        """Make `report.verdict` the APIService's availability: view, gauge, sink, counter."""
+        name, verdict = report.name, report.verdict
+        svc = self.store.apiservice(name)
+        if svc is None:
+            return  # deleted while it was being checked
+        was = self.is_available(name)
+        first = name not in self._verdicts
+        self._verdicts[name] = verdict
+        self.metrics.unavailable_apiservice.set(name, not verdict.available)
+        if first or was != verdict.available:
+            self._notify(name)
+        log.debug(
+            "APIService checked",
+            extra=fields(
+                apiservice=name, status=verdict.status, reason=verdict.reason, message=verdict.message
+            ),
+        )
+        try:
+            change = await self.sink.apply(svc, verdict)
+        except Exception as err:
+            log.warning(
+                "APIService status not recorded; trying again on the next check",
+                extra=fields(apiservice=name, reason=str(err) or type(err).__name__),
+            )
+            return
+        if change is not None:
+            self._recorded(name, change)
+
+    def _recorded(self, name: str, change: Change) -> None:
+        before, after = _available_condition(change.before), _available_condition(change.after)
+        was, now = _available(change.before), _available(change.after)
+        if was != now and not now:
+            reason = after.reason if after is not None and after.reason else cond.UNKNOWN_REASON
+            self.metrics.unavailable_apiservice_total.labels(name, reason).inc()
+        if was != now or before is None:
+            log.info(
+                "APIService availability changed",
+                extra=fields(
+                    apiservice=name,
+                    old_status=before.status if before else "Unknown",
+                    new_status=after.status if after else "Unknown",
+                    reason=after.reason if after else "",
+                    message=after.message if after else "",
+                ),
+            )
+
+    def _notify(self, name: str) -> None:
+        for listener in self._listeners:
+            try:
+                listener(name)
+            except Exception:
+                log.exception("availability listener failed", extra=fields(apiservice=name))

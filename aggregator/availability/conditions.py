@@ -1,0 +1,153 @@
+"""The `Available` condition: upstream's reasons and messages, then the detail upstream leaves out.
+
+kube-aggregator's messages are what operators search for and what alerts match on, so each one is
+reproduced exactly (`remote_available_controller.go`). What they lack is the hop that failed, the
+address dialed, the names a certificate holds, the HTTP status and body: that detail follows the
+upstream message in brackets, `<upstream message> [hop: tls; dialed: 10.0.0.5:443; ...]`, so a
+tool matching upstream's text still matches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aggregator.model.apiservice import (
+    AVAILABLE,
+    LOCAL_MESSAGE,
+    LOCAL_REASON,
+    Condition,
+    ServiceReference,
+    now_rfc3339,
+)
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+
+PASSED = "Passed"
+LOCAL = LOCAL_REASON
+SERVICE_NOT_FOUND = "ServiceNotFound"
+SERVICE_ACCESS_ERROR = "ServiceAccessError"
+SERVICE_PORT_ERROR = "ServicePortError"
+ENDPOINTS_ACCESS_ERROR = "EndpointsAccessError"
+ENDPOINTS_NOT_FOUND = "EndpointsNotFound"
+MISSING_ENDPOINTS = "MissingEndpoints"
+FAILED_DISCOVERY_CHECK = "FailedDiscoveryCheck"
+# The counter's reason when an APIService has no Available condition at all (upstream's word).
+UNKNOWN_REASON = "UnknownReason"
+
+PASSED_MESSAGE = "all checks passed"
+BODY_EXCERPT = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of one check: an `Available` condition without its transition time."""
+
+    status: str
+    reason: str
+    message: str
+
+    @property
+    def available(self) -> bool:
+        return self.status == TRUE
+
+    def condition(self) -> Condition:
+        """A condition stamped now; `set_condition` keeps the old time when the status is unchanged."""
+        return Condition(AVAILABLE, self.status, now_rfc3339(), self.reason, self.message)
+
+
+def with_detail(message: str, detail: Sequence[str]) -> str:
+    """`message [a; b; c]`: upstream's text first, then ours."""
+    items = [d for d in detail if d]
+    return f"{message} [{'; '.join(items)}]" if items else message
+
+
+def _service(ref: ServiceReference) -> str:
+    # Go's %q of a namespace: namespaces are DNS labels, so plain double quotes are exact.
+    return f'service/{ref.name} in "{ref.namespace}"'
+
+
+def passed() -> Verdict:
+    return Verdict(TRUE, PASSED, PASSED_MESSAGE)
+
+
+def local() -> Verdict:
+    return Verdict(TRUE, LOCAL, LOCAL_MESSAGE)
+
+
+def service_not_found(ref: ServiceReference, detail: Sequence[str] = ()) -> Verdict:
+    return Verdict(
+        FALSE, SERVICE_NOT_FOUND, with_detail(f"{_service(ref)} is not present", ["hop: service", *detail])
+    )
+
+
+def service_access_error(ref: ServiceReference, err: str) -> Verdict:
+    return Verdict(
+        UNKNOWN,
+        SERVICE_ACCESS_ERROR,
+        with_detail(f"{_service(ref)} cannot be checked due to: {err}", ["hop: service"]),
+    )
+
+
+def service_port_error(ref: ServiceReference, detail: Sequence[str] = ()) -> Verdict:
+    return Verdict(
+        FALSE,
+        SERVICE_PORT_ERROR,
+        with_detail(f"{_service(ref)} is not listening on port {ref.port}", ["hop: port", *detail]),
+    )
+
+
+def endpoints_access_error(ref: ServiceReference, err: str) -> Verdict:
+    return Verdict(
+        UNKNOWN,
+        ENDPOINTS_ACCESS_ERROR,
+        with_detail(f"{_service(ref)} cannot be checked due to: {err}", ["hop: endpoints"]),
+    )
+
+
+def endpoints_not_found(ref: ServiceReference, detail: Sequence[str] = ()) -> Verdict:
+    return Verdict(
+        FALSE,
+        ENDPOINTS_NOT_FOUND,
+        with_detail(
+            f'cannot find endpointslices for service/{ref.name} in "{ref.namespace}"',
+            ["hop: endpoints", *detail],
+        ),
+    )
+
+
+def missing_endpoints(ref: ServiceReference, port_name: str, detail: Sequence[str] = ()) -> Verdict:
+    return Verdict(
+        FALSE,
+        MISSING_ENDPOINTS,
+        with_detail(
+            f'endpointslices for service/{ref.name} in "{ref.namespace}" have no addresses with port name '
+            f"{go_quote(port_name)}",
+            ["hop: endpoints", *detail],
+        ),
+    )
+
+
+def failed_discovery_check(message: str, detail: Sequence[str]) -> Verdict:
+    return Verdict(FALSE, FAILED_DISCOVERY_CHECK, with_detail(message, detail))
+
+
+def go_quote(text: str) -> str:
+    """Go's `%q` for the printable ASCII a port name can hold (DNS label characters)."""
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif " " <= ch <= "~":
+            out.append(ch)
+        else:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) > 0xFF else f"\\x{ord(ch):02x}")
+    return '"' + "".join(out) + '"'
+
+
+def body_excerpt(body: bytes, limit: int = BODY_EXCERPT) -> str:
+    """The first bytes of a response body on one line (an empty body says so)."""
+    if not body:
+        return "(empty)"
+    text = " ".join(body[:limit].decode("utf-8", "replace").split())
+    return text + ("..." if len(body) > limit else "")

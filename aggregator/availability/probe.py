@@ -1,0 +1,491 @@
+"""Walk one APIService's way to its backend, hop by hop, in upstream's order (kube-aggregator §5.2).
+
+Service present -> (ClusterIP only) the port `spec.service.port` exists -> an EndpointSlice has a
+ready endpoint with that port's name -> `GET /apis/<g>/<v>` as `system:kube-aggregator` in
+`system:masters`: 5 attempts at once, 5 s each, the first 2xx wins, redirects are not followed.
+
+Each hop leaves a `Step` (what `aggregator check` prints) and the walk ends in a `Verdict` (the
+`Available` condition the checker records). The GET goes through the proxy's own transport
+(`gateway.backends`: the same resolution, deny list, caBundle/SNI verification and front-proxy
+client certificate as proxied requests), so "available" means "the proxy can reach it". Upstream's
+check skips certificate verification; ours does not, because a certificate the proxy refuses
+makes every request fail even when the check passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import ssl
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+import aiohttp
+from cryptography import x509
+from yarl import URL
+
+from aggregator.availability import conditions as cond
+from aggregator.availability.conditions import Verdict
+from aggregator.model.apiservice import APIService, ServiceReference
+from aggregator.model.objects import EndpointSlice, Service
+from aggregator.model.userinfo import AGGREGATOR
+from aggregator.proxy import tlsdiag
+from aggregator.proxy.errors import BackendError, Hop, classify
+from aggregator.proxy.headers import request_headers
+from aggregator.proxy.resolver import Target
+from aggregator.proxy.transport import Backends, client_context
+from aggregator.sources.store import Kind, Store
+from aggregator.tls.pem import PEMError, parse_certificates
+
+ATTEMPTS = 5
+TIMEOUT = 5.0
+# Enough for any discovery document; the checker itself only needs the status.
+MAX_BODY = 8 * 1024 * 1024
+TIMEOUT_CAUSE = "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
+
+# Why a kind of object cannot be read right now (a failed one-shot list), or None when it can.
+AccessError = Callable[[Kind], str | None]
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+HTTP_HOP = "http"  # a backend answered, with a status outside 2xx
+DISCOVERY_HOP = "discovery"  # the 2xx body is not the group-version's APIResourceList
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One hop as a person reads it: `hop`, pass/fail/skip, a one-line summary, detail lines."""
+
+    hop: str
+    state: str
+    summary: str
+    detail: tuple[str, ...] = ()
+
+
+@dataclass
+class Report:
+    """Everything one check found: the steps taken and the resulting verdict."""
+
+    name: str
+    verdict: Verdict
+    steps: list[Step] = field(default_factory=list)
+    # The 2xx discovery body, when the GET succeeded (the CLI decodes it).
+    body: bytes | None = None
+
+    @property
+    def failed_step(self) -> Step | None:
+        return next((s for s in self.steps if s.state == FAIL), None)
+
+
+@dataclass
+class Attempt:
+    """One GET: where it went and what came back (a status, or the error that stopped it)."""
+
+    target: Target | None = None
+    url: str = ""
+    status: int | None = None
+    body: bytes = b""
+    error: BackendError | None = None
+    # The certificate-verification exception, explained (with the certificate) only if reported.
+    cert_error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+def discovery_path(svc: APIService) -> str:
+    """`/apis/<g>/<v>`, or `/api/<v>` for the legacy `v1.` APIService."""
+    return f"/api/{svc.version}" if not svc.group else f"/apis/{svc.group}/{svc.version}"
+
+
+def _svc_name(ref: ServiceReference) -> str:
+    return f"{ref.namespace}/{ref.name}"
+
+
+def _ports_text(service: Service) -> str:
+    if not service.ports:
+        return "none"
+    return ", ".join(f"{p.port} ({cond.go_quote(p.name)})" if p.name else str(p.port) for p in service.ports)
+
+
+def _ready(slices: Sequence[EndpointSlice], port_name: str) -> list[tuple[str, str]]:
+    """(address:port, slice) of every ready endpoint in slices with a port named `port_name`."""
+    found = []
+    for eps in slices:
+        ports = [p for p in eps.ports if p.name is not None and p.name == port_name and p.port is not None]
+        if not ports:
+            continue
+        for endpoint in eps.endpoints:
+            if endpoint.ready is False:
+                continue
+            for address in endpoint.addresses[:1]:
+                host = f"[{address}]" if ":" in address else address
+                found.append((f"{host}:{ports[0].port}", eps.name))
+    return found
+
+
+def _has_ready_endpoint(slices: Sequence[EndpointSlice], port_name: str) -> bool:
+    """Upstream's `hasAvailableEndpoint`: a slice with a ready (or unknown) endpoint and the named port."""
+    return any(
+        any(e.ready is None or e.ready for e in eps.endpoints)
+        and any(p.name is not None and p.name == port_name and p.port is not None for p in eps.ports)
+        for eps in slices
+    )
+
+
+def _slices_text(slices: Sequence[EndpointSlice]) -> str:
+    parts = []
+    for eps in slices:
+        names = ", ".join(cond.go_quote(p.name or "") for p in eps.ports) or "none"
+        ready = sum(1 for e in eps.endpoints if e.ready is not False)
+        parts.append(f"{eps.name} (port names {names}; {len(eps.endpoints)} endpoints, {ready} ready)")
+    return "; ".join(parts)
+
+
+def check_objects(
+    svc: APIService, store: Store, access: AccessError | None = None
+) -> tuple[list[Step], Verdict | None]:
+    """The hops upstream checks from its caches: Service, port, EndpointSlices.
+
+    Returns the steps and, when one failed, the verdict (None means go on to the GET).
+    """
+    ref = svc.service
+    assert ref is not None
+    steps: list[Step] = []
+    service = store.service(ref.namespace, ref.name)
+    if service is None:
+        err = access(Kind.SERVICE) if access is not None else None
+        if err is not None:
+            steps.append(Step("service", FAIL, f"cannot read Services: {err}"))
+            return steps, cond.service_access_error(ref, err)
+        steps.append(Step("service", FAIL, f"service {_svc_name(ref)} not found"))
+        return steps, cond.service_not_found(ref)
+    where = f", cluster IP {service.cluster_ip}" if service.cluster_ip else ""
+    if service.type == "ExternalName":
+        where = f", externalName {service.external_name}"
+    steps.append(Step("service", PASS, f"{_svc_name(ref)} exists (type {service.type}{where})"))
+    if service.type != "ClusterIP":
+        note = f"not checked for {service.type} Services (as upstream)"
+        steps += [Step("port", SKIP, note), Step("endpoints", SKIP, note)]
+        return steps, None
+
+    port = service.port_by_number(ref.port)
+    if port is None:
+        ports = f"service ports: {_ports_text(service)}"
+        steps.append(Step("port", FAIL, f"no port {ref.port} on the Service", (ports,)))
+        return steps, cond.service_port_error(ref, [ports])
+    target_port = f", targetPort {port.target_port}" if port.target_port is not None else ""
+    steps.append(Step("port", PASS, f"port {ref.port} exists (name {cond.go_quote(port.name)}{target_port})"))
+
+    slices = store.endpointslices_for(ref.namespace, ref.name)
+    if not slices:
+        err = access(Kind.ENDPOINTSLICE) if access is not None else None
+        if err is not None:
+            steps.append(Step("endpoints", FAIL, f"cannot read EndpointSlices: {err}"))
+            return steps, cond.endpoints_access_error(ref, err)
+        label = f"no EndpointSlice labelled kubernetes.io/service-name={ref.name} in {ref.namespace}"
+        steps.append(Step("endpoints", FAIL, label))
+        return steps, cond.endpoints_not_found(ref)
+    if not _has_ready_endpoint(slices, port.name):
+        found = f"slices: {_slices_text(slices)}"
+        steps.append(
+            Step("endpoints", FAIL, f"no ready address with port name {cond.go_quote(port.name)}", (found,))
+        )
+        return steps, cond.missing_endpoints(ref, port.name, [found])
+    ready = _ready(slices, port.name)
+    shown = ", ".join(a for a, _ in ready[:5]) + (f" and {len(ready) - 5} more" if len(ready) > 5 else "")
+    steps.append(
+        Step(
+            "endpoints",
+            PASS,
+            f"{len(ready)} ready address{'es' if len(ready) != 1 else ''} with port name "
+            f"{cond.go_quote(port.name)}: {shown or 'unknown'}",
+        )
+    )
+    return steps, None
+
+
+def ca_source(svc: APIService) -> str:
+    """Which certificates a backend's serving certificate is verified against."""
+    if svc.insecure_skip_tls_verify:
+        return "none: insecureSkipTLSVerify is set, the certificate is not verified"
+    if not svc.ca_bundle:
+        return "the system roots (spec.caBundle is empty)"
+    try:
+        certs = parse_certificates(svc.ca_bundle, source="spec.caBundle")
+    except PEMError as err:
+        return f"spec.caBundle, which cannot be used: {err}"
+    return "spec.caBundle: " + ", ".join(c.subject.rfc4514_string() or "(empty subject)" for c in certs)
+
+
+def certificate_detail(cert: x509.Certificate | None, server_name: str) -> list[str]:
+    """What the serving certificate holds, next to what it had to hold."""
+    if cert is None:
+        return [f"expected name: {server_name}", "certificate: could not be read for a closer look"]
+    names = tlsdiag.certificate_names(cert)
+    return [
+        f"expected name: {server_name}",
+        f"certificate names: {', '.join(names) if names else 'none (no subject alternative names)'}",
+        f"certificate issuer: {cert.issuer.rfc4514_string() or '(empty)'}",
+        f"certificate valid: {_utc(cert.not_valid_before_utc)} to {_utc(cert.not_valid_after_utc)}",
+    ]
+
+
+def _utc(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def tls_summary(svc: APIService) -> str:
+    """What a completed handshake established."""
+    assert svc.service is not None
+    if svc.insecure_skip_tls_verify:
+        return "handshake completed; certificate not verified (insecureSkipTLSVerify)"
+    return f"certificate verified for {svc.service.server_name}"
+
+
+class DiscoveryProbe:
+    """The GET hop: parallel attempts through the proxy transport, and the words for what failed."""
+
+    def __init__(self, backends: Backends, *, attempts: int = ATTEMPTS, timeout: float = TIMEOUT) -> None:
+        self.backends = backends
+        self.attempts = attempts
+        self.timeout = timeout
+        self._diag: tuple[int, ssl.SSLContext] | None = None
+
+    # --- the attempts ------------------------------------------------------------------------------
+
+    async def attempt(self, svc: APIService, path: str) -> Attempt:
+        """One GET, as `Backends.fetch` makes it, keeping the address it dialed."""
+        backends = self.backends
+        result = Attempt()
+        try:
+            async with asyncio.timeout(self.timeout):
+                result.target = target = await backends.resolver.resolve(svc)
+                result.url = url = target.base_url + path
+                backend = backends.backend_for(svc)
+                if backend.error is not None or backend.context is None:
+                    result.error = BackendError(Hop.TRANSPORT, backend.error or "no TLS context")
+                    return result
+                headers = request_headers((), AGGREGATOR, backends.policy, authority=target.authority)
+                backend.acquire()
+                try:
+                    async with backend.session.get(
+                        URL(url, encoded=True),
+                        headers=headers,
+                        ssl=backend.context,
+                        server_hostname=target.server_name,
+                        allow_redirects=False,
+                    ) as resp:
+                        result.status = resp.status
+                        result.body = await _read_limited(resp, MAX_BODY)
+                except aiohttp.ClientConnectorCertificateError as err:
+                    message = getattr(err.certificate_error, "verify_message", "") or str(err)
+                    result.error = BackendError(
+                        Hop.TLS, f"tls: failed to verify certificate: x509: {message}", url=url
+                    )
+                    result.cert_error = err
+                except (aiohttp.ClientError, OSError, ssl.SSLError) as err:
+                    hop, cause = classify(err, target.authority)
+                    result.error = BackendError(hop, cause, url=url)
+                finally:
+                    backend.release()
+        except BackendError as err:  # resolution: upstream reports the resolver's error as it is
+            result.error = err
+        except TimeoutError:
+            result.error = BackendError(Hop.TIMEOUT, TIMEOUT_CAUSE, url=result.url)
+        return result
+
+    async def run(self, svc: APIService, path: str) -> tuple[Attempt, int]:
+        """`attempts` GETs at once; the first 2xx, else the last to finish. Also: how many failed."""
+        tasks = [asyncio.ensure_future(self.attempt(svc, path)) for _ in range(self.attempts)]
+        last = Attempt(error=BackendError(Hop.CONNECT, "no attempt was made"))
+        failed = 0
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                result = await next_done
+                if result.ok:
+                    return result, failed
+                failed += 1
+                last = result
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return last, failed
+
+    # --- the words ---------------------------------------------------------------------------------
+
+    def route(self, svc: APIService, store: Store) -> str:
+        """How the dialed address was chosen (cluster IP, endpoint, ExternalName)."""
+        ref = svc.service
+        assert ref is not None
+        service = store.service(ref.namespace, ref.name)
+        if service is not None and service.type == "ExternalName":
+            return f"an address of ExternalName {service.external_name} of service {_svc_name(ref)}"
+        if self.backends.resolver.endpoint_routing:
+            return f"a ready endpoint of service {_svc_name(ref)} (--enable-aggregator-routing)"
+        return f"the cluster IP of service {_svc_name(ref)}"
+
+    def _diag_context(self) -> ssl.SSLContext:
+        """Unverified, with the front-proxy client certificate: only to look at a certificate."""
+        cert = self.backends.client_certificate
+        if self._diag is None or self._diag[0] != cert.generation:
+            self._diag = (cert.generation, client_context(None, insecure=True, client_pair=cert.pair))
+        return self._diag[1]
+
+    async def peer_certificate(self, target: Target) -> x509.Certificate | None:
+        return await tlsdiag.peer_certificate(
+            target.ip, target.port, target.server_name, self._diag_context()
+        )
+
+    def client_certificate_text(self) -> str:
+        pair = self.backends.client_certificate.pair
+        if pair is None:
+            return "client certificate: none (--proxy-client-cert-file is not set)"
+        leaf = pair.leaf
+        return f"client certificate: {leaf.subject.rfc4514_string()} (issuer {leaf.issuer.rfc4514_string()})"
+
+    async def explain(self, svc: APIService, store: Store, attempt: Attempt) -> tuple[Verdict, list[Step]]:
+        """The FailedDiscoveryCheck verdict for a failed attempt, and its steps from `address` on."""
+        ref = svc.service
+        assert ref is not None
+        target, url, error = attempt.target, attempt.url, attempt.error
+        steps: list[Step] = []
+        detail: list[str] = []
+        dialed = f"dialed: {target.authority} ({self.route(svc, store)})" if target is not None else ""
+        if target is not None:
+            steps.append(Step("address", PASS, f"{target.authority}, {self.route(svc, store)}"))
+
+        if attempt.status is not None and target is not None:  # the backend answered, outside 2xx
+            status = attempt.status
+            hop = Hop.REDIRECT.value if 300 <= status < 400 else HTTP_HOP
+            message = f"failing or missing response from {url}: bad status from {url}: {status}"
+            status_text = _status_text(status)
+            answer = ["redirects are not followed"] if hop == Hop.REDIRECT.value else []
+            answer.append(f"body: {cond.body_excerpt(attempt.body)}")
+            detail = [f"hop: {hop}", dialed, f"status: {status_text}", *answer]
+            steps += [
+                Step("connect", PASS, f"connected to {target.authority}"),
+                Step("tls", PASS, tls_summary(svc)),
+                Step(HTTP_HOP, FAIL, f"GET {discovery_path(svc)}: {status_text}", tuple(answer)),
+            ]
+            return cond.failed_discovery_check(message, detail), steps
+
+        assert error is not None
+        cause = error.cause
+        hop = error.hop
+        tls_lines: list[str] = []
+        if attempt.cert_error is not None and target is not None:
+            cert = await self.peer_certificate(target)
+            err = attempt.cert_error
+            cert_err = getattr(err, "certificate_error", err)
+            cause = tlsdiag.explain(
+                cert,
+                target.server_name,
+                int(getattr(cert_err, "verify_code", 0) or 0),
+                str(getattr(cert_err, "verify_message", "") or cert_err),
+            )
+            error = BackendError(Hop.TLS, cause, url=url)
+            tls_lines = [*certificate_detail(cert, target.server_name), f"trusted CA: {ca_source(svc)}"]
+        elif hop is Hop.TLS:
+            tls_lines = [self.client_certificate_text(), f"trusted CA: {ca_source(svc)}"]
+        elif hop is Hop.TRANSPORT:
+            tls_lines = [f"trusted CA: {ca_source(svc)}"]
+
+        # Without a URL it is the resolver's (or TLS settings') error, reported as it is (upstream).
+        message = f"failing or missing response from {url}: {error}" if error.url else cause
+        detail = [f"hop: {hop.value}", dialed, *tls_lines]
+        if hop is Hop.TIMEOUT:
+            detail.append(f"no response within {self.timeout:g}s")
+        verdict = cond.failed_discovery_check(message, detail)
+
+        if target is None and hop in (Hop.SERVICE, Hop.PORT, Hop.ENDPOINTS, Hop.DENY_CIDR, Hop.CONNECT):
+            steps.append(Step("address", FAIL, cause, (f"hop: {hop.value}",)))
+            return verdict, steps
+        if hop is Hop.TRANSPORT:
+            steps += [
+                Step("connect", SKIP, "not attempted"),
+                Step("tls", FAIL, cause, tuple(tls_lines)),
+            ]
+        elif hop is Hop.CONNECT:
+            steps.append(Step("connect", FAIL, cause))
+        elif hop is Hop.TLS:
+            steps += [
+                Step("connect", PASS, f"connected to {target.authority if target else '?'}"),
+                Step("tls", FAIL, cause, tuple(tls_lines)),
+            ]
+        else:  # timeout: the connection, the handshake or the response headers did not come in time
+            steps.append(
+                Step(
+                    HTTP_HOP,
+                    FAIL,
+                    f"no response within {self.timeout:g}s (TCP connect, TLS handshake or response headers)",
+                )
+            )
+        return verdict, steps
+
+
+async def _read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await resp.content.read(min(65536, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _status_text(code: int) -> str:
+    with contextlib.suppress(ValueError):
+        return f"{code} {HTTPStatus(code).phrase}"
+    return str(code)
+
+
+async def check_apiservice(
+    svc: APIService,
+    store: Store,
+    probe: DiscoveryProbe,
+    *,
+    access: AccessError | None = None,
+    inspect_tls: bool = False,
+) -> Report:
+    """Every hop for one APIService, in upstream's order, ending in its verdict."""
+    if svc.service is None:
+        return Report(
+            svc.name, cond.local(), [Step("apiservice", PASS, "local: served by kube-apiserver itself")]
+        )
+    ref = svc.service
+    steps = [Step("apiservice", PASS, f"remote: service {_svc_name(ref)} port {ref.port}")]
+    object_steps, verdict = check_objects(svc, store, access)
+    steps += object_steps
+    if verdict is not None:
+        return Report(svc.name, verdict, steps)
+    path = discovery_path(svc)
+    attempt, failed = await probe.run(svc, path)
+    if not attempt.ok:
+        verdict, more = await probe.explain(svc, store, attempt)
+        return Report(svc.name, verdict, steps + more)
+    target = attempt.target
+    assert target is not None
+    steps.append(Step("address", PASS, f"{target.authority}, {probe.route(svc, store)}"))
+    steps.append(Step("connect", PASS, f"connected to {target.authority}"))
+    tls_detail: tuple[str, ...] = (f"trusted CA: {ca_source(svc)}",)
+    if inspect_tls:
+        cert = await probe.peer_certificate(target)
+        tls_detail = (*certificate_detail(cert, target.server_name), *tls_detail)
+    steps.append(Step("tls", PASS, tls_summary(svc), tls_detail))
+    assert attempt.status is not None
+    note = (f"{failed} of {probe.attempts} attempts failed before this one answered",) if failed else ()
+    steps.append(
+        Step(
+            HTTP_HOP,
+            PASS,
+            f"GET {path} as {AGGREGATOR.name} ({', '.join(AGGREGATOR.groups)}): {_status_text(attempt.status)}",
+            note,
+        )
+    )
+    return Report(svc.name, cond.passed(), steps, body=attempt.body)

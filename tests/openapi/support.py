@@ -37,12 +37,16 @@ def sha512_upper(data: bytes) -> str:
     return hashlib.sha512(data).hexdigest().upper()
 
 
+def _root(group: str, version: str) -> str:
+    return f"/apis/{group}/{version}" if group else f"/api/{version}"
+
+
 def v3_document(group: str, version: str, kind: str, description: str = "") -> JSON:
-    name = f"com.example.{group.split('.')[0]}.{version}.{kind}"
+    name = f"com.example.{group.split('.')[0] or 'core'}.{version}.{kind}"
     return {
         "openapi": "3.0.0",
         "info": {"title": group, "version": version},
-        "paths": {f"/apis/{group}/{version}/{kind.lower()}s": {"get": {"operationId": f"list{kind}"}}},
+        "paths": {f"{_root(group, version)}/{kind.lower()}s": {"get": {"operationId": f"list{kind}"}}},
         "components": {
             "schemas": {
                 name: {
@@ -59,10 +63,10 @@ def v2_paths(group: str, version: str, kind: str, definition: str) -> JSON:
     ref = {"$ref": f"#/definitions/{definition}"}
     gvk = {"group": group, "kind": kind, "version": version}
     return {
-        f"/apis/{group}/{version}/": {
+        f"{_root(group, version)}/": {
             "get": {"operationId": f"getResources{kind}", "responses": {"200": {"description": "OK"}}}
         },
-        f"/apis/{group}/{version}/{kind.lower()}s": {
+        f"{_root(group, version)}/{kind.lower()}s": {
             "get": {
                 "operationId": f"list{kind}",
                 "responses": {"200": {"description": "OK", "schema": ref}},

@@ -6,46 +6,28 @@ import gzip
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from aggregator.server import GatewayServer
 from tests.conftest import StartGateway
+from tests.openapi.conftest import StartBackend
 from tests.openapi.support import (
     OpenAPIBackend,
     fast,
     register,
     sha512_upper,
-    start_backend,
     until,
     v2_paths,
     v3_document,
 )
-from tests.proxy.conftest import backend_pki  # noqa: F401 - fixture
 from tests.proxy.support import BackendPKI
 from tests.support.pki import PKI
 
 PROTOBUF = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
 PROTOBUF_TYPE = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
-
-StartBackend = Callable[..., Any]
-
-
-@pytest.fixture
-async def start_openapi_backend(backend_pki: BackendPKI, pki: PKI) -> AsyncIterator[StartBackend]:  # noqa: F811
-    async with AsyncExitStack() as stack:
-
-        async def start(namespace: str) -> OpenAPIBackend:
-            backend = await start_backend(backend_pki, pki, namespace)
-            stack.push_async_callback(backend.backend.stop)
-            return backend
-
-        yield start
 
 
 class Client:
@@ -96,7 +78,7 @@ async def test_v3_index_and_documents_as_kube_openapi_serves_them(
     start_gateway: StartGateway,
     pki: PKI,
     apiservices_dir: Path,
-    backend_pki: BackendPKI,  # noqa: F811
+    backend_pki: BackendPKI,
 ) -> None:
     alpha = await start_openapi_backend("alpha")
     wardle_like(alpha, "alpha.example.com")
@@ -158,7 +140,7 @@ async def test_v2_merges_backends_by_priority_renaming_conflicts(
     start_gateway: StartGateway,
     pki: PKI,
     apiservices_dir: Path,
-    backend_pki: BackendPKI,  # noqa: F811
+    backend_pki: BackendPKI,
 ) -> None:
     low = await start_openapi_backend("low")
     high = await start_openapi_backend("high")
@@ -213,7 +195,7 @@ async def test_404_is_retried_with_backoff_until_the_backend_publishes(
     start_gateway: StartGateway,
     pki: PKI,
     apiservices_dir: Path,
-    backend_pki: BackendPKI,  # noqa: F811
+    backend_pki: BackendPKI,
 ) -> None:
     backend = await start_openapi_backend("late")
     wardle_like(backend, "late.example.com")
@@ -247,7 +229,7 @@ async def test_refreshes_revalidate_share_one_download_per_service_and_keep_docu
     start_gateway: StartGateway,
     pki: PKI,
     apiservices_dir: Path,
-    backend_pki: BackendPKI,  # noqa: F811
+    backend_pki: BackendPKI,
 ) -> None:
     backend = await start_openapi_backend("multi")
     wardle_like(backend, "multi.example.com")
@@ -295,7 +277,7 @@ async def test_apiservice_changes_take_effect_without_waiting_for_the_refresh_in
     start_gateway: StartGateway,
     pki: PKI,
     apiservices_dir: Path,
-    backend_pki: BackendPKI,  # noqa: F811
+    backend_pki: BackendPKI,
 ) -> None:
     first = await start_openapi_backend("first")
     wardle_like(first, "first.example.com")

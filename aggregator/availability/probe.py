@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import socket
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import EndpointSlice, Service
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.proxy import tlsdiag
-from aggregator.proxy.errors import BackendError, Hop, classify
+from aggregator.proxy.errors import BackendError, Hop, classify, tls_alert_error
 from aggregator.proxy.headers import request_headers
 from aggregator.proxy.resolver import Target
 from aggregator.proxy.transport import Backends, client_context
@@ -335,6 +336,32 @@ class DiscoveryProbe:
             self._diag = (cert.generation, client_context(None, insecure=True, client_pair=cert.pair))
         return self._diag[1]
 
+    async def alert_after_handshake(self, target: Target, within: float = 1.0) -> str | None:
+        """The TLS alert a backend sends once it has seen the client certificate, in Go's words.
+
+        With TLS 1.3 a server that refuses the gateway's client certificate says so only after the
+        handshake, and aiohttp (like asyncio's streams) reports just a closed connection ("EOF").
+        A blocking read on a fresh connection (nothing is sent) brings the alert out: `remote
+        error: tls: unknown certificate authority`. None when the backend keeps the connection
+        open (it accepted the certificate) or closes it without an alert.
+        """
+        context = self._diag_context()
+
+        def read_alert() -> str | None:
+            try:
+                with (
+                    socket.create_connection((target.ip, target.port), timeout=within) as raw,
+                    context.wrap_socket(raw, server_hostname=target.server_name) as tls,
+                ):
+                    tls.recv(1)
+            except ssl.SSLError as err:
+                return tls_alert_error(err)
+            except OSError:
+                return None
+            return None
+
+        return await asyncio.to_thread(read_alert)
+
     async def peer_certificate(self, target: Target) -> x509.Certificate | None:
         return await tlsdiag.peer_certificate(
             target.ip, target.port, target.server_name, self._diag_context()
@@ -389,6 +416,19 @@ class DiscoveryProbe:
             )
             error = BackendError(Hop.TLS, cause, url=url)
             tls_lines = [*certificate_detail(cert, target.server_name), f"trusted CA: {ca_source(svc)}"]
+        elif (
+            target is not None and hop is Hop.CONNECT and (cause == "EOF" or cause.endswith("reset by peer"))
+        ):
+            alert = await self.alert_after_handshake(target)
+            if alert is not None:  # the handshake completed, then the backend refused us
+                hop, cause = Hop.TLS, alert
+                error = BackendError(Hop.TLS, cause, url=url)
+                tls_lines = [self.client_certificate_text(), f"trusted CA: {ca_source(svc)}"]
+            else:  # no alert to read; a refused client certificate looks just like this
+                tls_lines = [
+                    "the backend closed the connection without answering",
+                    self.client_certificate_text(),
+                ]
         elif hop is Hop.TLS:
             tls_lines = [self.client_certificate_text(), f"trusted CA: {ca_source(svc)}"]
         elif hop is Hop.TRANSPORT:

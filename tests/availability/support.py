@@ -1,0 +1,109 @@
+"""Build the objects a check reads, and run checks without a whole gateway."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import threading
+from typing import Any
+
+from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
+from aggregator.config import Options
+from aggregator.metrics import Metrics
+from aggregator.model.apiservice import decode_apiservice
+from aggregator.model.objects import decode_endpointslice, decode_service
+from aggregator.proxy.transport import Backends
+from aggregator.sources.store import Store
+from tests.proxy.support import (
+    APISERVICE,
+    apiservice_manifest,
+    endpointslice_manifest,
+    service_manifest,
+)
+
+
+class Harness:
+    """A store, `Backends` (the proxy transport) over it, and a `DiscoveryProbe`."""
+
+    def __init__(self, options: Options, *, timeout: float = 2.0) -> None:
+        self.options = options
+        self.store = Store()
+        self.metrics = Metrics()
+        self.backends = Backends(options, self.store, self.metrics)
+        self.probe = DiscoveryProbe(self.backends, timeout=timeout)
+
+    def add(self, *manifests: dict[str, Any]) -> None:
+        for doc in manifests:
+            kind = doc["kind"]
+            if kind == "APIService":
+                self.store.upsert(decode_apiservice(doc))
+            elif kind == "Service":
+                self.store.upsert(decode_service(doc))
+            else:
+                self.store.upsert(decode_endpointslice(doc))
+
+    def register(
+        self,
+        port: int,
+        *,
+        ca_pem: bytes | None,
+        service_port: int | None = None,
+        cluster_ip: str = "127.0.0.1",
+        slice_port_name: str = "https",
+        ready: bool | None = True,
+        **apiservice: Any,
+    ) -> None:
+        """An APIService for the demo group, its Service at `cluster_ip:port`, one EndpointSlice."""
+        self.add(
+            apiservice_manifest(port=port, ca_pem=ca_pem, available=False, **apiservice),
+            service_manifest(port=service_port or port, cluster_ip=cluster_ip),
+            endpointslice_manifest("api-1", [("127.0.0.1", ready)], port=port, port_name=slice_port_name),
+        )
+
+    async def check(
+        self, name: str = APISERVICE, *, access: AccessError | None = None, inspect_tls: bool = False
+    ) -> Report:
+        svc = self.store.apiservice(name)
+        assert svc is not None, name
+        return await check_apiservice(svc, self.store, self.probe, access=access, inspect_tls=inspect_tls)
+
+    async def close(self) -> None:
+        await self.backends.stop()
+
+
+class AlertingBackend:
+    """A TLS server that refuses client certificates the way Go servers do: with an alert.
+
+    asyncio's TLS servers close the connection without sending the alert OpenSSL produced, so
+    this one runs blocking sockets on a thread, where OpenSSL writes the alert before closing.
+    """
+
+    def __init__(self, cert_file: str, key_file: str, client_ca_file: str) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(cert_file, key_file)
+        self.context.verify_mode = ssl.CERT_REQUIRED
+        self.context.load_verify_locations(client_ca_file)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self.refused = 0
+        self._thread = threading.Thread(target=self._serve, name="alerting-backend", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(2.0)
+                try:
+                    with self.context.wrap_socket(conn, server_side=True) as tls:
+                        tls.recv(1)
+                except ssl.SSLError:
+                    self.refused += 1
+
+    def close(self) -> None:
+        self._listener.close()
+        self._thread.join(timeout=5)

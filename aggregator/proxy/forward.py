@@ -12,6 +12,7 @@ the tunnel. The gateway's own answers are Kubernetes Status objects.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 import time
@@ -21,15 +22,18 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import Counter
-from yarl import URL
+from aiohttp.http import RawResponseMessage
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.streams import StreamReader
+from prometheus_client import Counter, Histogram
 
 from aggregator.logs import fields
 from aggregator.metrics import Metrics
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.errors import BackendError, Hop, classify
+from aggregator.proxy.h1 import ConnectTimeout, Exchange, serialize_head
 from aggregator.proxy.headers import IdentityHeaderPolicy, forwarded_uri, request_headers, response_headers
-from aggregator.proxy.transport import SESSION_TIMEOUT, Backend
+from aggregator.proxy.transport import CONNECT_TIMEOUT, Backend
 from aggregator.proxy.upgrade import UpgradeTunnel, is_upgrade_request, upgrade_refusal
 from aggregator.responses import status_response
 
@@ -98,11 +102,19 @@ class _HeadersWithBody(web.StreamResponse):
     _send_headers_immediately = False
 
 
+class _Unreachable(Exception):
+    def __init__(self, hop: Hop, cause: str) -> None:
+        super().__init__(cause)
+        self.hop = hop
+        self.cause = cause
+
+
 class Forwarder:
     def __init__(self, metrics: Metrics, tunnel: UpgradeTunnel) -> None:
         self.metrics = metrics
         self.tunnel = tunnel
         self._counters: dict[tuple[str, str, int], Counter] = {}
+        self._durations: dict[tuple[str, str], Histogram] = {}
         self._last_logged: dict[tuple[str, str], float] = {}
 
     async def send(
@@ -111,9 +123,12 @@ class Forwarder:
         dest: Destination,
         user: UserInfo,
         *,
-        client_timeout: aiohttp.ClientTimeout = SESSION_TIMEOUT,
+        deadline_seconds: float | None = None,
     ) -> web.StreamResponse:
-        """Forward (or tunnel, for an upgrade) `request` to `dest` as `user`."""
+        """Forward (or tunnel, for an upgrade) `request` to `dest` as `user`.
+
+        `deadline_seconds` bounds the whole exchange (upstream's 5 s for discovery requests).
+        """
         if is_upgrade_request(request.headers):
             refusal = upgrade_refusal(request)
             if refusal is not None:
@@ -122,10 +137,10 @@ class Forwarder:
             response = await self.tunnel.serve(request, dest, user)
             self.count(dest.name, "CONNECT", response.status)
             return response
-        return await self._forward(request, dest, user, client_timeout)
+        return await self._forward(request, dest, user, deadline_seconds)
 
     async def _forward(
-        self, request: web.Request, dest: Destination, user: UserInfo, client_timeout: aiohttp.ClientTimeout
+        self, request: web.Request, dest: Destination, user: UserInfo, deadline_seconds: float | None
     ) -> web.StreamResponse:
         raw_path = request.raw_path
         if not raw_path.startswith("/"):  # absolute-form request target
@@ -141,71 +156,107 @@ class Forwarder:
             extra=dest.credentials,
         )
         method = request.method
+        has_body = request.body_exists
+        # The gateway already answered any `Expect: 100-continue`; the body follows unasked.
+        headers.popall("Expect", None)
+        chunked = has_body and "Content-Length" not in headers
+        if chunked:
+            headers["Transfer-Encoding"] = "chunked"
+        head = serialize_head(method, dest.base_path + raw_path, headers.items())
         verb = verb_of(request)
         name = dest.name
         backend = dest.backend
-        url = URL(dest.base_url + raw_path, encoded=True)
-        has_body = request.body_exists
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_seconds if deadline_seconds else None
         started = time.monotonic()
         backend.acquire()
         try:
-            attempt = 0
-            while True:
-                try:
-                    resp = await backend.session.request(
-                        method,
-                        url,
-                        headers=headers,
-                        data=request.content if has_body else None,
-                        ssl=backend.context or False,
-                        server_hostname=dest.server_name,
-                        allow_redirects=False,
-                        timeout=client_timeout,
-                        **dest.request_options,
-                    )
-                    break
-                except aiohttp.ServerDisconnectedError as err:
-                    # A pooled connection the backend had just closed: Go retries such requests once.
-                    attempt += 1
-                    if attempt > 1 or has_body or method not in _IDEMPOTENT:
-                        return self.unreachable(request, name, Hop.CONNECT, "EOF", verb)
-                    del err
-                except aiohttp.ClientConnectorCertificateError as err:
-                    cause = await backend.explain_tls(
-                        dest.host, dest.port, dest.server_name or dest.host, err
-                    )
-                    return self.unreachable(request, name, Hop.TLS, cause, verb)
-                except (TimeoutError, aiohttp.ClientError, OSError, ssl.SSLError) as err:
-                    hop, cause = classify(err, dest.authority)
-                    return self.unreachable(request, name, hop, cause, verb)
-            self.metrics.proxy_duration.labels(name, verb).observe(time.monotonic() - started)
             try:
-                return await self._relay(request, name, verb, resp, dest.pass_redirects)
+                async with asyncio.timeout_at(deadline):
+                    exchange, message, payload = await self._exchange(request, dest, head, has_body, chunked)
+            except TimeoutError:
+                return self.unreachable(request, name, Hop.TIMEOUT, "context deadline exceeded", verb)
+            except _Unreachable as err:
+                return self.unreachable(request, name, err.hop, err.cause, verb)
+            self._duration(name, verb).observe(time.monotonic() - started)
+            try:
+                return await self._relay(request, name, verb, message, payload, dest.pass_redirects, deadline)
             finally:
-                resp.close()
+                exchange.finish()
         finally:
             backend.release()
 
+    async def _exchange(
+        self, request: web.Request, dest: Destination, head: bytes, has_body: bool, chunked: bool
+    ) -> tuple[Exchange, RawResponseMessage, StreamReader]:
+        """Send the request and wait for the answer's head; raises _Unreachable with Go's wording."""
+        backend = dest.backend
+        method = request.method
+        for attempt in (1, 2):
+            try:
+                exchange = await backend.pool.exchange(
+                    dest.host, dest.port, dest.server_name, CONNECT_TIMEOUT
+                )
+            except ConnectTimeout as err:
+                raise _Unreachable(Hop.CONNECT, f"dial tcp {dest.authority}: i/o timeout") from err
+            except ssl.SSLCertVerificationError as err:
+                cause = await backend.explain_tls(dest.host, dest.port, dest.server_name or dest.host, err)
+                raise _Unreachable(Hop.TLS, cause) from err
+            except (OSError, ssl.SSLError) as err:
+                raise _Unreachable(*classify(err, dest.authority)) from err
+            try:
+                exchange.send(
+                    head, request.content if has_body else None, chunked=chunked, head_only=method == "HEAD"
+                )
+                message, payload = await exchange.response()
+                return exchange, message, payload
+            except aiohttp.ServerDisconnectedError as err:
+                exchange.finish()
+                # A pooled connection the backend had just closed: Go retries such requests once.
+                if attempt == 1 and exchange.reused and not has_body and method in _IDEMPOTENT:
+                    continue
+                raise _Unreachable(Hop.CONNECT, "EOF") from err
+            except (aiohttp.ClientError, HttpProcessingError, OSError) as err:
+                exchange.finish()
+                if isinstance(err, HttpProcessingError):
+                    raise _Unreachable(Hop.CONNECT, f"malformed HTTP response: {err.message}") from err
+                raise _Unreachable(*classify(err, dest.authority)) from err
+            except BaseException:
+                exchange.finish()
+                raise
+        raise AssertionError("unreachable")
+
     async def _relay(
-        self, request: web.Request, name: str, verb: str, resp: aiohttp.ClientResponse, pass_redirects: bool
+        self,
+        request: web.Request,
+        name: str,
+        verb: str,
+        message: RawResponseMessage,
+        payload: StreamReader,
+        pass_redirects: bool,
+        deadline: float | None,
     ) -> web.StreamResponse:
-        status = resp.status
-        if 300 <= status < 400 and not pass_redirects and resp.headers.get("Location"):
+        status = message.code
+        upstream = message.headers
+        if 300 <= status < 400 and not pass_redirects and upstream.get("Location"):
             self.metrics.backend_errors.labels(name, Hop.REDIRECT.value).inc()
             log.warning(
                 "backend answered with a redirect; refused",
                 extra=fields(apiservice=name, status=status, method=request.method, path=request.path),
             )
             return self.answer(request, name, 502, REDIRECT_MESSAGE, verb)
-        headers = response_headers(resp.headers.items())
-        cls = _HeadersWithBody if resp.content_length is not None else web.StreamResponse
-        out = cls(status=status, reason=resp.reason, headers=headers)
+        headers = response_headers(upstream.items())
+        cls = _HeadersWithBody if not message.chunked and "Content-Length" in upstream else web.StreamResponse
+        out = cls(status=status, reason=message.reason or None, headers=headers)
         self.count(name, verb, status)
         await out.prepare(request)
-        content = resp.content
         while True:
             try:
-                chunk = await content.readany()
+                if deadline is None:
+                    chunk = await payload.readany()
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await payload.readany()
             except (TimeoutError, aiohttp.ClientError, OSError) as err:
                 # Headers are gone already: end the connection so the client sees a truncated
                 # answer instead of a complete-looking one.
@@ -224,6 +275,13 @@ class Forwarder:
             await out.write(chunk)
         await out.write_eof()
         return out
+
+    def _duration(self, name: str, verb: str) -> Histogram:
+        key = (name, verb)
+        child = self._durations.get(key)
+        if child is None:
+            child = self._durations[key] = self.metrics.proxy_duration.labels(name, verb)
+        return child
 
     # --- answers and bookkeeping -------------------------------------------------------------------
 

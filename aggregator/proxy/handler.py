@@ -23,7 +23,6 @@ from aggregator.model.apiservice import APIService
 from aggregator.proxy.errors import BackendError
 from aggregator.proxy.forward import Destination, Forwarder, has_impersonation
 from aggregator.proxy.resolver import Target
-from aggregator.proxy.transport import SESSION_TIMEOUT
 from aggregator.proxy.upgrade import UpgradeTunnel
 from aggregator.routing import Route, RouteKind
 from aggregator.sources.store import DELETED, Event, Kind
@@ -51,6 +50,8 @@ class ProxyHandler:
         self.backends = gateway.backends
         self.forwarder = Forwarder(gateway.metrics, UpgradeTunnel(gateway.backends, gateway.metrics))
         self._routes: dict[tuple[str, str], tuple[str, Route, Route]] = {}
+        # The last destination per APIService: rebuilt only when its backend or address changes.
+        self._destinations: dict[str, Destination] = {}
         gateway.store.add_listener(self._on_event)
         for svc in gateway.store.apiservices():
             self._register(svc)
@@ -132,6 +133,20 @@ class ProxyHandler:
             target = found if isinstance(found, Target) else await resolver.finish_lookup(found)
         except BackendError as err:
             return forwarder.unresolvable(request, name, err)
-        dest = Destination(name, backend, target.ip, target.port, target.server_name, self.backends.policy)
-        timeout = self.backends.discovery_timeout if discovery else SESSION_TIMEOUT
-        return await forwarder.send(request, dest, user, client_timeout=timeout)
+        cached = self._destinations.get(name)
+        if (
+            cached is not None
+            and cached.backend is backend
+            and cached.host == target.ip
+            and cached.port == target.port
+        ):
+            dest = cached
+        else:
+            dest = Destination(
+                name, backend, target.ip, target.port, target.server_name, self.backends.policy
+            )
+            if len(self._destinations) > 4096:
+                self._destinations.clear()
+            self._destinations[name] = dest
+        deadline = self.backends.discovery_timeout.total if discovery else None
+        return await forwarder.send(request, dest, user, deadline_seconds=deadline)

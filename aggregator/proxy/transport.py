@@ -36,6 +36,7 @@ from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy import tlsdiag
 from aggregator.proxy.errors import BackendError, Hop, classify
+from aggregator.proxy.h1 import H1Pool
 from aggregator.proxy.headers import IdentityHeaderPolicy, request_headers
 from aggregator.proxy.resolver import Lookup, Resolver, system_lookup
 from aggregator.sources.store import DELETED, Event, Kind, Store
@@ -120,6 +121,7 @@ class Backend:
         self._client_pair = client_pair
         self._limit_per_host = limit_per_host
         self._session: aiohttp.ClientSession | None = None
+        self._pool: H1Pool | None = None
         self._diag_context: ssl.SSLContext | None = None
         self.in_flight = 0
         self.retired = False
@@ -149,6 +151,16 @@ class Backend:
             )
         return session
 
+    @property
+    def pool(self) -> H1Pool:
+        """Keep-alive connections for proxied requests (the lean client)."""
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = H1Pool(
+                self.context, limit_per_host=self._limit_per_host, keepalive=KEEPALIVE_TIMEOUT
+            )
+        return pool
+
     def acquire(self) -> None:
         self.in_flight += 1
 
@@ -164,12 +176,16 @@ class Backend:
             self._schedule_close()
 
     def _schedule_close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
         if self._session is None or self._closing is not None:
             return
         with contextlib.suppress(RuntimeError):  # no running loop: nothing was ever opened
             self._closing = asyncio.get_running_loop().create_task(self.close())
 
     async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
         session, self._session = self._session, None
         if session is not None and not session.closed:
             await session.close()
@@ -357,7 +373,9 @@ class Backends:
 
     def _retire(self, backend: Backend) -> None:
         backend.retire()
-        self._retired = [b for b in self._retired if b._session is not None and not b._session.closed]
+        self._retired = [
+            b for b in self._retired if b.in_flight or (b._session is not None and not b._session.closed)
+        ]
         if backend.in_flight:
             self._retired.append(backend)
 

@@ -639,3 +639,84 @@ async def test_impersonation_is_refused_not_silently_dropped(
     assert body["reason"] == "Forbidden"
     assert body["message"].startswith(f"impersonation ({header}) is not supported by this gateway")
     assert proxied.backend.seen_by("admin") == []
+
+
+async def test_head_no_content_and_sized_uploads(start_proxied: StartProxied) -> None:
+    proxied = await start_proxied()
+    received: list[tuple[str | None, int]] = []
+
+    async def things(request: web.Request) -> web.StreamResponse:
+        if request.method == "HEAD":
+            return web.Response(headers={"Content-Length": "1234", "Content-Type": "application/json"})
+        if request.method == "DELETE":
+            return web.Response(status=204)
+        body = await request.read()
+        received.append((request.headers.get("Content-Length"), len(body)))
+        return web.json_response({"bytes": len(body)})
+
+    proxied.backend.routes[THINGS] = things
+    async with proxied.request("HEAD", THINGS) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Length"] == "1234"
+        assert await resp.read() == b""
+    async with proxied.request("DELETE", THINGS) as resp:
+        assert resp.status == 204
+    payload = b"y" * (5 * 1024 * 1024 + 3)
+    async with proxied.request("PUT", THINGS, data=payload) as resp:
+        assert await resp.json() == {"bytes": len(payload)}
+    assert received == [(str(len(payload)), len(payload))]
+    # The same keep-alive connections keep working afterwards.
+    for _ in range(5):
+        async with proxied.request("GET", THINGS + "/x") as resp:
+            assert resp.status == 200
+
+
+async def test_backend_restart_between_requests_is_invisible(
+    start_proxied: StartProxied, backend: FakeBackend
+) -> None:
+    proxied = await start_proxied()
+    async with proxied.request("GET", THINGS) as resp:
+        assert resp.status == 200
+    await backend.stop()
+    await backend.start()  # same port: the pooled connection is dead, a new one is opened
+    for _ in range(3):
+        async with proxied.request("GET", THINGS) as resp:
+            assert resp.status == 200
+
+
+async def test_close_delimited_backend_answer_is_streamed_to_its_end(
+    start_gateway: object, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path
+) -> None:
+    import ssl as ssl_module
+
+    cert, key = backend_pki.serving("close-delimited", [SERVER_NAME])
+    ctx = ssl_module.create_default_context(ssl_module.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
+        for i in range(3):
+            writer.write(f"part {i}\n".encode())
+            await writer.drain()
+        writer.close()
+
+    raw = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=ctx)
+    port = raw.sockets[0].getsockname()[1]
+    try:
+        write_manifests(
+            apiservices_dir,
+            "demo",
+            apiservice_manifest(port=port, ca_pem=backend_pki.ca.cert_pem),
+            *backend_service(port),
+        )
+        server = await start_gateway()  # type: ignore[operator]
+        force_available(server)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(server.url + THINGS, ssl=pki.client_context()) as resp,
+        ):
+            assert resp.status == 200
+            assert await resp.read() == b"part 0\npart 1\npart 2\n"
+    finally:
+        raw.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -113,7 +114,7 @@ class V2Input:
     """One document to merge: a source's spec and which of its paths to take."""
 
     name: str
-    spec: JSON
+    spec: JSON | bytes  # a document, or its JSON text
     keep: tuple[str, ...] = ()  # only paths under these prefixes (a remote group-version)
     drop: tuple[str, ...] = ()  # none under these (kube-apiserver: the remote group-versions)
     revision: tuple[str, int] = ("", 0)  # (source, its v2 revision): equal inputs skip the merge
@@ -140,7 +141,7 @@ def build_v2(inputs: Sequence[V2Input]) -> V2Published:
     """Filter, merge and render every representation (CPU-bound: runs in a worker thread)."""
     specs: list[tuple[str, JSON]] = []
     for item in inputs:
-        spec = item.spec
+        spec = json.loads(item.spec) if isinstance(item.spec, bytes) else item.spec
         if item.keep:
             spec = filter_paths(spec, keep_prefixes(item.keep))
         if item.drop:

@@ -105,7 +105,9 @@ class OpenAPISource:
     wants: Callable[[str], bool]
     metrics: Metrics | None = None
     v3: dict[str, Document] = field(default_factory=dict)
-    v2: JSON | None = None
+    # The v2 document as downloaded: bytes, parsed only when merging (kube-apiserver's is megabytes
+    # of JSON, several times that as Python objects).
+    v2: bytes | None = None
     v2_revision: int = 0  # bumped whenever `v2` changes
     v3_published: bool | None = None  # None until the first answer
     v2_published: bool | None = None
@@ -195,13 +197,14 @@ class OpenAPISource:
                 raise SourceError(f"GET {V2_PATH}: 304 Not Modified without a previous download")
             self._count("v2", "not_modified")
             return False
-        spec = await asyncio.to_thread(_parse_object, answer.body, f"GET {V2_PATH}")
+        if self.v2 != answer.body:
+            await asyncio.to_thread(_parse_object, answer.body, f"GET {V2_PATH}")  # refuse what cannot merge
         # Only a server-given ETag is sent back (a locally computed one would never match).
-        self._v2_etag = answer.headers.get("ETag", "") or answer.headers.get("Etag", "")
+        self._v2_etag = answer.headers.get("ETag", "")
         self._count("v2", "ok")
-        if self.v2 == spec:
+        if self.v2 == answer.body:
             return False
-        self.v2 = spec
+        self.v2 = answer.body
         self.v2_revision += 1
         return True
 

@@ -78,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--sample-port", type=int, default=0, help="the sample server's HTTPS port (default: a free port)."
     )
+
+    from aggregator.check import add_check_parser
+
+    add_check_parser(commands)
     return parser
 
 
@@ -129,4 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _demo(args)
     if args.command == "certs":
         return _certs_init(args)
+    if args.command == "check":
+        from aggregator.check import main as check
+
+        return check(args)
     return EXIT_USAGE

@@ -125,6 +125,36 @@ def add_source_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_backend_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """How extension API servers are reached (shared by serve and check); returns the group."""
+    proxy = parser.add_argument_group("proxy")
+    proxy.add_argument(
+        "--proxy-client-cert-file",
+        help="client certificate presented to extension API servers (and to kube-apiserver as the "
+        "front proxy); must be signed by their requestheader CA. Re-read on change.",
+    )
+    proxy.add_argument("--proxy-client-key-file", help="private key for --proxy-client-cert-file.")
+    proxy.add_argument(
+        "--enable-aggregator-routing",
+        action="store_true",
+        help="route to a ready EndpointSlice endpoint instead of the Service's cluster IP.",
+    )
+    proxy.add_argument(
+        "--allow-external-name-services",
+        action="store_true",
+        help="allow APIServices backed by ExternalName Services (off: they are a server-side request "
+        "forgery risk).",
+    )
+    proxy.add_argument(
+        "--backend-deny-cidrs",
+        type=_csv,
+        default=list(DEFAULT_DENY_CIDRS),
+        help="backend addresses never dialed (default 169.254.0.0/16,fe80::/10: cloud metadata); "
+        "an empty value allows all.",
+    )
+    return proxy
+
+
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     """Every flag of `aggregator serve`, each with help text."""
     add_source_flags(parser)
@@ -255,31 +285,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="how long a denied SubjectAccessReview answer is cached (default 10s).",
     )
 
-    proxy = parser.add_argument_group("proxy")
-    proxy.add_argument(
-        "--proxy-client-cert-file",
-        help="client certificate presented to extension API servers (and to kube-apiserver as the "
-        "front proxy); must be signed by their requestheader CA. Re-read on change.",
-    )
-    proxy.add_argument("--proxy-client-key-file", help="private key for --proxy-client-cert-file.")
-    proxy.add_argument(
-        "--enable-aggregator-routing",
-        action="store_true",
-        help="route to a ready EndpointSlice endpoint instead of the Service's cluster IP.",
-    )
-    proxy.add_argument(
-        "--allow-external-name-services",
-        action="store_true",
-        help="allow APIServices backed by ExternalName Services (off: they are a server-side request "
-        "forgery risk).",
-    )
-    proxy.add_argument(
-        "--backend-deny-cidrs",
-        type=_csv,
-        default=list(DEFAULT_DENY_CIDRS),
-        help="backend addresses never dialed (default 169.254.0.0/16,fe80::/10: cloud metadata); "
-        "an empty value allows all.",
-    )
+    proxy = add_backend_flags(parser)
     proxy.add_argument(
         "--delegate-auth",
         choices=["front-proxy", "impersonate"],

@@ -1,17 +1,18 @@
-"""Fixtures: fake extension servers over real TLS, and the objects that register them."""
+"""Fixtures: fake extension servers over real TLS, and the checker's parts without a gateway."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from tests.availability.support import Harness
-from tests.proxy.support import SERVER_NAME, BackendPKI, FakeBackend, make_backend_pki
+from tests.availability.support import Harness, StartBackend, backends
+from tests.proxy.support import BackendPKI, make_backend_pki
 from tests.support.gateway import local_options
 from tests.support.pki import PKI
+
+__all__ = ["StartBackend"]
 
 
 @pytest.fixture(scope="session")
@@ -19,26 +20,10 @@ def backend_pki(tmp_path_factory: pytest.TempPathFactory) -> BackendPKI:
     return make_backend_pki(tmp_path_factory.mktemp("availability-backend-pki"))
 
 
-StartBackend = Callable[..., Awaitable[FakeBackend]]
-
-
 @pytest.fixture
 async def start_backend(backend_pki: BackendPKI, pki: PKI) -> AsyncIterator[StartBackend]:
     """`await start_backend(hosts=[...], ca=..., client_ca=...)`: a TLS extension server on 127.0.0.1."""
-    async with AsyncExitStack() as stack:
-        count = 0
-
-        async def start(
-            *, hosts: list[str] | None = None, ca: object = None, client_ca: str | None = None
-        ) -> FakeBackend:
-            nonlocal count
-            count += 1
-            cert, key = backend_pki.serving(f"backend-{count}", hosts or [SERVER_NAME], ca=ca)  # type: ignore[arg-type]
-            fake = FakeBackend(cert, key, client_ca or pki.path("front-proxy-ca.crt"))
-            await fake.start()
-            stack.push_async_callback(fake.stop)
-            return fake
-
+    async with backends(backend_pki, pki) as start:
         yield start
 
 

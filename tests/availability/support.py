@@ -6,9 +6,12 @@ import contextlib
 import socket
 import ssl
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 from typing import Any
 
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
+from aggregator.certs import KeyPair
 from aggregator.config import Options
 from aggregator.metrics import Metrics
 from aggregator.model.apiservice import decode_apiservice
@@ -17,10 +20,37 @@ from aggregator.proxy.transport import Backends
 from aggregator.sources.store import Store
 from tests.proxy.support import (
     APISERVICE,
+    SERVER_NAME,
+    BackendPKI,
+    FakeBackend,
     apiservice_manifest,
     endpointslice_manifest,
     service_manifest,
 )
+from tests.support.pki import PKI
+
+StartBackend = Callable[..., Awaitable[FakeBackend]]
+
+
+@contextlib.asynccontextmanager
+async def backends(backend_pki: BackendPKI, pki: PKI) -> AsyncIterator[StartBackend]:
+    """`await start(hosts=[...], ca=..., client_ca=...)`: TLS extension servers on 127.0.0.1,
+    demanding a front-proxy client certificate; all stopped on exit."""
+    async with AsyncExitStack() as stack:
+        count = 0
+
+        async def start(
+            *, hosts: list[str] | None = None, ca: KeyPair | None = None, client_ca: str | None = None
+        ) -> FakeBackend:
+            nonlocal count
+            count += 1
+            cert, key = backend_pki.serving(f"backend-{id(stack)}-{count}", hosts or [SERVER_NAME], ca=ca)
+            fake = FakeBackend(cert, key, client_ca or pki.path("front-proxy-ca.crt"))
+            await fake.start()
+            stack.push_async_callback(fake.stop)
+            return fake
+
+        yield start
 
 
 class Harness:

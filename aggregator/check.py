@@ -1,0 +1,373 @@
+"""`aggregator check NAME | --all`: walk an APIService's hops once and say which one fails.
+
+The objects come from the same sources as `serve` (a folder, or one list of APIServices, Services
+and EndpointSlices from kube-apiserver); the backend is reached through the gateway's own proxy
+transport with the same flags (front-proxy client certificate, aggregator routing, deny list), so
+what passes here passes for the gateway. Each hop is printed with ✓ or ✗ and its detail: the
+Service, its port, the ready endpoints, the address dialed, TLS (the name expected, the names in
+the certificate, the CA trusted), the HTTP status, and whether the discovery body decodes.
+
+Exit status: 0 when every hop of every APIService checked passes, 1 when one fails (or the
+APIService does not exist), 2 when the flags or the object source are unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from aggregator.availability.probe import (
+    DISCOVERY_HOP,
+    FAIL,
+    PASS,
+    SKIP,
+    DiscoveryProbe,
+    Report,
+    Step,
+    check_apiservice,
+)
+from aggregator.config import (
+    ConfigError,
+    Options,
+    _check_pair,
+    _check_readable,
+    add_backend_flags,
+    add_source_flags,
+    options_from_args,
+)
+from aggregator.kube.client import KubeClient, KubeError, client_for_options
+from aggregator.logs import configure_logging
+from aggregator.metrics import Metrics
+from aggregator.model.apiservice import APIService, service_column
+from aggregator.model.decode import DecodeError
+from aggregator.proxy.transport import Backends
+from aggregator.sources.kube import WATCHED, WatchedResource
+from aggregator.sources.store import Kind, Obj, Store
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# Every hop in the order it is walked; hops not reached are printed as such.
+HOPS = ("apiservice", "service", "port", "endpoints", "address", "connect", "tls", "http", DISCOVERY_HOP)
+LIST_PAGE = 500
+CONCURRENT_CHECKS = 5
+
+
+def add_check_parser(commands: Any) -> argparse.ArgumentParser:
+    """The `check` subcommand, with serve's object-source and backend flags."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "check",
+        help="check an APIService hop by hop and name the one that fails",
+        description="Check an APIService (or --all of them) the way the gateway does: Service, port, "
+        "ready endpoints, the address dialed, TLS, then GET /apis/<group>/<version> as "
+        "system:kube-aggregator. Prints each hop with its detail; exits 0 only when every hop passes.",
+    )
+    parser.add_argument("name", nargs="?", help="APIService name, e.g. v1beta1.metrics.k8s.io")
+    parser.add_argument("--all", action="store_true", help="check every APIService and print a table")
+    add_source_flags(parser)
+    add_backend_flags(parser)
+    parser.add_argument(
+        "-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (4 and above: debug lines)."
+    )
+    return parser
+
+
+# --- options -----------------------------------------------------------------------------------------
+
+
+def check_options(args: argparse.Namespace) -> Options:
+    """Options for the check; raises ConfigError naming the flag that cannot work."""
+    if bool(args.name) == bool(args.all):
+        raise ConfigError("NAME", "give one APIService name, or --all")
+    opts = options_from_args(args)
+    _check_pair(
+        "--proxy-client-cert-file",
+        opts.proxy_client_cert_file,
+        "--proxy-client-key-file",
+        opts.proxy_client_key_file,
+    )
+    for flag, path in (
+        ("--proxy-client-cert-file", opts.proxy_client_cert_file),
+        ("--proxy-client-key-file", opts.proxy_client_key_file),
+        ("--kubeconfig", opts.kubeconfig),
+    ):
+        _check_readable(flag, path)
+    if opts.apiservices_dir is not None and not os.path.isdir(opts.apiservices_dir):
+        raise ConfigError("--apiservices-dir", f"{opts.apiservices_dir} is not a readable directory")
+    if opts.apiservices_dir is None and opts.kubeconfig is None and not opts.in_cluster:
+        raise ConfigError(
+            "--apiservices-dir",
+            "neither --apiservices-dir nor --kubeconfig is set and no in-cluster service account was found",
+        )
+    return opts
+
+
+# --- loading the objects -----------------------------------------------------------------------------
+
+
+@dataclass
+class Loaded:
+    """The objects to check, and why some kinds could not be read."""
+
+    store: Store
+    access_errors: dict[Kind, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def access(self, kind: Kind) -> str | None:
+        return self.access_errors.get(kind)
+
+
+def load_folder(directory: str) -> Loaded:
+    from aggregator.sources.files import FolderSource
+
+    store = Store()
+    source = FolderSource(directory, store)
+    source.reload()
+    loaded = Loaded(store)
+    loaded.warnings = [f"{path}: not loaded: {error}" for path, error in sorted(source.errors.items())]
+    return loaded
+
+
+async def _list(client: KubeClient, spec: WatchedResource, loaded: Loaded) -> list[Obj]:
+    items: list[Any] = []
+    params: dict[str, str | int] = {"limit": LIST_PAGE}
+    while True:
+        doc = await client.request_json(spec.list_call, params=params)
+        items.extend(doc.get("items") or [])
+        token = (doc.get("metadata") or {}).get("continue")
+        if not token:
+            break
+        params = {"limit": LIST_PAGE, "continue": str(token)}
+    objects = []
+    for item in items:
+        try:
+            objects.append(spec.decode(item))
+        except DecodeError as err:
+            name = (item.get("metadata") or {}).get("name", "?") if isinstance(item, dict) else "?"
+            loaded.warnings.append(f"{spec.kind_name} {name}: skipped: {err}")
+    return objects
+
+
+async def load_kube(client: KubeClient) -> Loaded:
+    """One list of each kind; a Service or EndpointSlice list that fails is an access error."""
+    loaded = Loaded(Store())
+    for spec in WATCHED:
+        try:
+            objects = await _list(client, spec, loaded)
+        except KubeError as err:
+            if spec.kind is Kind.APISERVICE:
+                raise
+            loaded.access_errors[spec.kind] = getattr(err, "message", "") or str(err)
+            continue
+        loaded.store.replace_all(spec.kind, objects)
+    return loaded
+
+
+# --- the discovery hop the gateway does not need but a person does --------------------------------
+
+
+def discovery_step(svc: APIService, body: bytes) -> Step:
+    """Does the 2xx body decode as this group-version's APIResourceList?"""
+    expected = f"{svc.group}/{svc.version}" if svc.group else svc.version
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        excerpt = body[:80].decode("utf-8", "replace")
+        return Step(DISCOVERY_HOP, FAIL, f"the body is not JSON ({err})", (f"body: {excerpt!r}",))
+    if not isinstance(doc, dict) or not isinstance(doc.get("resources"), list):
+        kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+        return Step(DISCOVERY_HOP, FAIL, f"the body is not an APIResourceList (kind {kind!r})")
+    if doc.get("groupVersion") != expected:
+        return Step(
+            DISCOVERY_HOP, FAIL, f"APIResourceList for {doc.get('groupVersion')!r}, expected {expected!r}"
+        )
+    names = [r.get("name", "?") for r in doc["resources"] if isinstance(r, dict)]
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    count = f"{len(names)} resource{'s' if len(names) != 1 else ''}"
+    return Step(
+        DISCOVERY_HOP, PASS, f"APIResourceList for {expected}: {count}{': ' + shown if names else ''}"
+    )
+
+
+async def check_one(svc: APIService, loaded: Loaded, probe: DiscoveryProbe) -> Report:
+    report = await check_apiservice(svc, loaded.store, probe, access=loaded.access, inspect_tls=True)
+    if report.body is not None:
+        report.steps.append(discovery_step(svc, report.body))
+    return report
+
+
+def passed(report: Report) -> bool:
+    return report.verdict.available and report.failed_step is None
+
+
+# --- printing ----------------------------------------------------------------------------------------
+
+
+class Printer:
+    """✓/✗ and colour when the terminal can show them; plain words otherwise."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        encoding = (getattr(out, "encoding", None) or "ascii").lower()
+        try:
+            "✓✗".encode(encoding)
+            self.marks = {PASS: "✓", FAIL: "✗", SKIP: "-", "": "·"}
+        except (UnicodeEncodeError, LookupError):
+            self.marks = {PASS: "ok", FAIL: "X", SKIP: "-", "": "."}
+        self.colour = out.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+    def paint(self, text: str, state: str) -> str:
+        if not self.colour:
+            return text
+        code = {PASS: "32", FAIL: "31"}.get(state, "2")
+        return f"\033[{code}m{text}\033[0m"
+
+    def line(self, text: str = "") -> None:
+        print(text, file=self.out)
+
+    def report(self, svc: APIService, report: Report) -> None:
+        self.line(f"APIService {svc.name} ({service_column(svc)}{_port(svc)})")
+        self.line()
+        steps = {s.hop: s for s in report.steps}
+        reached = True
+        width = max(len(h) for h in HOPS)
+        for hop in HOPS:
+            step = steps.get(hop)
+            if svc.local and step is None:
+                continue
+            if step is None:
+                summary, state = ("not reached" if not reached else "not checked"), ""
+            else:
+                summary, state = step.summary, step.state
+                if step.state == FAIL:
+                    reached = False
+            mark = self.paint(self.marks[state], state)
+            self.line(f"  {mark} {hop.ljust(width)}  {summary}")
+            for detail in step.detail if step else ():
+                self.line(f"  {' ' * (len(self.marks[PASS]) + 1 + width)}    {detail}")
+        self.line()
+        verdict = report.verdict
+        available = "True" if verdict.available else f"{verdict.status} ({verdict.reason})"
+        self.line(self.paint(f"Available: {available}", PASS if verdict.available else FAIL))
+        self.line(f"  {verdict.message}")
+        if verdict.available and report.failed_step is not None:
+            self.line(
+                f"  (the gateway would mark it available; the {report.failed_step.hop} hop fails for clients)"
+            )
+
+    def table(self, rows: Sequence[tuple[APIService, Report]]) -> None:
+        header = ("NAME", "SERVICE", "AVAILABLE", "HOP", "DETAIL")
+        cells = [header]
+        states = [""]
+        for svc, report in rows:
+            failed = report.failed_step
+            verdict = report.verdict
+            available = "True" if verdict.available else f"{verdict.status} ({verdict.reason})"
+            cells.append(
+                (
+                    svc.name,
+                    service_column(svc) + _port(svc),
+                    available,
+                    failed.hop if failed else "",
+                    failed.summary if failed else "",
+                )
+            )
+            states.append(FAIL if failed or not verdict.available else PASS)
+        widths = [max(len(row[i]) for row in cells) for i in range(len(header) - 1)]
+        for row, state in zip(cells, states, strict=True):
+            text = "   ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "   " + row[-1]
+            mark = self.paint(self.marks[state], state) if state else " "
+            self.line(f"{mark} {text.rstrip()}")
+
+
+def _port(svc: APIService) -> str:
+    return f":{svc.service.port}" if svc.service is not None else ""
+
+
+# --- running -----------------------------------------------------------------------------------------
+
+
+async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO) -> int:
+    printer = Printer(out)
+    client = client_for_options(options) if options.kube_mode else None
+    metrics = Metrics()
+    try:
+        if client is not None:
+            try:
+                await client.start()
+                loaded = await load_kube(client)
+            except (KubeError, ConfigError) as problem:
+                print(f"aggregator check: cannot list APIServices: {problem}", file=err)
+                return EXIT_USAGE
+        else:
+            assert options.apiservices_dir is not None
+            loaded = load_folder(options.apiservices_dir)
+        for warning in loaded.warnings:
+            print(f"warning: {warning}", file=err)
+        if options.proxy_client_cert_file is None:
+            print(
+                "warning: no --proxy-client-cert-file: backends that require a front-proxy client "
+                "certificate will refuse the check",
+                file=err,
+            )
+        backends = Backends(options, loaded.store, metrics)
+        await backends.start()
+        try:
+            probe = DiscoveryProbe(backends)
+            if name is not None:
+                return await _check_named(name, loaded, probe, printer, err)
+            return await _check_all(loaded, probe, printer)
+        finally:
+            await backends.stop()
+    finally:
+        if client is not None:
+            await client.stop()
+
+
+async def _check_named(
+    name: str, loaded: Loaded, probe: DiscoveryProbe, printer: Printer, err: TextIO
+) -> int:
+    name = name.split("/", 1)[1] if name.startswith(("apiservice/", "apiservices/")) else name
+    svc = loaded.store.apiservice(name)
+    if svc is None:
+        known = ", ".join(sorted(s.name for s in loaded.store.apiservices())) or "none"
+        print(f'aggregator check: apiservice "{name}" not found (APIServices: {known})', file=err)
+        return EXIT_FAILED
+    report = await check_one(svc, loaded, probe)
+    printer.report(svc, report)
+    return EXIT_OK if passed(report) else EXIT_FAILED
+
+
+async def _check_all(loaded: Loaded, probe: DiscoveryProbe, printer: Printer) -> int:
+    services = sorted(loaded.store.apiservices(), key=lambda s: s.name)
+    if not services:
+        printer.line("No APIServices found.")
+        return EXIT_OK
+    limit = asyncio.Semaphore(CONCURRENT_CHECKS)
+
+    async def one(svc: APIService) -> Report:
+        async with limit:
+            return await check_one(svc, loaded, probe)
+
+    reports = await asyncio.gather(*(one(s) for s in services))
+    printer.table(list(zip(services, reports, strict=True)))
+    return EXIT_OK if all(passed(r) for r in reports) else EXIT_FAILED
+
+
+def main(args: argparse.Namespace) -> int:
+    """`aggregator check`, from parsed arguments."""
+    try:
+        options = check_options(args)
+    except ConfigError as problem:
+        print(f"aggregator check: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging("text", args.verbosity)
+    if args.verbosity < 4:
+        # The printed hops say it all; library chatter only with -v.
+        logging.getLogger().setLevel(logging.INFO if args.verbosity >= 1 else logging.ERROR)
+    return asyncio.run(run_check(options, args.name, sys.stdout, sys.stderr))

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import yaml
 from wrkbench import WrkResult, fetch, free_port, gateway_process, run_wrk
 
-from aggregator.certs import init_pki, issue_serving_cert, load_pair, new_ca, write_pair
+from aggregator.certs import init_pki, issue_serving_cert, new_ca, write_pair
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 GROUP, VERSION = "bench.example.com", "v1"
@@ -178,8 +178,9 @@ def main() -> int:
         direct_port, backend_port = free_port(), free_port()
         folder = work / "apiservices"
         folder.mkdir()
-        (folder / "bench.yaml").write_text(yaml.safe_dump_all(registration(backend_port, backend_ca.cert_pem)))
-        assert load_pair(work / "pki", "front-proxy-client")  # the gateway's identity towards nginx
+        (folder / "bench.yaml").write_text(
+            yaml.safe_dump_all(registration(backend_port, backend_ca.cert_pem))
+        )
         gateway_args = [
             "--proxy-client-cert-file", str(work / "pki" / "front-proxy-client.crt"),
             "--proxy-client-key-file", str(work / "pki" / "front-proxy-client.key"),

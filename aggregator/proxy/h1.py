@@ -140,7 +140,7 @@ class H1Pool:
         slots = self._slots.get(key)
         if slots is None:
             slots = self._slots[key] = asyncio.Semaphore(self.limit_per_host)
-        await slots.acquire()
+        await slots.acquire()  # (if this is cancelled, no slot was taken)
         try:
             idle = self._idle.get(key)
             if idle:

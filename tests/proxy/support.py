@@ -39,6 +39,7 @@ class Received:
     headers: list[tuple[str, str]]
     peer_cn: str
     body_size: int = 0
+    connection: int = 0  # identifies the TCP connection the request came on
 
     def all(self, name: str) -> list[str]:
         return [v for k, v in self.headers if k.lower() == name.lower()]
@@ -117,6 +118,7 @@ class FakeBackend:
                 request.raw_path,
                 [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers],
                 cn,
+                connection=id(request.transport),
             )
         )
         handler = self.routes.get(request.path, self.default)

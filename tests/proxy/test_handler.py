@@ -720,3 +720,21 @@ async def test_close_delimited_backend_answer_is_streamed_to_its_end(
             assert await resp.read() == b"part 0\npart 1\npart 2\n"
     finally:
         raw.close()
+
+
+async def test_backend_connections_are_kept_alive_and_reused(start_proxied: StartProxied) -> None:
+    proxied = await start_proxied()
+    for _ in range(20):
+        async with proxied.request("GET", THINGS) as resp:
+            assert resp.status == 200
+    seen = proxied.backend.seen_by("admin")
+    assert len(seen) == 20
+    assert len({r.connection for r in seen}) == 1
+
+    # Concurrent requests open more connections, then share them.
+    async def one() -> int:
+        async with proxied.request("GET", THINGS) as resp:
+            return resp.status
+
+    assert await asyncio.gather(*(one() for _ in range(8))) == [200] * 8
+    assert len({r.connection for r in proxied.backend.seen_by("admin")}) <= 9

@@ -132,8 +132,13 @@ class Delegate:
         else:
             context = self.kube.ssl_context
         _harden(context)
-        options = self.kube.connect_kwargs()
-        request_options = {"proxy": options["proxy"]} if options.get("proxy") else {}
+        if self.kube.connect_kwargs().get("proxy"):
+            # The proxy's lean client dials kube-apiserver directly; list/watch and reviews still
+            # go through the kubeconfig's proxy.
+            log.warning(
+                "the kubeconfig's proxy-url is not used for delegated requests",
+                extra=fields(server=trust.base_url),
+            )
         backend = Backend(NAME, context=context, client_pair=pair if self.mode == FRONT_PROXY else None)
         if self._backend is not None:
             self._backend.retire()
@@ -148,7 +153,6 @@ class Delegate:
             self.policy,
             base_path=url.raw_path.rstrip("/"),
             impersonate=self.mode == IMPERSONATE,
-            request_options=request_options,
             pass_redirects=True,
         )
         log.info(

@@ -1,8 +1,9 @@
 """Send one request to one destination and stream the answer back: the proxy's hot path.
 
-Shared by the APIService handler and the delegate. Bodies stream both ways and are never parsed:
-the request body is handed to the client session as it arrives, response chunks are written as
-they come (a watch event reaches the caller when the backend sends it), `Content-Length` and
+Shared by the APIService handler and the delegate, on the lean keep-alive client (`h1`). Bodies
+stream both ways and are never parsed: the request body is written to the backend as it arrives
+(with backpressure; chunked when the client sent no length), response chunks are written as they
+come (a watch event reaches the caller when the backend sends it), `Content-Length` and
 `Content-Encoding` pass through untouched, and path and query reach the backend byte for byte. A
 client that goes away cancels the handler (the server runs with `handler_cancellation=True`),
 which closes the backend connection. A 3xx with a `Location` becomes a 502 (CVE-2022-3172);
@@ -17,8 +18,7 @@ import logging
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -59,7 +59,6 @@ class Destination:
     base_path: str = ""  # the server URL's path (a kubeconfig server may have one)
     impersonate: bool = False  # identity as Impersonate-* (with `credentials`) instead of X-Remote-*
     credentials: Mapping[str, str] | None = None  # the gateway's own Authorization, when impersonating
-    request_options: Mapping[str, Any] = field(default_factory=dict)  # e.g. a kubeconfig proxy-url
     # kube-apiserver's own redirects (e.g. service proxy paths) are passed on; a backend's never are.
     pass_redirects: bool = False
 

@@ -6,8 +6,9 @@ at once when an APIService, its Service or its EndpointSlices change, and with b
 failure or a 404. Nothing is fetched on the request path: each change re-renders what is served.
 
 Published `/openapi/v3`: for each remote APIService, its backend's document for exactly its own
-group-version (a backend cannot publish someone else's); in kube mode every other key from
-kube-apiserver (core, built-ins, CRDs, local APIServices).
+group-version (a backend cannot publish someone else's; one without `/openapi/v3` gets its v2
+paths converted); in kube mode every other key from kube-apiserver (core, built-ins, CRDs, local
+APIServices).
 
 Published `/openapi/v2`: kube-apiserver's document without the remote group-versions' paths (kube
 mode; a fixed `Kubernetes` header in local mode) first, then each remote APIService's paths under
@@ -23,7 +24,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -314,6 +315,7 @@ class OpenAPIAggregation:
                     BackendGetter(self, key),
                     wants=self._wanted_by(key),
                     metrics=self.metrics,
+                    legacy_keys=self._keys_of(key),
                 )
                 # Same server, new TLS settings (a rotated caBundle): serve its documents until
                 # the first download through the new settings replaces them.
@@ -331,6 +333,9 @@ class OpenAPIAggregation:
             self.refresher.poke(KUBE_APISERVER)
         self._publish_v3()
         self._schedule_v2()
+
+    def _keys_of(self, key: BackendKey) -> Callable[[], list[str]]:
+        return lambda: [gv_key(s) for s in self.members.get(key, ())]
 
     def _wanted_by(self, key: BackendKey) -> Any:
         def wants(gv: str) -> bool:

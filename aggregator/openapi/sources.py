@@ -7,8 +7,10 @@ A source refresh downloads, in the background:
 
 A 404 means "not published": the source's documents are dropped and the refresh counts as not
 successful, so the scheduler retries with backoff (upstream never retries a 404 until the
-APIService changes: a backend that comes up without OpenAPI stays invisible to kubectl). Any other
-failure keeps the last good documents. Each transition is logged once; repeats are debug lines.
+APIService changes: a backend that comes up without OpenAPI stays invisible to kubectl). A server
+with v2 but no `/openapi/v3` is a healthy legacy server: its group-versions are served from the v2
+document converted (`convert.py`), as kube-aggregator does. Any other failure keeps the last good
+documents. Each transition is logged once; repeats are debug lines.
 
 Backends are asked as the gateway's own identity (system:kube-aggregator, system:masters), like
 the discovery fetcher; upstream uses `system:aggregator` without groups, which extension servers
@@ -21,12 +23,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from aggregator.logs import fields
+from aggregator.model.jsonenc import go_marshal
+from aggregator.openapi.convert import group_version_document
 from aggregator.openapi.documents import Document
 
 if TYPE_CHECKING:
@@ -73,6 +77,17 @@ def _checked(answer: Answer, what: str) -> Answer:
     return answer
 
 
+def _converted_documents(v2: bytes, keys: Iterable[str]) -> dict[str, bytes]:
+    """Each key's v3 document converted from the v2 JSON (CPU-bound: runs in a worker thread)."""
+    spec = json.loads(v2)
+    out = {}
+    for key in keys:
+        document = group_version_document(spec, key)
+        if document is not None:
+            out[key] = go_marshal(document)
+    return out
+
+
 def _hash_of(url: str) -> str:
     values = parse_qs(urlsplit(url).query).get("hash")
     return values[0] if values else ""
@@ -104,6 +119,8 @@ class OpenAPISource:
     # Which `/openapi/v3` keys (`apis/<g>/<v>`) to download from this source.
     wants: Callable[[str], bool]
     metrics: Metrics | None = None
+    # The keys to convert from the v2 document when the source has no `/openapi/v3` (None: never).
+    legacy_keys: Callable[[], Iterable[str]] | None = None
     v3: dict[str, Document] = field(default_factory=dict)
     # The v2 document as downloaded: bytes, parsed only when merging (kube-apiserver's is megabytes
     # of JSON, several times that as Python objects).
@@ -117,23 +134,35 @@ class OpenAPISource:
     _v3_hashes: dict[str, str] = field(default_factory=dict)  # key -> the source's own hash
     _v2_etag: str = ""
     _failing: set[str] = field(default_factory=set)  # documents whose last attempt failed
+    _converted: tuple[int, tuple[str, ...]] | None = None  # (v2 revision, keys) the v3 came from
 
     # --- one refresh -----------------------------------------------------------------------------
 
     async def refresh(self) -> Refreshed:
         result = Refreshed(ok=True)
+        convert = False
         try:
             result.v3_changed = await self._refresh_v3()
             self._recovered("v3")
+            self._converted = None
         except Exception as err:
+            # No /openapi/v3 at all: serve the v2 document converted, as kube-aggregator does.
+            convert = isinstance(err, NotPublished) and self.legacy_keys is not None
             result.ok = False
-            result.v3_changed = self._failed("v3", err)
+            result.v3_changed = self._failed("v3", err, converting=convert)
         try:
             result.v2_changed = await self._refresh_v2()
             self._recovered("v2")
         except Exception as err:
             result.ok = False
             result.v2_changed = self._failed("v2", err)
+            if convert and isinstance(err, NotPublished):
+                convert = False  # no OpenAPI at all: nothing to serve
+                self._converted = None
+                result.v3_changed |= self._drop("v3")
+        if convert:
+            result.v3_changed |= await self._convert_v2()
+            result.ok = "v2" not in self._failing  # a legacy server with a good v2 is a healthy one
         if result.ok:
             self.failures = 0
             self.last_error = ""
@@ -208,14 +237,42 @@ class OpenAPISource:
         self.v2_revision += 1
         return True
 
+    async def _convert_v2(self) -> bool:
+        """The wanted group-versions' v3 documents converted from v2; True when they changed."""
+        assert self.legacy_keys is not None
+        keys = tuple(sorted(k for k in self.legacy_keys() if self.wants(k)))
+        signature = (self.v2_revision, keys)
+        if signature == self._converted:
+            return False
+        bodies = await asyncio.to_thread(_converted_documents, self.v2, keys) if self.v2 is not None else {}
+        self._converted = signature
+        documents = {}
+        for key, body in bodies.items():
+            current = self.v3.get(key)
+            documents[key] = (
+                current if current is not None and current.body == body else Document.render(body)
+            )
+        changed = documents.keys() != self.v3.keys() or any(documents[k] is not self.v3[k] for k in documents)
+        self.v3 = documents
+        return changed
+
     # --- outcomes --------------------------------------------------------------------------------
 
-    def _failed(self, document: str, err: Exception) -> bool:
+    def _failed(self, document: str, err: Exception, *, converting: bool = False) -> bool:
         """Record a failed download; True when the served documents changed (404 drops them)."""
         first = document not in self._failing
         self._failing.add(document)
         if isinstance(err, NotPublished):
             self._count(document, "not_found")
+            if converting:
+                self.v3_published = False
+                self._v3_hashes.clear()
+                if first:
+                    log.info(
+                        "source publishes no OpenAPI v3; serving its v2 document converted",
+                        extra=fields(source=self.name, reason=str(err)),
+                    )
+                return False
             changed = self._drop(document)
             (log.info if first else log.debug)(
                 f"source publishes no OpenAPI {document}; retrying with backoff",

@@ -95,3 +95,31 @@ async def test_kubectl_1_28_and_older_fail_without_v2_as_protobuf(
         assert code != 0 and "the server could not find the requested resource" in err
         code, _, _ = await kubectl("create", "-f", str(manifest), "--validate=false", check=False)
         assert code == 0  # only validation and explain read v2
+
+
+@pytest.mark.parametrize("binary", kubectl_binaries(), ids=lambda b: Path(b).name)
+async def test_a_backend_without_openapi_v3_is_explained_from_its_v2(
+    binary: str, pki: PKI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An extension server that predates OpenAPI v3: its v2 document, converted, is what explain reads."""
+    from aiohttp import web
+
+    from aggregator.sample.server import SampleAPI
+
+    serve = SampleAPI._non_resource
+
+    def without_v3(self: SampleAPI, request: web.Request) -> web.StreamResponse:
+        if request.path.startswith("/openapi/v3"):
+            return web.Response(status=404, text="404 page not found")
+        return serve(self, request)
+
+    monkeypatch.setattr(SampleAPI, "_non_resource", without_v3)
+    async with WardleStack(pki, tmp_path) as stack:
+        kubectl = stack.kubectl(binary)
+        _, out, _ = await kubectl("explain", "flunders.spec")
+        assert "A name of a fischer, mutually exclusive to the FlunderReference." in out
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(FLUNDER.replace("fischerReference: fred", "fischerReference: fred\n  colour: red"))
+        code, _, err = await kubectl("create", "-f", str(bad), "-v=6", check=False)
+        assert code != 0 and 'unknown field "spec.colour"' in err
+        assert "fieldValidation=Strict" in err  # the converted PATCH still lists fieldValidation

@@ -297,3 +297,32 @@ async def test_apiservice_changes_take_effect_without_waiting_for_the_refresh_in
     await until(lambda: "v1.first.example.com" not in aggregation.v2.sources, what="first out of v2")
     index = await Client(server, pki).json("/openapi/v3")
     assert list(index["paths"]) == ["apis/second.example.com/v1"]
+
+
+async def test_a_backend_without_v3_is_served_converted_from_v2_at_the_normal_interval(
+    start_openapi_backend: StartBackend,
+    start_gateway: StartGateway,
+    pki: PKI,
+    apiservices_dir: Path,
+    backend_pki: BackendPKI,
+) -> None:
+    backend = await start_openapi_backend("legacy")
+    wardle_like(backend, "legacy.example.com")
+    backend.status = {"v3": 404}
+    register(apiservices_dir, backend, backend_pki, "legacy", [("legacy.example.com", "v1", 1000, 15)])
+    server = await start_gateway()
+    aggregation = fast(server.gateway)
+    key = "apis/legacy.example.com/v1"
+    await until(lambda: key in aggregation.v3.documents, what="the converted document")
+    doc = json.loads(aggregation.v3.documents[key].body)
+    assert doc["openapi"] == "3.0.0"
+    assert sorted(doc["paths"]) == ["/apis/legacy.example.com/v1/", "/apis/legacy.example.com/v1/widgets"]
+    assert set(doc["components"]["schemas"]) == {"com.example.Widget"}  # apps/v1's are not this group's
+    widgets = doc["paths"]["/apis/legacy.example.com/v1/widgets"]["get"]["responses"]["200"]
+    assert widgets == {"description": "OK"}  # no `produces` anywhere: upstream drops the schema too
+    source_key = next(iter(aggregation.members))
+    assert aggregation.refresher.failures(source_key) == 0  # a healthy legacy server, not a failing one
+
+    backend.status = {"v3": 404, "v2": 404}  # no OpenAPI at all any more
+    aggregation.refresher.poke(source_key)
+    await until(lambda: key not in aggregation.v3.documents, what="the document dropped")

@@ -337,7 +337,7 @@ class OpenAPIAggregation:
     def _keys_of(self, key: BackendKey) -> Callable[[], list[str]]:
         return lambda: [gv_key(s) for s in self.members.get(key, ())]
 
-    def _wanted_by(self, key: BackendKey) -> Any:
+    def _wanted_by(self, key: BackendKey) -> Callable[[str], bool]:
         def wants(gv: str) -> bool:
             return any(gv_key(s) == gv for s in self.members.get(key, ()))
 

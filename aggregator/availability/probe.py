@@ -355,7 +355,8 @@ class DiscoveryProbe:
                 ):
                     tls.recv(1)
             except ssl.SSLError as err:
-                return tls_alert_error(err)
+                # Only a real alert counts; an unexpected EOF is no more than aiohttp already said.
+                return tls_alert_error(err) if "ALERT" in str(err.reason or "") else None
             except OSError:
                 return None
             return None

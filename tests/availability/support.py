@@ -115,15 +115,19 @@ class AlertingBackend:
         self.context.verify_mode = ssl.CERT_REQUIRED
         self.context.load_verify_locations(client_ca_file)
         self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)  # so the thread notices `close()` promptly
         self.port = int(self._listener.getsockname()[1])
         self.refused = 0
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="alerting-backend", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
-        while True:
+        while not self._stopped.is_set():
             try:
                 conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return
             with conn, contextlib.suppress(OSError):
@@ -135,5 +139,6 @@ class AlertingBackend:
                     self.refused += 1
 
     def close(self) -> None:
-        self._listener.close()
+        self._stopped.set()
         self._thread.join(timeout=5)
+        self._listener.close()

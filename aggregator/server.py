@@ -8,11 +8,9 @@ stages that later components add (authentication, authorization, the proxy) plug
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import platform
-import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,6 +29,7 @@ from aggregator.metrics import Metrics
 from aggregator.proxy.transport import Backends
 from aggregator.responses import json_response, not_found, status_response
 from aggregator.routing import Route, RouteKind, Router
+from aggregator.runtime import new_event_loop, wait_for_termination
 from aggregator.sources.store import Store
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
@@ -257,16 +256,6 @@ def _serving_hosts(options: Options) -> list[str]:
     return hosts
 
 
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        return loop
-    except ImportError:
-        return asyncio.new_event_loop()
-
-
 class GatewayServer:
     """A gateway listening on its TLS port: what `serve` runs, and what tests start in-process."""
 
@@ -343,12 +332,7 @@ async def serve(options: Options) -> int:
     """Run until SIGTERM or SIGINT; returns the process exit code."""
     server = GatewayServer(options)
     await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_termination()
     log.info("shutting down")
     server.gateway.shutting_down = True
     if options.shutdown_delay_duration > 0:
@@ -366,5 +350,5 @@ def _bound_port(site: web.TCPSite) -> int | None:
 
 
 def run(options: Options) -> int:
-    with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(serve(options))

@@ -7,19 +7,10 @@ import sys
 from collections.abc import Sequence
 
 from aggregator.logs import configure_logging
+from aggregator.runtime import new_event_loop
 from aggregator.sample.options import OptionsError, build_parser, options_from_args, validate
 from aggregator.sample.server import serve
 from aggregator.tls.pem import PEMError
-
-
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        return loop
-    except ImportError:
-        return asyncio.new_event_loop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -31,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(options.log_format, options.verbosity)
     try:
-        with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
             return runner.run(serve(options))
     except (OSError, PEMError) as err:
         print(f"error: {err}", file=sys.stderr)

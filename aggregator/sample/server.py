@@ -9,10 +9,8 @@ once at start-up; resources live in memory for the life of the process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
-import signal
 import time
 from email.utils import format_datetime
 
@@ -23,6 +21,7 @@ from aggregator.logs import fields
 from aggregator.model.jsonenc import encode_object, go_marshal_indent
 from aggregator.model.status import forbidden_details, forbidden_message
 from aggregator.responses import json_response, not_found, status_response, wants_pretty
+from aggregator.runtime import wait_for_termination
 from aggregator.sample.api import GROUP, VERSIONS
 from aggregator.sample.auth import FrontProxyAuthenticator, StaticAuthorizer, Unauthenticated, log_refusal
 from aggregator.sample.discovery import AGGREGATED_CONVERSIONS, Discovery, Rendered
@@ -352,12 +351,7 @@ async def serve(options: SampleOptions) -> int:
     """Run until SIGTERM or SIGINT."""
     server = SampleServer(options)
     await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_termination()
     log.info("shutting down")
     await server.stop()
     return 0

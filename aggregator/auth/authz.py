@@ -27,7 +27,12 @@ from aiohttp import web
 
 from aggregator.auth.cache import MISSING, CoalescingCache
 from aggregator.auth.requestinfo import RequestInfo, RequestInfoError, request_info
-from aggregator.auth.selectors import (
+from aggregator.auth.webhook import ReviewFailed, WebhookClient
+from aggregator.context import get_user
+from aggregator.logs import fields
+from aggregator.metrics import Metrics
+from aggregator.model.fielderrors import go_quote
+from aggregator.model.selectors import (
     DOES_NOT_EXIST,
     DOUBLE_EQUALS,
     EQUALS,
@@ -39,11 +44,6 @@ from aggregator.auth.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
-from aggregator.auth.webhook import ReviewFailed, WebhookClient
-from aggregator.context import get_user
-from aggregator.logs import fields
-from aggregator.metrics import Metrics
-from aggregator.model.fielderrors import go_quote
 from aggregator.model.status import forbidden_details, forbidden_message
 from aggregator.model.userinfo import UserInfo
 from aggregator.responses import status_response

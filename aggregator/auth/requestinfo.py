@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from aggregator.auth.gourl import EscapeError, parse_query, path_unescape
-from aggregator.auth.selectors import (
+from aggregator.model.selectors import (
     SelectorError,
     exact_match,
     is_int64,

@@ -1,137 +1,53 @@
-"""Label and field selectors with apimachinery's syntax (`labels.Parse`, `fields.ParseSelector`)."""
+"""Which objects a list or watch selects: apimachinery's label and field selectors over metadata."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from aggregator.model.fielderrors import go_quote
+from aggregator.model.selectors import (
+    NOT_EQUALS,
+    FieldRequirement,
+    SelectorError,
+    parse_field_selector,
+    parse_label_selector,
+)
 
+__all__ = ["FIELD_LABELS", "Predicate", "SelectorError", "object_predicate", "supported_fields"]
 
-class SelectorError(ValueError):
-    """A selector that does not parse; the message is what the 400 Status says."""
-
-
-@dataclass(frozen=True)
-class Requirement:
-    key: str
-    operator: str  # "=", "!=", "in", "notin", "exists", "!", "gt", "lt"
-    values: tuple[str, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        present = self.key in labels
-        value = labels.get(self.key, "")
-        op = self.operator
-        if op in ("=", "in"):
-            return present and value in self.values
-        if op in ("!=", "notin"):
-            return not present or value not in self.values
-        if op == "exists":
-            return present
-        if op == "!":
-            return not present
-        if not present:
-            return False
-        try:
-            left, right = int(value), int(self.values[0])
-        except ValueError:
-            return False
-        return left > right if op == "gt" else left < right
-
-
-_KEY = r"[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?"
-_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
-_SET = re.compile(rf"^\s*(?P<key>{_KEY})\s+(?P<op>in|notin)\s*\((?P<values>[^)]*)\)\s*$")
-_EQ = re.compile(rf"^\s*(?P<key>{_KEY})\s*(?P<op>==|=|!=|>|<)\s*(?P<value>{_VALUE})\s*$")
-_EXISTS = re.compile(rf"^\s*(?P<neg>!?)\s*(?P<key>{_KEY})\s*$")
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside `( ... )`."""
-    parts: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for ch in text:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    parts.append("".join(current))
-    return parts
-
-
-def parse_label_selector(text: str) -> list[Requirement]:
-    """Requirements ANDed together; an empty selector selects everything."""
-    if not text.strip():
-        return []
-    requirements = []
-    for part in _split_top_level(text):
-        if m := _SET.match(part):
-            values = tuple(v.strip() for v in m["values"].split(",") if v.strip())
-            if not values:
-                raise SelectorError(
-                    f"unable to parse requirement: values: Invalid value: {go_quote(part.strip())}: "
-                    "for 'in', 'notin' operators, values set can't be empty"
-                )
-            requirements.append(Requirement(m["key"], m["op"], values))
-        elif m := _EQ.match(part):
-            op = {"==": "=", ">": "gt", "<": "lt"}.get(m["op"], m["op"])
-            requirements.append(Requirement(m["key"], op, (m["value"],)))
-        elif m := _EXISTS.match(part):
-            requirements.append(Requirement(m["key"], "!" if m["neg"] else "exists"))
-        else:
-            raise SelectorError(
-                f"unable to parse requirement: {go_quote(part.strip())} is not a valid label selector"
-            )
-    return requirements
-
-
+# The field labels a wardle object supports (the generic ObjectMeta ones).
 FIELD_LABELS = ("metadata.name", "metadata.namespace")
-
-
-def parse_field_selector(text: str) -> list[tuple[str, str, str]]:
-    """(field, operator "=" or "!=", value) triples; only metadata.name and metadata.namespace exist."""
-    out: list[tuple[str, str, str]] = []
-    if not text.strip():
-        return out
-    for part in text.split(","):
-        m = re.match(r"^\s*([^=!\s]+)\s*(==|=|!=)\s*(.*?)\s*$", part)
-        if not m:
-            raise SelectorError(f"invalid selector: {go_quote(text)}; can't understand {go_quote(part)}")
-        field_name, op, value = m[1], m[2], m[3]
-        if field_name not in FIELD_LABELS:
-            raise SelectorError(
-                f"{go_quote(field_name)} is not a known field selector: only "
-                f"{go_quote(FIELD_LABELS[0])}, {go_quote(FIELD_LABELS[1])}"
-            )
-        out.append((field_name, "!=" if op == "!=" else "=", value))
-    return out
-
 
 Predicate = Callable[[dict[str, object]], bool]
 
 
+def supported_fields(selector: str) -> tuple[FieldRequirement, ...]:
+    """The parsed field selector; a field other than the supported labels is upstream's 400."""
+    requirements = parse_field_selector(selector)
+    for requirement in requirements:
+        if requirement.field not in FIELD_LABELS:
+            raise SelectorError(
+                f"{go_quote(requirement.field)} is not a known field selector: only "
+                f"{go_quote(FIELD_LABELS[0])}, {go_quote(FIELD_LABELS[1])}"
+            )
+    return requirements
+
+
 def object_predicate(label_selector: str, field_selector: str) -> Predicate:
     """One function deciding whether an object (any version: only metadata is read) is selected."""
-    requirements = parse_label_selector(label_selector)
-    fields = parse_field_selector(field_selector)
+    labels_wanted = parse_label_selector(label_selector)
+    fields_wanted = supported_fields(field_selector)
 
     def matches(obj: dict[str, object]) -> bool:
         meta = obj.get("metadata")
         if not isinstance(meta, dict):
             return False
         labels = meta.get("labels") or {}
-        if not all(r.matches(labels) for r in requirements):
+        if not all(r.matches(labels) for r in labels_wanted):
             return False
-        for field_name, op, value in fields:
-            actual = meta.get(field_name.split(".", 1)[1]) or ""
-            if (actual == value) != (op == "="):
+        for requirement in fields_wanted:
+            actual = meta.get(requirement.field.split(".", 1)[1]) or ""
+            if (actual == requirement.value) == (requirement.operator == NOT_EQUALS):
                 return False
         return True
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from aggregator.model.selectors import FieldRequirement, SelectorError, parse_label_selector
 from aggregator.sample.api import FLUNDERS
 from aggregator.sample.negotiation import negotiate, parse_accept
 from aggregator.sample.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from aggregator.sample.requestinfo import request_info
-from aggregator.sample.selectors import SelectorError, parse_field_selector, parse_label_selector
+from aggregator.sample.selectors import object_predicate, supported_fields
 
 
 def test_label_selector_parsing() -> None:
@@ -21,20 +22,28 @@ def test_label_selector_parsing() -> None:
         ("e", "exists", ()),
         ("f", "!", ()),
     ]
-    assert parse_label_selector("") == []
-    with pytest.raises(SelectorError):
-        parse_label_selector("a in ()")
+    assert parse_label_selector("") == ()
+    # upstream's parseValues reads `()` as the set {""}
+    assert [(r.key, r.operator, r.values) for r in parse_label_selector("a in ()")] == [("a", "in", ("",))]
     with pytest.raises(SelectorError):
         parse_label_selector("a==b==c")
 
 
 def test_field_selector_parsing() -> None:
-    assert parse_field_selector("metadata.name==x,metadata.namespace!=y") == [
-        ("metadata.name", "=", "x"),
-        ("metadata.namespace", "!=", "y"),
-    ]
+    assert supported_fields("metadata.name==x,metadata.namespace!=y") == (
+        FieldRequirement("metadata.name", "=", "x"),
+        FieldRequirement("metadata.namespace", "!=", "y"),
+    )
     with pytest.raises(SelectorError, match="not a known field selector"):
-        parse_field_selector("status.phase=Running")
+        supported_fields("status.phase=Running")
+
+
+def test_object_predicate() -> None:
+    obj = {"metadata": {"name": "a", "namespace": "ns", "labels": {"tier": "web", "n": "5"}}}
+    assert object_predicate("tier=web,n>3", "metadata.name=a")(obj)
+    assert not object_predicate("tier in (db)", "")(obj)
+    assert object_predicate("missing!=x,!other", "metadata.namespace!=kube-system")(obj)
+    assert not object_predicate("", "metadata.name!=a")(obj)
 
 
 def test_merge_and_strategic_patches() -> None:

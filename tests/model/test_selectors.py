@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggregator.auth.selectors import (
+from aggregator.model.selectors import (
     DOES_NOT_EXIST,
     DOUBLE_EQUALS,
     EQUALS,

@@ -1,6 +1,7 @@
 """Field and label selectors parsed exactly like apimachinery's `fields.ParseSelector` and `labels.Parse`.
 
-Authorization needs them twice: a list or watch whose field selector pins `metadata.name` is a
+The sample server uses them to select objects (`LabelRequirement.matches`). Authorization needs
+them twice: a list or watch whose field selector pins `metadata.name` is a
 request for one named object (RBAC `resourceNames` rules match it), and a SubjectAccessReview
 carries the selectors' requirements so kube-apiserver can authorize selector-limited requests. An
 unparsable selector changes both outcomes, so parsing (including its error cases) follows upstream
@@ -10,6 +11,7 @@ token for token.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # selection.Operator values
@@ -40,6 +42,27 @@ class LabelRequirement:
     key: str
     operator: str
     values: tuple[str, ...]  # sorted and de-duplicated, as the parser's string set leaves them
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """`Requirement.Matches`: absent keys satisfy only !=, notin and !."""
+        present = self.key in labels
+        value = labels.get(self.key, "")
+        op = self.operator
+        if op in (EQUALS, DOUBLE_EQUALS, IN):
+            return present and value in self.values
+        if op in (NOT_EQUALS, NOT_IN):
+            return not present or value not in self.values
+        if op == EXISTS:
+            return present
+        if op == DOES_NOT_EXIST:
+            return not present
+        if not present:
+            return False
+        try:
+            left, right = int(value), int(self.values[0])
+        except ValueError:
+            return False
+        return left > right if op == GREATER_THAN else left < right
 
 
 # --- fields ----------------------------------------------------------------------------------------

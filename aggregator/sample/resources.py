@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from aggregator.auth.requestinfo import RequestInfo
 from aggregator.model.fielderrors import go_quote, is_valid_path_segment_name
 from aggregator.model.jsonenc import encode_object
 from aggregator.responses import wants_pretty
@@ -40,7 +41,6 @@ from aggregator.sample.decoding import DecodeError, check_fields, object_schema,
 from aggregator.sample.errors import APIError
 from aggregator.sample.negotiation import Negotiated, negotiate
 from aggregator.sample.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from aggregator.sample.requestinfo import RequestInfo
 from aggregator.sample.selectors import SelectorError, object_predicate
 from aggregator.sample.store import Event, ObjectStore, TooOldResourceVersion, Watcher, ordered_metadata
 from aggregator.sample.table import INCLUDE_OBJECT_VALUES, render_table
@@ -99,10 +99,10 @@ class ResourceHandlers:
     # --- entry point -----------------------------------------------------------------------------
 
     async def handle(self, request: web.Request, info: RequestInfo) -> web.StreamResponse:
-        resource = resource_for(info.version, info.resource)
+        resource = resource_for(info.api_version, info.resource)
         if resource is None or info.subresource or (info.namespace and not resource.namespaced):
             raise APIError(404, "the server could not find the requested resource", details={})
-        version = info.version
+        version = info.api_version
         handlers: dict[str, Callable[..., Any]] = {
             "get": self.get,
             "list": self.list_collection,

@@ -17,6 +17,7 @@ from email.utils import format_datetime
 from aiohttp import web
 
 from aggregator import __version__
+from aggregator.auth.requestinfo import RequestInfo, RequestInfoError, request_info
 from aggregator.logs import fields
 from aggregator.model.jsonenc import encode_object, go_marshal_indent
 from aggregator.model.status import forbidden_details, forbidden_message
@@ -31,7 +32,6 @@ from aggregator.sample.openapi import OpenAPIDocuments
 from aggregator.sample.openapi_pb import CONTENT_TYPE as OPENAPI_V2_PROTOBUF_CONTENT_TYPE
 from aggregator.sample.openapi_pb import MEDIA_TYPE as OPENAPI_V2_PROTOBUF
 from aggregator.sample.options import SampleOptions, validate
-from aggregator.sample.requestinfo import RequestInfo, request_info
 from aggregator.sample.resources import ResourceHandlers, WatchSettings
 from aggregator.sample.store import ObjectStore
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
@@ -92,14 +92,18 @@ class SampleAPI:
                 response = status_response(request, 401, "Unauthorized")
                 return response
             user_name = user.name
-            info = request_info(request.method, request.path, request.query.get("watch", ""))
+            try:
+                info = request_info(request)
+            except RequestInfoError as err:
+                response = status_response(request, 500, str(err))
+                return response
             if not self.authorizer.allowed(
-                user, resource_request=info.resource_request, verb=info.verb, path=request.path
+                user, resource_request=info.is_resource_request, verb=info.verb, path=request.path
             ):
                 response = self._forbidden(request, user.name, info.verb, info)
                 return response
             try:
-                if info.resource_request:
+                if info.is_resource_request and info.api_group == GROUP:
                     response = await self.resources.handle(request, info)
                 else:
                     response = self._non_resource(request)
@@ -126,7 +130,7 @@ class SampleAPI:
             )
 
     def _forbidden(self, request: web.Request, user: str, verb: str, info: RequestInfo) -> web.Response:
-        if info.resource_request:
+        if info.is_resource_request:
             message = forbidden_message(
                 user,
                 verb,

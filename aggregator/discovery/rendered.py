@@ -1,15 +1,14 @@
 """Pre-rendered discovery documents and the one way they are written to a client.
 
-Every document is encoded once per change in each representation a client may ask for (compact JSON,
-indented JSON, YAML) and carries an ETag, so serving one is a dictionary lookup, a header check and
-a write: no sorting, no encoding, no hashing per request.
+Every document is encoded once per change (compact JSON at once; indented JSON and YAML the first
+time one is asked for) and carries an ETag, so serving one is a dictionary lookup, a header check
+and a write: no sorting, no hashing, and no encoding after the first request for a form.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -25,25 +24,41 @@ def quoted_sha512(data: bytes) -> str:
     return '"' + hashlib.sha512(data).hexdigest().upper() + '"'
 
 
-@dataclass(frozen=True, slots=True)
 class Rendered:
-    """One document in every representation, plus its ETag (quoted)."""
+    """One document in every representation, plus its ETag (quoted).
 
-    json: bytes
-    pretty: bytes
-    yaml: bytes
-    etag: str
+    Compact JSON (what clients ask for) and the ETag are encoded at once; the indented JSON and the
+    YAML only when first asked for, then kept. A large aggregated document (kube mode: hundreds of
+    KiB) takes a fraction of a second to turn into YAML, which would otherwise stall the event loop
+    at every change for a representation kubectl never requests.
+    """
+
+    __slots__ = ("_document", "_pretty", "_yaml", "etag", "json")
+
+    def __init__(self, document: Mapping[str, Any], json: bytes, etag: str) -> None:
+        self._document = document  # never mutated after rendering: the lazy forms read it later
+        self.json = json
+        self.etag = etag
+        self._pretty: bytes | None = None
+        self._yaml: bytes | None = None
 
     @classmethod
     def of(cls, document: Mapping[str, Any], etag: str | None = None) -> Rendered:
         compact = encode_object(document)
-        return cls(
-            json=compact,
-            # The k8s pretty serializer is `json.MarshalIndent`: no trailing newline, unlike compact JSON.
-            pretty=go_marshal_indent(document),
-            yaml=go_yaml(document),
-            etag=etag if etag is not None else quoted_sha512(compact),
-        )
+        return cls(document, compact, etag if etag is not None else quoted_sha512(compact))
+
+    @property
+    def pretty(self) -> bytes:
+        # The k8s pretty serializer is `json.MarshalIndent`: no trailing newline, unlike compact JSON.
+        if self._pretty is None:
+            self._pretty = go_marshal_indent(self._document)
+        return self._pretty
+
+    @property
+    def yaml(self) -> bytes:
+        if self._yaml is None:
+            self._yaml = go_yaml(self._document)
+        return self._yaml
 
     def body(self, media: MediaType, request: web.Request) -> bytes:
         if media.media_type == YAML:

@@ -28,6 +28,7 @@ from aggregator.discovery.yamlenc import go_yaml
 from aggregator.model import apiservice as model
 from aggregator.model.apiservice import APIService
 from aggregator.model.jsonenc import encode_object, go_marshal_indent
+from aggregator.model.meta import human_duration, ordered_metadata
 from aggregator.model.status import status_body
 from aggregator.responses import wants_pretty
 from aggregator.routing import Route, RouteKind
@@ -110,63 +111,8 @@ COLUMNS = [
     {"name": "Age", "type": "string", "format": "", "description": CREATION_TIMESTAMP_DOC, "priority": 0},
 ]
 
-_METADATA_ORDER = (
-    "name",
-    "generateName",
-    "namespace",
-    "selfLink",
-    "uid",
-    "resourceVersion",
-    "generation",
-    "creationTimestamp",
-    "deletionTimestamp",
-    "deletionGracePeriodSeconds",
-    "labels",
-    "annotations",
-    "ownerReferences",
-    "finalizers",
-    "managedFields",
-)
-_OWNER_ORDER = ("apiVersion", "kind", "name", "uid", "controller", "blockOwnerDeletion")
-
 
 # --- pure encoding -----------------------------------------------------------------------------------
-
-
-def human_duration(seconds: float) -> str:
-    """apimachinery `duration.HumanDuration` (the Age column)."""
-    s = int(seconds)
-    if s < -1:
-        return "<invalid>"
-    if s < 0:
-        return "0s"
-    if s < 120:
-        return f"{s}s"
-    minutes = s // 60
-    if minutes < 10:
-        rem = s % 60
-        return f"{minutes}m" if rem == 0 else f"{minutes}m{rem}s"
-    if minutes < 180:
-        return f"{minutes}m"
-    hours = s // 3600
-    if hours < 8:
-        rem = minutes % 60
-        return f"{hours}h" if rem == 0 else f"{hours}h{rem}m"
-    if hours < 48:
-        return f"{hours}h"
-    if hours < 24 * 8:
-        rem = hours % 24
-        return f"{hours // 24}d" if rem == 0 else f"{hours // 24}d{rem}h"
-    if hours < 24 * 365 * 2:
-        return f"{hours // 24}d"
-    if hours < 24 * 365 * 8:
-        rem = (hours // 24) % 365
-        return f"{hours // 24 // 365}y" if rem == 0 else f"{hours // 24 // 365}y{rem}d"
-    return f"{hours // 24 // 365}y"
-
-
-def _sorted_map(value: Any) -> Any:
-    return {k: value[k] for k in sorted(value)} if isinstance(value, Mapping) else value
 
 
 def object_metadata(svc: APIService, uid: str, created: str) -> dict[str, Any]:
@@ -180,19 +126,7 @@ def object_metadata(svc: APIService, uid: str, created: str) -> dict[str, Any]:
     filled.setdefault("creationTimestamp", created)
     filled.pop("namespace", None)
     filled.pop("managedFields", None)
-    out: dict[str, Any] = {}
-    for key in _METADATA_ORDER:
-        if key not in filled or filled[key] in (None, "", {}, []):
-            continue
-        value = filled[key]
-        if key in ("labels", "annotations"):
-            value = _sorted_map(value)
-        elif key == "ownerReferences" and isinstance(value, list):
-            value = [
-                {k: ref[k] for k in _OWNER_ORDER if k in ref} for ref in value if isinstance(ref, Mapping)
-            ]
-        out[key] = value
-    return out
+    return ordered_metadata(filled)
 
 
 def encode_apiservice(svc: APIService, uid: str, created: str) -> dict[str, Any]:

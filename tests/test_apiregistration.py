@@ -8,9 +8,7 @@ import subprocess
 from pathlib import Path
 
 import aiohttp
-import pytest
 
-from aggregator.apiregistration import human_duration
 from aggregator.certs import kubeconfig, load_pair, write_kubeconfig
 from aggregator.model.apiservice import Condition
 from aggregator.server import GatewayServer
@@ -27,29 +25,6 @@ RESOURCE_LIST = (
 )
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
 BASE = "/apis/apiregistration.k8s.io/v1"
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [
-        (-5, "<invalid>"),
-        (-1, "0s"),
-        (0, "0s"),
-        (119, "119s"),
-        (120, "2m"),
-        (125, "2m5s"),
-        (600, "10m"),
-        (3 * 3600, "3h"),
-        (3 * 3600 + 60, "3h1m"),
-        (47 * 3600, "47h"),
-        (49 * 3600, "2d1h"),
-        (10 * 86400, "10d"),
-        (800 * 86400, "2y70d"),
-        (9 * 365 * 86400, "9y"),
-    ],
-)
-def test_human_duration(seconds: int, text: str) -> None:
-    assert human_duration(seconds) == text
 
 
 async def conditions_recorded(server: GatewayServer, *names: str) -> None:

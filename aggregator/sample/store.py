@@ -16,43 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from aggregator.model.meta import ordered_metadata
+
+__all__ = ["ordered_metadata"]
+
 JSON = dict[str, Any]
-
-# ObjectMeta's Go field order: the order clients see in responses.
-_META_ORDER = (
-    "name",
-    "generateName",
-    "namespace",
-    "selfLink",
-    "uid",
-    "resourceVersion",
-    "generation",
-    "creationTimestamp",
-    "deletionTimestamp",
-    "deletionGracePeriodSeconds",
-    "labels",
-    "annotations",
-    "ownerReferences",
-    "finalizers",
-    "managedFields",
-)
-
-
-def ordered_metadata(meta: JSON) -> JSON:
-    """ObjectMeta with keys in Go order and empty (omitempty) fields dropped.
-
-    `deletionGracePeriodSeconds` is a pointer in Go, so its 0 is kept; `generation` 0 is omitted.
-    """
-    out: JSON = {}
-    for key in _META_ORDER:
-        value = meta.get(key)
-        if value is None or value == "" or value == {} or value == []:
-            continue
-        if key == "generation" and value == 0:
-            continue
-        out[key] = value
-    return out
-
 
 Key = tuple[str, str, str]  # (resource plural, namespace or "", name)
 

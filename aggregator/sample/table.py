@@ -11,43 +11,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from aggregator.model.meta import human_duration
 from aggregator.sample.api import AGE_COLUMN, ResourceType
 
 JSON = dict[str, Any]
 
 INCLUDE_OBJECT_VALUES = ("", "None", "Metadata", "Object")
-
-
-def human_duration(seconds_total: float) -> str:
-    """apimachinery `duration.HumanDuration`: ~2-3 significant figures."""
-    seconds = int(seconds_total)
-    if seconds < -1:
-        return "<invalid>"
-    if seconds < 0:
-        return "0s"
-    if seconds < 60 * 2:
-        return f"{seconds}s"
-    minutes = seconds // 60
-    if minutes < 10:
-        s = seconds % 60
-        return f"{minutes}m" if s == 0 else f"{minutes}m{s}s"
-    if minutes < 60 * 3:
-        return f"{minutes}m"
-    hours = seconds // 3600
-    if hours < 8:
-        m = minutes % 60
-        return f"{hours}h" if m == 0 else f"{hours}h{m}m"
-    if hours < 48:
-        return f"{hours}h"
-    if hours < 24 * 8:
-        h = hours % 24
-        return f"{hours // 24}d" if h == 0 else f"{hours // 24}d{h}h"
-    if hours < 24 * 365 * 2:
-        return f"{hours // 24}d"
-    if hours < 24 * 365 * 8:
-        days = (hours // 24) % 365
-        return f"{hours // 24 // 365}y" if days == 0 else f"{hours // 24 // 365}y{days}d"
-    return f"{hours // 24 // 365}y"
 
 
 def parse_time(value: str) -> dt.datetime | None:

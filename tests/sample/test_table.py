@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
-from aggregator.sample.table import human_duration
 from tests.sample.conftest import Client
 from tests.sample.test_resources import BETA, FISCHERS, create, flunder
 
@@ -75,30 +72,3 @@ async def test_fischer_table(admin: Client) -> None:
     _, _, table, _ = await admin.get(FISCHERS, headers={"Accept": KUBECTL_ACCEPT})
     assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Age", "Disallowed Flunders"]
     assert table["rows"][0]["cells"][2] == "x,y"
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [
-        (-5, "<invalid>"),
-        (-1, "0s"),
-        (0, "0s"),
-        (119, "119s"),
-        (120, "2m"),
-        (150, "2m30s"),
-        (600, "10m"),
-        (3 * 3600 - 1, "179m"),
-        (3 * 3600, "3h"),
-        (3 * 3600 + 60 * 5, "3h5m"),
-        (8 * 3600, "8h"),
-        (47 * 3600, "47h"),
-        (48 * 3600, "2d"),
-        (49 * 3600, "2d1h"),
-        (8 * 86400, "8d"),
-        (2 * 365 * 86400, "2y"),
-        (2 * 365 * 86400 + 3 * 86400, "2y3d"),
-        (9 * 365 * 86400, "9y"),
-    ],
-)
-def test_human_duration(seconds: int, text: str) -> None:
-    assert human_duration(seconds) == text

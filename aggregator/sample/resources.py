@@ -25,6 +25,7 @@ from aiohttp import web
 from aggregator.auth.requestinfo import RequestInfo
 from aggregator.model.fielderrors import go_quote, is_valid_path_segment_name
 from aggregator.model.jsonenc import encode_object
+from aggregator.model.meta import ordered_metadata
 from aggregator.responses import wants_pretty
 from aggregator.sample import errors
 from aggregator.sample.api import (
@@ -42,7 +43,7 @@ from aggregator.sample.errors import APIError
 from aggregator.sample.negotiation import Negotiated, negotiate
 from aggregator.sample.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from aggregator.sample.selectors import SelectorError, object_predicate
-from aggregator.sample.store import Event, ObjectStore, TooOldResourceVersion, Watcher, ordered_metadata
+from aggregator.sample.store import Event, ObjectStore, TooOldResourceVersion, Watcher
 from aggregator.sample.table import INCLUDE_OBJECT_VALUES, render_table
 
 JSON = dict[str, Any]

@@ -18,8 +18,6 @@ from typing import Any
 
 from aggregator.model.meta import ordered_metadata
 
-__all__ = ["ordered_metadata"]
-
 JSON = dict[str, Any]
 
 Key = tuple[str, str, str]  # (resource plural, namespace or "", name)

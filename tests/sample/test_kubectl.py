@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,58 +17,11 @@ import pytest
 from aggregator.certs import kubeconfig, load_pair, write_kubeconfig
 from aggregator.sample import SampleServer
 from tests.sample.frontproxy import FrontProxy
+from tests.support.e2e import FLUNDER, Kubectl, kubectl_binaries
 from tests.support.pki import PKI
 
-
-def _kubectl_binaries() -> list[str]:
-    main = shutil.which("kubectl")
-    if main is None:
-        return []
-    folder = Path(os.path.realpath(main)).parent
-    versioned = sorted(folder.glob("kubectl.1.*"), key=lambda p: int(p.name.rsplit(".", 1)[1]))
-    chosen = [main]
-    if versioned:
-        chosen.extend(str(p) for p in {versioned[0], versioned[-1]})
-    return sorted(set(chosen))
-
-
-KUBECTLS = _kubectl_binaries()
-pytestmark = pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed")
-
-FLUNDER = """apiVersion: wardle.example.com/v1beta1
-kind: Flunder
-metadata:
-  name: my-flunder
-  labels: {app: demo}
-spec:
-  referenceType: Fischer
-  fischerReference: fred
-"""
-
-
-class Kubectl:
-    def __init__(self, binary: str, config: Path) -> None:
-        self.binary = binary
-        self.config = config
-
-    async def __call__(
-        self, *args: str, stdin: str | None = None, check: bool = True
-    ) -> tuple[int, str, str]:
-        process = await asyncio.create_subprocess_exec(
-            self.binary,
-            "--kubeconfig",
-            str(self.config),
-            *args,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "HOME": str(self.config.parent)},  # fresh discovery cache per test
-        )
-        out, err = await asyncio.wait_for(process.communicate(stdin.encode() if stdin else None), 60)
-        code = process.returncode or 0
-        if check:
-            assert code == 0, f"kubectl {' '.join(args)} failed: {err.decode()}"
-        return code, out.decode(), err.decode()
+KUBECTLS = kubectl_binaries()
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed")]
 
 
 @pytest.fixture
@@ -93,7 +45,7 @@ def _config(pki: PKI, proxy: FrontProxy, tmp_path: Path, stem: str = "admin") ->
 
 @pytest.mark.parametrize("binary", KUBECTLS, ids=lambda b: Path(b).name)
 async def test_kubectl_workflow(binary: str, proxy: FrontProxy, pki: PKI, tmp_path: Path) -> None:
-    kubectl = Kubectl(binary, _config(pki, proxy, tmp_path))
+    kubectl = Kubectl(binary, _config(pki, proxy, tmp_path), tmp_path / "home")
 
     _, out, _ = await kubectl("api-resources", "--api-group=wardle.example.com")
     lines = out.splitlines()
@@ -146,7 +98,7 @@ async def test_kubectl_workflow(binary: str, proxy: FrontProxy, pki: PKI, tmp_pa
 
 
 async def test_kubectl_watch_sees_events(proxy: FrontProxy, pki: PKI, tmp_path: Path) -> None:
-    kubectl = Kubectl(KUBECTLS[0], _config(pki, proxy, tmp_path))
+    kubectl = Kubectl(KUBECTLS[0], _config(pki, proxy, tmp_path), tmp_path / "home")
     process = await asyncio.create_subprocess_exec(
         kubectl.binary,
         "--kubeconfig",
@@ -177,7 +129,7 @@ async def test_kubectl_watch_sees_events(proxy: FrontProxy, pki: PKI, tmp_path: 
 
 async def test_second_user_without_rights_is_refused(proxy: FrontProxy, pki: PKI, tmp_path: Path) -> None:
     pki.issue_user("bob", "bob", ("devs",))
-    kubectl = Kubectl(KUBECTLS[0], _config(pki, proxy, tmp_path, "bob"))
+    kubectl = Kubectl(KUBECTLS[0], _config(pki, proxy, tmp_path, "bob"), tmp_path / "home-bob")
     code, out, err = await kubectl("get", "flunders", check=False)
     assert code != 0
     assert (

@@ -14,7 +14,6 @@ until the gateway's discovery and OpenAPI both list wardle.example.com.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import re
@@ -41,7 +40,7 @@ from aggregator.certs import (
 )
 from aggregator.sample import SampleOptions, SampleServer
 from aggregator.sample.api import GROUP, VERSIONS
-from aggregator.sample.registration import GROUP_PRIORITY_MINIMUM, VERSION_PRIORITIES
+from aggregator.sample.registration import local_manifests
 from aggregator.server import GatewayServer
 from tests.support.gateway import local_options, running_gateway
 from tests.support.pki import PKI
@@ -166,55 +165,12 @@ class Kubectl:
 
 
 def wardle_manifests(ca_bundle: bytes, port: int, *, address: str = "127.0.0.1") -> list[dict[str, Any]]:
-    """Both wardle APIServices (Available), a Service on `address:port` and its EndpointSlice.
-
-    The Service port equals the sample's port, so the gateway reaches it with and without
-    `--enable-aggregator-routing`.
-    """
-    docs: list[dict[str, Any]] = []
-    for version, priority in VERSION_PRIORITIES.items():
-        docs.append(
-            {
-                "apiVersion": "apiregistration.k8s.io/v1",
-                "kind": "APIService",
-                "metadata": {"name": f"{version}.{GROUP}"},
-                "spec": {
-                    "group": GROUP,
-                    "version": version,
-                    "groupPriorityMinimum": GROUP_PRIORITY_MINIMUM,
-                    "versionPriority": priority,
-                    "service": {"namespace": NAMESPACE, "name": SERVICE, "port": port},
-                    "caBundle": base64.b64encode(ca_bundle).decode(),
-                },
-                "status": {"conditions": [{"type": "Available", "status": "True", "reason": "Passed"}]},
-            }
-        )
-    docs.append(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"namespace": NAMESPACE, "name": SERVICE},
-            "spec": {
-                "type": "ClusterIP",
-                "clusterIP": address,
-                "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}],
-            },
-        }
-    )
-    docs.append(
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "namespace": NAMESPACE,
-                "name": f"{SERVICE}-local",
-                "labels": {"kubernetes.io/service-name": SERVICE},
-            },
-            "addressType": "IPv6" if ":" in address else "IPv4",
-            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
-            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
-        }
-    )
+    """The sample's registration (as the demo writes it), with both APIServices marked Available so
+    tests do not wait for the availability checker's first round."""
+    docs = local_manifests(ca_bundle, port, address=address, namespace=NAMESPACE, service=SERVICE)
+    for doc in docs:
+        if doc["kind"] == "APIService":
+            doc["status"] = {"conditions": [{"type": "Available", "status": "True", "reason": "Passed"}]}
     return docs
 
 

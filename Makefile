@@ -22,8 +22,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check aggregator tests benchmarks
 	$(BIN)/mypy aggregator
 
+# Needs wrk and nginx from Debian: apt-get install wrk nginx-light
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run_all.py
+	@command -v wrk >/dev/null && command -v nginx >/dev/null || { echo "bench: install wrk and nginx (apt-get install wrk nginx-light)"; exit 1; }
+	$(BIN)/python benchmarks/discovery.py
+	$(BIN)/python benchmarks/proxy.py
+	$(BIN)/python benchmarks/auth.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

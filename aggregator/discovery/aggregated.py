@@ -198,7 +198,14 @@ def registration_entry() -> VersionEntry:
     )
 
 
-def merge_items(entries: Iterable[VersionEntry]) -> list[dict[str, Any]]:
+def group_metadata(name: str) -> dict[str, Any]:
+    """A group's `metadata` as kube-apiserver >= 1.34 writes it (the core group's name is empty)."""
+    return {"name": name} if name else {}
+
+
+def merge_items(
+    entries: Iterable[VersionEntry], metadata: Callable[[str], dict[str, Any]] = group_metadata
+) -> list[dict[str, Any]]:
     """APIGroupDiscovery items: groups by (highest priority desc, name), versions by (vp desc, kube-aware)."""
     by_group: dict[str, dict[str, VersionEntry]] = {}
     for entry in entries:
@@ -211,8 +218,7 @@ def merge_items(entries: Iterable[VersionEntry]) -> list[dict[str, Any]]:
     groups.sort(key=lambda g: (-g[0], g[1]))
     items = []
     for _, name, ordered in groups:
-        metadata = {"name": name} if name else {}
-        items.append({"metadata": metadata, "versions": [e.to_json() for e in ordered]})
+        items.append({"metadata": metadata(name), "versions": [e.to_json() for e in ordered]})
     return items
 
 
@@ -237,11 +243,19 @@ class AggregatedDiscovery:
     """Keeps the rendered document in step with its sources; `/apis` serves it without waiting on anything."""
 
     def __init__(
-        self, entries: Callable[[], Iterable[VersionEntry]], on_render: Callable[[], None] | None = None
+        self,
+        entries: Callable[[], Iterable[VersionEntry]],
+        on_render: Callable[[], None] | None = None,
+        *,
+        metadata: Callable[[str], dict[str, Any]] = group_metadata,
     ) -> None:
         self._entries = entries
         self._on_render = on_render
+        self._metadata = metadata
         self._rendered: dict[str, Rendered] | None = None
+        # The last items rendered: a change that leaves them equal keeps the bytes (and the ETag).
+        self._items: list[dict[str, Any]] | None = None
+        self._last: dict[str, Rendered] | None = None
         self._scheduled = False
 
     def invalidate(self) -> None:
@@ -263,9 +277,14 @@ class AggregatedDiscovery:
 
     def document(self, version: str = "v2") -> Rendered:
         if self._rendered is None:
-            self._rendered = render(merge_items(self._entries()))
-            if self._on_render is not None:
-                self._on_render()
+            items = merge_items(self._entries(), self._metadata)
+            if self._last is not None and items == self._items:
+                self._rendered = self._last
+            else:
+                self._rendered = self._last = render(items)
+                self._items = items
+                if self._on_render is not None:
+                    self._on_render()
         return self._rendered[version]
 
     def serve(self, request: web.Request, media: MediaType) -> web.StreamResponse:

@@ -109,6 +109,11 @@ class FetchState:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
+    @property
+    def attempted(self) -> bool:
+        """A fetch has finished, well or not (until then the gateway knows nothing of its own)."""
+        return self.fresh or self.failures > 0
+
     def entry(self) -> VersionEntry:
         svc = self.apiservice
         return VersionEntry(

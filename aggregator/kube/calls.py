@@ -112,6 +112,9 @@ CREATE_SUBJECTACCESSREVIEWS = ApiCall("create", "authorization.k8s.io", "v1", "s
 GET_CONFIGMAPS = ApiCall("get", "", "v1", "configmaps", namespaced=True)
 WATCH_CONFIGMAPS = ApiCall("watch", "", "v1", "configmaps", namespaced=True)
 
+# --- aggregated discovery (aggregator/discovery/delegated.py): kube-apiserver's own `/apis`, kube mode --
+GET_APIS = ApiCall("get", path="/apis")
+
 # --- OpenAPI aggregation (aggregator/openapi/): kube-apiserver's own documents, in kube mode --------
 GET_OPENAPI_V2 = ApiCall("get", path="/openapi/v2")
 GET_OPENAPI_V3 = ApiCall("get", path="/openapi/v3")

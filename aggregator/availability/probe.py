@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import socket
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import EndpointSlice, Service
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.proxy import tlsdiag
-from aggregator.proxy.errors import BackendError, Hop, classify, tls_alert_error
+from aggregator.proxy.errors import BackendError, Hop, classify
 from aggregator.proxy.headers import request_headers
 from aggregator.proxy.resolver import Target
 from aggregator.proxy.transport import Backends, client_context
@@ -337,31 +336,13 @@ class DiscoveryProbe:
         return self._diag[1]
 
     async def alert_after_handshake(self, target: Target, within: float = 1.0) -> str | None:
-        """The TLS alert a backend sends once it has seen the client certificate, in Go's words.
+        """The TLS alert a backend sends after the handshake (a refused client certificate), if any.
 
-        With TLS 1.3 a server that refuses the gateway's client certificate says so only after the
-        handshake, and aiohttp (like asyncio's streams) reports just a closed connection ("EOF").
-        A blocking read on a fresh connection (nothing is sent) brings the alert out: `remote
-        error: tls: unknown certificate authority`. None when the backend keeps the connection
-        open (it accepted the certificate) or closes it without an alert.
+        aiohttp reports such a refusal as a closed connection ("EOF"); `tlsdiag` reads the alert.
         """
-        context = self._diag_context()
-
-        def read_alert() -> str | None:
-            try:
-                with (
-                    socket.create_connection((target.ip, target.port), timeout=within) as raw,
-                    context.wrap_socket(raw, server_hostname=target.server_name) as tls,
-                ):
-                    tls.recv(1)
-            except ssl.SSLError as err:
-                # Only a real alert counts; an unexpected EOF is no more than aiohttp already said.
-                return tls_alert_error(err) if "ALERT" in str(err.reason or "") else None
-            except OSError:
-                return None
-            return None
-
-        return await asyncio.to_thread(read_alert)
+        return await tlsdiag.alert_after_handshake(
+            target.ip, target.port, target.server_name, self._diag_context(), within=within
+        )
 
     async def peer_certificate(self, target: Target) -> x509.Certificate | None:
         return await tlsdiag.peer_certificate(

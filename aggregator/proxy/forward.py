@@ -214,16 +214,21 @@ class Forwarder:
                 # A pooled connection the backend had just closed: Go retries such requests once.
                 if attempt == 1 and exchange.reused and not has_body and method in _IDEMPOTENT:
                     continue
-                raise _Unreachable(Hop.CONNECT, "EOF") from err
+                raise _Unreachable(*await self._diagnose(dest, Hop.CONNECT, "EOF")) from err
             except (aiohttp.ClientError, HttpProcessingError, OSError) as err:
                 exchange.finish()
                 if isinstance(err, HttpProcessingError):
                     raise _Unreachable(Hop.CONNECT, f"malformed HTTP response: {err.message}") from err
-                raise _Unreachable(*classify(err, dest.authority)) from err
+                raise _Unreachable(*await self._diagnose(dest, *classify(err, dest.authority))) from err
             except BaseException:
                 exchange.finish()
                 raise
         raise AssertionError("unreachable")
+
+    @staticmethod
+    async def _diagnose(dest: Destination, hop: Hop, cause: str) -> tuple[Hop, str]:
+        """The TLS alert behind a connection the backend closed at once (failure path only)."""
+        return await dest.backend.diagnose(hop, cause, dest.host, dest.port, dest.server_name or dest.host)
 
     async def _relay(
         self,

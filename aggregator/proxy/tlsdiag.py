@@ -1,10 +1,19 @@
-"""Explain a backend certificate that failed verification in Go's words, names included.
+"""Explain a failed TLS connection to a backend in Go's words: names and alerts included.
 
-OpenSSL aborts the handshake without handing over the certificate, and says only "Hostname
-mismatch" or "unable to get local issuer certificate". The most common aggregation failure is
-exactly this (a certificate for the wrong name, or a caBundle for the wrong CA), so on failure the
-gateway takes a second, unverified look at the certificate on the address it already dialed and
-reports what upstream would: `x509: certificate is valid for a.b.svc, not c.d.svc`.
+Two failures hide their cause from Python's TLS stack, and both are among the most common
+aggregation problems:
+
+- a backend certificate that fails verification: OpenSSL aborts the handshake without handing over
+  the certificate and says only "Hostname mismatch" or "unable to get local issuer certificate".
+  On failure the gateway takes a second, unverified look at the certificate on the address it
+  already dialed and reports what upstream would: `x509: certificate is valid for a.b.svc, not
+  c.d.svc` (`peer_certificate` + `explain`);
+- a backend that refuses the gateway's client certificate: with TLS 1.3 the server says so with
+  an alert sent after the handshake, which asyncio's streams (and so aiohttp) swallow into a bare
+  "EOF". A blocking read on a fresh connection brings the alert out, so the answer can name it as
+  Go does: `remote error: tls: unknown certificate authority` (`alert_after_handshake`).
+
+Everything here runs only after a failure, never on the way of a request that works.
 """
 
 from __future__ import annotations
@@ -13,10 +22,13 @@ import asyncio
 import contextlib
 import datetime as dt
 import ipaddress
+import socket
 import ssl
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+
+from aggregator.proxy.errors import tls_alert_error
 
 # OpenSSL X509_V_ERR_* codes that mean "no trusted issuer was found".
 _UNKNOWN_AUTHORITY = frozenset({2, 18, 19, 20, 21})
@@ -134,3 +146,32 @@ async def peer_certificate(
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+
+async def alert_after_handshake(
+    ip: str, port: int, server_name: str, context: ssl.SSLContext, *, within: float = 1.0
+) -> str | None:
+    """The TLS alert `ip:port` sends once it has seen the client certificate, in Go's words.
+
+    `context` should present the same client certificate as the connection that failed (it may
+    verify the server or not: the handshake itself succeeded). Nothing is sent; a server that
+    refuses the certificate answers the first read with its alert (`remote error: tls: bad
+    certificate`). None when the server keeps the connection open (it accepted the certificate),
+    closes it without an alert, or cannot be reached.
+    """
+
+    def read_alert() -> str | None:
+        try:
+            with (
+                socket.create_connection((ip, port), timeout=within) as raw,
+                context.wrap_socket(raw, server_hostname=server_name) as tls,
+            ):
+                tls.recv(1)
+        except ssl.SSLError as err:
+            # Only a real alert counts; an unexpected EOF says no more than the caller already knows.
+            return tls_alert_error(err) if "ALERT" in str(err.reason or "") else None
+        except OSError:
+            return None
+        return None
+
+    return await asyncio.to_thread(read_alert)

@@ -55,6 +55,8 @@ SESSION_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT
 # Upstream bounds proxied discovery requests (`/apis/<g>/<v>`) to 5 s; nothing else has a total limit.
 DISCOVERY_TIMEOUT = aiohttp.ClientTimeout(total=5.0, sock_connect=CONNECT_TIMEOUT)
 INVALID_CA = "unable to load root certificates: unable to parse bytes as PEM block"
+# A backend that refused the client certificate is asked why at most this often per address.
+ALERT_TTL = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,8 @@ class Backend:
         self._session: aiohttp.ClientSession | None = None
         self._pool: H1Pool | None = None
         self._diag_context: ssl.SSLContext | None = None
+        # (host, port, server name) -> (expiry, the look in progress or done): see `diagnose`.
+        self._alerts: dict[tuple[str, int, str], tuple[float, asyncio.Future[str | None]]] = {}
         self.in_flight = 0
         self.retired = False
         self._closing: asyncio.Task[None] | None = None
@@ -199,6 +203,31 @@ class Backend:
             self._diag_context = client_context(None, insecure=True, client_pair=self._client_pair)
         cert = await tlsdiag.peer_certificate(host, port, server_name, self._diag_context)
         return tlsdiag.explain(cert, server_name, code, message)
+
+    async def diagnose(self, hop: Hop, cause: str, host: str, port: int, server_name: str) -> tuple[Hop, str]:
+        """Name the TLS alert behind a bare "EOF" or reset, as Go does; other failures pass as they are.
+
+        With TLS 1.3 a backend that refuses the client certificate (wrong front-proxy CA) says so
+        after the handshake, and all the client library sees is a closed connection. Only called
+        after a failure; one look per address every ALERT_TTL seconds, shared by the failures
+        that arrive meanwhile, so a broken backend under load gets one extra connection, not one
+        per request.
+        """
+        if hop is not Hop.CONNECT or not (cause == "EOF" or cause.endswith("reset by peer")):
+            return hop, cause
+        context = self.context
+        if context is None:
+            return hop, cause
+        loop = asyncio.get_running_loop()
+        key = (host, port, server_name)
+        entry = self._alerts.get(key)
+        if entry is None or entry[0] <= loop.time():
+            if len(self._alerts) > 256:
+                self._alerts.clear()
+            look = asyncio.ensure_future(tlsdiag.alert_after_handshake(host, port, server_name, context))
+            entry = self._alerts[key] = (loop.time() + ALERT_TTL, look)
+        alert = await asyncio.shield(entry[1])
+        return (Hop.TLS, alert) if alert is not None else (hop, cause)
 
 
 class ProxyClientCertificate:
@@ -449,7 +478,9 @@ class Backends:
                     cause = await backend.explain_tls(target.ip, target.port, target.server_name, err)
                     raise BackendError(Hop.TLS, cause, url=url) from err
                 except (aiohttp.ClientError, OSError, ssl.SSLError) as err:
-                    hop, cause = classify(err, target.authority)
+                    hop, cause = await backend.diagnose(
+                        *classify(err, target.authority), target.ip, target.port, target.server_name
+                    )
                     raise BackendError(hop, cause, url=url) from err
                 finally:
                     backend.release()

@@ -214,6 +214,7 @@ class UpgradeTunnel:
                 cause = "EOF"
             elif isinstance(err, ValueError | asyncio.LimitOverrunError):
                 cause = str(err)
+            hop, cause = await backend.diagnose(hop, cause, dest.host, dest.port, server_name)
             return self._error(request, name, cause, hop.value)
         finally:
             writer.close()

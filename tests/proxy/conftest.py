@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import uvloop
 
 from aggregator.server import GatewayServer
 from tests.conftest import StartGateway
@@ -24,6 +26,16 @@ from tests.proxy.support import (
     write_manifests,
 )
 from tests.support.pki import PKI
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Tests marked `uvloop` run on the gateway's production loop (its TLS transport reports some
+    failures differently from asyncio's); the others on asyncio's own loop, as everywhere else."""
+    if item.get_closest_marker("uvloop") is not None:
+        return {"uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import select
+import socket
 import ssl
+import struct
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -343,3 +349,99 @@ class RawBackend:
         if self._server is not None:
             self._server.close()
             self._server = None
+
+
+def _encrypted_records(data: bytes | bytearray) -> int:
+    """How many TLS records of type application_data (23) `data` holds (TLS 1.3 encrypts into those)."""
+    count, offset = 0, 0
+    while offset + 5 <= len(data):
+        if data[offset] == 23:
+            count += 1
+        offset += 5 + int.from_bytes(data[offset + 3 : offset + 5], "big")
+    return count
+
+
+class LostAlertBackend:
+    """A TLS 1.3 server that refuses the gateway's client certificate, as a loaded gateway sees it.
+
+    A Go server that refuses a client certificate sends an alert after the handshake and closes.
+    The gateway has already written its request by then, so the close meets unread data and
+    becomes a reset, which can overtake the alert: the client library reports "connection reset
+    by peer" (`lost="reset"`) or, when the server shut down cleanly, "EOF" (`lost="eof"`). This
+    server plays that outcome deterministically: a connection that sends data right after the
+    handshake gets no alert (a reset, or a clean close), while one that sends nothing (the
+    gateway's second look) gets the alert. Blocking sockets on a thread, TLS through memory BIOs,
+    so the server decides what reaches the wire.
+    """
+
+    def __init__(self, cert_file: str, key_file: str, client_ca_file: str, *, lost: str = "reset") -> None:
+        assert lost in ("reset", "eof")
+        self.lost = lost
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_3
+        self.context.load_cert_chain(cert_file, key_file)
+        self.context.verify_mode = ssl.CERT_REQUIRED
+        self.context.load_verify_locations(client_ca_file)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)
+        self.port = int(self._listener.getsockname()[1])
+        self.alerts_sent = 0
+        self.alerts_lost = 0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="lost-alert-backend", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(1.0)
+                self._refuse(conn)
+
+    def _refuse(self, conn: socket.socket) -> None:
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = self.context.wrap_bio(incoming, outgoing, server_side=True)
+        received = bytearray()  # every byte from the client, to tell its request from its handshake
+        while True:
+            try:
+                tls.do_handshake()
+                return  # a certificate this server trusts: not what it is for
+            except ssl.SSLWantReadError:
+                conn.sendall(outgoing.read())
+                data = conn.recv(65536)
+                if not data:
+                    return
+                received += data
+                incoming.write(data)
+            except ssl.SSLError:
+                break
+        alert = outgoing.read()
+        # A TLS 1.3 client's second flight is three encrypted records (Certificate,
+        # CertificateVerify, Finished); a fourth is application data: the gateway's request.
+        deadline = time.monotonic() + 0.2
+        while _encrypted_records(received) <= 3 and (left := deadline - time.monotonic()) > 0:
+            if not select.select([conn], [], [], left)[0]:
+                break
+            data = conn.recv(65536)
+            if not data:
+                break
+            received += data
+        if _encrypted_records(received) > 3:  # the request went out: the alert is lost
+            self.alerts_lost += 1
+            if self.lost == "reset":
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            else:
+                conn.shutdown(socket.SHUT_RDWR)  # everything was read: a clean FIN, seen as EOF
+            return
+        conn.sendall(alert)
+        self.alerts_sent += 1
+
+    def close(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
+        self._listener.close()

@@ -34,7 +34,7 @@ from aggregator.kube.client import KubeClient
 from aggregator.logs import fields
 from aggregator.model.userinfo import AUTHENTICATED_GROUP, UserInfo
 from aggregator.proxy.forward import Destination, Forwarder, has_impersonation
-from aggregator.proxy.headers import IdentityHeaderPolicy
+from aggregator.proxy.headers import LiveIdentityPolicy
 from aggregator.proxy.transport import Backend, Backends
 from aggregator.routing import Route, RouteKind
 from aggregator.tls.pem import load_pair_into
@@ -60,13 +60,16 @@ class Delegate:
         self.forwarder = forwarder
         self.mode = gateway.options.delegate_auth
         options = gateway.options
-        self.policy = IdentityHeaderPolicy.build(
+        # kube-apiserver trusts the ConfigMap's header names from our certificate: they must go too.
+        self.identity = LiveIdentityPolicy(
             username_headers=options.requestheader_username_headers,
             uid_headers=options.requestheader_uid_headers,
             group_headers=options.requestheader_group_headers,
             extra_prefixes=options.requestheader_extra_headers_prefix,
             keep_impersonation=self.mode == FRONT_PROXY,
         )
+        if gateway.authenticator is not None:
+            self.identity.follow(gateway.authenticator.requestheader)
         self.route = Route(self.serve, RouteKind.DELEGATE, NAME, upgradable=True)
         self._backend: Backend | None = None
         self._key: tuple[object, ...] | None = None
@@ -117,7 +120,10 @@ class Delegate:
             )
         else:
             key = (IMPERSONATE, self.kube.trust_generation, id(self.kube.ssl_context))
+        policy = self.identity.current()
         if key == self._key and self._destination is not None:
+            if self._destination.policy is not policy:  # the front-proxy header names changed
+                self._destination = replace(self._destination, policy=policy)
             return self._destination
         url = URL(trust.base_url)
         if url.scheme != "https" or not url.host:
@@ -150,7 +156,7 @@ class Delegate:
             url.host,
             url.port or 443,
             trust.server_name,
-            self.policy,
+            policy,
             base_path=url.raw_path.rstrip("/"),
             impersonate=self.mode == IMPERSONATE,
             pass_redirects=True,

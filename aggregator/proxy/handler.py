@@ -133,18 +133,18 @@ class ProxyHandler:
             target = found if isinstance(found, Target) else await resolver.finish_lookup(found)
         except BackendError as err:
             return forwarder.unresolvable(request, name, err)
+        policy = self.backends.policy
         cached = self._destinations.get(name)
         if (
             cached is not None
             and cached.backend is backend
             and cached.host == target.ip
             and cached.port == target.port
+            and cached.policy is policy
         ):
             dest = cached
         else:
-            dest = Destination(
-                name, backend, target.ip, target.port, target.server_name, self.backends.policy
-            )
+            dest = Destination(name, backend, target.ip, target.port, target.server_name, policy)
             if len(self._destinations) > 4096:
                 self._destinations.clear()
             self._destinations[name] = dest

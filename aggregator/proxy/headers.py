@@ -7,13 +7,19 @@ letter case and however often it appears (the standard `X-Remote-*` names, the c
 (including those named in `Connection`), then the authenticated caller is asserted exactly as
 client-go's `SetAuthProxyHeaders` does. Outbound responses lose hop-by-hop and CORS headers
 (upstream's `corsRemovingTransport`).
+
+The configured names are the flags' and, in kube mode, those of the cluster's
+`extension-apiserver-authentication` ConfigMap, which change while the gateway runs:
+`LiveIdentityPolicy` follows them (k/k#119631: stripping only the default names let callers assert
+groups through custom ones).
 """
 
 from __future__ import annotations
 
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from multidict import CIMultiDict
 
@@ -136,6 +142,85 @@ class IdentityHeaderPolicy:
 
 
 DEFAULT_POLICY = IdentityHeaderPolicy.build()
+
+
+class RequestHeaderNames(Protocol):
+    """The header names of a front-proxy configuration (`auth.requestheader.RequestHeaderConfig`)."""
+
+    @property
+    def username_headers(self) -> tuple[str, ...]: ...
+
+    @property
+    def uid_headers(self) -> tuple[str, ...]: ...
+
+    @property
+    def group_headers(self) -> tuple[str, ...]: ...
+
+    @property
+    def extra_prefixes(self) -> tuple[str, ...]: ...
+
+
+class LiveIdentityPolicy:
+    """The identity-header policy for the front-proxy configuration in force right now.
+
+    Always strips the standard names and the `--requestheader-*` flags' names; with `follow`, also
+    the names of whatever configuration the authenticator currently reads front-proxy identity
+    from (kube mode: the cluster's ConfigMap, replaced when it changes). `current()` is on every
+    proxied request's path: one call and an identity comparison, a rebuild only when the
+    configuration object changed.
+    """
+
+    def __init__(
+        self,
+        *,
+        username_headers: Iterable[str] = (),
+        uid_headers: Iterable[str] = (),
+        group_headers: Iterable[str] = (),
+        extra_prefixes: Iterable[str] = (),
+        keep_impersonation: bool = False,
+    ) -> None:
+        self._flags = (
+            tuple(username_headers),
+            tuple(uid_headers),
+            tuple(group_headers),
+            tuple(extra_prefixes),
+        )
+        self._keep_impersonation = keep_impersonation
+        self._base = self._build(None)
+        self._source: Callable[[], RequestHeaderNames | None] | None = None
+        self._seen: RequestHeaderNames | None = None
+        self._policy = self._base
+
+    def follow(self, source: Callable[[], RequestHeaderNames | None]) -> None:
+        """Also strip the names of `source()`'s configuration (None: none configured right now)."""
+        self._source = source
+        self._seen = None
+        self._policy = self._base
+
+    def current(self) -> IdentityHeaderPolicy:
+        source = self._source
+        if source is None:
+            return self._policy
+        config = source()
+        if config is not self._seen:
+            self._seen = config
+            self._policy = self._base if config is None else self._build(config)
+        return self._policy
+
+    def _build(self, config: RequestHeaderNames | None) -> IdentityHeaderPolicy:
+        users, uids, groups, prefixes = self._flags
+        if config is not None:
+            users += tuple(config.username_headers)
+            uids += tuple(config.uid_headers)
+            groups += tuple(config.group_headers)
+            prefixes += tuple(config.extra_prefixes)
+        return IdentityHeaderPolicy.build(
+            username_headers=users,
+            uid_headers=uids,
+            group_headers=groups,
+            extra_prefixes=prefixes,
+            keep_impersonation=self._keep_impersonation,
+        )
 
 
 def _safe(value: str) -> bool:

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 
 def install_proxy(gateway: Gateway) -> ProxyHandler:
     gateway.add_component(gateway.backends)
+    if gateway.authenticator is not None:
+        # Strip the front-proxy header names the authenticator reads now (flags or ConfigMap).
+        gateway.backends.identity.follow(gateway.authenticator.requestheader)
     handler = ProxyHandler(gateway)
     gateway.router.add_resolver(handler.resolve)
     gateway.gates.append(upgrade_gate(gateway.metrics))

@@ -37,7 +37,7 @@ from aggregator.model.userinfo import UserInfo
 from aggregator.proxy import tlsdiag
 from aggregator.proxy.errors import BackendError, Hop, classify
 from aggregator.proxy.h1 import H1Pool
-from aggregator.proxy.headers import IdentityHeaderPolicy, request_headers
+from aggregator.proxy.headers import IdentityHeaderPolicy, LiveIdentityPolicy, request_headers
 from aggregator.proxy.resolver import Lookup, Resolver, system_lookup
 from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.tls.pem import CertKeyPair, PEMError, load_pair_into, parse_certificates, read_pair
@@ -318,7 +318,9 @@ class Backends:
             deny_cidrs=options.backend_deny_cidrs,
             lookup=lookup,
         )
-        self.policy = IdentityHeaderPolicy.build(
+        # Which inbound headers carry identity; `install_proxy` makes it follow the authenticator's
+        # front-proxy configuration (kube mode: the cluster's ConfigMap) as well as the flags.
+        self.identity = LiveIdentityPolicy(
             username_headers=options.requestheader_username_headers,
             uid_headers=options.requestheader_uid_headers,
             group_headers=options.requestheader_group_headers,
@@ -332,6 +334,11 @@ class Backends:
         self._retired: list[Backend] = []
         self._warned_insecure: set[str] = set()
         store.add_listener(self._on_event)
+
+    @property
+    def policy(self) -> IdentityHeaderPolicy:
+        """The identity-header policy in force now (cheap: see `LiveIdentityPolicy.current`)."""
+        return self.identity.current()
 
     # --- lifecycle ---------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +13,7 @@ from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.headers import (
     HOP_BY_HOP,
     IdentityHeaderPolicy,
+    LiveIdentityPolicy,
     canonical_header_key,
     forwarded_uri,
     go_path_clean,
@@ -207,3 +209,45 @@ def test_response_headers_strip_cors_and_hop_by_hop(names: list[str]) -> None:
     kept = {k.lower() for k in out}
     assert kept <= {"etag", "content-type"}
     assert len(out) == sum(1 for n in names if n.lower() in ("etag", "content-type"))
+
+
+def test_live_policy_follows_the_configuration_in_force() -> None:
+    """The flags' names always; the followed configuration's names while it is in force; the same
+    policy object as long as the configuration object is the same (the per-request cost)."""
+
+    @dataclass(frozen=True)
+    class Names:
+        username_headers: tuple[str, ...] = ()
+        uid_headers: tuple[str, ...] = ()
+        group_headers: tuple[str, ...] = ()
+        extra_prefixes: tuple[str, ...] = ()
+
+    live = LiveIdentityPolicy(username_headers=["X-Flag-User"], extra_prefixes=["X-Flag-Extra-"])
+    assert live.current().is_identity("x-flag-user") and not live.current().is_identity("X-Auth-User")
+    in_force: list[Names | None] = [
+        Names(("X-Auth-User",), ("X-Auth-Uid",), ("X-Auth-Groups",), ("X-Auth-Extra-",))
+    ]
+    live.follow(lambda: in_force[0])
+    first = live.current()
+    assert live.current() is first
+    for name in (
+        "X-AUTH-USER",
+        "x-auth-uid",
+        "X-Auth-Groups",
+        "x-auth-extra-scopes",
+        "X-Flag-User",
+        "X-Remote-User",
+    ):
+        assert first.is_identity(name), name
+    assert first.is_identity("Impersonate-User")
+    in_force[0] = Names(("X-Proxy-User",))
+    second = live.current()
+    assert (
+        second is not first and second.is_identity("x-proxy-user") and not second.is_identity("X-Auth-User")
+    )
+    assert second.is_identity("X-Flag-Extra-A")
+    in_force[0] = None
+    assert not live.current().is_identity("X-Proxy-User") and live.current().is_identity("X-Flag-User")
+    keep = LiveIdentityPolicy(keep_impersonation=True)
+    keep.follow(lambda: in_force[0])
+    assert not keep.current().is_identity("Impersonate-User")

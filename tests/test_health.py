@@ -22,7 +22,10 @@ async def test_ok_plain_text(start_gateway: StartGateway, pki: PKI) -> None:
 async def test_verbose_lists_checks(start_gateway: StartGateway, pki: PKI) -> None:
     server = await start_gateway()
     _, _, body = await get(pki, f"{server.url}/readyz?verbose")
-    assert body == ("[+]ping ok\n[+]shutdown ok\n[+]apiservice-registry-synced ok\nreadyz check passed\n")
+    assert body == (
+        "[+]ping ok\n[+]shutdown ok\n[+]apiservice-registry-synced ok\n"
+        "[+]apiservice-availability-synced ok\nreadyz check passed\n"
+    )
     _, _, live = await get(pki, f"{server.url}/livez?verbose")
     assert live == "[+]ping ok\nlivez check passed\n"
 
@@ -34,6 +37,7 @@ async def test_failing_check_is_500_with_reason_withheld(start_gateway: StartGat
     assert status == 500
     assert body == (
         "[+]ping ok\n[+]shutdown ok\n[+]apiservice-registry-synced ok\n"
+        "[+]apiservice-availability-synced ok\n"
         "[-]backend-thing failed: reason withheld\nhealthz check failed\n\n"
     )
     assert "secret detail" not in body

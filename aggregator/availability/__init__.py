@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from aggregator.availability.checker import AvailabilityChecker
+from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import DiscoveryProbe
 from aggregator.availability.status import KubeStatusWriter, MemoryStatus, StatusSink, StoreStatus
 
@@ -35,6 +35,9 @@ def install_availability(gateway: Gateway, **checker_options: Any) -> Availabili
     )
     gateway.availability = checker
     gateway.add_component(checker)
+    # Ready once the first verdicts are in (a dead backend delays this by one probe timeout at
+    # most; it never makes the gateway unready), and the unavailable ones listed in the notes.
+    gateway.health.add(FIRST_ROUND_CHECK, checker.first_round_check, livez=False)
     gateway.health.add_notes("readyz", checker.notes)
 
     # A flip sends discovery back to the backend at once: an APIService found down goes Stale now,

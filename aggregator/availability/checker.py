@@ -13,6 +13,14 @@ reads it. Every verdict sets `aggregator_unavailable_apiservice{name}`; a record
 not-available counts `aggregator_unavailable_apiservice_total{name,reason}`; a deleted APIService
 loses its gauge series. Listeners (discovery's fetcher) hear of every flip, so a backend found
 down is re-fetched, and its discovery marked Stale, at once.
+
+Readiness (`/readyz` check `apiservice-availability-synced`) waits for the first round: every
+APIService present when the store synced has a first verdict, whatever it is. Until then the
+proxy would answer from the objects' own (possibly stale, or absent) conditions, so a freshly
+started replica taken into its Service could turn working group-versions away with 503 `service
+unavailable`. A dead backend only delays readiness by one probe timeout: any verdict counts, and
+after the probe timeout plus a second the check passes whatever is still pending (a queue of
+many hanging backends must not keep the gateway out of its Service). It never fails again.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -38,6 +47,10 @@ log = logging.getLogger(__name__)
 INTERVAL = 30.0
 RETRY_INITIAL = 0.5
 WORKERS = 5
+# The readyz check that passes once the first round of checks has landed.
+FIRST_ROUND_CHECK = "apiservice-availability-synced"
+# How much longer than one probe timeout readiness waits for the first round at most.
+FIRST_ROUND_GRACE = 1.0
 
 
 @dataclass
@@ -75,6 +88,7 @@ class AvailabilityChecker:
         retry_initial: float = RETRY_INITIAL,
         workers: int = WORKERS,
         access: AccessError | None = None,
+        first_round_limit: float | None = None,
     ) -> None:
         self.store = store
         self.probe = probe
@@ -92,6 +106,13 @@ class AvailabilityChecker:
         self._starter: asyncio.Task[None] | None = None
         # Checks completed, for tests and for `/readyz?verbose` readers wondering if it runs at all.
         self.checks = 0
+        # Readiness: how long to wait for the first round at most (None: the probe timeout + grace),
+        # the APIServices still without a first verdict (None until the store synced), and when
+        # the wait ends.
+        self.first_round_limit = first_round_limit
+        self._awaiting: set[str] | None = None
+        self._first_round_deadline = 0.0
+        self._first_round_done = False
         store.add_listener(self._on_event)
 
     # --- what the rest of the gateway asks ---------------------------------------------------------
@@ -117,6 +138,30 @@ class AvailabilityChecker:
             for name, v in self.unavailable()
         ]
 
+    def first_round_check(self) -> str | None:
+        """readyz `apiservice-availability-synced`: None once the first round of checks has landed.
+
+        Passes when every APIService present at start-up has a first verdict (available or not),
+        or when the wait passed its limit; from then on it always passes.
+        """
+        if self._first_round_done:
+            return None
+        awaiting = self._awaiting
+        if awaiting is None:
+            return "the APIServices are not listed yet"
+        if awaiting and time.monotonic() < self._first_round_deadline:
+            names = sorted(awaiting)
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            return f"no availability verdict yet for {', '.join(names[:3])}{more}"
+        if awaiting:
+            log.warning(
+                "ready without a first availability verdict for some APIServices; their checks go on",
+                extra=fields(apiservices=",".join(sorted(awaiting))),
+            )
+        self._first_round_done = True
+        self._awaiting = set()
+        return None
+
     def add_listener(self, listener: Callable[[str], None]) -> None:
         """Called with an APIService name whenever its availability flips (or is first known)."""
         self._listeners.append(listener)
@@ -132,13 +177,28 @@ class AvailabilityChecker:
     async def start(self) -> None:
         self._semaphore = asyncio.Semaphore(self._workers)
         self._running = True
-        self._starter = asyncio.get_running_loop().create_task(self._start_when_synced(), name="availability")
+        if self.store.synced:  # local mode: the folder was read before this component started
+            self._first_round()
+        else:
+            self._starter = asyncio.get_running_loop().create_task(
+                self._start_when_synced(), name="availability"
+            )
 
     async def _start_when_synced(self) -> None:
         # Upstream waits for its informers: a Service not listed yet is not a missing Service.
         await self.store.wait_synced()
-        for svc in self.store.apiservices():
-            self._track(svc.name)
+        self._first_round()
+
+    def _first_round(self) -> None:
+        """Check every APIService the store holds; readiness waits for these first verdicts."""
+        names = [svc.name for svc in self.store.apiservices()]
+        limit = self.first_round_limit
+        if limit is None:
+            limit = self.probe.timeout + FIRST_ROUND_GRACE
+        self._first_round_deadline = time.monotonic() + limit
+        self._awaiting = set(names)
+        for name in names:
+            self._track(name)
 
     async def stop(self) -> None:
         self._running = False
@@ -189,6 +249,7 @@ class AvailabilityChecker:
         loop = self._loops.pop(name, None)
         if loop is not None and loop.task is not None:
             loop.task.cancel()
+        self._settled(name)
         had = self._verdicts.pop(name, None)
         self.metrics.unavailable_apiservice.forget(name)
         self.sink.forget(name)
@@ -216,15 +277,25 @@ class AvailabilityChecker:
         """Check one APIService and record the verdict; True when it should be retried soon."""
         svc = self.store.apiservice(name)
         if svc is None:
+            self._settled(name)
             return False
         try:
             report = await check_apiservice(svc, self.store, self.probe, access=self.access)
         except Exception:
             log.exception("availability check failed unexpectedly", extra=fields(apiservice=name))
+            self._settled(name)  # a broken check must not hold readiness
             return True
         self.checks += 1
-        await self.record(report)
+        try:
+            await self.record(report)
+        finally:
+            self._settled(name)
         return report.verdict.reason == cond.FAILED_DISCOVERY_CHECK
+
+    def _settled(self, name: str) -> None:
+        """`name` has had its first check (or is gone): readiness no longer waits for it."""
+        if self._awaiting:
+            self._awaiting.discard(name)
 
     async def record(self, report: Report) -> None:
         """Make `report.verdict` the APIService's availability: view, gauge, sink, counter."""
@@ -235,6 +306,7 @@ class AvailabilityChecker:
         was = self.is_available(name)
         first = name not in self._verdicts
         self._verdicts[name] = verdict
+        self._settled(name)
         self.metrics.unavailable_apiservice.set(name, not verdict.available)
         if first or was != verdict.available:
             self._notify(name)

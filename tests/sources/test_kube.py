@@ -435,6 +435,9 @@ async def test_readyz_waits_for_the_first_sync_in_kube_mode(fake_kube: FakeKube,
         assert status == 200
         fake_kube.release()
         await asyncio.wait_for(server.gateway.store.wait_synced(), 2.0)
+        # Then the first availability verdicts (instant here: the APIService's Service is missing).
+        checker = server.gateway.availability
+        await eventually(lambda: checker.verdict("v1alpha1.wardle.example.com") is not None, what="verdict")  # type: ignore[attr-defined]
         status, body = await get(f"{server.url}/readyz?verbose", ctx)
         assert status == 200, body
         assert "[+]apiservice-registry-synced ok" in body

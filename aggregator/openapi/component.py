@@ -8,12 +8,12 @@ failure or a 404. Nothing is fetched on the request path: each change re-renders
 Published `/openapi/v3`: for each remote APIService, its backend's document for exactly its own
 group-version (a backend cannot publish someone else's; one without `/openapi/v3` gets its v2
 paths converted); in kube mode every other key from kube-apiserver (core, built-ins, CRDs, local
-APIServices).
+APIServices); in local mode the gateway's own `apiregistration.k8s.io/v1` (`local.py`).
 
 Published `/openapi/v2`: kube-apiserver's document without the remote group-versions' paths (kube
-mode; a fixed `Kubernetes` header in local mode) first, then each remote APIService's paths under
-`/apis/<group>/<version>/`, in merge order (`merge_order`), merged as kube-openapi merges
-(`merge.py`). The merge, JSON, protobuf and gzip renderings run in a worker thread, debounced,
+mode; in local mode the gateway's own, with the `apiregistration.k8s.io/v1` paths) first, then
+each remote APIService's paths under `/apis/<group>/<version>/`, in merge order (`merge_order`),
+merged as kube-openapi merges (`merge.py`). The merge, JSON, protobuf and gzip renderings run in a worker thread, debounced,
 and only when an input changed.
 """
 
@@ -244,11 +244,22 @@ class OpenAPIAggregation:
             concurrency=concurrency,
             name="openapi",
         )
+        # Local mode serves apiregistration.k8s.io/v1 itself, so it publishes its documents too:
+        # they win over any backend's, as the gateway's own handler wins over any APIService.
+        self._own_v3: dict[str, Document] = {}
+        self._own_v2: JSON = base_document()
+        if gateway.options.local_mode:
+            from aggregator.openapi import local
+
+            own_v3, own_v2 = local.build_documents()
+            self._own_v3 = {local.KEY: Document.render(go_marshal(own_v3))}
+            self._own_v2 = own_v2
         self.v3: V3Published = EMPTY_V3
-        self.v2: V2Published = build_v2([V2Input("gateway", base_document())])
+        self.v2: V2Published = build_v2([V2Input("gateway", self._own_v2)])
         self._v2 = _V2State()
         self._remote_keys: frozenset[str] = frozenset()
         self._started = False
+        self._publish_v3()
         self.store.add_listener(self._on_event)
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -371,6 +382,7 @@ class OpenAPIAggregation:
                 doc = source.v3.get(gv_key(svc))
                 if doc is not None:
                     documents[gv_key(svc)] = doc
+        documents.update(self._own_v3)
         index = render_v3_index(documents)
         if index != self.v3.index.body or documents.keys() != self.v3.documents.keys():
             self.v3 = V3Published(Document.render(index), documents)
@@ -384,7 +396,7 @@ class OpenAPIAggregation:
             drop = tuple(sorted(gv_prefix(s) for s in remote))
             inputs.append(V2Input(KUBE_APISERVER, kube.v2, drop=drop, revision=(kube.name, kube.v2_revision)))
         else:
-            inputs.append(V2Input("gateway", base_document()))
+            inputs.append(V2Input("gateway", self._own_v2))
         for svc in remote:
             source = self.sources.get(backend_key(svc))
             if source is not None and source.v2 is not None:

@@ -123,3 +123,47 @@ async def test_a_backend_without_openapi_v3_is_explained_from_its_v2(
         code, _, err = await kubectl("create", "-f", str(bad), "-v=6", check=False)
         assert code != 0 and 'unknown field "spec.colour"' in err
         assert "fieldValidation=Strict" in err  # the converted PATCH still lists fieldValidation
+
+
+def flat(text: str) -> str:
+    """kubectl's output with its line wrapping and indentation undone."""
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("binary", kubectl_binaries(), ids=lambda b: Path(b).name)
+async def test_explain_apiservices_through_a_local_gateway(binary: str, pki: PKI, tmp_path: Path) -> None:
+    """Local mode serves apiregistration.k8s.io/v1 itself, and publishes its OpenAPI for explain."""
+    async with WardleStack(pki, tmp_path) as stack:
+        kubectl = stack.kubectl(binary)
+
+        _, raw, err = await kubectl("explain", "apiservices", "-v=8")
+        out = flat(raw)
+        assert "KIND:       APIService" in raw and "VERSION:    v1" in raw
+        assert (
+            'APIService represents a server for a particular GroupVersion. Name must be "version.group".'
+            in out
+        )
+        assert "Spec contains information for locating and communicating with a server" in out
+        v3 = [r for r in logged_requests(err) if r.path == "/openapi/v3/apis/apiregistration.k8s.io/v1"]
+        assert v3 and v3[0].status == 200 and "hash=" in v3[0].url
+
+        raw = (await kubectl("explain", "apiservices.spec"))[1]
+        out = flat(raw)
+        assert "groupPriorityMinimum\t<integer> -required-" in raw
+        assert "APIServiceSpec contains information for locating and communicating with a server." in out
+        for field in ("caBundle", "group", "groupPriorityMinimum", "insecureSkipTLSVerify", "service"):
+            assert field in out, field
+        assert "GroupPriorityMinimum is the priority this group should have at least." in out
+        assert "InsecureSkipTLSVerify disables TLS certificate verification" in out
+
+        out = flat((await kubectl("explain", "apiservices.spec.service"))[1])
+        assert "ServiceReference holds a reference to Service.legacy.k8s.io" in out
+        assert "If specified, the port on the service that hosting webhook." in out
+
+        out = flat((await kubectl("explain", "apiservices.status.conditions"))[1])
+        assert "Status is the status of the condition. Can be True, False, Unknown." in out
+        assert "Unique, one-word, CamelCase reason for the condition's last transition." in out
+
+        # The backend's group-versions are still explained alongside (one merged v2 for old kubectl).
+        out = flat((await kubectl("explain", "flunders.spec"))[1])
+        assert "A name of a fischer, mutually exclusive to the FlunderReference." in out

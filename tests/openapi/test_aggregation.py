@@ -11,6 +11,8 @@ from typing import Any
 
 import aiohttp
 
+from aggregator.model.jsonenc import go_marshal
+from aggregator.openapi.local import build_documents
 from aggregator.server import GatewayServer
 from tests.conftest import StartGateway
 from tests.openapi.conftest import StartBackend
@@ -27,6 +29,8 @@ from tests.proxy.support import BackendPKI
 from tests.support.pki import PKI
 
 PROTOBUF = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
+# Local mode publishes its own apiregistration.k8s.io/v1 beside the backends' documents.
+OWN = "apis/apiregistration.k8s.io/v1"
 PROTOBUF_TYPE = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 
 
@@ -93,12 +97,14 @@ async def test_v3_index_and_documents_as_kube_openapi_serves_them(
     index = json.loads(body)
     expected_doc = json.dumps(alpha.v3["apis/alpha.example.com/v1"], separators=(",", ":")).encode()
     digest = sha512_upper(expected_doc)
-    # only the APIService's own group-version: not apps/v1, not api/v1
+    own = sha512_upper(go_marshal(build_documents()[0]))
+    # only the APIService's own group-version: not apps/v1, not api/v1 (and the gateway's own)
     assert index == {
         "paths": {
             "apis/alpha.example.com/v1": {
                 "serverRelativeURL": f"/openapi/v3/apis/alpha.example.com/v1?hash={digest}"
-            }
+            },
+            OWN: {"serverRelativeURL": f"/openapi/v3/{OWN}?hash={own}"},
         }
     }
     assert headers["Etag"] == f'"{sha512_upper(body)}"'
@@ -156,13 +162,21 @@ async def test_v2_merges_backends_by_priority_renaming_conflicts(
 
     doc = await client.json("/openapi/v2")
     assert doc["swagger"] == "2.0" and doc["info"]["title"] == "Kubernetes"
-    assert sorted(doc["paths"]) == [
-        "/apis/high.example.com/v1/",
-        "/apis/high.example.com/v1/widgets",
-        "/apis/low.example.com/v1/",
-        "/apis/low.example.com/v1/widgets",
-    ]  # each backend's paths under its own group-version only
-    assert set(doc["definitions"]) == {"com.example.Widget", "com.example.Widget_v2"}  # apps/v1 never merged
+    own_v2 = build_documents()[1]
+    assert sorted(doc["paths"]) == sorted(
+        [
+            *own_v2["paths"],  # the gateway's own apiregistration.k8s.io/v1 first
+            "/apis/high.example.com/v1/",
+            "/apis/high.example.com/v1/widgets",
+            "/apis/low.example.com/v1/",
+            "/apis/low.example.com/v1/widgets",
+        ]
+    )  # each backend's paths under its own group-version only
+    assert set(doc["definitions"]) == {
+        *own_v2["definitions"],
+        "com.example.Widget",
+        "com.example.Widget_v2",
+    }  # apps/v1 never merged
     assert doc["definitions"]["com.example.Widget"]["description"] == "a widget of high.example.com"
     assert doc["definitions"]["com.example.Widget_v2"]["description"] == "a widget of low.example.com"
     low_list = doc["paths"]["/apis/low.example.com/v1/widgets"]["get"]
@@ -206,7 +220,7 @@ async def test_404_is_retried_with_backoff_until_the_backend_publishes(
     started = time.monotonic()
     await until(lambda: len(backend.requests("/openapi/v2")) >= 4, what="retries")
     seen = [r for r in backend.backend.received if r.raw_path == "/openapi/v2"]
-    assert not aggregation.v3.documents and aggregation.v2.sources == ("gateway",)
+    assert set(aggregation.v3.documents) == {OWN} and aggregation.v2.sources == ("gateway",)
     # backoff, not a busy loop: the 4th attempt comes after 0.05 + 0.1 + 0.2 s of waiting
     assert time.monotonic() - started >= 0.3 and len(seen) < 10
     metrics = server.gateway.metrics.registry
@@ -296,7 +310,7 @@ async def test_apiservice_changes_take_effect_without_waiting_for_the_refresh_in
     await until(lambda: "apis/first.example.com/v1" not in aggregation.v3.documents, what="first removed")
     await until(lambda: "v1.first.example.com" not in aggregation.v2.sources, what="first out of v2")
     index = await Client(server, pki).json("/openapi/v3")
-    assert list(index["paths"]) == ["apis/second.example.com/v1"]
+    assert list(index["paths"]) == [OWN, "apis/second.example.com/v1"]
 
 
 async def test_a_backend_without_v3_is_served_converted_from_v2_at_the_normal_interval(

@@ -20,16 +20,23 @@ from aiohttp import web
 
 from aggregator import __version__
 from aggregator.auth.authn import Authenticator
+from aggregator.auth.setup import install_authentication, install_authorization
+from aggregator.availability import install_availability
 from aggregator.config import ConfigError, Options
 from aggregator.context import get_user, set_route
+from aggregator.discovery.component import install_discovery
 from aggregator.health import ENDPOINTS, HealthChecks
-from aggregator.kube.client import KubeClient
+from aggregator.kube.client import KubeClient, client_for_options
 from aggregator.logs import ACCESS_LOGGER, fields
 from aggregator.metrics import Metrics
+from aggregator.openapi.component import install_openapi
+from aggregator.proxy.setup import install_proxy
 from aggregator.proxy.transport import Backends
 from aggregator.responses import json_response, not_found, status_response
 from aggregator.routing import Route, RouteKind, Router
 from aggregator.runtime import new_event_loop, wait_for_termination
+from aggregator.sources.files import FolderSource
+from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
@@ -208,43 +215,25 @@ def version_info() -> dict[str, str]:
 
 
 def build_gateway(options: Options) -> Gateway:
-    """Wire every component the options ask for into one Gateway."""
-    gateway = Gateway(options)
-    # kube-apiserver client (stopped last: added first), and kube mode's list+watch object source
-    from aggregator.kube.client import client_for_options
+    """Wire every component the options ask for into one Gateway.
 
+    Order matters: the kube client is added first so it stops last; gates run in the order they
+    are installed (authentication, then authorization); availability replaces the proxy's view of
+    which APIServices may be served and wakes discovery when a verdict flips.
+    """
+    gateway = Gateway(options)
     gateway.kube = client_for_options(options)
     if gateway.kube is not None:
         gateway.add_component(gateway.kube)
     if options.kube_mode and gateway.kube is not None:
-        from aggregator.sources.kube import KubeSource
-
         gateway.add_component(KubeSource(gateway.kube, gateway.store, gateway.metrics))
-    if options.local_mode:
-        from aggregator.sources.files import FolderSource
-
-        assert options.apiservices_dir is not None
+    if options.apiservices_dir is not None:
         gateway.add_component(FolderSource(options.apiservices_dir, gateway.store))
-    # authentication, then authorization (gates run in this order)
-    from aggregator.auth.setup import install_authentication, install_authorization
-
     install_authentication(gateway)
     install_authorization(gateway)
-    # proxy: /apis/<g>/<v>[/...] to extension API servers (and the delegate in kube mode)
-    from aggregator.proxy.setup import install_proxy
-
     install_proxy(gateway)
-    # discovery: /apis, /apis/<group> (and apiregistration.k8s.io itself in local mode)
-    from aggregator.discovery.component import install_discovery
-
     install_discovery(gateway)
-    # OpenAPI: /openapi/v3 (index, per group-version documents) and the merged /openapi/v2
-    from aggregator.openapi.component import install_openapi
-
     install_openapi(gateway)
-    # availability: the proxy's 503s, discovery's Stale marks, conditions, metrics, /readyz notes
-    from aggregator.availability import install_availability
-
     install_availability(gateway)
     return gateway
 

@@ -39,7 +39,6 @@ from aggregator.availability.status import Change, StatusSink
 from aggregator.logs import fields
 from aggregator.metrics import Metrics
 from aggregator.model.apiservice import APIService, Condition
-from aggregator.model.objects import EndpointSlice, Service
 from aggregator.sources.store import DELETED, MODIFIED, Event, Store
 
 log = logging.getLogger(__name__)
@@ -225,13 +224,7 @@ class AvailabilityChecker:
             ):
                 self._track(obj.name)
             return
-        names: set[tuple[str, str]] = set()
-        for item in (obj, event.old):
-            if isinstance(item, Service):
-                names.add((item.namespace, item.name))
-            elif isinstance(item, EndpointSlice) and item.service_name:
-                names.add((item.namespace, item.service_name))
-        for namespace, name in names:
+        for namespace, name in event.services():
             for svc in self.store.apiservices_for_service(namespace, name):
                 self.poke(svc.name)
 

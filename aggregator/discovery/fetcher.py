@@ -33,7 +33,6 @@ from aggregator.discovery.aggregated import (
 from aggregator.discovery.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, DISCOVERY_VERSIONS
 from aggregator.logs import fields
 from aggregator.model.apiservice import APIService
-from aggregator.model.objects import EndpointSlice, Service
 from aggregator.model.userinfo import AGGREGATOR, AGGREGATOR_USER, UserInfo
 from aggregator.sources.store import DELETED, Event, Kind, Store
 
@@ -188,15 +187,9 @@ class DiscoveryFetcher:
             else:
                 self._track(event.obj)
             return
-        obj = event.obj
-        if isinstance(obj, Service):
-            namespace, name = obj.namespace, obj.name
-        elif isinstance(obj, EndpointSlice):
-            namespace, name = obj.namespace, obj.service_name
-        else:
-            return
-        for svc in self.store.apiservices_for_service(namespace, name):
-            self.poke(svc.name)
+        for namespace, name in event.services():
+            for svc in self.store.apiservices_for_service(namespace, name):
+                self.poke(svc.name)
 
     def _track(self, svc: APIService) -> None:
         if svc.local:

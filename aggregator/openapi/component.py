@@ -37,7 +37,6 @@ from aggregator.kube.calls import GET_OPENAPI_V2, GET_OPENAPI_V3, GET_OPENAPI_V3
 from aggregator.logs import fields
 from aggregator.model.apiservice import APIService
 from aggregator.model.jsonenc import go_marshal
-from aggregator.model.objects import EndpointSlice, Service
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.openapi.documents import Document
 from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
@@ -295,15 +294,9 @@ class OpenAPIAggregation:
         if event.kind is Kind.APISERVICE:
             self._sync()
             return
-        obj = event.obj
-        if isinstance(obj, Service):
-            namespace, name = obj.namespace, obj.name
-        elif isinstance(obj, EndpointSlice):
-            namespace, name = obj.namespace, obj.service_name
-        else:
-            return
+        services = event.services()
         for key in self.members:
-            if key[0] == namespace and key[1] == name:
+            if (key[0], key[1]) in services:
                 self.refresher.poke(key)
 
     def _sync(self) -> None:

@@ -51,6 +51,17 @@ class Event:
     old: Obj | None
     revision: int  # the store's revision after this event
 
+    def services(self) -> set[Key]:
+        """The Services (namespace, name) this event concerns: the Service itself, or an
+        EndpointSlice's Service before and after the change (a slice can be relabelled)."""
+        keys: set[Key] = set()
+        for item in (self.obj, self.old):
+            if isinstance(item, Service):
+                keys.add((item.namespace, item.name))
+            elif isinstance(item, EndpointSlice) and item.service_name:
+                keys.add((item.namespace, item.service_name))
+        return keys
+
 
 def _same(old: Obj, new: Obj) -> bool:
     """True when `new` carries nothing `old` does not (a resync, or an unchanged file)."""

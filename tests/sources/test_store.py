@@ -92,3 +92,14 @@ async def test_synced_state_backs_readyz_check() -> None:
     store.mark_synced()
     assert store.synced_check() is None
     await asyncio.wait_for(store.wait_synced(), 1)
+
+
+async def test_event_names_the_services_it_concerns_before_and_after() -> None:
+    store = Store()
+    added = store.upsert(Service("ns", "api"))
+    assert added is not None and added.services() == {("ns", "api")}
+    store.upsert(EndpointSlice("ns", "s1", "api"))
+    moved = store.upsert(EndpointSlice("ns", "s1", "other"))
+    assert moved is not None and moved.services() == {("ns", "api"), ("ns", "other")}
+    apiservice_event = store.upsert(svc())
+    assert apiservice_event is not None and apiservice_event.services() == set()

@@ -363,7 +363,7 @@ def _v2_schema(node: Any) -> Any:
 
 def build_documents() -> tuple[JSON, JSON]:
     """(the v3 document of apiregistration.k8s.io/v1, a v2 document with its paths and definitions)."""
-    meta = _load("aggregator.sample", "openapi-meta.yaml")
+    meta = _load("aggregator.openapi", "meta-v1.yaml")
     types = _load("aggregator.openapi", "apiregistration-v1.yaml")
     schemas = _schemas(meta, types)
     renderer = _Renderer(meta["parameters"])

@@ -30,7 +30,7 @@ V2_REF = "#/definitions/"
 
 
 def _load_meta() -> JSON:
-    text = package_files.files("aggregator.sample").joinpath("openapi-meta.yaml").read_text()
+    text = package_files.files("aggregator.openapi").joinpath("meta-v1.yaml").read_text()
     data: JSON = yaml.safe_load(text)
     return data
 

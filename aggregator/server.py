@@ -232,9 +232,12 @@ def build_gateway(options: Options) -> Gateway:
     install_authentication(gateway)
     install_authorization(gateway)
     install_proxy(gateway)
-    install_discovery(gateway)
+    discovery = install_discovery(gateway)
     install_openapi(gateway)
-    install_availability(gateway)
+    availability = install_availability(gateway)
+    # A verdict flip sends discovery back to the backend at once: an APIService found down goes
+    # Stale now, not at the next refresh, and Current again as soon as it is back.
+    availability.add_listener(discovery.fetcher.poke)
     return gateway
 
 

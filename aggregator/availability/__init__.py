@@ -21,7 +21,7 @@ __all__ = ["AvailabilityChecker", "DiscoveryProbe", "install_availability"]
 
 
 def install_availability(gateway: Gateway, **checker_options: Any) -> AvailabilityChecker:
-    """Replace `gateway.availability` with the checker, and poke discovery when verdicts flip."""
+    """Replace `gateway.availability` with the checker (the proxy's 503s follow its verdicts)."""
     options = gateway.options
     sink: StatusSink
     if options.local_mode:
@@ -40,12 +40,4 @@ def install_availability(gateway: Gateway, **checker_options: Any) -> Availabili
     gateway.health.add(FIRST_ROUND_CHECK, checker.first_round_check, livez=False)
     gateway.health.add_notes("readyz", checker.notes)
 
-    # A flip sends discovery back to the backend at once: an APIService found down goes Stale now,
-    # not at the next refresh, and Current again as soon as it is back. (Like upstream, discovery is
-    # still fetched while unavailable, so a backend answering /apis keeps its document current.)
-    from aggregator.discovery.component import Discovery
-
-    for component in gateway.components:
-        if isinstance(component, Discovery):
-            checker.add_listener(component.fetcher.poke)
     return checker

@@ -103,13 +103,14 @@ class Metrics:
         # discovery
         self.discovery_fetches = Counter(
             "aggregator_discovery_fetches",
-            "Backend discovery fetches, by APIService and outcome (aggregated, not_modified, legacy, error).",
+            "Discovery fetches by source (an APIService name, or kube-apiserver in kube mode) and outcome "
+            "(aggregated, not_modified, legacy, error).",
             ["apiservice", "result"],
             registry=r,
         )
         self.discovery_last_success = Gauge(
             "aggregator_discovery_last_success_timestamp_seconds",
-            "Unix time of the last good discovery fetch, by APIService.",
+            "Unix time of the last good discovery fetch, by source (APIService name or kube-apiserver).",
             ["apiservice"],
             registry=r,
         )

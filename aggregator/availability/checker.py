@@ -36,6 +36,7 @@ from aggregator.availability import conditions as cond
 from aggregator.availability.conditions import Verdict
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
 from aggregator.availability.status import Change, StatusSink
+from aggregator.backoff import exponential_delay
 from aggregator.logs import fields
 from aggregator.metrics import Metrics
 from aggregator.model.apiservice import APIService, Condition
@@ -259,7 +260,7 @@ class AvailabilityChecker:
                 retry = await self.check_once(loop.name)
             loop.failures = loop.failures + 1 if retry else 0
             delay = (
-                min(self.interval, self.retry_initial * 2 ** min(loop.failures - 1, 30))
+                exponential_delay(loop.failures, self.retry_initial, self.interval)
                 if retry
                 else self.interval
             )

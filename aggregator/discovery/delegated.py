@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from aggregator.backoff import exponential_delay
 from aggregator.discovery.aggregated import (
     CRD_PRIORITY,
     DEFAULT_PRIORITY,
@@ -239,10 +240,6 @@ def merge_entries(
 # --- the fetch loop --------------------------------------------------------------------------------
 
 
-def _backoff(failures: int, initial: float, maximum: float) -> float:
-    return float(min(maximum, initial * 2 ** min(max(failures, 1) - 1, 30)))
-
-
 def _spec_of(svc: APIService) -> tuple[object, ...]:
     """What of an APIService can move its group-version's priority (conditions cannot)."""
     return (
@@ -342,7 +339,7 @@ class DelegateDiscovery:
             self._wake.clear()  # a poke during the fetch means "fetch again right after"
             ok = await self.fetch_once()
             if not ok:
-                delay = _backoff(self.failures, self.backoff_initial, self.backoff_max)
+                delay = exponential_delay(self.failures, self.backoff_initial, self.backoff_max)
             elif self._pending_follow_ups:
                 delay = self._pending_follow_ups.pop(0)
             else:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from aggregator.backoff import exponential_delay
 from aggregator.discovery.aggregated import (
     CURRENT,
     STALE,
@@ -238,7 +239,7 @@ class DiscoveryFetcher:
             delay = (
                 self.refresh_interval
                 if ok
-                else min(self.backoff_max, self.backoff_initial * 2 ** min(state.failures - 1, 30))
+                else exponential_delay(state.failures, self.backoff_initial, self.backoff_max)
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(state.wake.wait(), delay)

@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from aggregator.backoff import Backoff
 from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, describe_error
@@ -94,36 +95,6 @@ ENDPOINTSLICES = WatchedResource(
     decode_endpointslice,
 )
 WATCHED = (APISERVICES, SERVICES, ENDPOINTSLICES)
-
-
-class Backoff:
-    """Exponential backoff with downward jitter: `initial * factor**n`, capped, times (1 - jitter*rand).
-
-    Jitter spreads retries of many gateways after a kube-apiserver restart; jittering downwards
-    keeps every delay at or below the cap.
-    """
-
-    def __init__(
-        self,
-        initial: float = 0.5,
-        cap: float = 30.0,
-        *,
-        factor: float = 2.0,
-        jitter: float = 0.5,
-        rng: Callable[[], float] | None = None,
-    ) -> None:
-        self.initial, self.cap, self.factor, self.jitter = initial, cap, factor, jitter
-        self._rng = rng or random.Random().random
-        self.attempt = 0
-
-    def next(self) -> float:
-        base = min(self.cap, self.initial * self.factor**self.attempt)
-        if base < self.cap:
-            self.attempt += 1
-        return base * (1.0 - self.jitter * self._rng())
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 class Gone(Exception):

@@ -15,7 +15,7 @@ import pytest
 
 from aggregator.kube.client import KubeClient
 from aggregator.metrics import Metrics
-from aggregator.sources.kube import Backoff, KubeSource
+from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Event, Kind, Store, Subscription
 from tests.support.fakekube import (
     FakeKube,
@@ -342,19 +342,6 @@ async def test_refused_connection_backs_off_then_syncs_when_the_server_appears(t
     finally:
         await h.stop()
         await fake.stop()
-
-
-def test_backoff_is_exponential_jittered_and_capped_at_30s() -> None:
-    top = Backoff(0.5, 30.0, rng=lambda: 0.0)
-    assert [top.next() for _ in range(9)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
-    top.reset()
-    assert top.next() == 0.5
-    jittered = Backoff(0.5, 30.0, jitter=0.5, rng=lambda: 1.0)
-    assert [jittered.next() for _ in range(8)] == [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 15.0]
-    real = Backoff()
-    delays = [real.next() for _ in range(50)]
-    assert all(0 < d <= 30.0 for d in delays) and max(delays[10:]) > 15.0
-    assert len(set(delays[10:])) > 1  # jitter spreads retries
 
 
 async def test_unauthorized_keeps_retrying_until_credentials_work(

@@ -7,7 +7,7 @@ sample server's `wardle.example.com` (`aggregator/sample/openapi.py`). A `Resour
 installer derives a resource's routes from; `resource_paths` and `group_version_path` lay them out,
 with upstream's operation ids, tags, descriptions and query parameters (`meta-v1.yaml`, which also
 holds the meta/v1 schemas the operations reference). Schemas are written in v3 form with bare
-definition names as `$ref`s: `v3_document` resolves them, `v2_document` resolves and converts them.
+definition names as `$ref`s: `Spec.v3` resolves them, `Spec.v2` resolves and converts them.
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def resource_paths(resource: Resource) -> list[Path]:
     status, delete_options, watch_event = META + "Status", META + "DeleteOptions", META + "WatchEvent"
     scope: tuple[str, ...] = ("namespace",) if r.namespaced else ()
     base = f"/apis/{r.group}/{r.version}"
-    scoped = base + ("/namespaces/{namespace}" if r.namespaced else "")
+    in_namespace = "/namespaces/{namespace}" if r.namespaced else ""
     all_namespaces = tuple(sorted((*LIST_PARAMS, "pretty")))
 
     def path(url: str, params: tuple[str, ...], *operations: Operation) -> Path:
@@ -240,7 +240,7 @@ def resource_paths(resource: Resource) -> list[Path]:
     )
     paths = [
         path(
-            f"{scoped}/{r.plural}",
+            f"{base}{in_namespace}/{r.plural}",
             (*scope, "pretty"),
             Operation(
                 "delete",
@@ -273,7 +273,7 @@ def resource_paths(resource: Resource) -> list[Path]:
             ),
         ),
         path(
-            f"{scoped}/{r.plural}/{{name}}",
+            f"{base}{in_namespace}/{r.plural}/{{name}}",
             ("name", *scope, "pretty"),
             Operation(
                 "delete",
@@ -290,15 +290,15 @@ def resource_paths(resource: Resource) -> list[Path]:
         ),
         *(
             path(
-                f"{scoped}/{r.plural}/{{name}}/{sub}",
+                f"{base}{in_namespace}/{r.plural}/{{name}}/{sub}",
                 ("name", *scope, "pretty"),
                 *read_write(f"{sub} of the specified {kind}", sub[:1].upper() + sub[1:]),
             )
             for sub in r.subresources
         ),
-        path(f"{base}/watch{scoped[len(base) :]}/{r.plural}", watch_params(scope), watchlist),
+        path(f"{base}/watch{in_namespace}/{r.plural}", watch_params(scope), watchlist),
         path(
-            f"{base}/watch{scoped[len(base) :]}/{r.plural}/{{name}}",
+            f"{base}/watch{in_namespace}/{r.plural}/{{name}}",
             watch_params(("name", *scope)),
             Operation(
                 "get",
@@ -468,30 +468,35 @@ def _v2_schema(node: Any) -> Any:
     return {k: _v2_schema(v) for k, v in node.items()}
 
 
-def v3_document(
-    info: JSON, paths: Iterable[Path], schemas: Mapping[str, Any], parameters: Mapping[str, Sequence[str]]
-) -> JSON:
-    """An OpenAPI v3 document as kube-apiserver serves one per group-version."""
-    return {
-        "openapi": "3.0.0",
-        "info": dict(info),
-        "paths": _Renderer(parameters, v3=True).paths(paths),
-        "components": {
-            "schemas": _resolve(dict(sorted(schemas.items())), V3_REF),
-            "securitySchemes": {"BearerToken": dict(SECURITY_SCHEME)},
-        },
-    }
+@dataclass(frozen=True)
+class Spec:
+    """What one document holds, rendered as kube-apiserver serves it in either OpenAPI version."""
 
+    info: JSON
+    paths: Sequence[Path]
+    schemas: Mapping[str, Any]  # v3 form, `$ref`s bare definition names
+    parameters: Mapping[str, Sequence[str]]  # query parameter name -> (type, description)
 
-def v2_document(
-    info: JSON, paths: Iterable[Path], schemas: Mapping[str, Any], parameters: Mapping[str, Sequence[str]]
-) -> JSON:
-    """An OpenAPI v2 (swagger) document in kube-apiserver's layout."""
-    return {
-        "swagger": "2.0",
-        "info": dict(info),
-        "paths": _Renderer(parameters, v3=False).paths(paths),
-        "definitions": _v2_schema(_resolve(dict(sorted(schemas.items())), V2_REF)),
-        "securityDefinitions": {"BearerToken": dict(SECURITY_SCHEME)},
-        "security": [{"BearerToken": []}],
-    }
+    def _schemas(self, prefix: str) -> Any:
+        return _resolve(dict(sorted(self.schemas.items())), prefix)
+
+    def v3(self) -> JSON:
+        return {
+            "openapi": "3.0.0",
+            "info": dict(self.info),
+            "paths": _Renderer(self.parameters, v3=True).paths(self.paths),
+            "components": {
+                "schemas": self._schemas(V3_REF),
+                "securitySchemes": {"BearerToken": dict(SECURITY_SCHEME)},
+            },
+        }
+
+    def v2(self) -> JSON:
+        return {
+            "swagger": "2.0",
+            "info": dict(self.info),
+            "paths": _Renderer(self.parameters, v3=False).paths(self.paths),
+            "definitions": _v2_schema(self._schemas(V2_REF)),
+            "securityDefinitions": {"BearerToken": dict(SECURITY_SCHEME)},
+            "security": [{"BearerToken": []}],
+        }

@@ -18,15 +18,7 @@ from typing import Any
 import yaml
 
 from aggregator import __version__
-from aggregator.openapi.builder import (
-    Resource,
-    expand_markers,
-    group_version_path,
-    load_meta,
-    resource_paths,
-    v2_document,
-    v3_document,
-)
+from aggregator.openapi import builder
 
 JSON = dict[str, Any]
 
@@ -34,17 +26,18 @@ GROUP = "apiregistration.k8s.io"
 VERSION = "v1"
 KEY = f"apis/{GROUP}/{VERSION}"  # the `/openapi/v3` key
 TYPES = "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1."
-RESOURCE = Resource(GROUP, VERSION, "APIService", "apiservices", TYPES, subresources=("status",))
+RESOURCE = builder.Resource(GROUP, VERSION, "APIService", "apiservices", TYPES, subresources=("status",))
 
 
 def build_documents() -> tuple[JSON, JSON]:
     """(the v3 document of apiregistration.k8s.io/v1, a v2 document with its paths and definitions)."""
-    meta = load_meta()
+    meta = builder.load_meta()
     text = package_files.files("aggregator.openapi").joinpath("apiregistration-v1.yaml").read_text()
     types: JSON = yaml.safe_load(text)
-    schemas = expand_markers({**meta["schemas"], **types["schemas"]}, meta["fields"], GROUP, (VERSION,))
-    paths = [group_version_path(GROUP, VERSION), *resource_paths(RESOURCE)]
-    info = {"title": "Kubernetes", "version": f"v{__version__}"}
-    return v3_document(info, paths, schemas, meta["parameters"]), v2_document(
-        info, paths, schemas, meta["parameters"]
+    schemas = builder.expand_markers(
+        {**meta["schemas"], **types["schemas"]}, meta["fields"], GROUP, (VERSION,)
     )
+    paths = [builder.group_version_path(GROUP, VERSION), *builder.resource_paths(RESOURCE)]
+    info = {"title": "Kubernetes", "version": f"v{__version__}"}
+    spec = builder.Spec(info, paths, schemas, meta["parameters"])
+    return spec.v3(), spec.v2()

@@ -13,17 +13,7 @@ import hashlib
 from typing import Any
 
 from aggregator.model.jsonenc import go_marshal
-from aggregator.openapi.builder import (
-    META,
-    Path,
-    Resource,
-    expand_markers,
-    group_version_path,
-    load_meta,
-    resource_paths,
-    v2_document,
-    v3_document,
-)
+from aggregator.openapi import builder
 from aggregator.sample.api import GROUP, VERSIONS, ResourceType, resources_in
 from aggregator.sample.openapi_pb import encode_document
 
@@ -59,7 +49,7 @@ class _Schemas:
             "apiVersion": self.string(self.fields["apiVersion"]),
             "kind": self.string(self.fields["kind"]),
             "metadata": self.ref(
-                META + ("ListMeta" if list_meta else "ObjectMeta"),
+                builder.META + ("ListMeta" if list_meta else "ObjectMeta"),
                 self.fields["listMetadata" if list_meta else "metadata"],
                 default={},
             ),
@@ -147,12 +137,12 @@ class _Schemas:
         return out
 
 
-def _paths(versions: tuple[str, ...]) -> list[Path]:
-    paths: list[Path] = []
+def _paths(versions: tuple[str, ...]) -> list[builder.Path]:
+    paths: list[builder.Path] = []
     for version in versions:
-        paths.append(group_version_path(GROUP, version))
+        paths.append(builder.group_version_path(GROUP, version))
         for r in resources_in(version):
-            described = Resource(
+            described = builder.Resource(
                 GROUP,
                 version,
                 r.kind,
@@ -161,7 +151,7 @@ def _paths(versions: tuple[str, ...]) -> list[Path]:
                 namespaced=r.namespaced,
                 watch_params_sorted=False,  # as this server has always published them
             )
-            paths.extend(resource_paths(described))
+            paths.extend(builder.resource_paths(described))
     return paths
 
 
@@ -171,18 +161,18 @@ def _schemas(meta: JSON, versions: tuple[str, ...]) -> JSON:
     for version in versions:
         for resource in resources_in(version):
             out.update(schemas.kind_schemas(resource, version))
-    out.update(expand_markers(meta["schemas"], meta["fields"], GROUP, versions))
+    out.update(builder.expand_markers(meta["schemas"], meta["fields"], GROUP, versions))
     return out
 
 
 def build_v3(version: str, meta: JSON | None = None) -> JSON:
-    meta = meta if meta is not None else load_meta()
-    return v3_document(INFO, _paths((version,)), _schemas(meta, (version,)), meta["parameters"])
+    meta = meta if meta is not None else builder.load_meta()
+    return builder.Spec(INFO, _paths((version,)), _schemas(meta, (version,)), meta["parameters"]).v3()
 
 
 def build_v2(meta: JSON | None = None) -> JSON:
-    meta = meta if meta is not None else load_meta()
-    return v2_document(INFO, _paths(VERSIONS), _schemas(meta, VERSIONS), meta["parameters"])
+    meta = meta if meta is not None else builder.load_meta()
+    return builder.Spec(INFO, _paths(VERSIONS), _schemas(meta, VERSIONS), meta["parameters"]).v2()
 
 
 def etag_of(data: bytes) -> str:
@@ -194,7 +184,7 @@ class OpenAPIDocuments:
     """Rendered bytes and ETags: `/openapi/v3` index, one document per group-version, `/openapi/v2`."""
 
     def __init__(self) -> None:
-        meta = load_meta()
+        meta = builder.load_meta()
         self.v3: dict[str, bytes] = {}
         self.v3_etags: dict[str, str] = {}
         for version in VERSIONS:

@@ -15,14 +15,11 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from aggregator.backoff import exponential_delay
+
 log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
-
-
-def backoff_delay(failures: int, initial: float, maximum: float) -> float:
-    """The wait after `failures` consecutive failures (>= 1): initial, 2x, 4x, ... capped."""
-    return float(min(maximum, initial * 2 ** min(max(failures, 1) - 1, 30)))
 
 
 @dataclass
@@ -111,7 +108,9 @@ class Refresher(Generic[K]):
                     ok = False
             loop.failures = 0 if ok else loop.failures + 1
             delay = (
-                self.interval if ok else backoff_delay(loop.failures, self.backoff_initial, self.backoff_max)
+                self.interval
+                if ok
+                else exponential_delay(loop.failures, self.backoff_initial, self.backoff_max)
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(loop.wake.wait(), delay)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
-from aggregator.openapi.refresh import backoff_delay
+from aggregator.backoff import exponential_delay
 from aggregator.openapi.sources import Answer, OpenAPISource
 
 KEY = "apis/g.example.com/v1"
@@ -104,4 +104,4 @@ async def test_404_is_logged_once_then_quietly_and_drops_the_documents(
 
 
 def test_backoff_doubles_up_to_the_cap() -> None:
-    assert [backoff_delay(n, 1.0, 300.0) for n in (1, 2, 3, 9, 10, 100)] == [1, 2, 4, 256, 300, 300]
+    assert [exponential_delay(n, 1.0, 300.0) for n in (1, 2, 3, 9, 10, 100)] == [1, 2, 4, 256, 300, 300]

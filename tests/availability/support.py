@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
@@ -28,6 +27,7 @@ from tests.proxy.support import (
     service_manifest,
 )
 from tests.support.pki import PKI
+from tests.support.threaded import ThreadedTLSServer
 
 StartBackend = Callable[..., Awaitable[FakeBackend]]
 
@@ -102,7 +102,7 @@ class Harness:
         await self.backends.stop()
 
 
-class AlertingBackend:
+class AlertingBackend(ThreadedTLSServer):
     """A TLS server that refuses client certificates the way Go servers do: with an alert.
 
     asyncio's TLS servers close the connection without sending the alert OpenSSL produced, so
@@ -110,35 +110,16 @@ class AlertingBackend:
     """
 
     def __init__(self, cert_file: str, key_file: str, client_ca_file: str) -> None:
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.context.load_cert_chain(cert_file, key_file)
-        self.context.verify_mode = ssl.CERT_REQUIRED
-        self.context.load_verify_locations(client_ca_file)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.05)  # so the thread notices `close()` promptly
-        self.port = int(self._listener.getsockname()[1])
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert_file, key_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(client_ca_file)
         self.refused = 0
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="alerting-backend", daemon=True)
-        self._thread.start()
+        super().__init__(context, name="alerting-backend", timeout=2.0)
 
-    def _serve(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with conn, contextlib.suppress(OSError):
-                conn.settimeout(2.0)
-                try:
-                    with self.context.wrap_socket(conn, server_side=True) as tls:
-                        tls.recv(1)
-                except ssl.SSLError:
-                    self.refused += 1
-
-    def close(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=5)
-        self._listener.close()
+    def handle(self, conn: socket.socket) -> None:
+        try:
+            with self.context.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1)
+        except ssl.SSLError:
+            self.refused += 1

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import select
 import socket
 import ssl
 import struct
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ import yaml
 from aiohttp import web
 
 from aggregator.certs import KeyPair, issue_serving_cert, new_ca, write_pair
+from tests.support.threaded import ThreadedTLSServer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -361,7 +360,7 @@ def _encrypted_records(data: bytes | bytearray) -> int:
     return count
 
 
-class LostAlertBackend:
+class LostAlertBackend(ThreadedTLSServer):
     """A TLS 1.3 server that refuses the gateway's client certificate, as a loaded gateway sees it.
 
     A Go server that refuses a client certificate sends an alert after the handshake and closes.
@@ -377,33 +376,16 @@ class LostAlertBackend:
     def __init__(self, cert_file: str, key_file: str, client_ca_file: str, *, lost: str = "reset") -> None:
         assert lost in ("reset", "eof")
         self.lost = lost
-        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_3
-        self.context.load_cert_chain(cert_file, key_file)
-        self.context.verify_mode = ssl.CERT_REQUIRED
-        self.context.load_verify_locations(client_ca_file)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.05)
-        self.port = int(self._listener.getsockname()[1])
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.load_cert_chain(cert_file, key_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(client_ca_file)
         self.alerts_sent = 0
         self.alerts_lost = 0
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="lost-alert-backend", daemon=True)
-        self._thread.start()
+        super().__init__(context, name="lost-alert-backend")
 
-    def _serve(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with conn, contextlib.suppress(OSError):
-                conn.settimeout(1.0)
-                self._refuse(conn)
-
-    def _refuse(self, conn: socket.socket) -> None:
+    def handle(self, conn: socket.socket) -> None:
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         tls = self.context.wrap_bio(incoming, outgoing, server_side=True)
         received = bytearray()  # every byte from the client, to tell its request from its handshake
@@ -440,8 +422,3 @@ class LostAlertBackend:
             return
         conn.sendall(alert)
         self.alerts_sent += 1
-
-    def close(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=5)
-        self._listener.close()

@@ -530,16 +530,25 @@ class ResourceHandlers:
 
     # --- create ----------------------------------------------------------------------------------
 
+    async def _decoded_body(
+        self, request: web.Request, resource: ResourceType, version: str, options_kind: str
+    ) -> tuple[JSON, list[str], bool]:
+        """A create or update body: read, checked against `fieldValidation`, converted to internal.
+
+        Returns (internal object, warnings, dry run).
+        """
+        directive = self._validation_directive(request, options_kind)
+        dry_run = self._dry_run(request, options_kind)
+        doc, _ = await self._read_document(request, BODY_TYPES)
+        body_version = self._body_version(doc, resource, version) if isinstance(doc, dict) else version
+        versioned, warnings = self._checked(doc, resource, body_version, directive, decode_prefix=True)
+        return resource.from_version(versioned, body_version), warnings, dry_run
+
     async def create(
         self, request: web.Request, info: RequestInfo, resource: ResourceType, version: str
     ) -> web.Response:
         negotiated = self._negotiate(request)
-        directive = self._validation_directive(request, "CreateOptions")
-        dry_run = self._dry_run(request, "CreateOptions")
-        doc, _ = await self._read_document(request, BODY_TYPES)
-        body_version = self._body_version(doc, resource, version) if isinstance(doc, dict) else version
-        versioned, warnings = self._checked(doc, resource, body_version, directive, decode_prefix=True)
-        internal = resource.from_version(versioned, body_version)
+        internal, warnings, dry_run = await self._decoded_body(request, resource, version, "CreateOptions")
         created = self._create_internal(resource, info, internal, dry_run)
         return self._respond_object(request, resource, version, created, 201, warnings, negotiated)
 
@@ -582,12 +591,7 @@ class ResourceHandlers:
         self, request: web.Request, info: RequestInfo, resource: ResourceType, version: str
     ) -> web.Response:
         negotiated = self._negotiate(request)
-        directive = self._validation_directive(request, "UpdateOptions")
-        dry_run = self._dry_run(request, "UpdateOptions")
-        doc, _ = await self._read_document(request, BODY_TYPES)
-        body_version = self._body_version(doc, resource, version) if isinstance(doc, dict) else version
-        versioned, warnings = self._checked(doc, resource, body_version, directive, decode_prefix=True)
-        internal = resource.from_version(versioned, body_version)
+        internal, warnings, dry_run = await self._decoded_body(request, resource, version, "UpdateOptions")
         body_name = internal["metadata"].get("name") or ""
         if body_name != info.name:
             raise APIError(

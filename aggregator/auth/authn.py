@@ -23,7 +23,7 @@ from aggregator.logs import fields
 from aggregator.model.userinfo import ANONYMOUS, UserInfo
 from aggregator.responses import status_response
 from aggregator.routing import Route
-from aggregator.tls.verify import CAPool, CertificateError
+from aggregator.tls.verify import CAPool, Rejection
 
 log = logging.getLogger(__name__)
 
@@ -116,23 +116,23 @@ class Authenticator:
             return None
         front_proxy = self.requestheader()
         if front_proxy is not None:
-            try:
-                cert = front_proxy.pool.verify(der)
-                if front_proxy.allowed_names and cert.common_name not in front_proxy.allowed_names:
-                    raise CertificateError(
-                        f"x509: subject with cn={cert.common_name} is not in the allowed list"
-                    )
+            proxy_cert = front_proxy.pool.check(der)
+            if isinstance(proxy_cert, Rejection):
+                errors.append(f"front-proxy certificate: {proxy_cert.message}")
+            elif front_proxy.allowed_names and proxy_cert.common_name not in front_proxy.allowed_names:
+                errors.append(
+                    f"front-proxy certificate: x509: subject with cn={proxy_cert.common_name} is not in "
+                    "the allowed list"
+                )
+            else:
                 user = user_from_headers(request.headers, front_proxy)
                 if user is not None:
                     return user
-            except CertificateError as err:
-                errors.append(f"front-proxy certificate: {err}")
         pool = self.client_ca()
         if pool is not None:
-            try:
-                cert = pool.verify(der)
-            except CertificateError as err:
-                errors.append(f"client certificate: {err}")
+            cert = pool.check(der)
+            if isinstance(cert, Rejection):
+                errors.append(f"client certificate: {cert.message}")
             else:
                 return UserInfo(
                     cert.common_name,

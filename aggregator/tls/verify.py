@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,18 @@ class CertificateError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a certificate does not verify, as a value: cached and returned, never raised.
+
+    Caching an exception instance and raising it again chains every raise's frames onto its
+    `__traceback__`, so a cached refusal re-raised on each request grew without bound (~5 KB per
+    request for every client-certificate caller once a front-proxy CA was configured).
+    """
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class ClientCertificate:
     """What authenticators need from a verified certificate."""
 
@@ -56,13 +69,14 @@ def _names(cert: x509.Certificate) -> tuple[str, tuple[str, ...]]:
     return (str(cns[0].value) if cns else "", tuple(str(o.value) for o in orgs))
 
 
-def _check_client_usage(cert: x509.Certificate) -> None:
+def _client_usage_rejection(cert: x509.Certificate) -> Rejection | None:
     try:
         usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:
-        return
+        return None
     if ExtendedKeyUsageOID.CLIENT_AUTH not in usages and _ANY_EKU not in usages:
-        raise CertificateError("x509: certificate specifies an incompatible key usage")
+        return Rejection("x509: certificate specifies an incompatible key usage")
+    return None
 
 
 def _may_sign(cert: x509.Certificate) -> bool:
@@ -82,39 +96,46 @@ class CAPool:
         self._by_subject: dict[bytes, list[x509.Certificate]] = {}
         for anchor in self.anchors:
             self._by_subject.setdefault(anchor.subject.public_bytes(), []).append(anchor)
-        self._cache: LRUCache[bytes, ClientCertificate | CertificateError] = LRUCache(maxsize=4096)
+        self._cache: LRUCache[bytes, ClientCertificate | Rejection] = LRUCache(maxsize=4096)
 
-    def verify(self, der: bytes, *, now: dt.datetime | None = None) -> ClientCertificate:
-        """The verified identity, or CertificateError saying why not."""
-        moment = now or dt.datetime.now(dt.UTC)
+    def check(self, der: bytes, *, now: float | None = None) -> ClientCertificate | Rejection:
+        """The verified identity, or the reason it does not verify. Raises nothing: the request
+        path asks this for every certificate that is not the front proxy's."""
         cached = self._cache.get(der)
         if cached is None:
             cached = self._verify_uncached(der)
             self._cache[der] = cached
-        if isinstance(cached, CertificateError):
-            raise cached
-        ts = moment.timestamp()
-        if not cached.not_before <= ts <= cached.not_after:
-            bound = cached.not_after if ts > cached.not_after else cached.not_before
-            relation = "after" if ts > cached.not_after else "before"
-            raise CertificateError(
-                "x509: certificate has expired or is not yet valid: current time "
-                f"{_go_time(moment)} is {relation} {_go_time(dt.datetime.fromtimestamp(bound, dt.UTC))}"
-            )
-        return cached
+        if isinstance(cached, Rejection):
+            return cached
+        ts = time.time() if now is None else now
+        if cached.not_before <= ts <= cached.not_after:
+            return cached
+        bound = cached.not_after if ts > cached.not_after else cached.not_before
+        relation = "after" if ts > cached.not_after else "before"
+        moment = dt.datetime.fromtimestamp(ts, dt.UTC)
+        return Rejection(
+            "x509: certificate has expired or is not yet valid: current time "
+            f"{_go_time(moment)} is {relation} {_go_time(dt.datetime.fromtimestamp(bound, dt.UTC))}"
+        )
 
-    def _verify_uncached(self, der: bytes) -> ClientCertificate | CertificateError:
+    def verify(self, der: bytes, *, now: dt.datetime | None = None) -> ClientCertificate:
+        """`check`, raising a new CertificateError for a refusal (for callers off the hot path)."""
+        result = self.check(der, now=None if now is None else now.timestamp())
+        if isinstance(result, Rejection):
+            raise CertificateError(result.message)
+        return result
+
+    def _verify_uncached(self, der: bytes) -> ClientCertificate | Rejection:
         try:
             leaf = x509.load_der_x509_certificate(der)
         except ValueError as err:
-            return CertificateError(f"x509: malformed certificate: {err}")
-        try:
-            _check_client_usage(leaf)
-        except CertificateError as err:
-            return err
+            return Rejection(f"x509: malformed certificate: {err}")
+        usage = _client_usage_rejection(leaf)
+        if usage is not None:
+            return usage
         issuer = self._find_issuer(leaf)
         if issuer is None:
-            return CertificateError("x509: certificate signed by unknown authority")
+            return Rejection("x509: certificate signed by unknown authority")
         # The chain is valid only while both the leaf and its anchor are.
         not_before = max(leaf.not_valid_before_utc, issuer.not_valid_before_utc)
         not_after = min(leaf.not_valid_after_utc, issuer.not_valid_after_utc)

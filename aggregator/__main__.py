@@ -1,5 +1,5 @@
 """`python -m aggregator` runs the same CLI as the `aggregator` console script."""
 
-from aggregator.cli import main
+from aggregator.commands.cli import main
 
 raise SystemExit(main())

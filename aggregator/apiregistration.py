@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from aggregator.discovery.negotiation import GVK, JSON, MediaType, Negotiator, not_acceptable_body
-from aggregator.discovery.rendered import Rendered, respond
-from aggregator.discovery.yamlenc import go_yaml
 from aggregator.model import apiservice as model
 from aggregator.model.apiservice import APIService
-from aggregator.model.jsonenc import encode_object, go_marshal_indent
 from aggregator.model.meta import human_duration, ordered_metadata
 from aggregator.model.status import status_body
-from aggregator.responses import wants_pretty
-from aggregator.routing import Route, RouteKind
 from aggregator.sources.store import ADDED, Event, Kind, Store
+from aggregator.web.responses import wants_pretty
+from aggregator.web.routing import Route, RouteKind
+from aggregator.wire.jsonenc import encode_object, go_marshal_indent
+from aggregator.wire.negotiation import GVK, JSON, MediaType, Negotiator, not_acceptable_body
+from aggregator.wire.rendered import Rendered, respond
+from aggregator.wire.yamlenc import go_yaml
 
 if TYPE_CHECKING:
     from aggregator.server import Gateway

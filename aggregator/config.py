@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aggregator.durations import parse_duration
+from aggregator.util.durations import parse_duration
 
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 DEFAULT_CERT_DIR = "apiserver.local.config/certificates"

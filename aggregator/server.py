@@ -23,23 +23,23 @@ from aggregator.auth.authn import Authenticator
 from aggregator.auth.setup import install_authentication, install_authorization
 from aggregator.availability import install_availability
 from aggregator.config import ConfigError, Options
-from aggregator.context import get_user, set_route
 from aggregator.discovery.component import install_discovery
-from aggregator.health import ENDPOINTS, HealthChecks
 from aggregator.kube.client import KubeClient, client_for_options
-from aggregator.logs import ACCESS_LOGGER, fields
-from aggregator.metrics import Metrics
 from aggregator.openapi.component import install_openapi
 from aggregator.proxy.setup import install_proxy
 from aggregator.proxy.transport import Backends
-from aggregator.responses import json_response, not_found, status_response
-from aggregator.routing import Route, RouteKind, Router
-from aggregator.runtime import new_event_loop, wait_for_termination
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
+from aggregator.util.logs import ACCESS_LOGGER, fields
+from aggregator.util.runtime import new_event_loop, wait_for_termination
+from aggregator.web.context import get_user, set_route
+from aggregator.web.health import ENDPOINTS, HealthChecks
+from aggregator.web.metrics import Metrics
+from aggregator.web.responses import json_response, not_found, status_response
+from aggregator.web.routing import Route, RouteKind, Router
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS_LOGGER)

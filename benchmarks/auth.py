@@ -31,8 +31,8 @@ from wrkbench import WrkResult, parse_wrk
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.requestinfo import REQUEST_INFO
 from aggregator.config import Options
-from aggregator.context import set_user
 from aggregator.server import GatewayServer
+from aggregator.web.context import set_user
 from tests.support.fakekube import running_fake_kube
 from tests.support.fakereviews import FakeReviews
 from tests.support.pki import make_pki

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import yaml
 from wrkbench import WrkResult, fetch, free_port, gateway_process, run_wrk
 
-from aggregator.certs import init_pki, issue_serving_cert, new_ca, write_pair
+from aggregator.commands.certs import init_pki, issue_serving_cert, new_ca, write_pair
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 GROUP, VERSION = "bench.example.com", "v1"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 
-from aggregator.certs import kubeconfig, load_pair, write_kubeconfig
+from aggregator.commands.certs import kubeconfig, load_pair, write_kubeconfig
 from aggregator.model.apiservice import Condition
 from aggregator.server import GatewayServer
 from tests.conftest import StartGateway

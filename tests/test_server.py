@@ -68,7 +68,7 @@ async def test_access_log_line_never_carries_credentials(
 
 
 def test_json_log_lines_are_json() -> None:
-    from aggregator.logs import JSONFormatter, fields
+    from aggregator.util.logs import JSONFormatter, fields
 
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "hello %s", ("world",), None)
     record.fields = fields(user="alice", token="abc")["fields"]

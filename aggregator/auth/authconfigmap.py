@@ -26,9 +26,9 @@ import aiohttp
 from aggregator.auth.requestheader import RequestHeaderConfig
 from aggregator.kube import calls
 from aggregator.kube.client import KubeClient, KubeError, describe_error
-from aggregator.logs import fields
 from aggregator.tls.pem import PEMError
 from aggregator.tls.verify import CAPool
+from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from typing import Protocol
 from aiohttp import web
 
 from aggregator.auth.requestheader import RequestHeaderConfig, user_from_headers
-from aggregator.context import set_user
-from aggregator.logs import fields
 from aggregator.model.userinfo import ANONYMOUS, UserInfo
-from aggregator.responses import status_response
-from aggregator.routing import Route
 from aggregator.tls.verify import CAPool, Rejection
+from aggregator.util.logs import fields
+from aggregator.web.context import set_user
+from aggregator.web.responses import status_response
+from aggregator.web.routing import Route
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,6 @@ from aiohttp import web
 from aggregator.auth.cache import MISSING, CoalescingCache
 from aggregator.auth.requestinfo import RequestInfo, RequestInfoError, request_info
 from aggregator.auth.webhook import ReviewFailed, WebhookClient
-from aggregator.context import get_user
-from aggregator.logs import fields
-from aggregator.metrics import Metrics
 from aggregator.model.fielderrors import go_quote
 from aggregator.model.selectors import (
     DOES_NOT_EXIST,
@@ -46,8 +43,11 @@ from aggregator.model.selectors import (
 )
 from aggregator.model.status import forbidden_details, forbidden_message
 from aggregator.model.userinfo import UserInfo
-from aggregator.responses import status_response
-from aggregator.routing import Route, RouteKind
+from aggregator.util.logs import fields
+from aggregator.web.context import get_user
+from aggregator.web.metrics import Metrics
+from aggregator.web.responses import status_response
+from aggregator.web.routing import Route, RouteKind
 
 log = logging.getLogger(__name__)
 

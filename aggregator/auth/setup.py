@@ -25,8 +25,8 @@ from aggregator.auth.webhook import WebhookClient
 from aggregator.config import Options
 from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
-from aggregator.logs import fields
 from aggregator.tls.verify import CAFile, CAPool
+from aggregator.util.logs import fields
 
 if TYPE_CHECKING:
     from aggregator.server import Gateway

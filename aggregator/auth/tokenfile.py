@@ -13,9 +13,9 @@ import io
 import logging
 from pathlib import Path
 
-from aggregator.filewatch import PollingWatcher, stat_fingerprint
-from aggregator.logs import fields
 from aggregator.model.userinfo import UserInfo
+from aggregator.util.filewatch import PollingWatcher, stat_fingerprint
+from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 

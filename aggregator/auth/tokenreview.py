@@ -21,8 +21,8 @@ from typing import Any
 from aggregator.auth.authn import AuthenticationError
 from aggregator.auth.cache import MISSING, CoalescingCache
 from aggregator.auth.webhook import ReviewFailed, WebhookClient
-from aggregator.metrics import Metrics
 from aggregator.model.userinfo import UserInfo
+from aggregator.web.metrics import Metrics
 
 KIND = "tokenreview"
 # Upstream's token cache is unbounded; one entry per distinct token seen in the TTL is bounded here.

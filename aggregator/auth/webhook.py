@@ -22,7 +22,7 @@ import aiohttp
 
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeError, KubeResponse, KubeUnreachable, describe_error
-from aggregator.metrics import Metrics
+from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

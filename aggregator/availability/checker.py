@@ -36,11 +36,11 @@ from aggregator.availability import conditions as cond
 from aggregator.availability.conditions import Verdict
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
 from aggregator.availability.status import Change, StatusSink
-from aggregator.backoff import exponential_delay
-from aggregator.logs import fields
-from aggregator.metrics import Metrics
 from aggregator.model.apiservice import APIService, Condition
 from aggregator.sources.store import DELETED, MODIFIED, Event, Store
+from aggregator.util.backoff import exponential_delay
+from aggregator.util.logs import fields
+from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from typing import Any, Protocol
 from aggregator.availability.conditions import Verdict
 from aggregator.kube import calls
 from aggregator.kube.client import KubeAPIError, KubeClient
-from aggregator.logs import fields
 from aggregator.model.apiservice import APIService, Condition, decode_apiservice, set_condition
 from aggregator.model.decode import DecodeError
 from aggregator.sources.store import Store
+from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from typing import Any
 
 from aiohttp import web
 
-from aggregator.discovery.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, MediaType
-from aggregator.discovery.rendered import Rendered, quoted_sha512, respond
-from aggregator.model.jsonenc import go_marshal
 from aggregator.model.versions import version_sort_key
+from aggregator.wire.jsonenc import go_marshal
+from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, MediaType
+from aggregator.wire.rendered import Rendered, quoted_sha512, respond
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from aggregator.backoff import exponential_delay
 from aggregator.discovery.aggregated import (
     CRD_PRIORITY,
     DEFAULT_PRIORITY,
@@ -50,17 +49,18 @@ from aggregator.discovery.aggregated import (
     load_builtin_priorities,
 )
 from aggregator.discovery.fetcher import AGGREGATED_ACCEPT, FetchState, is_aggregated_content_type
-from aggregator.discovery.negotiation import DISCOVERY_KIND
 from aggregator.kube.calls import GET_APIS
 from aggregator.kube.client import describe_error
-from aggregator.logs import fields
 from aggregator.model.apiservice import API_VERSION as REGISTRATION_GROUP_VERSION
 from aggregator.model.apiservice import APIService
 from aggregator.sources.store import DELETED, Event, Kind, Store
+from aggregator.util.backoff import exponential_delay
+from aggregator.util.logs import fields
+from aggregator.wire.negotiation import DISCOVERY_KIND
 
 if TYPE_CHECKING:
     from aggregator.kube.client import KubeClient, KubeResponse
-    from aggregator.metrics import Metrics
+    from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aggregator.backoff import exponential_delay
 from aggregator.discovery.aggregated import (
     CURRENT,
     STALE,
@@ -31,14 +30,15 @@ from aggregator.discovery.aggregated import (
     convert_resource_list,
     normalize_resource,
 )
-from aggregator.discovery.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, DISCOVERY_VERSIONS
-from aggregator.logs import fields
 from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import AGGREGATOR, AGGREGATOR_USER, UserInfo
 from aggregator.sources.store import DELETED, Event, Kind, Store
+from aggregator.util.backoff import exponential_delay
+from aggregator.util.logs import fields
+from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, DISCOVERY_VERSIONS
 
 if TYPE_CHECKING:
-    from aggregator.metrics import Metrics
+    from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ from typing import Any
 
 from aiohttp import web
 
-from aggregator.discovery.negotiation import Negotiator, default_restriction
 from aggregator.discovery.ordering import sort_group_versions, sorted_by_group_and_version
-from aggregator.discovery.rendered import Rendered, not_acceptable, respond
 from aggregator.model.apiservice import API_VERSION as REGISTRATION_GROUP_VERSION
 from aggregator.model.apiservice import GROUP as REGISTRATION_GROUP
 from aggregator.model.apiservice import VERSION as REGISTRATION_VERSION
 from aggregator.model.apiservice import APIService
 from aggregator.sources.store import Event, Kind, Store
+from aggregator.wire.negotiation import Negotiator, default_restriction
+from aggregator.wire.rendered import Rendered, not_acceptable, respond
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 from aiohttp import web
 
 from aggregator.discovery.legacy import LegacyDiscovery
-from aggregator.discovery.negotiation import MediaType, Negotiator, discovery_restriction
-from aggregator.routing import Route, RouteKind
+from aggregator.web.routing import Route, RouteKind
+from aggregator.wire.negotiation import MediaType, Negotiator, discovery_restriction
 
 if TYPE_CHECKING:
     from aggregator.server import Gateway

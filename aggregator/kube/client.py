@@ -29,7 +29,7 @@ import yarl
 from aggregator import __version__
 from aggregator.config import ConfigError, Options
 from aggregator.kube.calls import ApiCall, is_declared
-from aggregator.logs import fields
+from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 

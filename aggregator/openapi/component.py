@@ -34,9 +34,7 @@ from multidict import CIMultiDict
 
 from aggregator import __version__
 from aggregator.kube.calls import GET_OPENAPI_V2, GET_OPENAPI_V3, GET_OPENAPI_V3_GROUP_VERSION
-from aggregator.logs import fields
 from aggregator.model.apiservice import APIService
-from aggregator.model.jsonenc import go_marshal
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.openapi.documents import Document
 from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
@@ -45,6 +43,8 @@ from aggregator.openapi.merge import JSON, drop_prefixes, filter_paths, keep_pre
 from aggregator.openapi.refresh import Refresher
 from aggregator.openapi.sources import V2_PATH, V3_ROOT, Answer, OpenAPISource
 from aggregator.sources.store import Event, Kind
+from aggregator.util.logs import fields
+from aggregator.wire.jsonenc import go_marshal
 
 if TYPE_CHECKING:
     from aggregator.kube.client import KubeClient

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from aggregator.backoff import exponential_delay
+from aggregator.util.backoff import exponential_delay
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,13 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from aggregator.discovery.negotiation import parse_accept
-from aggregator.discovery.rendered import if_none_match
 from aggregator.openapi.documents import Document, http_date
 from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from aggregator.openapi.gnostic import MEDIA_TYPE as PROTOBUF_MEDIA_TYPE
 from aggregator.openapi.sources import V2_PATH, V3_ROOT
-from aggregator.routing import Route, RouteKind, Router
+from aggregator.web.routing import Route, RouteKind, Router
+from aggregator.wire.negotiation import parse_accept
+from aggregator.wire.rendered import if_none_match
 
 if TYPE_CHECKING:
     from aggregator.openapi.component import OpenAPIAggregation

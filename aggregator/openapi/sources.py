@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from aggregator.logs import fields
-from aggregator.model.jsonenc import go_marshal
 from aggregator.openapi.convert import group_version_document
 from aggregator.openapi.documents import Document
+from aggregator.util.logs import fields
+from aggregator.wire.jsonenc import go_marshal
 
 if TYPE_CHECKING:
-    from aggregator.metrics import Metrics
+    from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

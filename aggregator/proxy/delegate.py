@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from yarl import URL
 
-from aggregator.context import get_user
 from aggregator.kube.client import KubeClient
-from aggregator.logs import fields
 from aggregator.model.userinfo import AUTHENTICATED_GROUP, UserInfo
 from aggregator.proxy.forward import Destination, Forwarder, has_impersonation
 from aggregator.proxy.headers import LiveIdentityPolicy
 from aggregator.proxy.transport import Backend, Backends
-from aggregator.routing import Route, RouteKind
 from aggregator.tls.pem import load_pair_into
+from aggregator.util.logs import fields
+from aggregator.web.context import get_user
+from aggregator.web.routing import Route, RouteKind
 
 if TYPE_CHECKING:
     from aggregator.server import Gateway

@@ -27,15 +27,15 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from prometheus_client import Counter, Histogram
 
-from aggregator.logs import fields
-from aggregator.metrics import Metrics
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.errors import BackendError, Hop, classify
 from aggregator.proxy.h1 import ConnectTimeout, Exchange, serialize_head
 from aggregator.proxy.headers import IdentityHeaderPolicy, forwarded_uri, request_headers, response_headers
 from aggregator.proxy.transport import CONNECT_TIMEOUT, Backend
 from aggregator.proxy.upgrade import UpgradeTunnel, is_upgrade_request, upgrade_refusal
-from aggregator.responses import status_response
+from aggregator.util.logs import fields
+from aggregator.web.metrics import Metrics
+from aggregator.web.responses import status_response
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from aggregator.context import get_user
 from aggregator.model.apiservice import APIService
 from aggregator.proxy.errors import BackendError
 from aggregator.proxy.forward import Destination, Forwarder, has_impersonation
 from aggregator.proxy.resolver import Target
 from aggregator.proxy.upgrade import UpgradeTunnel
-from aggregator.routing import Route, RouteKind
 from aggregator.sources.store import DELETED, Event, Kind
+from aggregator.web.context import get_user
+from aggregator.web.routing import Route, RouteKind
 
 if TYPE_CHECKING:
     from aggregator.server import Gateway

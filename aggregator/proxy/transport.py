@@ -29,9 +29,6 @@ from multidict import CIMultiDictProxy
 from yarl import URL
 
 from aggregator.config import Options
-from aggregator.filewatch import PollingWatcher, stat_fingerprint
-from aggregator.logs import fields
-from aggregator.metrics import Metrics
 from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy import tlsdiag
@@ -41,6 +38,9 @@ from aggregator.proxy.headers import IdentityHeaderPolicy, LiveIdentityPolicy, r
 from aggregator.proxy.resolver import Lookup, Resolver, system_lookup
 from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.tls.pem import CertKeyPair, PEMError, load_pair_into, parse_certificates, read_pair
+from aggregator.util.filewatch import PollingWatcher, stat_fingerprint
+from aggregator.util.logs import fields
+from aggregator.web.metrics import Metrics
 
 __all__ = ["Backend", "BackendError", "BackendResponse", "Backends", "Hop", "ProxyClientCertificate"]
 

@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from aggregator.logs import fields
-from aggregator.metrics import Metrics
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.errors import classify, tls_alert_error
 from aggregator.proxy.headers import request_headers, response_headers
 from aggregator.proxy.transport import CONNECT_TIMEOUT, Backends
-from aggregator.responses import status_response
-from aggregator.routing import Route
+from aggregator.util.logs import fields
+from aggregator.web.metrics import Metrics
+from aggregator.web.responses import status_response
+from aggregator.web.routing import Route
 
 if TYPE_CHECKING:
     from aggregator.proxy.forward import Destination

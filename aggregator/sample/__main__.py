@@ -6,11 +6,11 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from aggregator.logs import configure_logging
-from aggregator.runtime import new_event_loop
 from aggregator.sample.options import OptionsError, build_parser, options_from_args, validate
 from aggregator.sample.server import serve
 from aggregator.tls.pem import PEMError
+from aggregator.util.logs import configure_logging
+from aggregator.util.runtime import new_event_loop
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from aggregator.logs import fields
 from aggregator.model.userinfo import UserInfo
 from aggregator.tls.verify import CAFile, CertificateError
+from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 

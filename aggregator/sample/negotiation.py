@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aggregator.discovery.negotiation import GVK, parse_accept
-from aggregator.discovery.negotiation import negotiate as negotiate_clauses
+from aggregator.wire.negotiation import GVK, parse_accept
+from aggregator.wire.negotiation import negotiate as negotiate_clauses
 
 __all__ = ["Negotiated", "negotiate", "parse_accept"]
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from aggregator.model.jsonenc import go_marshal
 from aggregator.openapi import builder
 from aggregator.sample.api import GROUP, VERSIONS, ResourceType, resources_in
 from aggregator.sample.openapi_pb import encode_document
+from aggregator.wire.jsonenc import go_marshal
 
 JSON = dict[str, Any]
 

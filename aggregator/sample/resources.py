@@ -24,9 +24,7 @@ from aiohttp import web
 
 from aggregator.auth.requestinfo import RequestInfo
 from aggregator.model.fielderrors import go_quote, is_valid_path_segment_name
-from aggregator.model.jsonenc import encode_object
 from aggregator.model.meta import ordered_metadata
-from aggregator.responses import wants_pretty
 from aggregator.sample import errors
 from aggregator.sample.api import (
     FISCHERS,
@@ -45,6 +43,8 @@ from aggregator.sample.patch import PatchError, json_patch, merge_patch, strateg
 from aggregator.sample.selectors import SelectorError, object_predicate
 from aggregator.sample.store import Event, ObjectStore, TooOldResourceVersion, Watcher
 from aggregator.sample.table import INCLUDE_OBJECT_VALUES, render_table
+from aggregator.web.responses import wants_pretty
+from aggregator.wire.jsonenc import encode_object
 
 JSON = dict[str, Any]
 

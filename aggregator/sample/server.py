@@ -18,11 +18,7 @@ from aiohttp import web
 
 from aggregator import __version__
 from aggregator.auth.requestinfo import RequestInfo, RequestInfoError, request_info
-from aggregator.logs import fields
-from aggregator.model.jsonenc import encode_object, go_marshal_indent
 from aggregator.model.status import forbidden_details, forbidden_message
-from aggregator.responses import json_response, not_found, status_response, wants_pretty
-from aggregator.runtime import wait_for_termination
 from aggregator.sample.api import GROUP, VERSIONS
 from aggregator.sample.auth import FrontProxyAuthenticator, StaticAuthorizer, Unauthenticated, log_refusal
 from aggregator.sample.discovery import AGGREGATED_CONVERSIONS, Discovery, Rendered
@@ -36,6 +32,10 @@ from aggregator.sample.resources import ResourceHandlers, WatchSettings
 from aggregator.sample.store import ObjectStore
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.tls.verify import CAFile
+from aggregator.util.logs import fields
+from aggregator.util.runtime import wait_for_termination
+from aggregator.web.responses import json_response, not_found, status_response, wants_pretty
+from aggregator.wire.jsonenc import encode_object, go_marshal_indent
 
 log = logging.getLogger(__name__)
 

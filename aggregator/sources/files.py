@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from aggregator.filewatch import PollingWatcher
-from aggregator.logs import fields
 from aggregator.sources.manifests import Ignored, Rejected, flatten, to_object
 from aggregator.sources.store import Key, Kind, Obj, Store, key_of, kind_of
+from aggregator.util.filewatch import PollingWatcher
+from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 

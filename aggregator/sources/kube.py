@@ -26,16 +26,16 @@ from typing import Any
 
 import aiohttp
 
-from aggregator.backoff import Backoff
 from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, describe_error
-from aggregator.logs import fields
-from aggregator.metrics import Metrics
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.decode import DecodeError
 from aggregator.model.objects import decode_endpointslice, decode_service
 from aggregator.sources.store import ADDED, DELETED, MODIFIED, Key, Kind, Obj, Store
+from aggregator.util.backoff import Backoff
+from aggregator.util.logs import fields
+from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ import logging
 import ssl
 from pathlib import Path
 
-from aggregator.filewatch import PollingWatcher, stat_fingerprint
-from aggregator.logs import fields
 from aggregator.tls.peer import request_client_certificates
 from aggregator.tls.pem import CertKeyPair, PEMError, load_pair_into, read_pair
+from aggregator.util.filewatch import PollingWatcher, stat_fingerprint
+from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def resolve_serving_files(
     """
     if tls_cert_file and tls_private_key_file:
         return tls_cert_file, tls_private_key_file, False
-    from aggregator.certs import self_signed_serving_pair
+    from aggregator.commands.certs import self_signed_serving_pair
 
     cert, key = self_signed_serving_pair(Path(cert_dir), hosts)
     return str(cert), str(key), True

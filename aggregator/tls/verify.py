@@ -23,9 +23,9 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from aggregator.filewatch import PollingWatcher, stat_fingerprint
-from aggregator.logs import fields
 from aggregator.tls.pem import PEMError, parse_certificates
+from aggregator.util.filewatch import PollingWatcher, stat_fingerprint
+from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 

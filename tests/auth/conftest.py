@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggregator.context import get_user
-from aggregator.routing import Route, RouteKind
 from aggregator.server import GatewayServer
+from aggregator.web.context import get_user
+from aggregator.web.routing import Route, RouteKind
 from tests.conftest import StartGateway
 from tests.support.fakekube import FakeKube
 from tests.support.fakereviews import FakeReviews

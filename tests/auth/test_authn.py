@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggregator.certs import issue_client_cert, load_pair, new_ca, write_pair
-from aggregator.context import get_user
-from aggregator.routing import Route, RouteKind
+from aggregator.commands.certs import issue_client_cert, load_pair, new_ca, write_pair
+from aggregator.web.context import get_user
+from aggregator.web.routing import Route, RouteKind
 from tests.conftest import StartGateway
 from tests.support.pki import PKI
 
@@ -139,7 +139,7 @@ async def test_expired_certificate_is_401(whoami: WhoAmI, pki: PKI, caplog: pyte
 async def test_server_certificate_cannot_be_used_as_a_client_certificate(
     whoami: WhoAmI, pki: PKI, tmp_path: Path
 ) -> None:
-    from aggregator.certs import issue_serving_cert
+    from aggregator.commands.certs import issue_serving_cert
 
     write_pair(
         pki.dir, "serverish", issue_serving_cert(load_pair(pki.dir, "client-ca"), ["x"], common_name="x")

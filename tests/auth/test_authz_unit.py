@@ -25,13 +25,13 @@ from aggregator.auth.authz import (
 )
 from aggregator.auth.requestinfo import RequestInfo, new_request_info
 from aggregator.auth.webhook import Backoff, ReviewFailed, WebhookClient
-from aggregator.context import set_user
 from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeResponse, KubeUnreachable
-from aggregator.metrics import Metrics
 from aggregator.model.userinfo import UserInfo
-from aggregator.routing import Route, RouteKind
+from aggregator.web.context import set_user
+from aggregator.web.metrics import Metrics
+from aggregator.web.routing import Route, RouteKind
 
 ALICE = UserInfo("alice", "u1", ("devs", "system:authenticated"), {"scopes": ("b", "a"), "aa": ("x",)})
 Step = KubeResponse | BaseException

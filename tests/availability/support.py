@@ -10,13 +10,13 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
-from aggregator.certs import KeyPair
+from aggregator.commands.certs import KeyPair
 from aggregator.config import Options
-from aggregator.metrics import Metrics
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.objects import decode_endpointslice, decode_service
 from aggregator.proxy.transport import Backends
 from aggregator.sources.store import Store
+from aggregator.web.metrics import Metrics
 from tests.proxy.support import (
     APISERVICE,
     SERVER_NAME,

@@ -24,8 +24,8 @@ from aggregator.discovery.aggregated import (
 )
 from aggregator.discovery.component import Discovery
 from aggregator.discovery.fetcher import is_aggregated_content_type
-from aggregator.model.jsonenc import go_marshal
 from aggregator.server import GatewayServer
+from aggregator.wire.jsonenc import go_marshal
 from tests.conftest import StartGateway
 from tests.discovery.fakes import (
     AGG_TYPE,

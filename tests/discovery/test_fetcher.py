@@ -8,10 +8,10 @@ import time
 from collections.abc import Mapping
 
 from aggregator.discovery.fetcher import DiscoveryFetcher
-from aggregator.metrics import Metrics
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.objects import EndpointSlice, Service
 from aggregator.sources.store import Kind, Store
+from aggregator.web.metrics import Metrics
 from tests.discovery.fakes import FakeBackends, FakeResponse, Unreachable, resource, serve_aggregated
 from tests.discovery.manifests import apiservice
 

@@ -27,7 +27,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from aggregator.certs import kubeconfig, load_pair, write_kubeconfig
+from aggregator.commands.certs import kubeconfig, load_pair, write_kubeconfig
 from aggregator.discovery.aggregated import STALE, merge_items
 from aggregator.discovery.component import Discovery
 from aggregator.discovery.delegated import (

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from aggregator.certs import load_pair
+from aggregator.commands.certs import load_pair
 from aggregator.config import ConfigError, Options
 from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall

@@ -22,10 +22,10 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from prometheus_client.exposition import generate_latest
 
-from aggregator.metrics import Metrics
 from aggregator.sample.api import GROUP, VERSIONS
 from aggregator.sample.options import SampleOptions
 from aggregator.sample.server import SampleServer
+from aggregator.web.metrics import Metrics
 from tests.manifests.k8s import MANIFESTS, REPO
 from tests.support.pki import PKI
 

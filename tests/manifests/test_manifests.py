@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from aggregator.cli import build_parser
+from aggregator.commands.cli import build_parser
 from aggregator.config import Options, options_from_args
 from tests.manifests.k8s import (
     KUBECTL,

@@ -11,9 +11,9 @@ from typing import Any
 
 import aiohttp
 
-from aggregator.model.jsonenc import go_marshal
 from aggregator.openapi.local import build_documents
 from aggregator.server import GatewayServer
+from aggregator.wire.jsonenc import go_marshal
 from tests.conftest import StartGateway
 from tests.openapi.conftest import StartBackend
 from tests.openapi.support import (

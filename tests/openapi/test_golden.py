@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from aggregator import __version__
-from aggregator.model.jsonenc import go_marshal
 from aggregator.openapi.local import build_documents
 from aggregator.sample.api import GROUP, VERSIONS
 from aggregator.sample.openapi import OpenAPIDocuments, build_v2, build_v3
+from aggregator.wire.jsonenc import go_marshal
 
 JSON = dict[str, Any]
 

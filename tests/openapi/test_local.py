@@ -14,10 +14,10 @@ from typing import Any
 
 import aiohttp
 
-from aggregator.model.jsonenc import go_marshal
 from aggregator.openapi.local import KEY, build_documents
 from aggregator.openapi.merge import _refs
 from aggregator.server import GatewayServer
+from aggregator.wire.jsonenc import go_marshal
 from tests.conftest import StartGateway
 from tests.openapi.conftest import StartBackend
 from tests.openapi.support import fast, register, sha512_upper, until, v2_paths, v3_document

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
-from aggregator.backoff import exponential_delay
 from aggregator.openapi.sources import Answer, OpenAPISource
+from aggregator.util.backoff import exponential_delay
 
 KEY = "apis/g.example.com/v1"
 

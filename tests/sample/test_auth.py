@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.certs import issue_client_cert, new_ca, write_pair
+from aggregator.commands.certs import issue_client_cert, new_ca, write_pair
 from aggregator.sample import SampleServer
 from tests.sample.conftest import MakeClient
 from tests.support.pki import PKI

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.certs import kubeconfig, load_pair, write_kubeconfig
+from aggregator.commands.certs import kubeconfig, load_pair, write_kubeconfig
 from aggregator.sample import SampleServer
 from tests.sample.frontproxy import FrontProxy
 from tests.support.e2e import FLUNDER, Kubectl, kubectl_binaries

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 
 from aggregator.kube.client import KubeClient
-from aggregator.metrics import Metrics
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Event, Kind, Store, Subscription
+from aggregator.web.metrics import Metrics
 from tests.support.fakekube import (
     FakeKube,
     apiservice,

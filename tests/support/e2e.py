@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import yaml
 
-from aggregator.certs import (
+from aggregator.commands.certs import (
     KeyPair,
     issue_serving_cert,
     kubeconfig,

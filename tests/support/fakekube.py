@@ -33,7 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-from aggregator.certs import (
+from aggregator.commands.certs import (
     KeyPair,
     issue_client_cert,
     issue_serving_cert,

@@ -6,7 +6,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregator.certs import KeyPair, init_pki, issue_client_cert, load_pair, write_pair
+from aggregator.commands.certs import KeyPair, init_pki, issue_client_cert, load_pair, write_pair
 
 
 @dataclass(frozen=True)

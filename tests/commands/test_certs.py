@@ -10,7 +10,7 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from aggregator.certs import PKI_FILES
+from aggregator.commands.certs import PKI_FILES
 
 
 def certs_init(*args: str) -> subprocess.CompletedProcess[str]:

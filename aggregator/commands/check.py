@@ -43,13 +43,13 @@ from aggregator.config import (
     options_from_args,
 )
 from aggregator.kube.client import KubeClient, KubeError, client_for_options
-from aggregator.logs import configure_logging
-from aggregator.metrics import Metrics
 from aggregator.model.apiservice import APIService, service_column
 from aggregator.model.decode import DecodeError
 from aggregator.proxy.transport import Backends
 from aggregator.sources.kube import WATCHED, WatchedResource
 from aggregator.sources.store import Kind, Obj, Store
+from aggregator.util.logs import configure_logging
+from aggregator.web.metrics import Metrics
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Every hop in the order it is walked; hops not reached are printed as such.

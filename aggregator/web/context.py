@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from aggregator.model.userinfo import UserInfo
-from aggregator.routing import Route
+from aggregator.web.routing import Route
 
 USER = web.RequestKey("aggregator.user", UserInfo)
 ROUTE = web.RequestKey("aggregator.route", Route)

@@ -13,10 +13,10 @@ from typing import Any
 
 from aiohttp import web
 
-from aggregator.discovery.negotiation import JSON, YAML, MediaType, not_acceptable_body
-from aggregator.discovery.yamlenc import go_yaml
-from aggregator.model.jsonenc import encode_object, go_marshal_indent
-from aggregator.responses import wants_pretty
+from aggregator.web.responses import wants_pretty
+from aggregator.wire.jsonenc import encode_object, go_marshal_indent
+from aggregator.wire.negotiation import JSON, YAML, MediaType, not_acceptable_body
+from aggregator.wire.yamlenc import go_yaml
 
 
 def quoted_sha512(data: bytes) -> str:

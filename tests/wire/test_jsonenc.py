@@ -1,5 +1,5 @@
-from aggregator.model.jsonenc import encode_object, go_marshal, go_marshal_indent
 from aggregator.model.status import status_body
+from aggregator.wire.jsonenc import encode_object, go_marshal, go_marshal_indent
 
 
 def test_go_html_escaping_and_unicode() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from aggregator import __version__
 from aggregator.config import ConfigError, add_serve_flags, options_from_args, validate
-from aggregator.logs import configure_logging
+from aggregator.util.logs import configure_logging
 
 EXIT_USAGE = 2
 
@@ -79,14 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample-port", type=int, default=0, help="the sample server's HTTPS port (default: a free port)."
     )
 
-    from aggregator.check import add_check_parser
+    from aggregator.commands.check import add_check_parser
 
     add_check_parser(commands)
     return parser
 
 
 def _certs_init(args: argparse.Namespace) -> int:
-    from aggregator.certs import init_pki
+    from aggregator.commands.certs import init_pki
 
     directory = Path(args.dir)
     written = init_pki(
@@ -116,7 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     import asyncio
 
-    from aggregator.demo import run_demo
+    from aggregator.commands.demo import run_demo
 
     return asyncio.run(
         run_demo(
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "certs":
         return _certs_init(args)
     if args.command == "check":
-        from aggregator.check import main as check
+        from aggregator.commands.check import main as check
 
         return check(args)
     return EXIT_USAGE

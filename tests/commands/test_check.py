@@ -16,8 +16,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from aggregator.check import check_options, run_check
-from aggregator.cli import build_parser
+from aggregator.commands.check import check_options, run_check
+from aggregator.commands.cli import build_parser
 from aggregator.config import ConfigError
 from tests.availability.support import StartBackend, backends
 from tests.proxy.support import (

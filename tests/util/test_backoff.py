@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aggregator.backoff import Backoff, exponential_delay
+from aggregator.util.backoff import Backoff, exponential_delay
 
 
 def test_exponential_delay_doubles_from_the_first_failure_and_caps() -> None:

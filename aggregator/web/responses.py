@@ -6,8 +6,8 @@ from typing import Any
 
 from aiohttp import web
 
-from aggregator.model.jsonenc import encode_object
 from aggregator.model.status import NOT_FOUND_MESSAGE, status_body
+from aggregator.wire.jsonenc import encode_object
 
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _PRETTY_AGENTS = ("curl", "Wget", "Mozilla/5.0")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggregator.discovery.gosort import go_sort
-from aggregator.discovery.negotiation import (
+from aggregator.wire.gosort import go_sort
+from aggregator.wire.negotiation import (
     GVK,
     JSON,
     YAML,

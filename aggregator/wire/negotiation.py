@@ -19,9 +19,9 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aggregator.discovery.gosort import go_sort
-from aggregator.model.jsonenc import go_marshal_indent
 from aggregator.model.status import status_body
+from aggregator.wire.gosort import go_sort
+from aggregator.wire.jsonenc import go_marshal_indent
 
 JSON = "application/json"
 YAML = "application/yaml"

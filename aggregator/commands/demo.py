@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from aggregator.certs import (
+from aggregator.commands.certs import (
     init_pki,
     issue_client_cert,
     issue_serving_cert,

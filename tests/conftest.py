@@ -14,6 +14,8 @@ from tests.support.fakekube import FakeKube, running_fake_kube
 from tests.support.gateway import local_options, running_gateway
 from tests.support.pki import PKI, make_pki
 
+pytest_plugins = ("tests.support.fixtures",)
+
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:

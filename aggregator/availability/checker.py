@@ -25,12 +25,10 @@ many hanging backends must not keep the gateway out of its Service). It never fa
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from aggregator.availability import conditions as cond
 from aggregator.availability.conditions import Verdict
@@ -38,8 +36,9 @@ from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, c
 from aggregator.availability.status import Change, StatusSink
 from aggregator.model.apiservice import APIService, Condition
 from aggregator.sources.store import DELETED, MODIFIED, Event, Store
-from aggregator.util.backoff import exponential_delay
 from aggregator.util.logs import fields
+from aggregator.util.loops import KeyedLoops
+from aggregator.util.tasks import TaskSet
 from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -51,14 +50,6 @@ WORKERS = 5
 FIRST_ROUND_CHECK = "apiservice-availability-synced"
 # How much longer than one probe timeout readiness waits for the first round at most.
 FIRST_ROUND_GRACE = 1.0
-
-
-@dataclass
-class _Loop:
-    name: str
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    failures: int = 0
 
 
 def _available(conditions: tuple[Condition, ...]) -> bool:
@@ -94,16 +85,21 @@ class AvailabilityChecker:
         self.probe = probe
         self.metrics = metrics
         self.sink = sink
-        self.interval = interval
-        self.retry_initial = retry_initial
         self.access = access
-        self._workers = workers
-        self._semaphore: asyncio.Semaphore | None = None
-        self._loops: dict[str, _Loop] = {}
+        # A failed check is retried after retry_initial, doubling up to the interval (upstream's
+        # rate-limited requeue); a passed one after the interval.
+        self.loops: KeyedLoops[str] = KeyedLoops(
+            "availability",
+            self._check_named,
+            interval=interval,
+            backoff_initial=retry_initial,
+            backoff_max=interval,
+            concurrency=workers,
+        )
+        self._tasks = TaskSet("availability")
         self._verdicts: dict[str, Verdict] = {}
         self._listeners: list[Callable[[str], None]] = []
         self._running = False
-        self._starter: asyncio.Task[None] | None = None
         # Checks completed, for tests and for `/readyz?verbose` readers wondering if it runs at all.
         self.checks = 0
         # Readiness: how long to wait for the first round at most (None: the probe timeout + grace),
@@ -114,6 +110,24 @@ class AvailabilityChecker:
         self._first_round_deadline = 0.0
         self._first_round_done = False
         store.add_listener(self._on_event)
+
+    # Knobs (tests shorten them): the loop engine reads them at each scheduling decision.
+    @property
+    def interval(self) -> float:
+        return self.loops.interval
+
+    @interval.setter
+    def interval(self, value: float) -> None:
+        self.loops.interval = value
+        self.loops.backoff_max = value
+
+    @property
+    def retry_initial(self) -> float:
+        return self.loops.backoff_initial
+
+    @retry_initial.setter
+    def retry_initial(self, value: float) -> None:
+        self.loops.backoff_initial = value
 
     # --- what the rest of the gateway asks ---------------------------------------------------------
 
@@ -168,21 +182,17 @@ class AvailabilityChecker:
 
     def poke(self, name: str) -> None:
         """Check this APIService again now."""
-        loop = self._loops.get(name)
-        if loop is not None:
-            loop.wake.set()
+        self.loops.poke(name)
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._semaphore = asyncio.Semaphore(self._workers)
         self._running = True
+        self.loops.start()
         if self.store.synced:  # local mode: the folder was read before this component started
             self._first_round()
         else:
-            self._starter = asyncio.get_running_loop().create_task(
-                self._start_when_synced(), name="availability"
-            )
+            self._tasks.spawn(self._start_when_synced(), name="first-round")
 
     async def _start_when_synced(self) -> None:
         # Upstream waits for its informers: a Service not listed yet is not a missing Service.
@@ -202,14 +212,8 @@ class AvailabilityChecker:
 
     async def stop(self) -> None:
         self._running = False
-        tasks = [loop.task for loop in self._loops.values() if loop.task is not None]
-        if self._starter is not None:
-            tasks.append(self._starter)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._tasks.close()
+        await self.loops.stop()
 
     # --- store events ------------------------------------------------------------------------------
 
@@ -231,18 +235,14 @@ class AvailabilityChecker:
 
     def _track(self, name: str) -> None:
         if not self._running or not self.store.synced:
-            return  # the starter picks every APIService up once the store has synced
-        loop = self._loops.get(name)
-        if loop is None:
-            loop = self._loops[name] = _Loop(name)
-        if loop.task is None or loop.task.done():
-            loop.task = asyncio.get_running_loop().create_task(self._run(loop), name=f"availability:{name}")
-        loop.wake.set()
+            return  # the first round picks every APIService up once the store has synced
+        if name in self.loops:
+            self.loops.poke(name)
+        else:
+            self.loops.ensure(name)
 
     def _forget(self, name: str) -> None:
-        loop = self._loops.pop(name, None)
-        if loop is not None and loop.task is not None:
-            loop.task.cancel()
+        self.loops.discard(name)
         self._settled(name)
         had = self._verdicts.pop(name, None)
         self.metrics.unavailable_apiservice.forget(name)
@@ -252,20 +252,8 @@ class AvailabilityChecker:
 
     # --- the loop ----------------------------------------------------------------------------------
 
-    async def _run(self, loop: _Loop) -> None:
-        assert self._semaphore is not None
-        while True:
-            loop.wake.clear()  # a change during the check below means "check again right after"
-            async with self._semaphore:
-                retry = await self.check_once(loop.name)
-            loop.failures = loop.failures + 1 if retry else 0
-            delay = (
-                exponential_delay(loop.failures, self.retry_initial, self.interval)
-                if retry
-                else self.interval
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(loop.wake.wait(), delay)
+    async def _check_named(self, name: str) -> bool:
+        return not await self.check_once(name)
 
     async def check_once(self, name: str) -> bool:
         """Check one APIService and record the verdict; True when it should be retried soon."""

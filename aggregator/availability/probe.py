@@ -6,7 +6,7 @@ ready endpoint with that port's name -> `GET /apis/<g>/<v>` as `system:kube-aggr
 
 Each hop leaves a `Step` (what `aggregator check` prints) and the walk ends in a `Verdict` (the
 `Available` condition the checker records). The GET goes through the proxy's own transport
-(`gateway.backends`: the same resolution, deny list, caBundle/SNI verification and front-proxy
+(the backend registry: the same resolution, deny list, caBundle/SNI verification and front-proxy
 client certificate as proxied requests), so "available" means "the proxy can reach it". Upstream's
 check skips certificate verification; ours does not, because a certificate the proxy refuses
 makes every request fail even when the check passes.
@@ -22,25 +22,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
-import aiohttp
 from cryptography import x509
-from yarl import URL
 
 from aggregator.availability import conditions as cond
 from aggregator.availability.conditions import Verdict
+from aggregator.backends import tlsdiag
+from aggregator.backends.addresses import Target
+from aggregator.backends.errors import BackendError, Hop
+from aggregator.backends.registry import BackendRegistry
+from aggregator.backends.tls import client_context
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import EndpointSlice, Service
 from aggregator.model.userinfo import AGGREGATOR
-from aggregator.proxy import tlsdiag
-from aggregator.proxy.errors import BackendError, Hop, classify
-from aggregator.proxy.headers import request_headers
-from aggregator.proxy.resolver import Target
-from aggregator.proxy.transport import Backends, client_context
 from aggregator.sources.store import Kind, Store
 from aggregator.tls.pem import PEMError, parse_certificates
 
 ATTEMPTS = 5
 TIMEOUT = 5.0
+# The other attempts start when the first has failed or not answered within this many seconds.
+HEDGE_AFTER = 1.0
 # Enough for any discovery document; the checker itself only needs the status.
 MAX_BODY = 8 * 1024 * 1024
 TIMEOUT_CAUSE = "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
@@ -87,8 +87,6 @@ class Attempt:
     status: int | None = None
     body: bytes = b""
     error: BackendError | None = None
-    # The certificate-verification exception, explained (with the certificate) only if reported.
-    cert_error: BaseException | None = None
 
     @property
     def ok(self) -> bool:
@@ -246,51 +244,39 @@ def tls_summary(svc: APIService) -> str:
 
 
 class DiscoveryProbe:
-    """The GET hop: parallel attempts through the proxy transport, and the words for what failed."""
+    """The GET hop: hedged attempts through the proxy's own transport, and the words for what failed."""
 
-    def __init__(self, backends: Backends, *, attempts: int = ATTEMPTS, timeout: float = TIMEOUT) -> None:
+    def __init__(
+        self,
+        backends: BackendRegistry,
+        *,
+        attempts: int = ATTEMPTS,
+        timeout: float = TIMEOUT,
+        hedge_after: float = HEDGE_AFTER,
+    ) -> None:
         self.backends = backends
         self.attempts = attempts
         self.timeout = timeout
+        self.hedge_after = hedge_after
         self._diag: tuple[int, ssl.SSLContext] | None = None
 
     # --- the attempts ------------------------------------------------------------------------------
 
-    async def attempt(self, svc: APIService, path: str) -> Attempt:
-        """One GET, as `Backends.fetch` makes it, keeping the address it dialed."""
+    async def attempt(self, svc: APIService, path: str, *, deadline: float | None = None) -> Attempt:
+        """One GET, as `BackendRegistry.fetch` makes it, keeping the address it dialed; it ends at
+        `deadline` (loop time) or after the probe timeout."""
         backends = self.backends
         result = Attempt()
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + self.timeout
         try:
-            async with asyncio.timeout(self.timeout):
-                result.target = target = await backends.resolver.resolve(svc)
-                result.url = url = target.base_url + path
-                backend = backends.backend_for(svc)
-                if backend.error is not None or backend.context is None:
-                    result.error = BackendError(Hop.TRANSPORT, backend.error or "no TLS context")
-                    return result
-                headers = request_headers((), AGGREGATOR, backends.policy, authority=target.authority)
-                backend.acquire()
-                try:
-                    async with backend.session.get(
-                        URL(url, encoded=True),
-                        headers=headers,
-                        ssl=backend.context,
-                        server_hostname=target.server_name,
-                        allow_redirects=False,
-                    ) as resp:
-                        result.status = resp.status
-                        result.body = await _read_limited(resp, MAX_BODY)
-                except aiohttp.ClientConnectorCertificateError as err:
-                    message = getattr(err.certificate_error, "verify_message", "") or str(err)
-                    result.error = BackendError(
-                        Hop.TLS, f"tls: failed to verify certificate: x509: {message}", url=url
-                    )
-                    result.cert_error = err
-                except (aiohttp.ClientError, OSError, ssl.SSLError) as err:
-                    hop, cause = classify(err, target.authority)
-                    result.error = BackendError(hop, cause, url=url)
-                finally:
-                    backend.release()
+            async with asyncio.timeout_at(deadline):
+                result.target = target = await backends.resolve(svc)
+                result.url = target.base_url + path
+                response = await backends.get_from(
+                    svc, target, path, headers={}, user=AGGREGATOR, max_body=MAX_BODY
+                )
+                result.status, result.body = response.status, response.body
         except BackendError as err:  # resolution: upstream reports the resolver's error as it is
             result.error = err
         except TimeoutError:
@@ -298,11 +284,25 @@ class DiscoveryProbe:
         return result
 
     async def run(self, svc: APIService, path: str) -> tuple[Attempt, int]:
-        """`attempts` GETs at once; the first 2xx, else the last to finish. Also: how many failed."""
-        tasks = [asyncio.ensure_future(self.attempt(svc, path)) for _ in range(self.attempts)]
+        """Up to `attempts` GETs; the first 2xx wins, else the last to finish. Also: how many failed.
+
+        Upstream starts its 5 attempts at once, each on a new connection. Here the first goes
+        alone, on a pooled connection when there is one; the others start only if it fails or has
+        not answered within `hedge_after` seconds. A healthy backend costs one request per check
+        instead of five handshakes, and a flaky one still gets every chance upstream gives it.
+        Every attempt ends when the first one's timeout does, as upstream's parallel ones do.
+        """
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        tasks = [asyncio.ensure_future(self.attempt(svc, path, deadline=deadline))]
         last = Attempt(error=BackendError(Hop.CONNECT, "no attempt was made"))
         failed = 0
         try:
+            done, _ = await asyncio.wait(tasks, timeout=self.hedge_after)
+            if done and tasks[0].result().ok:
+                return tasks[0].result(), 0
+            tasks += [
+                asyncio.ensure_future(self.attempt(svc, path, deadline=deadline)) for _ in range(self.attempts - 1)
+            ]
             for next_done in asyncio.as_completed(tasks):
                 result = await next_done
                 if result.ok:
@@ -334,15 +334,6 @@ class DiscoveryProbe:
         if self._diag is None or self._diag[0] != cert.generation:
             self._diag = (cert.generation, client_context(None, insecure=True, client_pair=cert.pair))
         return self._diag[1]
-
-    async def alert_after_handshake(self, target: Target, within: float = 1.0) -> str | None:
-        """The TLS alert a backend sends after the handshake (a refused client certificate), if any.
-
-        aiohttp reports such a refusal as a closed connection ("EOF"); `tlsdiag` reads the alert.
-        """
-        return await tlsdiag.alert_after_handshake(
-            target.ip, target.port, target.server_name, self._diag_context(), within=within
-        )
 
     async def peer_certificate(self, target: Target) -> x509.Certificate | None:
         return await tlsdiag.peer_certificate(
@@ -386,31 +377,18 @@ class DiscoveryProbe:
         cause = error.cause
         hop = error.hop
         tls_lines: list[str] = []
-        if attempt.cert_error is not None and target is not None:
-            cert = await self.peer_certificate(target)
-            err = attempt.cert_error
-            cert_err = getattr(err, "certificate_error", err)
-            cause = tlsdiag.explain(
-                cert,
-                target.server_name,
-                int(getattr(cert_err, "verify_code", 0) or 0),
-                str(getattr(cert_err, "verify_message", "") or cert_err),
-            )
-            error = BackendError(Hop.TLS, cause, url=url)
-            tls_lines = [*certificate_detail(cert, target.server_name), f"trusted CA: {ca_source(svc)}"]
+        if error.verification and target is not None:
+            tls_lines = [
+                *certificate_detail(error.certificate, target.server_name),
+                f"trusted CA: {ca_source(svc)}",
+            ]
         elif (
             target is not None and hop is Hop.CONNECT and (cause == "EOF" or cause.endswith("reset by peer"))
-        ):
-            alert = await self.alert_after_handshake(target)
-            if alert is not None:  # the handshake completed, then the backend refused us
-                hop, cause = Hop.TLS, alert
-                error = BackendError(Hop.TLS, cause, url=url)
-                tls_lines = [self.client_certificate_text(), f"trusted CA: {ca_source(svc)}"]
-            else:  # no alert to read; a refused client certificate looks just like this
-                tls_lines = [
-                    "the backend closed the connection without answering",
-                    self.client_certificate_text(),
-                ]
+        ):  # no TLS alert to read; a refused client certificate can look just like this
+            tls_lines = [
+                "the backend closed the connection without answering",
+                self.client_certificate_text(),
+            ]
         elif hop is Hop.TLS:
             tls_lines = [self.client_certificate_text(), f"trusted CA: {ca_source(svc)}"]
         elif hop is Hop.TRANSPORT:
@@ -447,18 +425,6 @@ class DiscoveryProbe:
                 )
             )
         return verdict, steps
-
-
-async def _read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = await resp.content.read(min(65536, limit - size))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 def _status_text(code: int) -> str:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from aggregator.assembly import build_backends
 from aggregator.availability.probe import (
     DISCOVERY_HOP,
     FAIL,
@@ -45,7 +46,6 @@ from aggregator.config import (
 from aggregator.kube.client import KubeClient, KubeError, client_for_options
 from aggregator.model.apiservice import APIService, service_column
 from aggregator.model.decode import DecodeError
-from aggregator.proxy.transport import Backends
 from aggregator.sources.kube import WATCHED, WatchedResource
 from aggregator.sources.store import Kind, Obj, Store
 from aggregator.util.logs import configure_logging
@@ -315,7 +315,7 @@ async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO
                 "certificate will refuse the check",
                 file=err,
             )
-        backends = Backends(options, loaded.store, metrics)
+        backends = build_backends(options, loaded.store, metrics)
         await backends.start()
         try:
             probe = DiscoveryProbe(backends)

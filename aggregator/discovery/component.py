@@ -1,10 +1,11 @@
-"""The discovery component the gateway owns: documents, routes, the backend fetcher and, in kube mode,
-kube-apiserver's own aggregated discovery (`delegated.py`)."""
+"""Discovery as the gateway serves it: the documents, the routes, the backend fetcher and, in kube
+mode, kube-apiserver's own aggregated discovery (`delegated.py`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from aggregator.contracts import BackendFetcher
 from aggregator.discovery.aggregated import (
     AggregatedDiscovery,
     VersionEntry,
@@ -12,45 +13,44 @@ from aggregator.discovery.aggregated import (
     registration_entry,
 )
 from aggregator.discovery.delegated import DelegateDiscovery
-from aggregator.discovery.fetcher import Backends, DiscoveryFetcher
+from aggregator.discovery.fetcher import DiscoveryFetcher
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.routes import DiscoveryRoutes
+from aggregator.kube.client import KubeClient
+from aggregator.sources.store import Store
+from aggregator.web.metrics import Metrics
+from aggregator.web.routing import Handler
 
-if TYPE_CHECKING:
-    from aggregator.apiregistration import APIRegistration
-    from aggregator.server import Gateway
+# The /readyz check that waits for kube-apiserver's discovery (kube mode).
+KUBE_DISCOVERY_CHECK = "kube-apiserver-discovery"
 
 
 class Discovery:
-    """Serves `/apis` (legacy and aggregated) and `/apis/<group>`; starts and stops with the gateway."""
+    """Serves `/apis` (legacy and aggregated) and `/apis/<group>`.
 
-    def __init__(self, gateway: Gateway, **fetcher_options: Any) -> None:
-        self.gateway = gateway
-        self.legacy = LegacyDiscovery(gateway.store)
+    `kube` is kube-apiserver in kube mode (its own groups, built-ins and CRDs, come from its
+    aggregated `/apis`), None in local mode (the gateway lists `apiregistration.k8s.io` itself).
+    `fallback` answers `/apis/<group>` for a group that vanished while the request was in flight.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        backends: BackendFetcher,
+        kube: KubeClient | None,
+        metrics: Metrics,
+        fallback: Handler,
+    ) -> None:
+        self.legacy = LegacyDiscovery(store)
         self.aggregated = AggregatedDiscovery(
-            self.entries, on_render=gateway.metrics.discovery_aggregations.inc, metadata=self.group_metadata
+            self.entries, on_render=metrics.discovery_aggregations.inc, metadata=self.group_metadata
         )
-        # Kube mode: kube-apiserver's own groups (built-ins, CRDs) come from its aggregated `/apis`.
         self.delegate: DelegateDiscovery | None = None
-        if gateway.options.kube_mode and gateway.kube is not None:
-            self.delegate = DelegateDiscovery(
-                gateway.kube, gateway.store, self._delegate_changed, metrics=gateway.metrics
-            )
-        self.fetcher = DiscoveryFetcher(
-            gateway.store,
-            self._backends,
-            self.aggregated.invalidate,
-            metrics=gateway.metrics,
-            **fetcher_options,
-        )
-        self.routes = DiscoveryRoutes(gateway, self.legacy)
-        self.routes.aggregated = self.aggregated
-        self.apiregistration: APIRegistration | None = None
-
-    def _backends(self) -> Backends | None:
-        """The proxy's transport, once it is wired (`gateway.backends`)."""
-        backends: Backends | None = getattr(self.gateway, "backends", None)
-        return backends
+        if kube is not None:
+            self.delegate = DelegateDiscovery(kube, store, self._delegate_changed, metrics=metrics)
+        self.fetcher = DiscoveryFetcher(store, backends, self.aggregated.invalidate, metrics=metrics)
+        self.routes = DiscoveryRoutes(self.legacy, self.aggregated, fallback)
 
     def entries(self) -> list[VersionEntry]:
         if self.delegate is not None:
@@ -67,14 +67,9 @@ class Discovery:
         self.routes.aggregated = None if self.delegate.legacy_only else self.aggregated
         self.aggregated.invalidate()
 
-    def install(self) -> None:
-        self.routes.install()
-        self.gateway.add_component(self)
-        if self.delegate is not None:
-            self.gateway.health.add("kube-apiserver-discovery", self.delegate.ready, livez=False)
-        from aggregator.apiregistration import install_apiregistration
-
-        self.apiregistration = install_apiregistration(self.gateway)
+    def kube_ready(self) -> str | None:
+        """readyz `kube-apiserver-discovery`: kube-apiserver's discovery was fetched once (kube mode)."""
+        return self.delegate.ready() if self.delegate is not None else None
 
     async def start(self) -> None:
         await self.fetcher.start()
@@ -85,9 +80,3 @@ class Discovery:
         if self.delegate is not None:
             await self.delegate.stop()
         await self.fetcher.stop()
-
-
-def install_discovery(gateway: Gateway) -> Discovery:
-    discovery = Discovery(gateway)
-    discovery.install()
-    return discovery

@@ -8,7 +8,7 @@ retry with backoff from 0.5 s to 60 s. A bounded number of fetches run at a time
 timeout, as the gateway's own identity (system:kube-aggregator, system:masters), like upstream.
 
 The backend call goes through the proxy's transport (service resolution, caBundle/SNI TLS, the
-front-proxy client certificate): anything with the `Backends` shape below.
+front-proxy client certificate): anything that is a `contracts.BackendFetcher`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from aggregator.contracts import BackendFetcher, FetchedResponse
 from aggregator.discovery.aggregated import (
     CURRENT,
     STALE,
@@ -33,8 +34,8 @@ from aggregator.discovery.aggregated import (
 from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import AGGREGATOR, AGGREGATOR_USER, UserInfo
 from aggregator.sources.store import DELETED, Event, Kind, Store
-from aggregator.util.backoff import exponential_delay
 from aggregator.util.logs import fields
+from aggregator.util.loops import KeyedLoops
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, DISCOVERY_VERSIONS
 
 if TYPE_CHECKING:
@@ -47,26 +48,6 @@ AGGREGATED_ACCEPT = ",".join(
 )
 # Upstream's legacy fallback runs as the aggregator user without groups.
 LEGACY_USER = UserInfo(AGGREGATOR_USER)
-
-
-class BackendResponse(Protocol):
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-
-
-class Backends(Protocol):
-    """The proxy transport's fetch (`gateway.backends`); raises (BackendError) when unreachable."""
-
-    async def fetch(
-        self,
-        apiservice: APIService,
-        path: str,
-        *,
-        headers: Mapping[str, str],
-        user: UserInfo,
-        timeout: float,  # noqa: ASYNC109 - the agreed transport contract takes the timeout
-    ) -> BackendResponse: ...
 
 
 class FetchError(Exception):
@@ -106,8 +87,6 @@ class FetchState:
     last_success: float | None = None
     last_error: str = ""
     failures: int = 0
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
 
     @property
     def attempted(self) -> bool:
@@ -127,10 +106,12 @@ class FetchState:
 
 
 class DiscoveryFetcher:
+    """One fetch loop per remote APIService on the shared loop engine; `on_change` after every fetch."""
+
     def __init__(
         self,
         store: Store,
-        backends: Callable[[], Backends | None],
+        backends: BackendFetcher,
         on_change: Callable[[], None],
         *,
         metrics: Metrics | None = None,
@@ -141,35 +122,55 @@ class DiscoveryFetcher:
         concurrency: int = 8,
     ) -> None:
         self.store = store
-        self._backends = backends
+        self.backends = backends
         self._on_change = on_change
         self._metrics = metrics
-        self.refresh_interval = refresh_interval
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
         self.timeout = timeout
-        self._concurrency = concurrency
-        self._semaphore: asyncio.Semaphore | None = None
         self.states: dict[str, FetchState] = {}
-        self._running = False
+        self.loops: KeyedLoops[str] = KeyedLoops(
+            "discovery",
+            self._fetch_named,
+            interval=refresh_interval,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+            concurrency=concurrency,
+        )
         store.add_listener(self._on_event)
+        for svc in store.apiservices():
+            self._track(svc)
+
+    # Knobs (tests shorten them): the loop engine reads them at each scheduling decision.
+    @property
+    def refresh_interval(self) -> float:
+        return self.loops.interval
+
+    @refresh_interval.setter
+    def refresh_interval(self, value: float) -> None:
+        self.loops.interval = value
+
+    @property
+    def backoff_initial(self) -> float:
+        return self.loops.backoff_initial
+
+    @backoff_initial.setter
+    def backoff_initial(self, value: float) -> None:
+        self.loops.backoff_initial = value
+
+    @property
+    def backoff_max(self) -> float:
+        return self.loops.backoff_max
+
+    @backoff_max.setter
+    def backoff_max(self, value: float) -> None:
+        self.loops.backoff_max = value
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._semaphore = asyncio.Semaphore(self._concurrency)
-        self._running = True
-        for svc in self.store.apiservices():
-            self._track(svc)
+        self.loops.start()
 
     async def stop(self) -> None:
-        self._running = False
-        tasks = [s.task for s in self.states.values() if s.task is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.loops.stop()
 
     @property
     def backstop(self) -> float:
@@ -198,24 +199,18 @@ class DiscoveryFetcher:
             return
         state = self.states.get(svc.name)
         if state is None:
-            state = self.states[svc.name] = FetchState(svc)
+            self.states[svc.name] = FetchState(svc)
+            self.loops.ensure(svc.name)
         else:
             state.apiservice = svc
+            self.loops.poke(svc.name)
         self._on_change()
-        if not self._running:
-            return
-        if state.task is None or state.task.done():
-            state.task = asyncio.get_running_loop().create_task(
-                self._run(state), name=f"discovery:{svc.name}"
-            )
-        state.wake.set()
 
     def _forget(self, name: str) -> None:
         state = self.states.pop(name, None)
         if state is None:
             return
-        if state.task is not None:
-            state.task.cancel()
+        self.loops.discard(name)
         if self._metrics is not None:
             with contextlib.suppress(KeyError):
                 self._metrics.discovery_last_success.remove(name)
@@ -223,35 +218,24 @@ class DiscoveryFetcher:
 
     def poke(self, name: str) -> None:
         """Refetch now (the APIService, its Service or its endpoints changed)."""
+        self.loops.poke(name)
+
+    # --- one run ------------------------------------------------------------------------------------
+
+    async def _fetch_named(self, name: str) -> bool:
         state = self.states.get(name)
-        if state is not None:
-            state.wake.set()
-
-    # --- the loop -----------------------------------------------------------------------------------
-
-    async def _run(self, state: FetchState) -> None:
-        assert self._semaphore is not None
-        while True:
-            state.wake.clear()  # a poke during the fetch below means "fetch again right after"
-            async with self._semaphore:
-                ok = await self.fetch_once(state)
-            self._on_change()
-            delay = (
-                self.refresh_interval
-                if ok
-                else exponential_delay(state.failures, self.backoff_initial, self.backoff_max)
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.wake.wait(), delay)
+        if state is None:
+            return True
+        ok = await self.fetch_once(state)
+        self._on_change()
+        return ok
 
     async def fetch_once(self, state: FetchState) -> bool:
         """One discovery attempt; updates `state` and returns whether it succeeded."""
         svc = state.apiservice
         started = time.time()
         try:
-            backends = self._backends()
-            if backends is None:
-                raise FetchError("no backend transport is configured")
+            backends = self.backends
             # Each backend call has its own timeout; this backstop covers both (aggregated + legacy).
             async with asyncio.timeout(self.backstop):
                 resources, etag, result = await self._discover(backends, state)
@@ -290,7 +274,7 @@ class DiscoveryFetcher:
             self._metrics.discovery_fetches.labels(name, result).inc()
 
     async def _discover(
-        self, backends: Backends, state: FetchState
+        self, backends: BackendFetcher, state: FetchState
     ) -> tuple[tuple[Mapping[str, Any], ...], str, str]:
         svc = state.apiservice
         assert svc.service is not None
@@ -309,7 +293,7 @@ class DiscoveryFetcher:
             return self._from_aggregated(svc, resp), resp.headers.get("ETag", ""), "aggregated"
         return await self._legacy(backends, svc), "", "legacy"
 
-    def _from_aggregated(self, svc: APIService, resp: BackendResponse) -> tuple[Mapping[str, Any], ...]:
+    def _from_aggregated(self, svc: APIService, resp: FetchedResponse) -> tuple[Mapping[str, Any], ...]:
         try:
             doc = json.loads(resp.body)
         except (ValueError, UnicodeDecodeError) as err:
@@ -326,7 +310,7 @@ class DiscoveryFetcher:
         # The backend does not serve this group-version: listed, Current, without resources (as upstream).
         return ()
 
-    async def _legacy(self, backends: Backends, svc: APIService) -> tuple[Mapping[str, Any], ...]:
+    async def _legacy(self, backends: BackendFetcher, svc: APIService) -> tuple[Mapping[str, Any], ...]:
         path = f"/apis/{svc.group}/{svc.version}" if svc.group else f"/api/{svc.version}"
         resp = await backends.fetch(
             svc, path, headers={"Accept": "application/json"}, user=LEGACY_USER, timeout=self.timeout

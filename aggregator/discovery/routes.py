@@ -8,43 +8,42 @@ The group paths are claimed only for registered groups, and only in those two sh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from aiohttp import web
 
 from aggregator.discovery.legacy import LegacyDiscovery
-from aggregator.web.routing import Route, RouteKind
+from aggregator.web.routing import Handler, Route, RouteKind, Router
 from aggregator.wire.negotiation import MediaType, Negotiator, discovery_restriction
-
-if TYPE_CHECKING:
-    from aggregator.server import Gateway
 
 ROUTE_NAME = "discovery"
 
 
 class AggregatedEndpoint(Protocol):
-    """What `/apis` needs from the aggregated document (issue 5)."""
+    """What `/apis` needs from the aggregated document."""
 
     def serve(self, request: web.Request, media: MediaType) -> web.StreamResponse: ...
 
 
 class DiscoveryRoutes:
-    def __init__(self, gateway: Gateway, legacy: LegacyDiscovery) -> None:
-        self.gateway = gateway
+    def __init__(
+        self, legacy: LegacyDiscovery, aggregated: AggregatedEndpoint | None, fallback: Handler
+    ) -> None:
         self.legacy = legacy
-        self.aggregated: AggregatedEndpoint | None = None
+        # None: `/apis` serves the legacy document only (a kube-apiserver without aggregated discovery).
+        self.aggregated = aggregated
+        self.fallback = fallback
         self._aggregated_negotiator = Negotiator(discovery_restriction)
         self.apis_route = Route(self.serve_apis, RouteKind.OWN, ROUTE_NAME)
         self.legacy_route = Route(self.serve_legacy_apis, RouteKind.OWN, ROUTE_NAME)
         self.group_route = Route(self.serve_group, RouteKind.OWN, ROUTE_NAME)
 
-    def install(self) -> None:
-        router = self.gateway.router
+    def install(self, router: Router) -> None:
         router.add_exact("/apis", self.apis_route)
         router.add_exact("/apis/", self.legacy_route)
-        router.add_resolver(self.resolve)
+        router.add_claim(self.claim)
 
-    def resolve(self, path: str) -> Route | None:
+    def claim(self, path: str) -> Route | None:
         """Claims `/apis/<group>` and `/apis/<group>/` for registered groups only."""
         group = group_of_path(path)
         if group is not None and self.legacy.has_group(group):
@@ -66,7 +65,7 @@ class DiscoveryRoutes:
         response = self.legacy.serve_group(request, group) if group is not None else None
         if response is None:
             # The group went away while the request was being authorized: answer as for any unknown path.
-            return await self.gateway.router.fallback.handler(request)
+            return await self.fallback(request)
         return response
 
 

@@ -1,5 +1,6 @@
 """OpenAPI aggregation: `/openapi/v3` (index and per group-version documents) and a merged `/openapi/v2`.
 
-Backends and, in kube mode, kube-apiserver are fetched in the background (`fetcher.py`); what is
-served is always pre-rendered bytes with their ETags (`documents.py`, `routes.py`).
+Backends and, in kube mode, kube-apiserver are fetched in the background (`sources.py`, driven by
+`component.py`); what is served is always pre-rendered bytes with their ETags (`documents.py`,
+`routes.py`).
 """

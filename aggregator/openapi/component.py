@@ -20,35 +20,35 @@ and only when an input changed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
 from multidict import CIMultiDict
 
 from aggregator import __version__
+from aggregator.contracts import BackendFetcher
 from aggregator.kube.calls import GET_OPENAPI_V2, GET_OPENAPI_V3, GET_OPENAPI_V3_GROUP_VERSION
+from aggregator.kube.client import KubeClient
 from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import AGGREGATOR
+from aggregator.openapi import local
 from aggregator.openapi.documents import Document
 from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from aggregator.openapi.gnostic import encode_document
 from aggregator.openapi.merge import JSON, drop_prefixes, filter_paths, keep_prefixes, merge_documents
-from aggregator.openapi.refresh import Refresher
 from aggregator.openapi.sources import V2_PATH, V3_ROOT, Answer, OpenAPISource
-from aggregator.sources.store import Event, Kind
+from aggregator.sources.store import Event, Kind, Store
 from aggregator.util.logs import fields
+from aggregator.util.loops import KeyedLoops
+from aggregator.util.tasks import TaskSet
+from aggregator.web.metrics import Metrics
 from aggregator.wire.jsonenc import go_marshal
-
-if TYPE_CHECKING:
-    from aggregator.kube.client import KubeClient
-    from aggregator.server import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ EMPTY_V3 = V3Published(Document.render(render_v3_index({})), {})
 
 
 class BackendGetter:
-    """GETs against the backend of a group of APIServices, through the proxy transport."""
+    """GETs against the backend of a group of APIServices, through the proxy's transport."""
 
     def __init__(self, owner: OpenAPIAggregation, key: BackendKey) -> None:
         self._owner = owner
@@ -173,7 +173,7 @@ class BackendGetter:
         members = self._owner.members.get(self._key)
         if not members:
             raise RuntimeError("no APIService uses this backend any more")
-        backends = self._owner.gateway.backends
+        backends = self._owner.backends
         target = path + ("?" + urlencode(query) if query else "")
         resp = await backends.fetch(
             members[0], target, headers=headers, user=AGGREGATOR, timeout=self._owner.timeout
@@ -217,8 +217,12 @@ class _V2State:
 class OpenAPIAggregation:
     def __init__(
         self,
-        gateway: Gateway,
+        store: Store,
         *,
+        backends: BackendFetcher,
+        kube: KubeClient | None,
+        metrics: Metrics,
+        local_mode: bool,
         refresh_interval: float = 60.0,
         backoff_initial: float = 1.0,
         backoff_max: float = 300.0,
@@ -226,36 +230,36 @@ class OpenAPIAggregation:
         debounce: float = 0.05,
         concurrency: int = 4,
     ) -> None:
-        self.gateway = gateway
-        self.store = gateway.store
-        self.metrics = gateway.metrics
+        self.store = store
+        self.backends = backends
+        self.kube = kube
+        self.metrics = metrics
         self.timeout = timeout
         self.debounce = debounce
-        self.kube_mode = gateway.options.kube_mode
+        self.kube_mode = not local_mode
         self.sources: dict[SourceKey, OpenAPISource] = {}
         # Remote APIServices per backend, by name (the first one makes the backend calls).
         self.members: dict[BackendKey, list[APIService]] = {}
-        self.refresher: Refresher[SourceKey] = Refresher(
+        self.refresher: KeyedLoops[SourceKey] = KeyedLoops(
+            "openapi",
             self._refresh,
             interval=refresh_interval,
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
             concurrency=concurrency,
-            name="openapi",
         )
         # Local mode serves apiregistration.k8s.io/v1 itself, so it publishes its documents too:
         # they win over any backend's, as the gateway's own handler wins over any APIService.
         self._own_v3: dict[str, Document] = {}
         self._own_v2: JSON = base_document()
-        if gateway.options.local_mode:
-            from aggregator.openapi import local
-
+        if local_mode:
             own_v3, own_v2 = local.build_documents()
             self._own_v3 = {local.KEY: Document.render(go_marshal(own_v3))}
             self._own_v2 = own_v2
         self.v3: V3Published = EMPTY_V3
         self.v2: V2Published = build_v2([V2Input("gateway", self._own_v2)])
         self._v2 = _V2State()
+        self._tasks = TaskSet("openapi")
         self._remote_keys: frozenset[str] = frozenset()
         self._started = False
         self._publish_v3()
@@ -265,10 +269,10 @@ class OpenAPIAggregation:
 
     async def start(self) -> None:
         self._started = True
-        if self.kube_mode and self.gateway.kube is not None:
+        if self.kube_mode and self.kube is not None:
             kube = OpenAPISource(
                 KUBE_APISERVER,
-                KubeGetter(self.gateway.kube, self.timeout),
+                KubeGetter(self.kube, self.timeout),
                 wants=lambda key: key not in self._remote_keys,
                 metrics=self.metrics,
             )
@@ -280,11 +284,8 @@ class OpenAPIAggregation:
     async def stop(self) -> None:
         self._started = False
         await self.refresher.stop()
-        task = self._v2.task
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._tasks.close()
+        self._v2.task = None
 
     # --- what changed --------------------------------------------------------------------------------
 
@@ -402,7 +403,7 @@ class OpenAPIAggregation:
         if not self._started:
             return
         if self._v2.task is None or self._v2.task.done():
-            self._v2.task = asyncio.get_running_loop().create_task(self._rebuild_v2(), name="openapi:v2")
+            self._v2.task = self._tasks.spawn(self._rebuild_v2(), name="v2-merge")
 
     async def _rebuild_v2(self) -> None:
         await asyncio.sleep(self.debounce)  # let a burst of changes settle into one merge
@@ -431,12 +432,3 @@ class OpenAPIAggregation:
                 "OpenAPI v2 merged",
                 extra=fields(sources=len(inputs), bytes=len(published.json.body), seconds=round(elapsed, 3)),
             )
-
-
-def install_openapi(gateway: Gateway, **options: Any) -> OpenAPIAggregation:
-    from aggregator.openapi.routes import OpenAPIRoutes
-
-    aggregation = OpenAPIAggregation(gateway, **options)
-    OpenAPIRoutes(aggregation).install(gateway.router)
-    gateway.add_component(aggregation)
-    return aggregation

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import time
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlencode
 
 from aiohttp import web
 
+from aggregator.openapi.component import V2Published, V3Published
 from aggregator.openapi.documents import Document, http_date
 from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from aggregator.openapi.gnostic import MEDIA_TYPE as PROTOBUF_MEDIA_TYPE
@@ -29,9 +30,6 @@ from aggregator.openapi.sources import V2_PATH, V3_ROOT
 from aggregator.web.routing import Route, RouteKind, Router
 from aggregator.wire.negotiation import parse_accept
 from aggregator.wire.rendered import if_none_match
-
-if TYPE_CHECKING:
-    from aggregator.openapi.component import OpenAPIAggregation
 
 ROUTE_NAME = "openapi"
 JSON = "application/json"
@@ -102,8 +100,18 @@ def write(
     return web.Response(body=body, headers=headers)
 
 
+class PublishedOpenAPI(Protocol):
+    """What is served now: the v2 renderings and the v3 index and documents."""
+
+    @property
+    def v2(self) -> V2Published: ...
+
+    @property
+    def v3(self) -> V3Published: ...
+
+
 class OpenAPIRoutes:
-    def __init__(self, aggregation: OpenAPIAggregation) -> None:
+    def __init__(self, aggregation: PublishedOpenAPI) -> None:
         self.aggregation = aggregation
         self.route = Route(self.handle, RouteKind.OWN, ROUTE_NAME)
 

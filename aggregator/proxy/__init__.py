@@ -1,6 +1,6 @@
 """The reverse proxy: extension API servers (APIService backends) and kube-apiserver (the delegate).
 
-`resolver` picks the address to dial, `transport` owns TLS contexts and connection pools (and the
-`fetch` other components use), `headers` decides what crosses the gateway, `handler` streams
-requests, `upgrade` tunnels exec/attach/port-forward, `delegate` forwards everything else in kube mode.
+`apiservices` serves the group-versions of remote APIServices, `forward` streams one request to
+one destination, `upgrade` tunnels exec/attach/port-forward, `delegate` forwards everything else
+to kube-apiserver in kube mode. How backends are reached lives in `aggregator.backends`.
 """

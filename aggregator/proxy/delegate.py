@@ -22,25 +22,23 @@ redirect legitimately.
 from __future__ import annotations
 
 import logging
-import ssl
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 from yarl import URL
 
+from aggregator.backends.backend import Backend
+from aggregator.backends.client_cert import ProxyClientCertificate
+from aggregator.backends.headers import LiveIdentityPolicy
+from aggregator.backends.tls import harden
 from aggregator.kube.client import KubeClient
 from aggregator.model.userinfo import AUTHENTICATED_GROUP, UserInfo
-from aggregator.proxy.forward import Destination, Forwarder, has_impersonation
-from aggregator.proxy.headers import LiveIdentityPolicy
-from aggregator.proxy.transport import Backend, Backends
+from aggregator.proxy.destination import Destination
+from aggregator.proxy.forward import Forwarder, has_impersonation
 from aggregator.tls.pem import load_pair_into
 from aggregator.util.logs import fields
 from aggregator.web.context import get_user
 from aggregator.web.routing import Route, RouteKind
-
-if TYPE_CHECKING:
-    from aggregator.server import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -54,22 +52,22 @@ class DelegateUnusable(Exception):
 
 
 class Delegate:
-    def __init__(self, gateway: Gateway, kube: KubeClient, forwarder: Forwarder) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        mode: str,
+        forwarder: Forwarder,
+        client_certificate: ProxyClientCertificate,
+        identity: LiveIdentityPolicy,
+    ) -> None:
+        """`identity` must strip the header names kube-apiserver trusts from our certificate (the
+        flags' and the cluster ConfigMap's), and keep `Impersonate-*` in front-proxy mode only."""
         self.kube = kube
-        self.backends: Backends = gateway.backends
+        self.mode = mode
         self.forwarder = forwarder
-        self.mode = gateway.options.delegate_auth
-        options = gateway.options
-        # kube-apiserver trusts the ConfigMap's header names from our certificate: they must go too.
-        self.identity = LiveIdentityPolicy(
-            username_headers=options.requestheader_username_headers,
-            uid_headers=options.requestheader_uid_headers,
-            group_headers=options.requestheader_group_headers,
-            extra_prefixes=options.requestheader_extra_headers_prefix,
-            keep_impersonation=self.mode == FRONT_PROXY,
-        )
-        if gateway.authenticator is not None:
-            self.identity.follow(gateway.authenticator.requestheader)
+        self.client_certificate = client_certificate
+        self.identity = identity
         self.route = Route(self.serve, RouteKind.DELEGATE, NAME, upgradable=True)
         self._backend: Backend | None = None
         self._key: tuple[object, ...] | None = None
@@ -111,12 +109,12 @@ class Delegate:
         """The kube-apiserver destination, rebuilt when its address, CA or our credentials change."""
         await self.kube.load()
         trust = self.kube.trust
-        pair = self.backends.client_certificate.pair
+        pair = self.client_certificate.pair
         if self.mode == FRONT_PROXY:
             key: tuple[object, ...] = (
                 FRONT_PROXY,
                 self.kube.trust_generation,
-                self.backends.client_certificate.generation,
+                self.client_certificate.generation,
             )
         else:
             key = (IMPERSONATE, self.kube.trust_generation, id(self.kube.ssl_context))
@@ -137,7 +135,7 @@ class Delegate:
             load_pair_into(context, pair)
         else:
             context = self.kube.ssl_context
-        _harden(context)
+        harden(context)
         if self.kube.connect_kwargs().get("proxy"):
             # The proxy's lean client dials kube-apiserver directly; list/watch and reviews still
             # go through the kubeconfig's proxy.
@@ -166,13 +164,6 @@ class Delegate:
             extra=fields(server=trust.base_url, identity=self.mode),
         )
         return self._destination
-
-
-def _harden(context: ssl.SSLContext) -> None:
-    """HTTP/1.1 only (upgrades need it) and TLS >= 1.2, whatever the client library set."""
-    context.set_alpn_protocols(["http/1.1"])
-    if context.minimum_version < ssl.TLSVersion.TLSv1_2:
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
 
 
 def _for_impersonation(user: UserInfo) -> UserInfo:

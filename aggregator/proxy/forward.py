@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -27,12 +24,14 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from prometheus_client import Counter, Histogram
 
+from aggregator.backends.backend import IDEMPOTENT
+from aggregator.backends.errors import BackendError, Hop, classify
+from aggregator.backends.h1 import Exchange, serialize_head
+from aggregator.backends.headers import forwarded_uri, request_headers, response_headers
 from aggregator.model.userinfo import UserInfo
-from aggregator.proxy.errors import BackendError, Hop, classify
-from aggregator.proxy.h1 import ConnectTimeout, Exchange, serialize_head
-from aggregator.proxy.headers import IdentityHeaderPolicy, forwarded_uri, request_headers, response_headers
-from aggregator.proxy.transport import CONNECT_TIMEOUT, Backend
+from aggregator.proxy.destination import Destination
 from aggregator.proxy.upgrade import UpgradeTunnel, is_upgrade_request, upgrade_refusal
+from aggregator.util._aiohttp import HeadersWithBody
 from aggregator.util.logs import fields
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
@@ -40,35 +39,8 @@ from aggregator.web.responses import status_response
 log = logging.getLogger(__name__)
 
 REDIRECT_MESSAGE = "the backend attempted to redirect this request, which is not permitted"
-# Methods Go's transport retries once when a pooled connection turns out to be closed.
-_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 _LOG_EVERY = 10.0
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-
-
-@dataclass(frozen=True, slots=True)
-class Destination:
-    """Where one request goes and how: the address to dial, TLS, and how identity is asserted."""
-
-    name: str  # metrics and log label: the APIService name, or "delegate"
-    backend: Backend  # TLS context and connection pool
-    host: str  # what is dialed: a pinned IP for APIServices
-    port: int
-    server_name: str | None  # TLS verification name (None: the host)
-    policy: IdentityHeaderPolicy
-    base_path: str = ""  # the server URL's path (a kubeconfig server may have one)
-    impersonate: bool = False  # identity as Impersonate-* (with `credentials`) instead of X-Remote-*
-    credentials: Mapping[str, str] | None = None  # the gateway's own Authorization, when impersonating
-    # kube-apiserver's own redirects (e.g. service proxy paths) are passed on; a backend's never are.
-    pass_redirects: bool = False
-
-    @property
-    def authority(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"https://{self.authority}{self.base_path}"
 
 
 def verb_of(request: web.Request) -> str:
@@ -89,23 +61,6 @@ def has_impersonation(request: web.Request) -> str | None:
         if name[:12].lower() == "impersonate-":
             return name
     return None
-
-
-class _HeadersWithBody(web.StreamResponse):
-    """Headers go out with the first body bytes (one TLS record for a small response).
-
-    Used only when the backend sent a Content-Length, i.e. the body is already on its way; a
-    streamed (chunked) response such as a watch sends its headers at once.
-    """
-
-    _send_headers_immediately = False
-
-
-class _Unreachable(Exception):
-    def __init__(self, hop: Hop, cause: str) -> None:
-        super().__init__(cause)
-        self.hop = hop
-        self.cause = cause
 
 
 class Forwarder:
@@ -164,45 +119,30 @@ class Forwarder:
         head = serialize_head(method, dest.base_path + raw_path, headers.items())
         verb = verb_of(request)
         name = dest.name
-        backend = dest.backend
         loop = asyncio.get_running_loop()
         deadline = loop.time() + deadline_seconds if deadline_seconds else None
         started = time.monotonic()
-        backend.acquire()
         try:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    exchange, message, payload = await self._exchange(request, dest, head, has_body, chunked)
-            except TimeoutError:
-                return self.unreachable(request, name, Hop.TIMEOUT, "context deadline exceeded", verb)
-            except _Unreachable as err:
-                return self.unreachable(request, name, err.hop, err.cause, verb)
-            self._duration(name, verb).observe(time.monotonic() - started)
-            try:
-                return await self._relay(request, name, verb, message, payload, dest.pass_redirects, deadline)
-            finally:
-                exchange.finish()
+            async with asyncio.timeout_at(deadline):
+                exchange, message, payload = await self._exchange(request, dest, head, has_body, chunked)
+        except TimeoutError:
+            return self.unreachable(request, name, Hop.TIMEOUT, "context deadline exceeded", verb)
+        except BackendError as err:
+            return self.unreachable(request, name, err.hop, err.cause, verb)
+        self._duration(name, verb).observe(time.monotonic() - started)
+        try:
+            return await self._relay(request, name, verb, message, payload, dest.pass_redirects, deadline)
         finally:
-            backend.release()
+            exchange.finish()
 
     async def _exchange(
         self, request: web.Request, dest: Destination, head: bytes, has_body: bool, chunked: bool
     ) -> tuple[Exchange, RawResponseMessage, StreamReader]:
-        """Send the request and wait for the answer's head; raises _Unreachable with Go's wording."""
+        """Send the request and wait for the answer's head; raises BackendError in Go's words."""
         backend = dest.backend
         method = request.method
         for attempt in (1, 2):
-            try:
-                exchange = await backend.pool.exchange(
-                    dest.host, dest.port, dest.server_name, CONNECT_TIMEOUT
-                )
-            except ConnectTimeout as err:
-                raise _Unreachable(Hop.CONNECT, f"dial tcp {dest.authority}: i/o timeout") from err
-            except ssl.SSLCertVerificationError as err:
-                cause = await backend.explain_tls(dest.host, dest.port, dest.server_name or dest.host, err)
-                raise _Unreachable(Hop.TLS, cause) from err
-            except (OSError, ssl.SSLError) as err:
-                raise _Unreachable(*classify(err, dest.authority)) from err
+            exchange = await backend.pool.exchange(dest.host, dest.port, dest.server_name)
             try:
                 exchange.send(
                     head, request.content if has_body else None, chunked=chunked, head_only=method == "HEAD"
@@ -212,23 +152,16 @@ class Forwarder:
             except aiohttp.ServerDisconnectedError as err:
                 exchange.finish()
                 # A pooled connection the backend had just closed: Go retries such requests once.
-                if attempt == 1 and exchange.reused and not has_body and method in _IDEMPOTENT:
+                if attempt == 1 and exchange.reused and not has_body and method in IDEMPOTENT:
                     continue
-                raise _Unreachable(*await self._diagnose(dest, Hop.CONNECT, "EOF")) from err
+                raise await backend.describe(err, dest.address) from err
             except (aiohttp.ClientError, HttpProcessingError, OSError) as err:
                 exchange.finish()
-                if isinstance(err, HttpProcessingError):
-                    raise _Unreachable(Hop.CONNECT, f"malformed HTTP response: {err.message}") from err
-                raise _Unreachable(*await self._diagnose(dest, *classify(err, dest.authority))) from err
+                raise await backend.describe(err, dest.address) from err
             except BaseException:
                 exchange.finish()
                 raise
         raise AssertionError("unreachable")
-
-    @staticmethod
-    async def _diagnose(dest: Destination, hop: Hop, cause: str) -> tuple[Hop, str]:
-        """The TLS alert behind a connection the backend closed at once (failure path only)."""
-        return await dest.backend.diagnose(hop, cause, dest.host, dest.port, dest.server_name or dest.host)
 
     async def _relay(
         self,
@@ -250,7 +183,7 @@ class Forwarder:
             )
             return self.answer(request, name, 502, REDIRECT_MESSAGE, verb)
         headers = response_headers(upstream.items())
-        cls = _HeadersWithBody if not message.chunked and "Content-Length" in upstream else web.StreamResponse
+        cls = HeadersWithBody if not message.chunked and "Content-Length" in upstream else web.StreamResponse
         out = cls(status=status, reason=message.reason or None, headers=headers)
         self.count(name, verb, status)
         await out.prepare(request)

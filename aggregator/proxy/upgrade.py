@@ -16,8 +16,8 @@ as protocols; other `Upgrade` values (h2c, tcp...) are refused with a 400 before
 dialed, and upgrades on paths that never serve them (discovery, health, metrics) are refused by
 `refuse_upgrades` before they reach a handler.
 
-The splice uses aiohttp's `RequestHandler.set_parser` (the hook `WebSocketResponse` uses) to
-receive the client's raw bytes; aiohttp's minor version is pinned for it.
+The splice takes the client connection's raw bytes over with `util._aiohttp.take_over_connection`
+(aiohttp's `set_parser`, the hook `WebSocketResponse` uses).
 """
 
 from __future__ import annotations
@@ -25,23 +25,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from aggregator.backends.errors import BackendError, classify
+from aggregator.backends.headers import request_headers, response_headers
 from aggregator.model.userinfo import UserInfo
-from aggregator.proxy.errors import classify, tls_alert_error
-from aggregator.proxy.headers import request_headers, response_headers
-from aggregator.proxy.transport import CONNECT_TIMEOUT, Backends
+from aggregator.proxy.destination import Destination
+from aggregator.util._aiohttp import drain, take_over_connection
 from aggregator.util.logs import fields
+from aggregator.util.tasks import TaskSet
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
 from aggregator.web.routing import Route
-
-if TYPE_CHECKING:
-    from aggregator.proxy.forward import Destination
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +126,17 @@ async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[str, str]
 class _ClientBytes:
     """Stands in for aiohttp's payload parser: every client byte goes to the backend as is."""
 
-    def __init__(self, writer: asyncio.StreamWriter, client: asyncio.Transport, done: asyncio.Future[None]):
+    def __init__(
+        self,
+        writer: asyncio.StreamWriter,
+        client: asyncio.Transport,
+        done: asyncio.Future[None],
+        tasks: TaskSet,
+    ) -> None:
         self._writer = writer
         self._client = client
         self._done = done
+        self._tasks = tasks
         self._paused = False
 
     def feed_data(self, data: bytes) -> tuple[bool, bytes]:
@@ -141,7 +146,7 @@ class _ClientBytes:
             # The backend reads slower than the client writes: stop reading the client until it drains.
             self._paused = True
             self._client.pause_reading()
-            asyncio.get_running_loop().create_task(self._resume_when_drained())
+            self._tasks.spawn(self._resume_when_drained(), name="resume-client")
         return False, b""
 
     async def _resume_when_drained(self) -> None:
@@ -157,8 +162,7 @@ class _ClientBytes:
 
 
 class UpgradeTunnel:
-    def __init__(self, backends: Backends, metrics: Metrics) -> None:
-        self.backends = backends
+    def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
     async def serve(self, request: web.Request, dest: Destination, user: UserInfo) -> web.StreamResponse:
@@ -180,20 +184,15 @@ class UpgradeTunnel:
         head = f"{request.method} {target} HTTP/1.1\r\n" + "".join(
             f"{k}: {v}\r\n" for k, v in headers.items()
         )
-        server_name = dest.server_name or dest.host
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=_CHUNK, loop=loop)
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT):
-                reader, writer = await asyncio.open_connection(
-                    dest.host, dest.port, ssl=backend.context, server_hostname=server_name, limit=_CHUNK
-                )
-        except ssl.SSLCertVerificationError as err:
-            cause = await backend.explain_tls(dest.host, dest.port, server_name, err)
-            return self._error(request, name, cause, "tls")
-        except ssl.SSLError as err:
-            return self._error(request, name, tls_alert_error(err), "tls")
-        except (OSError, TimeoutError) as err:
-            hop, cause = classify(err, dest.authority)
-            return self._error(request, name, cause, hop.value)
+            transport, stream_protocol = await backend.dial(
+                dest.address, lambda: asyncio.StreamReaderProtocol(reader, loop=loop)
+            )
+        except BackendError as err:
+            return self._error(request, name, err.cause, err.hop.value)
+        writer = asyncio.StreamWriter(transport, stream_protocol, reader, loop)
         try:
             writer.write(head.encode("latin-1") + b"\r\n")
             async with asyncio.timeout(RESPONSE_HEAD_TIMEOUT):
@@ -214,7 +213,7 @@ class UpgradeTunnel:
                 cause = "EOF"
             elif isinstance(err, ValueError | asyncio.LimitOverrunError):
                 cause = str(err)
-            hop, cause = await backend.diagnose(hop, cause, dest.host, dest.port, server_name)
+            hop, cause = await backend.diagnose(hop, cause, dest.address)
             return self._error(request, name, cause, hop.value)
         finally:
             writer.close()
@@ -261,18 +260,16 @@ class UpgradeTunnel:
         protocol: Any = request.protocol
         if transport is None or transport.is_closing():
             return web.Response(status=101)
-        loop = asyncio.get_running_loop()
-        client_done: asyncio.Future[None] = loop.create_future()
+        client_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tasks = TaskSet("upgrade")
         # Take the client's bytes before it can send any: it waits for the 101 first.
-        protocol.set_parser(_ClientBytes(writer, transport, client_done))
+        take_over_connection(request, _ClientBytes(writer, transport, client_done, tasks))
         transport.write(response_head)
-        pump = loop.create_task(self._backend_to_client(reader, transport, protocol))
+        pump = tasks.spawn(self._backend_to_client(reader, transport, protocol), name="backend-to-client")
         try:
             await asyncio.wait({pump, client_done}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pump
+            await tasks.close()
             transport.close()
         # Never written: the connection belongs to the tunnel and is closed.
         return web.Response(status=101)
@@ -281,13 +278,13 @@ class UpgradeTunnel:
     async def _backend_to_client(
         reader: asyncio.StreamReader, transport: asyncio.Transport, protocol: Any
     ) -> None:
-        while True:
-            data = await reader.read(_CHUNK)
-            if not data or transport.is_closing():
-                return
-            transport.write(data)
-            if protocol.writing_paused:
-                await protocol._drain_helper()
+        with contextlib.suppress(OSError):  # either side reset: the tunnel ends
+            while True:
+                data = await reader.read(_CHUNK)
+                if not data or transport.is_closing():
+                    return
+                transport.write(data)
+                await drain(protocol)
 
     def _error(self, request: web.Request, name: str, cause: str, kind: str) -> web.Response:
         """Upstream's upgrade responder: 503 with the error itself (no `error trying to reach service`)."""

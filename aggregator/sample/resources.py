@@ -22,10 +22,10 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+import aggregator.sample.errors as errors
 from aggregator.auth.requestinfo import RequestInfo
 from aggregator.model.fielderrors import go_quote, is_valid_path_segment_name
 from aggregator.model.meta import ordered_metadata
-from aggregator.sample import errors
 from aggregator.sample.api import (
     FISCHERS,
     FLUNDERS,

@@ -1,9 +1,9 @@
 """Which component answers a path.
 
-Like upstream's path recorder: exact paths first, then the dynamic APIService table (group and
-group-version paths), then registered prefixes, then the fallback (kube-apiserver in kube mode,
-a 404 Status in local mode). Matching is dictionary lookups and a short prefix scan: it runs for
-every request before authentication, so it must stay cheap.
+Like upstream's path recorder: exact paths first, then the dynamic claims (the APIService table:
+group and group-version paths), then registered prefixes, then the fallback (kube-apiserver in
+kube mode, a 404 Status in local mode). Matching is dictionary lookups and a short prefix scan: it
+runs for every request before authentication, so it must stay cheap.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class Route:
     upgradable: bool = False
 
 
-Resolver = Callable[[str], Route | None]
+# Claims a dynamic path (the APIService table), or returns None to let the next rule decide.
+PathClaim = Callable[[str], Route | None]
 
 
 class Router:
@@ -43,7 +44,7 @@ class Router:
         self.fallback = fallback
         self._exact: dict[str, Route] = {}
         self._prefixes: list[tuple[str, Route]] = []
-        self._resolvers: list[Resolver] = []
+        self._claims: list[PathClaim] = []
 
     def add_exact(self, path: str, route: Route) -> None:
         self._exact[path] = route
@@ -53,16 +54,16 @@ class Router:
         self._prefixes.append((prefix, route))
         self._prefixes.sort(key=lambda item: (item[0].count("/"), len(item[0])), reverse=True)
 
-    def add_resolver(self, resolver: Resolver) -> None:
-        """A function that claims dynamic paths (the APIService table) or returns None."""
-        self._resolvers.append(resolver)
+    def add_claim(self, claim: PathClaim) -> None:
+        """Consulted in the order added, after exact paths and before prefixes."""
+        self._claims.append(claim)
 
     def match(self, path: str) -> Route:
         route = self._exact.get(path)
         if route is not None:
             return route
-        for resolver in self._resolvers:
-            route = resolver(path)
+        for claim in self._claims:
+            route = claim(path)
             if route is not None:
                 return route
         for prefix, route in self._prefixes:

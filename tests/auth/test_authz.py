@@ -43,6 +43,7 @@ async def test_concurrent_identical_requests_make_one_review_then_the_cache_answ
     reviewed.reviews.hold()
     first = asyncio.create_task(burst(reviewed, FLUNDER))
     await wait_for_misses(reviewed, 100)  # all 100 are waiting for the one review in flight
+    await reviewed.reviews.wait_for_waiting(1)  # the review's task has started and reached the fake
     assert reviewed.metric("aggregator_webhook_reviews_in_flight", kind="subjectaccessreview") == 1
     reviewed.reviews.release()
     assert await first == [200] * 100

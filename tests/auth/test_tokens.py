@@ -147,6 +147,7 @@ async def test_concurrent_identical_tokens_make_one_review_cached_for_the_ttl(
     reviewed.reviews.hold()
     first = asyncio.gather(*(reviewed.call("/whoami", cert=None, headers=bearer(SECRET)) for _ in range(100)))
     await wait_for_authn_misses(reviewed, 100)
+    await reviewed.reviews.wait_for_waiting(1)  # the review's task has started and reached the fake
     assert reviewed.metric("aggregator_webhook_reviews_in_flight", kind="tokenreview") == 1
     reviewed.reviews.release()
     assert [s for s, _ in await first] == [200] * 100

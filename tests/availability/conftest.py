@@ -8,16 +8,11 @@ from pathlib import Path
 import pytest
 
 from tests.availability.support import Harness, StartBackend, backends
-from tests.proxy.support import BackendPKI, make_backend_pki
+from tests.support.backend import BackendPKI
 from tests.support.gateway import local_options
 from tests.support.pki import PKI
 
 __all__ = ["StartBackend"]
-
-
-@pytest.fixture(scope="session")
-def backend_pki(tmp_path_factory: pytest.TempPathFactory) -> BackendPKI:
-    return make_backend_pki(tmp_path_factory.mktemp("availability-backend-pki"))
 
 
 @pytest.fixture

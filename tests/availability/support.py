@@ -9,15 +9,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
+from aggregator.assembly import build_backends
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
 from aggregator.commands.certs import KeyPair
 from aggregator.config import Options
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.objects import decode_endpointslice, decode_service
-from aggregator.proxy.transport import Backends
 from aggregator.sources.store import Store
 from aggregator.web.metrics import Metrics
-from tests.proxy.support import (
+from tests.support.backend import (
     APISERVICE,
     SERVER_NAME,
     BackendPKI,
@@ -54,13 +54,13 @@ async def backends(backend_pki: BackendPKI, pki: PKI) -> AsyncIterator[StartBack
 
 
 class Harness:
-    """A store, `Backends` (the proxy transport) over it, and a `DiscoveryProbe`."""
+    """A store, the backend registry over it, and a `DiscoveryProbe`."""
 
     def __init__(self, options: Options, *, timeout: float = 2.0) -> None:
         self.options = options
         self.store = Store()
         self.metrics = Metrics()
-        self.backends = Backends(options, self.store, self.metrics)
+        self.backends = build_backends(options, self.store, self.metrics)
         self.probe = DiscoveryProbe(self.backends, timeout=timeout)
 
     def add(self, *manifests: dict[str, Any]) -> None:

@@ -22,12 +22,13 @@ import pytest
 import yaml
 from aiohttp import web
 
-from aggregator.availability import AvailabilityChecker
+from aggregator.assembly import build_gateway
+from aggregator.availability.checker import AvailabilityChecker
 from aggregator.model.apiservice import Condition
-from aggregator.server import GatewayServer, build_gateway
+from aggregator.server import GatewayServer
 from aggregator.sources.store import MODIFIED, Kind
 from tests.availability.conftest import StartBackend
-from tests.proxy.support import (
+from tests.support.backend import (
     BackendPKI,
     FakeBackend,
     apiservice_manifest,
@@ -36,6 +37,7 @@ from tests.proxy.support import (
 )
 from tests.support.gateway import local_options
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 
@@ -94,13 +96,6 @@ def write(folder: Path, stem: str, docs: list[dict[str, Any]]) -> None:
     tmp = folder / f".{stem}.tmp"
     tmp.write_text(yaml.safe_dump_all(docs, sort_keys=False))
     tmp.rename(folder / f"{stem}.yaml")
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 @dataclass

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
 
-from aggregator.availability import AvailabilityChecker
+from aggregator.assembly import build_gateway
+from aggregator.availability.checker import AvailabilityChecker
 from aggregator.availability.conditions import passed, service_not_found
 from aggregator.availability.status import KubeStatusWriter
 from aggregator.kube.client import KubeClient
 from aggregator.model.apiservice import ServiceReference, decode_apiservice
-from aggregator.server import GatewayServer, build_gateway
+from aggregator.server import GatewayServer
 from tests.availability.conftest import StartBackend
-from tests.proxy.support import (
+from tests.support.backend import (
     APISERVICE,
     BackendPKI,
     FakeBackend,
@@ -28,15 +27,9 @@ from tests.proxy.support import (
 )
 from tests.support.fakekube import FakeKube, kube_options
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 WRITES = ("update", "apiservices/status")
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 def register(fake: FakeKube, backend: FakeBackend, backend_pki: BackendPKI) -> None:

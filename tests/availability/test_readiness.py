@@ -17,11 +17,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from aggregator.assembly import build_gateway
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import TIMEOUT
-from aggregator.server import GatewayServer, build_gateway
+from aggregator.server import GatewayServer
 from tests.conftest import StartGateway
-from tests.proxy.support import apiservice_manifest, backend_service, write_manifests
+from tests.support.backend import apiservice_manifest, backend_service, write_manifests
 from tests.support.gateway import local_options
 from tests.support.pki import PKI
 

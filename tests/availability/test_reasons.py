@@ -7,17 +7,16 @@ hop that failed, with what an operator needs to fix it.
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 from aiohttp import web
 
 from aggregator.availability.probe import FAIL, PASS, SKIP, Attempt, DiscoveryProbe, Report
-from aggregator.proxy.errors import BackendError, Hop
+from aggregator.backends.errors import BackendError, Hop
 from aggregator.sources.store import Kind
 from tests.availability.conftest import StartBackend
 from tests.availability.support import AlertingBackend, Harness
-from tests.proxy.support import (
+from tests.support.backend import (
     APISERVICE,
     SERVER_NAME,
     BackendPKI,
@@ -25,18 +24,13 @@ from tests.proxy.support import (
     endpointslice_manifest,
     service_manifest,
 )
+from tests.support.ports import free_port
 
 DISCOVERY = "/apis/demo.example.com/v1"
 
 
 def states(report: Report) -> list[tuple[str, str]]:
     return [(s.hop, s.state) for s in report.steps]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_local_apiservice_is_always_available(harness: Harness) -> None:
@@ -329,18 +323,20 @@ async def test_unusable_ca_bundle(harness: Harness) -> None:
     )
 
 
-# --- five attempts at once, the first 2xx wins -------------------------------------------------------
+# --- up to five attempts, hedged; the first 2xx wins -------------------------------------------------------
 
 
 class ScriptedProbe(DiscoveryProbe):
     """Attempts answered from a script, each after its delay, to pin down the race."""
 
     def __init__(self, harness: Harness, script: list[tuple[float, Attempt]]) -> None:
-        super().__init__(harness.backends)
+        super().__init__(harness.backends, hedge_after=0.2)
         self.script = list(script)
+        self.started: list[float] = []
 
-    async def attempt(self, svc: object, path: str) -> Attempt:  # type: ignore[override]
+    async def attempt(self, svc: object, path: str, *, deadline: float | None = None) -> Attempt:  # type: ignore[override]
         delay, result = self.script.pop(0)
+        self.started.append(asyncio.get_running_loop().time())
         await asyncio.sleep(delay)
         return result
 
@@ -364,6 +360,30 @@ async def test_first_success_wins_over_failures(harness: Harness) -> None:
     assert asyncio.get_running_loop().time() - started < 0.4  # the slow ones were not awaited
 
 
+async def test_a_quick_success_is_the_only_attempt(harness: Harness) -> None:
+    harness.register(443, ca_pem=None)
+    svc = harness.store.apiservice(APISERVICE)
+    assert svc is not None
+    ok = Attempt(status=200, url="https://10.0.0.2:443/apis/g/v")
+    probe = ScriptedProbe(harness, [(0.0, ok)] + [(0.0, failure(str(i))) for i in range(4)])
+    assert await probe.run(svc, "/apis/g/v") == (ok, 0)
+    assert len(probe.started) == 1  # a healthy backend gets one request per check, not five
+
+
+async def test_a_slow_first_attempt_brings_in_the_others(harness: Harness) -> None:
+    harness.register(443, ca_pem=None)
+    svc = harness.store.apiservice(APISERVICE)
+    assert svc is not None
+    ok = Attempt(status=200, url="https://10.0.0.2:443/apis/g/v")
+    probe = ScriptedProbe(harness, [(3.0, failure("hanging")), (0.0, ok)] + [(0.5, failure("x"))] * 3)
+    started = asyncio.get_running_loop().time()
+    result, failed = await probe.run(svc, "/apis/g/v")
+    assert result is ok and failed == 0
+    assert len(probe.started) == 5
+    assert probe.started[1] - started >= 0.2  # the hedge waited for the first one
+    assert asyncio.get_running_loop().time() - started < 1.0
+
+
 async def test_all_failing_reports_the_last_error(harness: Harness) -> None:
     harness.register(443, ca_pem=None)
     svc = harness.store.apiservice(APISERVICE)
@@ -371,8 +391,8 @@ async def test_all_failing_reports_the_last_error(harness: Harness) -> None:
     probe = ScriptedProbe(
         harness,
         [
-            (0.03, failure("late")),
             (0.0, failure("a")),
+            (0.03, failure("late")),
             (0.01, failure("b")),
             (0.0, failure("c")),
             (0.02, failure("d")),

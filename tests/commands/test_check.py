@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import io
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from aggregator.commands.check import check_options, run_check
 from aggregator.commands.cli import build_parser
 from aggregator.config import ConfigError
 from tests.availability.support import StartBackend, backends
-from tests.proxy.support import (
+from tests.support.backend import (
     APISERVICE,
     SERVER_NAME,
     BackendPKI,
@@ -32,6 +31,7 @@ from tests.proxy.support import (
 )
 from tests.support.fakekube import FakeKube
 from tests.support.pki import PKI
+from tests.support.ports import free_port
 
 DISCOVERY = "/apis/demo.example.com/v1"
 
@@ -45,12 +45,6 @@ def backend_pki(tmp_path_factory: pytest.TempPathFactory) -> BackendPKI:
 async def start_backend(backend_pki: BackendPKI, pki: PKI) -> AsyncIterator[StartBackend]:
     async with backends(backend_pki, pki) as start:
         yield start
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def demo_objects(port: int, ca_pem: bytes | None, **apiservice: Any) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.pki import PKI
+from tests.support.ports import free_port
 
 AGGREGATOR = [sys.executable, "-m", "aggregator"]
 
@@ -145,20 +146,12 @@ def _wait_for_port(port: int, log_path: Path, proc: subprocess.Popen[bytes], tim
     raise AssertionError("gateway did not start: " + log_path.read_text())
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_certs_init_then_serve_answers_healthz_over_mutual_tls(tmp_path: Path) -> None:
     """The issue's own acceptance scenario, run as a user would."""
     certs, empty = tmp_path / "D", tmp_path / "empty"
     empty.mkdir()
     assert run_cli("certs", "init", "--dir", str(certs)).returncode == 0
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
@@ -214,7 +207,7 @@ def test_certs_init_then_serve_answers_healthz_over_mutual_tls(tmp_path: Path) -
 
 
 def test_cert_dir_generates_a_self_signed_pair_when_no_cert_is_given(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     cert_dir = tmp_path / "generated"
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log_file:

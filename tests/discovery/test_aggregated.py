@@ -39,6 +39,7 @@ from tests.discovery.fakes import (
 )
 from tests.discovery.manifests import apiservice, write_manifests
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 V2 = AGG_TYPE
 V2BETA1 = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList"
@@ -179,20 +180,13 @@ def test_aggregated_content_type(value: str | None, ok: bool) -> None:
 
 
 def discovery_of(server: GatewayServer, fakes: FakeBackends) -> Discovery:
-    discovery = next(c for c in server.gateway.components if isinstance(c, Discovery))
-    server.gateway.backends = fakes  # type: ignore[attr-defined]
+    discovery = server.gateway.discovery
+    discovery.fetcher.backends = fakes
     fetcher = discovery.fetcher
     fetcher.backoff_initial, fetcher.backoff_max, fetcher.timeout = 0.02, 0.1, 0.3
     for name in list(fetcher.states):
         fetcher.poke(name)
     return discovery
-
-
-async def until(predicate: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 async def get_aggregated(

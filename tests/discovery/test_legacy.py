@@ -151,7 +151,7 @@ async def test_documents_follow_folder_changes(
         write_manifests(
             apiservices_dir, [apiservice("v1.a.example.com", 100, 10), apiservice("v1.c.example.com", 200, 1)]
         )
-        source = next(c for c in server.gateway.components if type(c).__name__ == "FolderSource")
+        source = server.gateway.folder
         source.reload()  # type: ignore[attr-defined]
         async with session.get(server.url + "/apis", ssl=ssl, headers={"If-None-Match": first_etag}) as resp:
             assert resp.status == 200

@@ -12,21 +12,15 @@ from aiohttp import web
 
 from aggregator.discovery.component import Discovery
 from tests.discovery.fakes import AGG_TYPE, aggregated_doc, resource
-from tests.proxy.conftest import Proxied, StartProxied, backend, backend_pki, start_proxied  # noqa: F401 - fixtures
-from tests.proxy.support import GROUP, PREFIX, VERSION
+from tests.support.backend import GROUP, PREFIX, VERSION
+from tests.support.fixtures import Proxied, StartProxied, backend, backend_pki, start_proxied  # noqa: F401 - fixtures
+from tests.support.polling import until
 
 DOC = aggregated_doc({GROUP: {VERSION: [resource("widgets", "Widget", short=["wd"])]}})
 
 
-async def until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
 def fast(proxied: Proxied) -> Discovery:
-    discovery = next(c for c in proxied.server.gateway.components if isinstance(c, Discovery))
+    discovery = proxied.server.gateway.discovery
     fetcher = discovery.fetcher
     fetcher.backoff_initial, fetcher.backoff_max, fetcher.timeout = 0.02, 0.2, 0.5
     for name in fetcher.states:

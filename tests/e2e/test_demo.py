@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from tests.support.e2e import Kubectl, kubectl_binaries
+from tests.support.ports import free_port
 
 KUBECTLS = kubectl_binaries()
 REPO = Path(__file__).resolve().parents[2]
@@ -40,16 +40,10 @@ class Demo:
         return Kubectl(binary, config, tmp_path / f"home-{Path(binary).name}-{user}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     workdir = tmp_path_factory.mktemp("demo")
-    port = _free_port()
+    port = free_port()
     log = workdir / "demo.log"
     out = workdir / "demo.out"
     with log.open("wb") as err_file, out.open("wb") as out_file:

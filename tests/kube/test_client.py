@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from aggregator.kube.client import (
 )
 from aggregator.tls.pem import load_pair_into, read_pair
 from tests.support.fakekube import GATEWAY_USER, FakeKube, apiservice
+from tests.support.ports import free_port
 
 
 @pytest.fixture
@@ -288,9 +288,7 @@ async def test_rotated_client_certificate_file_gets_a_new_tls_context(
 async def test_refused_connection_is_kube_unreachable_naming_the_address(
     clients: list[KubeClient], tmp_path: Path
 ) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     fake = FakeKube(tmp_path / "down", port=port)  # never started
     client = kubeconfig_client(clients, fake.write_kubeconfig(tmp_path / "down.kubeconfig", token="t"))
     with pytest.raises(KubeUnreachable, match=f"cannot connect to 127.0.0.1:{port}"):

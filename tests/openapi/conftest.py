@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.openapi.support import OpenAPIBackend, start_backend
-from tests.proxy.conftest import backend_pki  # noqa: F401 - re-exported fixture
-from tests.proxy.support import BackendPKI
+from tests.support.backend import BackendPKI
+from tests.support.fixtures import backend_pki  # noqa: F401 - re-exported fixture
 from tests.support.pki import PKI
 
 StartBackend = Callable[..., Any]

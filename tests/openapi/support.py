@@ -8,20 +8,17 @@ answer code per document ("v2", "v3") to simulate a server without OpenAPI or a 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from aggregator.assembly import Gateway
 from aggregator.openapi.component import OpenAPIAggregation
-from aggregator.server import Gateway
-from tests.proxy.support import (
+from tests.support.backend import (
     BackendPKI,
     FakeBackend,
     apiservice_manifest,
@@ -176,7 +173,7 @@ def register(
 
 
 def aggregation_of(gateway: Gateway) -> OpenAPIAggregation:
-    return next(c for c in gateway.components if isinstance(c, OpenAPIAggregation))
+    return gateway.openapi
 
 
 def fast(
@@ -192,9 +189,3 @@ def fast(
     return aggregation
 
 
-async def until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)

@@ -12,12 +12,13 @@ from aiohttp import web
 
 from aggregator.kube.calls import GET_OPENAPI_V3_GROUP_VERSION, is_declared
 from aggregator.openapi.component import KUBE_APISERVER
-from tests.openapi.support import fast, sha512_upper, start_backend, until, v2_paths, v3_document
-from tests.proxy.support import BackendPKI, service_manifest
+from tests.openapi.support import fast, sha512_upper, start_backend, v2_paths, v3_document
+from tests.support.backend import BackendPKI, service_manifest
 from tests.support.fakekube import GATEWAY_USER, FakeKube, apiservice, kube_options
 from tests.support.fakereviews import FakeReviews
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 JSON = dict[str, Any]
 REMOTE = "remote.example.com"

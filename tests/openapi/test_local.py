@@ -20,12 +20,13 @@ from aggregator.server import GatewayServer
 from aggregator.wire.jsonenc import go_marshal
 from tests.conftest import StartGateway
 from tests.openapi.conftest import StartBackend
-from tests.openapi.support import fast, register, sha512_upper, until, v2_paths, v3_document
-from tests.proxy.support import BackendPKI
+from tests.openapi.support import fast, register, sha512_upper, v2_paths, v3_document
+from tests.support.backend import BackendPKI
 from tests.support.fakekube import FakeKube, kube_options
 from tests.support.fakereviews import FakeReviews
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 TYPES = "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1."
 

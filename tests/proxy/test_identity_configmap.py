@@ -23,7 +23,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from aggregator.server import GatewayServer
-from tests.proxy.support import (
+from tests.support.backend import (
     APISERVICE,
     GROUP,
     NAMESPACE,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.proxy.support import (
+from tests.support.backend import (
     PREFIX,
     BackendPKI,
     FakeBackend,
@@ -31,16 +30,11 @@ from tests.proxy.support import (
     write_manifests,
 )
 from tests.support.pki import PKI
+from tests.support.ports import free_port
 
 SIZE = 50 * 1024 * 1024
 BLOCK = 256 * 1024
 ALLOWED_GROWTH = 8 * 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rss_bytes(pid: int) -> int:

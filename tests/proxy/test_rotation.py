@@ -11,7 +11,7 @@ from aiohttp import web
 
 from aggregator.commands.certs import issue_client_cert, load_pair, write_pair
 from tests.conftest import StartGateway
-from tests.proxy.support import (
+from tests.support.backend import (
     APISERVICE,
     PREFIX,
     BackendPKI,
@@ -20,10 +20,10 @@ from tests.proxy.support import (
     backend_service,
     force_available,
     wait_available,
-    wait_for,
     write_manifests,
 )
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 THINGS = f"{PREFIX}/namespaces/default/things"
 
@@ -110,7 +110,7 @@ async def test_a_corrected_ca_bundle_takes_effect(
             *backend_service(backend.port),
         )
         store = server.gateway.store
-        await wait_for(
+        await until(
             lambda: getattr(store.apiservice(APISERVICE), "ca_bundle", b"") == backend_pki.ca.cert_pem
         )
         await wait_available(server)

@@ -19,8 +19,7 @@ from aiohttp import web
 
 from aggregator.server import GatewayServer
 from tests.conftest import StartGateway
-from tests.proxy.conftest import StartProxied
-from tests.proxy.support import (
+from tests.support.backend import (
     PREFIX,
     SERVER_NAME,
     BackendPKI,
@@ -32,6 +31,7 @@ from tests.proxy.support import (
     parse_request_head,
     write_manifests,
 )
+from tests.support.fixtures import StartProxied
 from tests.support.pki import PKI
 
 EXEC = f"{PREFIX}/namespaces/default/things/t1/exec?command=sh&stdin=true"

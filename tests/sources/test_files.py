@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from aggregator.sources.files import FolderSource
 from aggregator.sources.store import Store
+from tests.support.polling import until
 
 APISERVICE = """
 apiVersion: apiregistration.k8s.io/v1
@@ -42,25 +42,16 @@ async def source(tmp_path: Path) -> AsyncIterator[FolderSource]:
     await src.stop()
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 2.0) -> float:
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > timeout:
-            raise AssertionError("condition not met within 2 s")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
 async def test_add_change_remove_within_two_seconds(source: FolderSource, tmp_path: Path) -> None:
     store = source.store
     assert store.synced
     path = tmp_path / "wardle.yaml"
     path.write_text(manifest())
-    await eventually(lambda: store.apiservice("v1alpha1.wardle.example.com") is not None)
+    await until(lambda: store.apiservice("v1alpha1.wardle.example.com") is not None)
     path.write_text(manifest(vp=99))
-    await eventually(lambda: store.apiservice("v1alpha1.wardle.example.com").version_priority == 99)  # type: ignore[union-attr]
+    await until(lambda: store.apiservice("v1alpha1.wardle.example.com").version_priority == 99)  # type: ignore[union-attr]
     path.unlink()
-    await eventually(lambda: store.apiservice("v1alpha1.wardle.example.com") is None)
+    await until(lambda: store.apiservice("v1alpha1.wardle.example.com") is None)
 
 
 async def test_multi_document_list_json_and_nested_folders(source: FolderSource, tmp_path: Path) -> None:
@@ -97,7 +88,7 @@ async def test_multi_document_list_json_and_nested_folders(source: FolderSource,
     (tmp_path / "nested" / "deeper" / "objects.json").write_text(json.dumps(items))
     (tmp_path / "README.md").write_text("not a manifest")
     store = source.store
-    await eventually(lambda: len(store.apiservices()) == 2 and store.service("wardle", "api") is not None)
+    await until(lambda: len(store.apiservices()) == 2 and store.service("wardle", "api") is not None)
     service = store.service("wardle", "api")
     assert service is not None and service.ports[0].target_port == 8443
     slices = store.endpointslices_for("wardle", "api")
@@ -110,9 +101,9 @@ async def test_broken_file_keeps_its_objects_and_reports_file_and_line(
     caplog.set_level(logging.ERROR)
     path = tmp_path / "wardle.yaml"
     path.write_text(manifest())
-    await eventually(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
+    await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
     path.write_text(manifest() + "  broken: [unclosed\n")
-    await eventually(lambda: bool(source.errors))
+    await until(lambda: bool(source.errors))
     assert source.store.apiservice("v1alpha1.wardle.example.com") is not None
     reason = source.errors[path]
     assert reason.startswith(f"{path}:")
@@ -120,7 +111,7 @@ async def test_broken_file_keeps_its_objects_and_reports_file_and_line(
     assert line >= 14
     assert any(str(path) in r.fields.get("reason", "") for r in caplog.records if hasattr(r, "fields"))
     path.write_text(manifest(vp=5))
-    await eventually(lambda: source.store.apiservice("v1alpha1.wardle.example.com").version_priority == 5)  # type: ignore[union-attr]
+    await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com").version_priority == 5)  # type: ignore[union-attr]
     assert not source.errors
 
 
@@ -144,7 +135,7 @@ async def test_invalid_object_is_skipped_with_every_field_error(
     bad = manifest(group="other.example.com").replace("name: v1alpha1.other.example.com", "name: wrong-name")
     bad = bad.replace("versionPriority: 15", "versionPriority: 0")
     (tmp_path / "all.yaml").write_text(bad + "---\n" + manifest())
-    await eventually(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
+    await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
     assert [s.name for s in source.store.apiservices()] == ["v1alpha1.wardle.example.com"]
     messages = [r.getMessage() for r in caplog.records]
     assert (
@@ -157,7 +148,7 @@ async def test_invalid_object_is_skipped_with_every_field_error(
 async def test_invalid_edit_keeps_the_previous_valid_version(source: FolderSource, tmp_path: Path) -> None:
     path = tmp_path / "wardle.yaml"
     path.write_text(manifest(vp=7))
-    await eventually(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
+    await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
     path.write_text(manifest(vp=7).replace("groupPriorityMinimum: 1000", "groupPriorityMinimum: 0"))
     await asyncio.sleep(0.6)
     kept = source.store.apiservice("v1alpha1.wardle.example.com")
@@ -171,7 +162,7 @@ async def test_v1beta1_apiservice_is_refused_with_a_reason(
     (tmp_path / "old.yaml").write_text(
         manifest().replace("apiregistration.k8s.io/v1", "apiregistration.k8s.io/v1beta1")
     )
-    await eventually(
+    await until(
         lambda: any("v1beta1 APIService is not served" in r.getMessage() for r in caplog.records)
     )
     assert source.store.apiservices() == []

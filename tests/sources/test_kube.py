@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import ssl
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -27,16 +25,10 @@ from tests.support.fakekube import (
 )
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
+from tests.support.polling import until
+from tests.support.ports import free_port
 
 RESOURCES = ("apiservices", "services", "endpointslices")
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 2.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout} s")
-        await asyncio.sleep(0.02)
 
 
 class Harness:
@@ -75,7 +67,7 @@ class Harness:
     async def synced(self) -> None:
         await asyncio.wait_for(self.store.wait_synced(), 2.0)
         # All three watches open again, so what the test does next is seen live or replayed.
-        await eventually(lambda: self.fake.open_watches() == 3, what="three open watches")
+        await until(lambda: self.fake.open_watches() == 3, what="three open watches")
 
     def clear(self) -> None:
         self.seen.clear()
@@ -100,16 +92,16 @@ async def test_add_change_remove_each_kind_within_two_seconds(harness: Harness) 
     fake.add_object("apiservices", apiservice())
     fake.add_object("services", service())
     fake.add_object("endpointslices", endpointslice())
-    await eventually(lambda: store.apiservice("v1alpha1.wardle.example.com") is not None)
-    await eventually(lambda: store.service("wardle", "api") is not None)
-    await eventually(lambda: len(store.endpointslices_for("wardle", "api")) == 1)
+    await until(lambda: store.apiservice("v1alpha1.wardle.example.com") is not None)
+    await until(lambda: store.service("wardle", "api") is not None)
+    await until(lambda: len(store.endpointslices_for("wardle", "api")) == 1)
 
     fake.update_object("apiservices", apiservice(version_priority=99))
     fake.update_object("services", service(cluster_ip="10.0.0.99"))
     fake.update_object("endpointslices", endpointslice(addresses=("10.1.0.6", "10.1.0.7")))
-    await eventually(lambda: store.apiservice("v1alpha1.wardle.example.com").version_priority == 99)  # type: ignore[union-attr]
-    await eventually(lambda: store.service("wardle", "api").cluster_ip == "10.0.0.99")  # type: ignore[union-attr]
-    await eventually(
+    await until(lambda: store.apiservice("v1alpha1.wardle.example.com").version_priority == 99)  # type: ignore[union-attr]
+    await until(lambda: store.service("wardle", "api").cluster_ip == "10.0.0.99")  # type: ignore[union-attr]
+    await until(
         lambda: (
             store.endpointslices_for("wardle", "api")[0].endpoints[0].addresses == ("10.1.0.6", "10.1.0.7")
         )
@@ -118,8 +110,8 @@ async def test_add_change_remove_each_kind_within_two_seconds(harness: Harness) 
     fake.delete_object("apiservices", "v1alpha1.wardle.example.com")
     fake.delete_object("services", "api", "wardle")
     fake.delete_object("endpointslices", "api-abc", "wardle")
-    await eventually(lambda: not store.apiservices() and not store.objects(Kind.SERVICE))
-    await eventually(lambda: not store.endpointslices_for("wardle", "api"))
+    await until(lambda: not store.apiservices() and not store.objects(Kind.SERVICE))
+    await until(lambda: not store.endpointslices_for("wardle", "api"))
     svc = harness.store
     assert svc.revision == 9
     assert [s[0] for s in harness.seen] == ["ADDED"] * 3 + ["MODIFIED"] * 3 + ["DELETED"] * 3
@@ -184,7 +176,7 @@ async def test_dropped_watch_resumes_without_losing_or_repeating_events(
     listed_rv = fake.add_object("apiservices", apiservice("a.example.com"))["metadata"]["resourceVersion"]
     await harness.synced()
     seen_rv = fake.add_object("apiservices", apiservice("c.example.com"))["metadata"]["resourceVersion"]
-    await eventually(lambda: len(harness.store.apiservices()) == 2)
+    await until(lambda: len(harness.store.apiservices()) == 2)
     assert harness.seen == [
         ("ADDED", "APIService", "v1alpha1.a.example.com"),
         ("ADDED", "APIService", "v1alpha1.c.example.com"),
@@ -196,11 +188,11 @@ async def test_dropped_watch_resumes_without_losing_or_repeating_events(
     fake.update_object("apiservices", apiservice("a.example.com", version_priority=50))
     fake.delete_object("apiservices", "v1alpha1.c.example.com")
     fake.add_object("services", service())
-    await eventually(lambda: len(harness.seen) == 4, what="four events")
-    await eventually(lambda: fake.open_watches() == 3, what="watches reopened")
+    await until(lambda: len(harness.seen) == 4, what="four events")
+    await until(lambda: fake.open_watches() == 3, what="watches reopened")
     # And live events keep flowing on the resumed watch.
     fake.add_object("apiservices", apiservice("d.example.com"))
-    await eventually(lambda: len(harness.seen) == 5, what="five events")
+    await until(lambda: len(harness.seen) == 5, what="five events")
     await asyncio.sleep(0.1)
     # The two resources are separate streams: each one's order is exact, their interleaving is not.
     assert [e for e in harness.seen if e[1] == "APIService"] == [
@@ -227,14 +219,14 @@ async def test_a_410_causes_exactly_one_relist(harness: Harness, form: str) -> N
     fake.add_object("apiservices", apiservice("a.example.com"))
     fake.add_object("apiservices", apiservice("gone.example.com"))
     await harness.synced()
-    await eventually(lambda: len(harness.store.apiservices()) == 2)
+    await until(lambda: len(harness.store.apiservices()) == 2)
     harness.clear()
     if form == "error-event-on-open-watch":
         fake.expire_history()
         fake.add_object("apiservices", apiservice("b.example.com"))
         fake.delete_object("apiservices", "v1alpha1.gone.example.com")
         # The open watches already got those two events; now the server says their RV is gone.
-        await eventually(lambda: len(harness.seen) == 2, what="live events")
+        await until(lambda: len(harness.seen) == 2, what="live events")
         assert fake.send_watch_error(410) == 3
     else:
         fake.gone_mode = "http" if form == "http-410" else "event"
@@ -244,8 +236,8 @@ async def test_a_410_causes_exactly_one_relist(harness: Harness, form: str) -> N
         fake.add_object("apiservices", apiservice("b.example.com"))
         fake.delete_object("apiservices", "v1alpha1.gone.example.com")
         fake.expire_history()
-    await eventually(lambda: all(fake.count("list", r) == 2 for r in RESOURCES), what="one relist each")
-    await eventually(lambda: fake.open_watches() == 3, what="watches reopened")
+    await until(lambda: all(fake.count("list", r) == 2 for r in RESOURCES), what="one relist each")
+    await until(lambda: fake.open_watches() == 3, what="watches reopened")
     await asyncio.sleep(0.2)
     for resource in RESOURCES:
         assert fake.count("list", resource) == 2, resource
@@ -266,7 +258,7 @@ async def test_other_error_events_relist_after_a_backoff(harness: Harness) -> No
     fake = harness.fake
     await harness.synced()
     assert fake.send_watch_error(500, "InternalError", "etcd is sad") == 3
-    await eventually(lambda: all(fake.count("list", r) == 2 for r in RESOURCES), what="relists")
+    await until(lambda: all(fake.count("list", r) == 2 for r in RESOURCES), what="relists")
     for resource in RESOURCES:
         assert harness.metric("watch_relists", resource) == 1
 
@@ -283,16 +275,16 @@ async def test_bookmarks_advance_the_resource_version(tmp_path: Path) -> None:
             # Ten Service changes push everything the APIService watch could resume from out of history.
             for i in range(10):
                 fake.add_object("services", service("churn", f"s{i}"))
-            await eventually(lambda: len(h.seen) == 10, what="service events")
+            await until(lambda: len(h.seen) == 10, what="service events")
             apiservices = h.source.reflector("apiservices")
             assert apiservices.resource_version == str(listed_rv)
             assert fake.send_bookmarks() == 3
-            await eventually(lambda: apiservices.resource_version == str(fake.rv), what="bookmark applied")
+            await until(lambda: apiservices.resource_version == str(fake.rv), what="bookmark applied")
             slices = h.source.reflector("endpointslices")
-            await eventually(lambda: slices.resource_version == str(fake.rv), what="bookmark applied")
+            await until(lambda: slices.resource_version == str(fake.rv), what="bookmark applied")
             fake.drop_watches()
-            await eventually(lambda: fake.count("watch", "apiservices") == 2, what="rewatch")
-            await eventually(lambda: fake.open_watches() == 3, what="watches reopened")
+            await until(lambda: fake.count("watch", "apiservices") == 2, what="rewatch")
+            await until(lambda: fake.open_watches() == 3, what="watches reopened")
             assert fake.count("list", "apiservices") == 1  # no 410, no relist
             assert h.metric("watch_relists", "apiservices") == 0
             assert len(h.seen) == 10  # a bookmark is not a change
@@ -310,18 +302,16 @@ async def test_without_a_bookmark_the_same_gap_costs_a_relist(tmp_path: Path) ->
             await h.synced()
             for i in range(10):
                 fake.add_object("services", service("churn", f"s{i}"))
-            await eventually(lambda: len(h.seen) == 10, what="service events")
+            await until(lambda: len(h.seen) == 10, what="service events")
             fake.drop_watches()
-            await eventually(lambda: fake.count("list", "apiservices") == 2, what="relist")
+            await until(lambda: fake.count("list", "apiservices") == 2, what="relist")
             assert fake.count("list", "services") == 1  # its events kept it current
         finally:
             await h.stop()
 
 
 async def test_refused_connection_backs_off_then_syncs_when_the_server_appears(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     fake = FakeKube(tmp_path / "late", port=port)
     fake.add_token("t", "gateway")
     fake.add_object("apiservices", apiservice())
@@ -351,7 +341,7 @@ async def test_unauthorized_keeps_retrying_until_credentials_work(
     h = Harness(fake_kube, kubeconfig)
     await h.start()
     try:
-        await eventually(lambda: fake_kube.unauthorized >= 6, what="retries")
+        await until(lambda: fake_kube.unauthorized >= 6, what="retries")
         assert not h.store.synced
         assert "401" in (h.source.reflector("apiservices").last_error or "")
         fake_kube.add_token("later", "gateway")
@@ -368,7 +358,7 @@ async def test_malformed_objects_are_logged_and_skipped(
     caplog.set_level(logging.ERROR, logger="aggregator.sources.kube")
     good = apiservice("good.example.com")
     fake.add_object("apiservices", good)
-    await eventually(lambda: harness.store.apiservice("v1alpha1.good.example.com") is not None)
+    await until(lambda: harness.store.apiservice("v1alpha1.good.example.com") is not None)
     broken = apiservice("bad.example.com")
     broken["spec"]["groupPriorityMinimum"] = "high"
     fake.add_object("apiservices", broken)
@@ -377,7 +367,7 @@ async def test_malformed_objects_are_logged_and_skipped(
     worse["spec"]["service"]["port"] = "https"
     fake.update_object("apiservices", worse)
     fake.add_object("apiservices", apiservice("after.example.com"))
-    await eventually(lambda: harness.store.apiservice("v1alpha1.after.example.com") is not None)
+    await until(lambda: harness.store.apiservice("v1alpha1.after.example.com") is not None)
     assert harness.store.apiservice("v1alpha1.bad.example.com") is None
     kept = harness.store.apiservice("v1alpha1.good.example.com")
     assert kept is not None and kept.service is not None and kept.service.port == 443
@@ -389,8 +379,8 @@ async def test_malformed_objects_are_logged_and_skipped(
     assert "spec.service.port" in messages[1][1]["reason"]
     # A relist keeps the previous version too, and the watch goes on after it.
     fake.send_watch_error(410)
-    await eventually(lambda: fake.count("list", "apiservices") == 2, what="relist")
-    await eventually(lambda: fake.open_watches() == 3, what="watches reopened")
+    await until(lambda: fake.count("list", "apiservices") == 2, what="relist")
+    await until(lambda: fake.open_watches() == 3, what="watches reopened")
     kept = harness.store.apiservice("v1alpha1.good.example.com")
     assert kept is not None and kept.service is not None and kept.service.port == 443
     assert harness.store.apiservice("v1alpha1.bad.example.com") is None
@@ -412,7 +402,7 @@ async def test_readyz_waits_for_the_first_sync_in_kube_mode(fake_kube: FakeKube,
     ctx = pki.client_context("admin")
     async with running_gateway(options) as server:
         assert server.gateway.kube is not None
-        await eventually(lambda: fake_kube.count("list", "apiservices") == 1, what="list sent")
+        await until(lambda: fake_kube.count("list", "apiservices") == 1, what="list sent")
         status, body = await get(f"{server.url}/readyz?verbose", ctx)
         assert status == 500
         assert "[-]apiservice-registry-synced failed: reason withheld" in body
@@ -424,20 +414,18 @@ async def test_readyz_waits_for_the_first_sync_in_kube_mode(fake_kube: FakeKube,
         await asyncio.wait_for(server.gateway.store.wait_synced(), 2.0)
         # Then the first availability verdicts (instant here: the APIService's Service is missing).
         checker = server.gateway.availability
-        await eventually(lambda: checker.verdict("v1alpha1.wardle.example.com") is not None, what="verdict")  # type: ignore[attr-defined]
+        await until(lambda: checker.verdict("v1alpha1.wardle.example.com") is not None, what="verdict")  # type: ignore[attr-defined]
         status, body = await get(f"{server.url}/readyz?verbose", ctx)
         assert status == 200, body
         assert "[+]apiservice-registry-synced ok" in body
         assert server.gateway.store.apiservice("v1alpha1.wardle.example.com") is not None
     # Stopping the gateway closed the watches and the client's session.
-    await eventually(lambda: fake_kube.open_watches() == 0, what="watches closed")
+    await until(lambda: fake_kube.open_watches() == 0, what="watches closed")
     assert server.gateway.kube._session is None
 
 
 async def test_gateway_serves_while_kube_apiserver_is_unreachable(pki: PKI, tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     fake = FakeKube(tmp_path / "never", port=port)
     kubeconfig = fake.write_kubeconfig(tmp_path / "never.kubeconfig", token="t")
     async with running_gateway(kube_options(pki, kubeconfig)) as server:
@@ -453,6 +441,6 @@ async def test_local_mode_with_kubeconfig_gets_a_client_but_no_watch(
     assert fake_kube.kubeconfig is not None
     server = await start_gateway(kubeconfig=str(fake_kube.kubeconfig))  # type: ignore[misc]
     assert server.gateway.kube is not None
-    assert not any(isinstance(c, KubeSource) for c in server.gateway.components)
+    assert server.gateway.kube_source is None
     await asyncio.sleep(0.2)
     assert fake_kube.requests == []

@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
+from aggregator.backends.addresses import AddressResolver, PendingLookup, Target
+from aggregator.backends.errors import BackendError, Hop
 from aggregator.config import DEFAULT_DENY_CIDRS
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice, Service, ServicePort
-from aggregator.proxy.errors import BackendError, Hop
-from aggregator.proxy.resolver import PendingLookup, Resolver, Target
 from aggregator.sources.store import Store
 
 
@@ -44,14 +44,14 @@ def service(**kw: object) -> Service:
     return Service(**base)  # type: ignore[arg-type]
 
 
-def failure(resolver: Resolver, svc: APIService | None = None) -> BackendError:
+def failure(resolver: AddressResolver, svc: APIService | None = None) -> BackendError:
     with pytest.raises(BackendError) as info:
         resolver.resolve_now(svc or apiservice())
     return info.value
 
 
 def test_cluster_ip_and_matching_service_port() -> None:
-    resolver = Resolver(store_with(service()), deny_cidrs=DEFAULT_DENY_CIDRS)
+    resolver = AddressResolver(store_with(service()), deny_cidrs=DEFAULT_DENY_CIDRS)
     target = resolver.resolve_now(apiservice())
     assert target == Target("10.0.0.5", 443, "api.demo.svc")
     assert isinstance(target, Target)
@@ -61,7 +61,7 @@ def test_cluster_ip_and_matching_service_port() -> None:
 
 
 def test_ipv6_cluster_ip_is_bracketed() -> None:
-    target = Resolver(store_with(service(cluster_ip="fd00::5"))).resolve_now(apiservice())
+    target = AddressResolver(store_with(service(cluster_ip="fd00::5"))).resolve_now(apiservice())
     assert isinstance(target, Target)
     assert target.authority == "[fd00::5]:443"
 
@@ -112,13 +112,13 @@ def test_ipv6_cluster_ip_is_bracketed() -> None:
     ],
 )
 def test_cluster_resolution_failures_name_the_hop(svc: Service | None, hop: Hop, message: str) -> None:
-    resolver = Resolver(store_with(svc) if svc else Store(), deny_cidrs=DEFAULT_DENY_CIDRS)
+    resolver = AddressResolver(store_with(svc) if svc else Store(), deny_cidrs=DEFAULT_DENY_CIDRS)
     err = failure(resolver)
     assert (err.hop, err.cause) == (hop, message)
 
 
 def test_empty_deny_list_allows_link_local() -> None:
-    target = Resolver(store_with(service(cluster_ip="169.254.1.1")), deny_cidrs=[]).resolve_now(apiservice())
+    target = AddressResolver(store_with(service(cluster_ip="169.254.1.1")), deny_cidrs=[]).resolve_now(apiservice())
     assert isinstance(target, Target)
 
 
@@ -132,7 +132,7 @@ async def test_external_name_is_resolved_once_and_the_ip_pinned() -> None:
         return answers.pop(0)
 
     store = store_with(service(type="ExternalName", external_name="api.example.com.", cluster_ip=""))
-    resolver = Resolver(store, allow_external_name=True, deny_cidrs=DEFAULT_DENY_CIDRS, lookup=lookup)
+    resolver = AddressResolver(store, allow_external_name=True, deny_cidrs=DEFAULT_DENY_CIDRS, lookup=lookup)
     pending = resolver.resolve_now(apiservice())
     assert pending == PendingLookup("api.example.com", 443, "api.demo.svc", "demo/api")
     assert await resolver.resolve(apiservice()) == Target("10.0.0.7", 443, "api.demo.svc")
@@ -149,7 +149,7 @@ async def test_external_name_picks_the_first_allowed_address() -> None:
         return ["169.254.169.254", "10.0.0.9"]
 
     store = store_with(service(type="ExternalName", external_name="api.example.com", cluster_ip=""))
-    resolver = Resolver(store, allow_external_name=True, deny_cidrs=DEFAULT_DENY_CIDRS, lookup=lookup)
+    resolver = AddressResolver(store, allow_external_name=True, deny_cidrs=DEFAULT_DENY_CIDRS, lookup=lookup)
     assert await resolver.resolve(apiservice()) == Target("10.0.0.9", 443, "api.demo.svc")
 
 
@@ -158,7 +158,7 @@ async def test_external_name_lookup_failure() -> None:
         raise OSError(-2, "Name or service not known")
 
     store = store_with(service(type="ExternalName", external_name="nowhere.invalid", cluster_ip=""))
-    resolver = Resolver(store, allow_external_name=True, lookup=lookup)
+    resolver = AddressResolver(store, allow_external_name=True, lookup=lookup)
     with pytest.raises(BackendError) as info:
         await resolver.resolve(apiservice())
     assert info.value.hop is Hop.CONNECT
@@ -190,7 +190,7 @@ def test_endpoint_routing_picks_ready_endpoints_from_a_random_start_with_the_tar
             "a", [("10.1.0.1", True), ("10.1.0.2", False), ("10.1.0.3", None), ("10.1.0.4", True)]
         ),
     )
-    resolver = Resolver(store, endpoint_routing=True, rng=random.Random(7))
+    resolver = AddressResolver(store, endpoint_routing=True, rng=random.Random(7))
     picks = Counter()
     for _ in range(400):
         target = resolver.resolve_now(apiservice())
@@ -215,7 +215,7 @@ def test_endpoint_routing_picks_ready_endpoints_from_a_random_start_with_the_tar
     ids=["no-slices", "none-ready", "port-name-mismatch", "empty"],
 )
 def test_endpoint_routing_failures(slices: list[EndpointSlice], message: str) -> None:
-    resolver = Resolver(store_with(service(), *slices), endpoint_routing=True)
+    resolver = AddressResolver(store_with(service(), *slices), endpoint_routing=True)
     err = failure(resolver)
     assert (err.hop, err.cause) == (Hop.ENDPOINTS, message)
 
@@ -227,7 +227,7 @@ def test_endpoint_routing_moves_on_to_a_slice_with_a_ready_endpoint_and_prefers_
         endpoint_slice("dead", [("10.1.0.1", False)]),
         endpoint_slice("live", [("10.1.0.9", True)]),
     )
-    resolver = Resolver(store, endpoint_routing=True)
+    resolver = AddressResolver(store, endpoint_routing=True)
     for _ in range(50):
         target = resolver.resolve_now(apiservice())
         assert isinstance(target, Target)
@@ -235,12 +235,12 @@ def test_endpoint_routing_moves_on_to_a_slice_with_a_ready_endpoint_and_prefers_
 
 
 def test_endpoint_routing_refuses_external_name_and_denied_endpoints() -> None:
-    resolver = Resolver(
+    resolver = AddressResolver(
         store_with(service(type="ExternalName", external_name="x")),
         endpoint_routing=True,
         allow_external_name=True,
     )
     assert failure(resolver).cause == 'unsupported service type "ExternalName"'
     store = store_with(service(), endpoint_slice("a", [("169.254.169.254", True)]))
-    err = failure(Resolver(store, endpoint_routing=True, deny_cidrs=DEFAULT_DENY_CIDRS))
+    err = failure(AddressResolver(store, endpoint_routing=True, deny_cidrs=DEFAULT_DENY_CIDRS))
     assert err.hop is Hop.DENY_CIDR

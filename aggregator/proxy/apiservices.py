@@ -2,7 +2,7 @@
 
 Routes exist only for registered remote APIServices; local ones (no `spec.service`) and unknown
 group-versions fall to the router's fallback (kube-apiserver in kube mode, a 404 in local mode).
-Decision order is upstream's `proxyHandler.ServeHTTP` (§4.3): vanished or local -> fallback; not
+Decision order is upstream's `proxyHandler.ServeHTTP` (handler_proxy.go): vanished or local -> fallback; not
 Available -> 503 `service unavailable`; TLS settings that cannot be built -> 500 with the reason;
 no authenticated user -> 500 `missing user`; no address -> 503 `service unavailable` (the log line
 names the hop); then forward. Discovery requests (`/apis/<g>/<v>` itself) are bounded to 5 s.
@@ -14,21 +14,18 @@ the headers would run `kubectl --as=someone` with the caller's own, possibly lar
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from aiohttp import web
 
+from aggregator.backends.addresses import Target
+from aggregator.backends.errors import BackendError
+from aggregator.backends.registry import BackendRegistry
+from aggregator.contracts import Availability
 from aggregator.model.apiservice import APIService
-from aggregator.proxy.errors import BackendError
-from aggregator.proxy.forward import Destination, Forwarder, has_impersonation
-from aggregator.proxy.resolver import Target
-from aggregator.proxy.upgrade import UpgradeTunnel
-from aggregator.sources.store import DELETED, Event, Kind
+from aggregator.proxy.destination import Destination
+from aggregator.proxy.forward import Forwarder, has_impersonation
+from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.web.context import get_user
-from aggregator.web.routing import Route, RouteKind
-
-if TYPE_CHECKING:
-    from aggregator.server import Gateway
+from aggregator.web.routing import Handler, Route, RouteKind
 
 # Group served by the gateway itself; an APIService for it never takes its paths (upstream's
 # go-restful container wins over the proxy mux).
@@ -42,23 +39,33 @@ def impersonation_refusal(header: str) -> str:
     )
 
 
-class ProxyHandler:
-    """Serves the routes of remote APIServices; one per gateway."""
+class APIServiceProxy:
+    """Serves the routes of remote APIServices (upstream's `proxyHandler`, one per group-version)."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self.backends = gateway.backends
-        self.forwarder = Forwarder(gateway.metrics, UpgradeTunnel(gateway.backends, gateway.metrics))
+    def __init__(
+        self,
+        store: Store,
+        *,
+        availability: Availability,
+        backends: BackendRegistry,
+        forwarder: Forwarder,
+        fallback: Handler,
+    ) -> None:
+        self.store = store
+        self.availability = availability
+        self.backends = backends
+        self.forwarder = forwarder
+        self.fallback = fallback
         self._routes: dict[tuple[str, str], tuple[str, Route, Route]] = {}
         # The last destination per APIService: rebuilt only when its backend or address changes.
         self._destinations: dict[str, Destination] = {}
-        gateway.store.add_listener(self._on_event)
-        for svc in gateway.store.apiservices():
+        store.add_listener(self._on_event)
+        for svc in store.apiservices():
             self._register(svc)
 
     # --- routing table -----------------------------------------------------------------------------
 
-    def resolve(self, path: str) -> Route | None:
+    def claim(self, path: str) -> Route | None:
         """Router resolver: claims `/apis/<g>/<v>` and below for registered remote APIServices."""
         if not path.startswith("/apis/"):
             return None
@@ -111,12 +118,11 @@ class ProxyHandler:
     # --- serving -----------------------------------------------------------------------------------
 
     async def serve(self, request: web.Request, name: str, *, discovery: bool) -> web.StreamResponse:
-        gateway = self.gateway
         forwarder = self.forwarder
-        svc = gateway.store.apiservice(name)
+        svc = self.store.apiservice(name)
         if svc is None or svc.service is None:
-            return await gateway.router.fallback.handler(request)
-        if not gateway.availability.is_available(name):
+            return await self.fallback(request)
+        if not self.availability.is_available(name):
             return forwarder.answer(request, name, 503, "service unavailable")
         backend = self.backends.backend_for(svc)
         if backend.error is not None or backend.context is None:
@@ -148,5 +154,5 @@ class ProxyHandler:
             if len(self._destinations) > 4096:
                 self._destinations.clear()
             self._destinations[name] = dest
-        deadline = self.backends.discovery_timeout.total if discovery else None
+        deadline = self.backends.discovery_timeout if discovery else None
         return await forwarder.send(request, dest, user, deadline_seconds=deadline)

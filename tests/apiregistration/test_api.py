@@ -200,7 +200,7 @@ async def test_watch_from_a_listed_resource_version(
         async with session.get(url, ssl=ssl) as resp:
             assert resp.status == 200
             write_manifests(apiservices_dir, [apiservice("v1.b.example.com", 100, 10)])
-            source = next(c for c in server.gateway.components if type(c).__name__ == "FolderSource")
+            source = server.gateway.folder
             source.reload()  # type: ignore[attr-defined]
             events = [json.loads(await asyncio.wait_for(resp.content.readline(), 5)) for _ in range(2)]
         assert sorted((e["type"], e["object"]["metadata"]["name"]) for e in events) == [

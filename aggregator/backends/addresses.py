@@ -22,9 +22,9 @@ import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from aggregator.backends.errors import BackendError, Hop
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import EndpointSlice, Service
-from aggregator.proxy.errors import BackendError, Hop
 from aggregator.sources.store import Store
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -101,7 +101,7 @@ class DenyList:
         return verdict
 
 
-class Resolver:
+class AddressResolver:
     def __init__(
         self,
         store: Store,

@@ -13,6 +13,7 @@ import os
 import ssl
 
 import aiohttp
+from cryptography import x509
 
 
 class Hop(enum.StrEnum):
@@ -34,15 +35,40 @@ class BackendError(Exception):
 
     `hop` says where, `cause` is the Go-style message upstream would put after `error trying to
     reach service: `, and `url` is what was dialed (empty when resolution failed). `str()` names
-    the request and the cause: `Get "https://10.0.0.5:443/apis/g/v": dial tcp ...`.
+    the request and the cause: `Get "https://10.0.0.5:443/apis/g/v": dial tcp ...`. A failed
+    certificate verification carries the certificate the backend presented (`certificate`, read
+    in a second, unverified look), for reports that show the names it holds.
     """
 
-    def __init__(self, hop: Hop, cause: str, *, url: str = "", method: str = "GET") -> None:
+    def __init__(
+        self,
+        hop: Hop,
+        cause: str,
+        *,
+        url: str = "",
+        method: str = "GET",
+        verification: bool = False,
+        certificate: x509.Certificate | None = None,
+    ) -> None:
         super().__init__(cause)
         self.hop = hop
         self.cause = cause
         self.url = url
         self.method = method
+        # The backend's certificate did not verify (`certificate`: what it presented, if readable).
+        self.verification = verification
+        self.certificate = certificate
+
+    def at(self, url: str) -> BackendError:
+        """This failure, as met while requesting `url`."""
+        return BackendError(
+            self.hop,
+            self.cause,
+            url=url,
+            method=self.method,
+            verification=self.verification,
+            certificate=self.certificate,
+        )
 
     def __str__(self) -> str:
         if self.url:

@@ -9,8 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregator.auth.requestheader import path_unescape
-from aggregator.model.userinfo import UserInfo
-from aggregator.proxy.headers import (
+from aggregator.backends.headers import (
     HOP_BY_HOP,
     IdentityHeaderPolicy,
     LiveIdentityPolicy,
@@ -22,6 +21,7 @@ from aggregator.proxy.headers import (
     request_headers,
     response_headers,
 )
+from aggregator.model.userinfo import UserInfo
 
 TOKEN = string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~"
 token = st.text(TOKEN, min_size=1, max_size=20)

@@ -19,13 +19,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from aggregator.backends.backend import ALERT_TTL, Address, Backend
+from aggregator.backends.errors import BackendError, Hop
+from aggregator.backends.tls import client_context
 from aggregator.model.userinfo import AGGREGATOR
-from aggregator.proxy.errors import BackendError, Hop
-from aggregator.proxy.transport import ALERT_TTL, Backend, client_context
 from aggregator.server import GatewayServer
 from aggregator.tls.pem import read_pair
 from tests.conftest import StartGateway
-from tests.proxy.support import (
+from tests.support.backend import (
     PREFIX,
     SERVER_NAME,
     BackendPKI,
@@ -142,14 +143,14 @@ async def test_failures_close_together_share_one_look(
     context = client_context(backend_pki.ca.cert_pem, insecure=False, client_pair=pair)
     backend = Backend("alerting", context=context, client_pair=pair)
     answers = await asyncio.gather(
-        *(backend.diagnose(Hop.CONNECT, "EOF", "127.0.0.1", alerting.port, SERVER_NAME) for _ in range(20))
+        *(backend.diagnose(Hop.CONNECT, "EOF", Address("127.0.0.1", alerting.port, SERVER_NAME)) for _ in range(20))
     )
     assert set(answers) == {(Hop.TLS, ALERT)}
     await asyncio.sleep(0.1)
     assert alerting.alerts_sent == 1
     # Other failures are left as they are, without a look.
     refused = await backend.diagnose(
-        Hop.CONNECT, "dial tcp 127.0.0.1:1: connect: connection refused", "127.0.0.1", 1, SERVER_NAME
+        Hop.CONNECT, "dial tcp 127.0.0.1:1: connect: connection refused", Address("127.0.0.1", 1, SERVER_NAME)
     )
     assert refused == (Hop.CONNECT, "dial tcp 127.0.0.1:1: connect: connection refused")
     assert alerting.alerts_sent == 1

@@ -28,7 +28,7 @@ import ssl
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from aggregator.proxy.errors import tls_alert_error
+from aggregator.backends.errors import tls_alert_error
 
 # OpenSSL X509_V_ERR_* codes that mean "no trusted issuer was found".
 _UNKNOWN_AUTHORITY = frozenset({2, 18, 19, 20, 21})

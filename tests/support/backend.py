@@ -24,6 +24,7 @@ import yaml
 from aiohttp import web
 
 from aggregator.commands.certs import KeyPair, issue_serving_cert, new_ca, write_pair
+from tests.support.polling import until
 from tests.support.threaded import ThreadedTLSServer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -250,11 +251,13 @@ class AlwaysAvailable:
 
 
 def force_available(server: Any) -> None:
-    server.gateway.availability = AlwaysAvailable()
+    """The proxy treats every APIService as available, whatever the checker finds (for tests of
+    the proxy's own failure answers)."""
+    server.gateway.proxy.availability = AlwaysAvailable()
 
 
 async def wait_available(server: Any, name: str = APISERVICE, timeout: float = 10.0) -> None:
-    await wait_for(lambda: server.gateway.availability.is_available(name), timeout)
+    await until(lambda: server.gateway.availability.is_available(name), timeout)
 
 
 def write_manifests(folder: Path, name: str, *docs: dict[str, Any]) -> Path:
@@ -267,14 +270,6 @@ def status_of(body: bytes) -> dict[str, Any]:
     doc = json.loads(body)
     assert doc["kind"] == "Status", doc
     return dict(doc)
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 Respond = Callable[["RawBackend", asyncio.StreamReader, asyncio.StreamWriter, Received], Awaitable[None]]

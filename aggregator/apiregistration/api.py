@@ -10,222 +10,48 @@ this group belongs to kube-apiserver and none of this is installed.
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
 import contextlib
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
+from aggregator.apiregistration.documents import (
+    API_GROUP,
+    API_VERSION,
+    COLUMNS,
+    DEFAULT_WATCH_SECONDS,
+    GROUP,
+    HEADERS,
+    META_GROUP,
+    PREFIX,
+    QUALIFIED,
+    RESOURCE,
+    RESOURCE_LIST,
+    VERSION,
+    content_type,
+    encode,
+    encode_apiservice,
+    error_response,
+    partial_metadata,
+    resource_restriction,
+    table_row,
+)
+from aggregator.apiregistration.selectors import matches
 from aggregator.model import apiservice as model
 from aggregator.model.apiservice import APIService
-from aggregator.model.meta import human_duration, ordered_metadata
-from aggregator.model.status import status_body
 from aggregator.sources.store import ADDED, Event, Kind, Store
-from aggregator.web.responses import wants_pretty
-from aggregator.web.routing import Route, RouteKind
-from aggregator.wire.jsonenc import encode_object, go_marshal_indent
-from aggregator.wire.negotiation import GVK, JSON, MediaType, Negotiator, not_acceptable_body
+from aggregator.web.routing import Route, RouteKind, Router
+from aggregator.wire.jsonenc import encode_object
+from aggregator.wire.negotiation import JSON, MediaType, Negotiator, not_acceptable_body
 from aggregator.wire.rendered import Rendered, respond
-from aggregator.wire.yamlenc import go_yaml
-
-if TYPE_CHECKING:
-    from aggregator.server import Gateway
 
 log = logging.getLogger(__name__)
-
-GROUP, VERSION, API_VERSION, KIND = model.GROUP, model.VERSION, model.API_VERSION, model.KIND
-RESOURCE = "apiservices"
-QUALIFIED = f"{RESOURCE}.{GROUP}"
-PREFIX = f"/apis/{GROUP}/"
-META_GROUP = "meta.k8s.io"
-META_VERSIONS = ("v1", "v1beta1")
-HEADERS = {"Cache-Control": "no-cache, private"}
-DEFAULT_WATCH_SECONDS = 1800.0
-
-# kube-apiserver's own listing of this group-version (storageVersionHash included).
-RESOURCE_LIST: dict[str, Any] = {
-    "kind": "APIResourceList",
-    "apiVersion": "v1",
-    "groupVersion": API_VERSION,
-    "resources": [
-        {
-            "name": "apiservices",
-            "singularName": "apiservice",
-            "namespaced": False,
-            "kind": KIND,
-            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
-            "categories": ["api-extensions"],
-            "storageVersionHash": "InPBPD7+PqM=",
-        },
-        {
-            "name": "apiservices/status",
-            "singularName": "",
-            "namespaced": False,
-            "kind": KIND,
-            "verbs": ["get", "patch", "update"],
-        },
-    ],
-}
-API_GROUP: dict[str, Any] = {
-    "kind": "APIGroup",
-    "apiVersion": "v1",
-    "name": GROUP,
-    "versions": [{"groupVersion": API_VERSION, "version": VERSION}],
-    "preferredVersion": {"groupVersion": API_VERSION, "version": VERSION},
-}
-
-NAME_DOC = (
-    "Name must be unique within a namespace. Is required when creating resources, although some resources "
-    "may allow a client to request the generation of an appropriate name automatically. Name is primarily "
-    "intended for creation idempotence and configuration definition. Cannot be updated. More info: "
-    "https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names"
-)
-CREATION_TIMESTAMP_DOC = (
-    "CreationTimestamp is a timestamp representing the server time when this object was created. It is not "
-    "guaranteed to be set in happens-before order across separate operations. Clients may not set this value. "
-    "It is represented in RFC3339 form and is in UTC.\n\nPopulated by the system. Read-only. Null for lists. "
-    "More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata"
-)
-COLUMNS = [
-    {"name": "Name", "type": "string", "format": "name", "description": NAME_DOC, "priority": 0},
-    {
-        "name": "Service",
-        "type": "string",
-        "format": "",
-        "description": "The reference to the service that hosts this API endpoint.",
-        "priority": 0,
-    },
-    {
-        "name": "Available",
-        "type": "string",
-        "format": "",
-        "description": "Whether this service is available.",
-        "priority": 0,
-    },
-    {"name": "Age", "type": "string", "format": "", "description": CREATION_TIMESTAMP_DOC, "priority": 0},
-]
-
-
-# --- pure encoding -----------------------------------------------------------------------------------
-
-
-def object_metadata(svc: APIService, uid: str, created: str) -> dict[str, Any]:
-    """ObjectMeta in Go field order: the manifest's metadata plus what the server fills in."""
-    raw = svc.raw.get("metadata") if isinstance(svc.raw.get("metadata"), Mapping) else {}
-    assert isinstance(raw, Mapping)
-    filled = dict(raw)
-    filled["name"] = svc.name
-    filled.setdefault("uid", uid)
-    filled["resourceVersion"] = svc.resource_version
-    filled.setdefault("creationTimestamp", created)
-    filled.pop("namespace", None)
-    filled.pop("managedFields", None)
-    return ordered_metadata(filled)
-
-
-def encode_apiservice(svc: APIService, uid: str, created: str) -> dict[str, Any]:
-    """The APIService as kube-apiserver serializes it (Go struct field order, omitempty rules)."""
-    spec: dict[str, Any] = {}
-    if svc.service is not None:
-        ref: dict[str, Any] = {}
-        if svc.service.namespace:
-            ref["namespace"] = svc.service.namespace
-        if svc.service.name:
-            ref["name"] = svc.service.name
-        ref["port"] = svc.service.port
-        spec["service"] = ref
-    if svc.group:
-        spec["group"] = svc.group
-    if svc.version:
-        spec["version"] = svc.version
-    if svc.insecure_skip_tls_verify:
-        spec["insecureSkipTLSVerify"] = True
-    if svc.ca_bundle:
-        spec["caBundle"] = base64.b64encode(svc.ca_bundle).decode()
-    spec["groupPriorityMinimum"] = svc.group_priority_minimum
-    spec["versionPriority"] = svc.version_priority
-    status: dict[str, Any] = {}
-    if svc.conditions:
-        status["conditions"] = [c.to_json() for c in svc.conditions]
-    return {
-        "kind": KIND,
-        "apiVersion": API_VERSION,
-        "metadata": object_metadata(svc, uid, created),
-        "spec": spec,
-        "status": status,
-    }
-
-
-def table_row(
-    obj: Mapping[str, Any], svc: APIService, include: str, meta_version: str, now: dt.datetime
-) -> dict[str, Any]:
-    created = obj["metadata"].get("creationTimestamp")
-    age = "<unknown>"
-    if created:
-        with contextlib.suppress(ValueError):
-            when = dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
-            age = human_duration((now - when).total_seconds())
-    row: dict[str, Any] = {"cells": [svc.name, model.service_column(svc), model.available_column(svc), age]}
-    if include == "Object":
-        row["object"] = obj
-    elif include == "None":
-        row["object"] = None
-    else:
-        row["object"] = partial_metadata(obj, meta_version)
-    return row
-
-
-def partial_metadata(obj: Mapping[str, Any], meta_version: str) -> dict[str, Any]:
-    return {
-        "kind": "PartialObjectMetadata",
-        "apiVersion": f"{META_GROUP}/{meta_version}",
-        "metadata": obj["metadata"],
-    }
-
-
-# --- negotiation for resource endpoints --------------------------------------------------------------
-
-
-def resource_restriction(media_type: str, convert: GVK | None) -> bool:
-    """`RequestScope.AllowsMediaTypeTransform`: plain, Table (JSON/YAML), or PartialObjectMetadata[List]."""
-    if convert is None:
-        return True
-    if convert.group != META_GROUP or convert.version not in META_VERSIONS:
-        return False
-    if convert.kind == "Table":
-        return media_type.startswith("application/") and media_type in (JSON, "application/yaml")
-    return convert.kind in ("PartialObjectMetadata", "PartialObjectMetadataList")
-
-
-def _error(
-    request: web.Request | None, code: int, message: str, details: dict[str, Any] | None = None
-) -> web.Response:
-    body = status_body(code, message, details=details)
-    pretty = request is not None and wants_pretty(request)
-    return web.Response(
-        status=code, body=encode_object(body, pretty=pretty), headers={"Content-Type": JSON, **HEADERS}
-    )
-
-
-def _encode(doc: Mapping[str, Any], media: MediaType, request: web.Request) -> bytes:
-    if media.media_type == "application/yaml":
-        return go_yaml(doc)
-    if media.pretty or wants_pretty(request):
-        return go_marshal_indent(doc)
-    return encode_object(doc)
-
-
-def _content_type(media: MediaType) -> str:
-    if media.convert is None:
-        return media.media_type
-    c = media.convert
-    return f"{media.media_type};g={c.group};v={c.version};as={c.kind}"
 
 
 @dataclass
@@ -253,8 +79,7 @@ class APIRegistration:
             self._identify(svc)
         store.add_listener(self._on_event)
 
-    def install(self, gateway: Gateway) -> None:
-        router = gateway.router
+    def install(self, router: Router) -> None:
         router.add_exact(f"/apis/{GROUP}", Route(self.serve_group, RouteKind.OWN, "apiregistration"))
         router.add_exact(f"/apis/{GROUP}/", Route(self.serve_group, RouteKind.OWN, "apiregistration"))
         resources = Route(self.serve_resource_list, RouteKind.OWN, "apiregistration")
@@ -305,11 +130,11 @@ class APIRegistration:
     async def serve_apiservices(self, request: web.Request) -> web.StreamResponse:
         parts = request.path[len(PREFIX) :].rstrip("/").split("/")
         if len(parts) < 2 or parts[0] != VERSION or parts[1] != RESOURCE or len(parts) > 4:
-            return _error(request, 404, "the server could not find the requested resource", {})
+            return error_response(request, 404, "the server could not find the requested resource", {})
         name = parts[2] if len(parts) >= 3 else None
         sub = parts[3] if len(parts) == 4 else None
         if sub is not None and sub != "status":
-            return _error(request, 404, "the server could not find the requested resource", {})
+            return error_response(request, 404, "the server could not find the requested resource", {})
         if request.method not in ("GET", "HEAD"):
             return self._method_not_allowed(request, name)
         media = self._negotiate_resource(request.headers.get("Accept", ""))
@@ -333,7 +158,7 @@ class APIRegistration:
         log.info(
             "refused a write to apiservices", extra={"fields": {"method": request.method, "name": name or ""}}
         )
-        return _error(request, 405, message, {"group": GROUP, "kind": RESOURCE})
+        return error_response(request, 405, message, {"group": GROUP, "kind": RESOURCE})
 
     def _selected(self, request: web.Request) -> list[APIService] | web.Response:
         items = sorted(self.store.apiservices(), key=lambda s: s.name)
@@ -344,7 +169,7 @@ class APIRegistration:
                 if matches(s, request.query.get("labelSelector", ""), request.query.get("fieldSelector", ""))
             ]
         except ValueError as err:
-            return _error(request, 400, str(err))
+            return error_response(request, 400, str(err))
 
     def _list(self, request: web.Request, media: MediaType) -> web.Response:
         selected = self._selected(request)
@@ -354,7 +179,7 @@ class APIRegistration:
         objects = [(self.encode(s), s) for s in selected]
         kind = media.convert.kind if media.convert is not None else None
         if kind == "PartialObjectMetadata":
-            return _error(
+            return error_response(
                 request,
                 406,
                 "you requested PartialObjectMetadata, but the requested object is a list (*v1.APIServiceList)",
@@ -380,13 +205,13 @@ class APIRegistration:
                 "items": [obj for obj, _ in objects],
             }
         return web.Response(
-            body=_encode(doc, media, request), headers={"Content-Type": _content_type(media), **HEADERS}
+            body=encode(doc, media, request), headers={"Content-Type": content_type(media), **HEADERS}
         )
 
     def _get(self, request: web.Request, media: MediaType, name: str) -> web.Response:
         svc = self.store.apiservice(name)
         if svc is None:
-            return _error(
+            return error_response(
                 request,
                 404,
                 f'{QUALIFIED} "{name}" not found',
@@ -395,7 +220,7 @@ class APIRegistration:
         obj = self.encode(svc)
         kind = media.convert.kind if media.convert is not None else None
         if kind == "PartialObjectMetadataList":
-            return _error(
+            return error_response(
                 request,
                 406,
                 "you requested PartialObjectMetadataList, but the requested object is not a list (*v1.APIService)",
@@ -409,7 +234,7 @@ class APIRegistration:
         else:
             doc = obj
         return web.Response(
-            body=_encode(doc, media, request), headers={"Content-Type": _content_type(media), **HEADERS}
+            body=encode(doc, media, request), headers={"Content-Type": content_type(media), **HEADERS}
         )
 
     def _table(
@@ -437,7 +262,7 @@ class APIRegistration:
         try:
             matches(None, label, field)
         except ValueError as err:
-            return _error(request, 400, str(err))
+            return error_response(request, 400, str(err))
         since = request.query.get("resourceVersion", "")
         timeout = DEFAULT_WATCH_SECONDS
         with contextlib.suppress(ValueError):
@@ -452,15 +277,17 @@ class APIRegistration:
                 start = int(since)
             except ValueError:
                 subscription.close()
-                return _error(request, 400, f'resourceVersion: Invalid value: "{since}": must be an integer')
+                return error_response(
+                    request, 400, f'resourceVersion: Invalid value: "{since}": must be an integer'
+                )
             if start < self._compacted_through:
                 subscription.close()
                 oldest = self._history[0].revision if self._history else self.store.revision
-                return _error(request, 410, f"too old resource version: {start} ({oldest})")
+                return error_response(request, 410, f"too old resource version: {start} ({oldest})")
             for event in self._history:
                 if event.revision > start and isinstance(event.obj, APIService):
                     initial.append((event.type, event.obj))
-        response = web.StreamResponse(headers={"Content-Type": _content_type(media), **HEADERS})
+        response = web.StreamResponse(headers={"Content-Type": content_type(media), **HEADERS})
         await response.prepare(request)
         try:
             async with asyncio.timeout(timeout):
@@ -490,60 +317,3 @@ class APIRegistration:
         elif convert is not None and convert.kind.startswith("PartialObjectMetadata"):
             obj = partial_metadata(obj, convert.version)
         return encode_object({"type": kind, "object": obj})
-
-
-# --- selectors ---------------------------------------------------------------------------------------
-
-
-def _requirements(selector: str, what: str) -> list[tuple[str, str, str]]:
-    out: list[tuple[str, str, str]] = []
-    for raw in filter(None, (p.strip() for p in selector.split(","))):
-        for op in ("!=", "==", "="):
-            if op in raw:
-                key, _, value = raw.partition(op)
-                out.append((key.strip(), "!=" if op == "!=" else "=", value.strip()))
-                break
-        else:
-            if " in " in raw or " notin " in raw or "(" in raw:
-                raise ValueError(
-                    f"unable to parse requirement: {what} set-based selectors are not supported here: {raw!r}"
-                )
-            if raw.startswith("!"):
-                out.append((raw[1:].strip(), "!", ""))
-            else:
-                out.append((raw, "exists", ""))
-    return out
-
-
-def matches(svc: APIService | None, label_selector: str, field_selector: str) -> bool:
-    """Equality-based label selectors and the `metadata.name` field selector (all APIServices support)."""
-    labels_req = _requirements(label_selector, "label")
-    fields_req = _requirements(field_selector, "field")
-    for key, op, _ in fields_req:
-        if key != "metadata.name" or op in ("exists", "!"):
-            raise ValueError(f"field label not supported: {key}")
-    if svc is None:
-        return True
-    meta = svc.raw.get("metadata") if isinstance(svc.raw.get("metadata"), Mapping) else {}
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    labels = labels if isinstance(labels, Mapping) else {}
-    for key, op, value in labels_req:
-        present = key in labels
-        if op == "exists" and not present:
-            return False
-        if op == "!" and present:
-            return False
-        if op == "=" and labels.get(key) != value:
-            return False
-        if op == "!=" and labels.get(key) == value:
-            return False
-    return all((op == "=") == (svc.name == value) for _, op, value in fields_req)
-
-
-def install_apiregistration(gateway: Gateway) -> APIRegistration | None:
-    """Local mode only: in kube mode the group is kube-apiserver's."""
-    if not gateway.options.local_mode:
-        return None
-    component = APIRegistration(gateway.store)
-    component.install(gateway)
-    return component

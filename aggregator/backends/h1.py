@@ -1,14 +1,18 @@
-"""A lean keep-alive HTTP/1.1 client for the proxy's hot path.
+"""The lean keep-alive HTTP/1.1 client every backend call uses: proxied requests, fetches, probes.
 
 aiohttp's `ClientSession` spends about 180 µs of Python per request building a `ClientRequest`,
 timers, traces and pool bookkeeping; a proxied GET needs none of it. This module writes the
-request head itself and reads the answer with aiohttp's own protocol class (`ResponseHandler`: the
-C llhttp response parser, a StreamReader per body with flow control), keeping idle connections per
-address. Measured on loopback against nginx: ~25 µs per exchange instead of ~200 µs.
+request head itself and reads the answer with aiohttp's own protocol class (the C llhttp response
+parser, a StreamReader per body with flow control), keeping idle connections per address.
+Measured on loopback against nginx: ~25 µs per exchange instead of ~200 µs.
+
+There is no cap on connections in use: like Go's transport (client-go sets no MaxConnsPerHost),
+a thousand watches on one backend take a thousand connections and a plain GET beside them still
+gets its own at once. Only idle connections are bounded (`max_idle`, like MaxIdleConnsPerHost):
+extras are closed when released, never waited for.
 
 What it does not do, on purpose: follow redirects, decompress, add headers, use HTTP proxies,
-speak HTTP/2. `Backends.fetch` (the gateway's own discovery and availability calls) stays on
-aiohttp's client.
+speak HTTP/2.
 """
 
 from __future__ import annotations
@@ -16,22 +20,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.http import RawResponseMessage
-from aiohttp.streams import StreamReader
+from aggregator.util._aiohttp import (
+    RawResponseMessage,
+    ResponseHandler,
+    StreamReader,
+    drain,
+    prepare_response,
+)
 
 Key = tuple[str, int, str | None]
+# Opens a connection to (host, port) verified for the TLS name; raises BackendError.
+Dial = Callable[[str, int, str | None], Awaitable[ResponseHandler]]
 
 MAX_LINE = 65536
 READ_BUFSIZE = 1 << 16
-
-
-class ConnectTimeout(TimeoutError):
-    """The TCP connect and TLS handshake did not finish in time."""
+# Go's http.Transport IdleConnTimeout: longer than the availability (30 s) and discovery (60 s)
+# intervals, so the gateway's own background calls reuse their connections.
+KEEPALIVE = 90.0
+MAX_IDLE_PER_KEY = 64
 
 
 def serialize_head(method: str, target: str, headers: Iterable[tuple[str, str]]) -> bytes:
@@ -59,19 +68,12 @@ class Exchange:
 
     def send(self, head: bytes, body: StreamReader | None, *, chunked: bool, head_only: bool) -> None:
         protocol = self.protocol
-        protocol.set_response_params(
-            skip_payload=head_only,
-            # No Content-Length and not chunked: the body runs to the end of the connection.
-            read_until_eof=True,
-            auto_decompress=False,
-            read_bufsize=READ_BUFSIZE,
-            max_line_size=MAX_LINE,
-            max_field_size=MAX_LINE,
-        )
+        prepare_response(protocol, head_only=head_only, read_bufsize=READ_BUFSIZE, max_line=MAX_LINE)
         transport = protocol.transport
         assert transport is not None
         transport.write(head)
         if body is not None:
+            # Kept on the exchange and cancelled by `finish`: the body never outlives the exchange.
             self._writer = asyncio.get_running_loop().create_task(self._send_body(body, chunked))
 
     async def _send_body(self, body: StreamReader, chunked: bool) -> None:
@@ -85,8 +87,7 @@ class Exchange:
                     transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
                 else:
                     transport.write(chunk)
-                if protocol.writing_paused:
-                    await protocol._drain_helper()
+                await drain(protocol)
             if chunked and protocol.transport is not None:
                 protocol.transport.write(b"0\r\n\r\n")
         except asyncio.CancelledError:
@@ -120,63 +121,34 @@ class Exchange:
 
 
 class H1Pool:
-    """Idle keep-alive connections per (address, port, TLS name), at most `limit_per_host` in use."""
+    """Idle keep-alive connections per (address, port, TLS name); new ones come from `dial`."""
 
-    def __init__(
-        self, context: ssl.SSLContext | None, *, limit_per_host: int = 512, keepalive: float = 30.0
-    ) -> None:
-        self.context = context
-        self.limit_per_host = limit_per_host
+    def __init__(self, dial: Dial, *, keepalive: float = KEEPALIVE, max_idle: int = MAX_IDLE_PER_KEY) -> None:
+        self._dial = dial
         self.keepalive = keepalive
+        self.max_idle = max_idle
         self._idle: dict[Key, collections.deque[tuple[ResponseHandler, float]]] = {}
-        self._slots: dict[Key, asyncio.Semaphore] = {}
+        self.in_use = 0
         self.closed = False
 
-    async def exchange(
-        self, host: str, port: int, server_name: str | None, connect_timeout: float
-    ) -> Exchange:
+    async def exchange(self, host: str, port: int, server_name: str | None) -> Exchange:
         """A connection ready for one request: an idle one if there is one, else a new one."""
         key = (host, port, server_name)
-        slots = self._slots.get(key)
-        if slots is None:
-            slots = self._slots[key] = asyncio.Semaphore(self.limit_per_host)
-        await slots.acquire()  # (if this is cancelled, no slot was taken)
-        try:
-            idle = self._idle.get(key)
-            if idle:
-                now = time.monotonic()
-                while idle:
-                    protocol, since = idle.pop()
-                    if now - since < self.keepalive and protocol.is_connected():
-                        return Exchange(self, key, protocol, True)
-                    protocol.close()
-            protocol = await self._connect(host, port, server_name, connect_timeout)
-            return Exchange(self, key, protocol, False)
-        except BaseException:
-            slots.release()
-            raise
-
-    async def _connect(
-        self, host: str, port: int, server_name: str | None, connect_timeout: float
-    ) -> ResponseHandler:
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(connect_timeout):
-                _transport, protocol = await loop.create_connection(
-                    lambda: ResponseHandler(loop),
-                    host,
-                    port,
-                    ssl=self.context or False,
-                    server_hostname=server_name or host,
-                )
-        except TimeoutError as err:
-            raise ConnectTimeout() from err
-        return protocol
+        idle = self._idle.get(key)
+        if idle:
+            now = time.monotonic()
+            while idle:
+                protocol, since = idle.pop()
+                if now - since < self.keepalive and protocol.is_connected():
+                    self.in_use += 1
+                    return Exchange(self, key, protocol, True)
+                protocol.close()
+        protocol = await self._dial(host, port, server_name)
+        self.in_use += 1
+        return Exchange(self, key, protocol, False)
 
     def release(self, key: Key, protocol: ResponseHandler, reusable: bool) -> None:
-        slots = self._slots.get(key)
-        if slots is not None:
-            slots.release()
+        self.in_use -= 1
         if not reusable or self.closed or not protocol.is_connected():
             protocol.close()
             return
@@ -186,7 +158,13 @@ class H1Pool:
         now = time.monotonic()
         while idle and now - idle[0][1] >= self.keepalive:
             idle.popleft()[0].close()
+        if len(idle) >= self.max_idle:
+            protocol.close()
+            return
         idle.append((protocol, now))
+
+    def idle_count(self) -> int:
+        return sum(len(idle) for idle in self._idle.values())
 
     def close(self) -> None:
         """Close idle connections; those in use close when their exchange finishes."""

@@ -1,4 +1,5 @@
-"""Fixtures: a fake extension server, and a local-mode gateway registered to proxy to it."""
+"""Shared fixtures, loaded by tests/conftest.py: a fake extension server, and a local-mode gateway
+registered to proxy to it (`start_proxied`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import pytest
 import uvloop
 
 from aggregator.server import GatewayServer
-from tests.conftest import StartGateway
-from tests.proxy.support import (
+from tests.support.backend import (
     SERVER_NAME,
     BackendPKI,
     FakeBackend,
@@ -77,7 +77,7 @@ StartProxied = Callable[..., Any]
 
 @pytest.fixture
 async def start_proxied(
-    start_gateway: StartGateway,
+    start_gateway: Callable[..., Any],
     backend: FakeBackend,
     backend_pki: BackendPKI,
     pki: PKI,

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from aggregator.backends.errors import BackendError, Hop
+from aggregator.contracts import FetchedResponse
 from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import UserInfo
-from aggregator.proxy.transport import BackendError, BackendResponse, Hop
-from tests.proxy.conftest import StartProxied
-from tests.proxy.support import (
+from tests.support.backend import (
     APISERVICE,
     PREFIX,
     SERVER_NAME,
@@ -21,6 +21,7 @@ from tests.proxy.support import (
     backend_service,
     write_manifests,
 )
+from tests.support.fixtures import StartProxied
 from tests.support.pki import PKI
 
 ALICE = UserInfo("alice", "uid-1", ("devs", "system:authenticated"), {"scopes": ("read", "write")})
@@ -42,7 +43,7 @@ async def test_fetch_returns_the_backend_answer_and_asserts_the_user(start_proxi
         user=ALICE,
         timeout=5,
     )
-    assert isinstance(resp, BackendResponse)
+    assert isinstance(resp, FetchedResponse)
     assert resp.status == 200
     assert resp.headers["content-type"].startswith("application/json")
     assert b'"user": "alice"' in resp.body

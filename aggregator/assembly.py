@@ -1,0 +1,298 @@
+"""The composition root: every component of one gateway, built with what it needs, in order.
+
+This is the only module that imports every feature, and the one place to read to see how the
+gateway fits together (as kube-aggregator's `NewWithDelegate`). Each component receives its
+dependencies as constructor arguments, by the narrow interfaces in `contracts.py` where a feature
+needs another; nothing reaches into a shared container, and nothing is swapped after it was built.
+
+Order:
+ 1. observability and state: metrics, health checks, the object store;
+ 2. kube-apiserver: the client (kube mode, or local mode with --kubeconfig for reviews) and the
+    object source (the kube watch, or the folder);
+ 3. authentication, then authorization (the pipeline's first gates);
+ 4. the backends: address resolution, the front-proxy client certificate, one TLS context and
+    pool per TLS setting;
+ 5. availability, before anything that asks whether an APIService may be served;
+ 6. the fallback for unserved paths (kube-apiserver in kube mode, a 404 in local mode), then the
+    APIService proxy, discovery, OpenAPI, and local mode's apiregistration.k8s.io;
+ 7. the router, the pipeline's gates, the health checks, and the start order.
+
+Components start in the order listed in `Gateway.components` and stop in reverse: the kube
+client first and last, the sources before anything that waits for the store to sync.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from aggregator.apiregistration.api import APIRegistration
+from aggregator.auth.authn import Authenticator
+from aggregator.auth.authz import Authorizer
+from aggregator.auth.build import build_authentication, build_authorization
+from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
+from aggregator.availability.probe import DiscoveryProbe
+from aggregator.availability.status import KubeStatusWriter, MemoryStatus, StatusSink, StoreStatus
+from aggregator.backends.addresses import AddressResolver
+from aggregator.backends.client_cert import ProxyClientCertificate
+from aggregator.backends.headers import LiveIdentityPolicy
+from aggregator.backends.registry import BackendRegistry
+from aggregator.config import Options
+from aggregator.contracts import Component
+from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
+from aggregator.kube.client import KubeClient, client_for_options
+from aggregator.openapi.component import OpenAPIAggregation
+from aggregator.openapi.routes import OpenAPIRoutes
+from aggregator.proxy.apiservices import APIServiceProxy
+from aggregator.proxy.delegate import FRONT_PROXY, Delegate
+from aggregator.proxy.forward import Forwarder
+from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
+from aggregator.sources.files import FolderSource
+from aggregator.sources.kube import KubeSource
+from aggregator.sources.store import Store
+from aggregator.web.health import ENDPOINTS, HealthChecks
+from aggregator.web.metrics import Metrics
+from aggregator.web.pipeline import Pipeline
+from aggregator.web.responses import not_found
+from aggregator.web.routing import Route, RouteKind, Router
+from aggregator.web.version import serve_version
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Gateway:
+    """One gateway's components, typed; tests reach them directly."""
+
+    options: Options
+    metrics: Metrics
+    health: HealthChecks
+    store: Store
+    kube: KubeClient | None
+    folder: FolderSource | None
+    kube_source: KubeSource | None
+    authenticator: Authenticator
+    authorizer: Authorizer
+    backends: BackendRegistry
+    availability: AvailabilityChecker
+    delegate: Delegate | None
+    proxy: APIServiceProxy
+    discovery: Discovery
+    openapi: OpenAPIAggregation
+    apiregistration: APIRegistration | None
+    router: Router
+    pipeline: Pipeline
+    # (name, component) in start order; stopped in reverse.
+    components: list[tuple[str, Component]]
+    # Human-readable start-up facts ("client certificates (CA ...)", "authorization: ...").
+    auth_summary: list[str] = field(default_factory=list)
+    shutting_down: bool = False
+
+    async def start(self) -> None:
+        started: list[tuple[str, Component]] = []
+        try:
+            for name, component in self.components:
+                await component.start()
+                started.append((name, component))
+        except BaseException:
+            await _stop_all(started)
+            raise
+
+    async def stop(self) -> None:
+        await _stop_all(self.components)
+
+    def shutdown_check(self) -> str | None:
+        """readyz `shutdown`: fails as soon as the process is asked to stop."""
+        return "the gateway is shutting down" if self.shutting_down else None
+
+
+async def _stop_all(components: list[tuple[str, Component]]) -> None:
+    for name, component in reversed(components):
+        try:
+            await component.stop()
+        except Exception:
+            log.exception("stopping a component failed", extra={"fields": {"component": name}})
+
+
+async def _not_found(request: web.Request) -> web.StreamResponse:
+    return not_found(request)
+
+
+def build_gateway(options: Options) -> Gateway:
+    """Wire every component the options ask for."""
+    # 1. observability and state
+    metrics = Metrics()
+    health = HealthChecks()
+    store = Store()
+    components: list[tuple[str, Component]] = []
+
+    # 2. kube-apiserver and the object source
+    kube = client_for_options(options)
+    if kube is not None:
+        components.append(("kube-client", kube))
+    kube_source: KubeSource | None = None
+    folder: FolderSource | None = None
+    if options.kube_mode and kube is not None:
+        kube_source = KubeSource(kube, store, metrics)
+        components.append(("kube-source", kube_source))
+    if options.apiservices_dir is not None:
+        folder = FolderSource(options.apiservices_dir, store)
+        components.append(("folder-source", folder))
+
+    # 3. who is calling, and may they
+    authentication = build_authentication(options, kube=kube, metrics=metrics)
+    authorization = build_authorization(options, kube=kube, metrics=metrics)
+    components += authentication.components + authorization.components
+    authenticator, authorizer = authentication.authenticator, authorization.authorizer
+
+    # 4. the backends; every identity header the front-proxy configuration names is stripped,
+    # including names the cluster's ConfigMap sets later
+    backends = build_backends(options, store, metrics, identity=_identity_policy(options, authenticator))
+    client_certificate = backends.client_certificate
+    components.append(("backends", backends))
+
+    # 5. availability, before the proxy that asks it
+    availability = AvailabilityChecker(
+        store, DiscoveryProbe(backends), metrics, _status_sink(options, store, kube)
+    )
+
+    # 6. what serves requests
+    forwarder = Forwarder(metrics, UpgradeTunnel(metrics))
+    delegate: Delegate | None = None
+    fallback = Route(_not_found, RouteKind.OWN, "not-found")
+    if options.kube_mode and kube is not None:
+        # Everything the gateway does not serve goes to kube-apiserver (local mode keeps the 404).
+        delegate = Delegate(
+            kube,
+            mode=options.delegate_auth,
+            forwarder=forwarder,
+            client_certificate=client_certificate,
+            identity=_identity_policy(
+                options, authenticator, keep_impersonation=options.delegate_auth == FRONT_PROXY
+            ),
+        )
+        components.append(("delegate", delegate))
+        fallback = delegate.route
+    proxy = APIServiceProxy(
+        store, availability=availability, backends=backends, forwarder=forwarder, fallback=fallback.handler
+    )
+    discovery = Discovery(
+        store,
+        backends=backends,
+        kube=kube if options.kube_mode else None,
+        metrics=metrics,
+        fallback=fallback.handler,
+    )
+    # A verdict flip sends discovery back to the backend at once: an APIService found down goes
+    # Stale now, not at the next refresh, and Current again as soon as it is back.
+    availability.add_listener(discovery.fetcher.poke)
+    openapi = OpenAPIAggregation(
+        store, backends=backends, kube=kube, metrics=metrics, local_mode=options.local_mode
+    )
+    apiregistration = APIRegistration(store) if options.local_mode else None
+    components += [("discovery", discovery), ("openapi", openapi), ("availability", availability)]
+
+    # 7. routes, gates, health
+    router = Router(fallback)
+    for endpoint in ENDPOINTS:
+        route = Route(health.handler(endpoint), RouteKind.OWN, endpoint, public=True)
+        router.add_exact(f"/{endpoint}", route)
+        router.add_prefix(f"/{endpoint}/", route)
+    router.add_exact("/metrics", Route(metrics.handle, RouteKind.OWN, "metrics"))
+    if options.local_mode:
+        router.add_exact("/version", Route(serve_version, RouteKind.OWN, "version"))
+    discovery.routes.install(router)
+    OpenAPIRoutes(openapi).install(router)
+    if apiregistration is not None:
+        apiregistration.install(router)
+    router.add_claim(proxy.claim)
+
+    pipeline = Pipeline(router, metrics)
+    pipeline.add_gate(authenticator.gate)
+    pipeline.add_gate(authorizer.gate)
+    pipeline.add_gate(upgrade_gate(metrics))
+
+    gateway = Gateway(
+        options=options,
+        metrics=metrics,
+        health=health,
+        store=store,
+        kube=kube,
+        folder=folder,
+        kube_source=kube_source,
+        authenticator=authenticator,
+        authorizer=authorizer,
+        backends=backends,
+        availability=availability,
+        delegate=delegate,
+        proxy=proxy,
+        discovery=discovery,
+        openapi=openapi,
+        apiregistration=apiregistration,
+        router=router,
+        pipeline=pipeline,
+        components=components,
+        auth_summary=authentication.summary + authorization.summary,
+    )
+    health.add("ping", lambda: None)
+    health.add("shutdown", gateway.shutdown_check, livez=False)
+    health.add("apiservice-registry-synced", store.synced_check, livez=False)
+    # Ready once the first verdicts are in (a dead backend delays this by one probe timeout at
+    # most; it never makes the gateway unready), and the unavailable ones listed in the notes.
+    health.add(FIRST_ROUND_CHECK, availability.first_round_check, livez=False)
+    health.add_notes("readyz", availability.notes)
+    if discovery.delegate is not None:
+        health.add(KUBE_DISCOVERY_CHECK, discovery.kube_ready, livez=False)
+    return gateway
+
+
+def build_backends(
+    options: Options, store: Store, metrics: Metrics, *, identity: LiveIdentityPolicy | None = None
+) -> BackendRegistry:
+    """The backends as the options configure them (also what `aggregator check` dials with)."""
+    return BackendRegistry(
+        store,
+        metrics,
+        resolver=AddressResolver(
+            store,
+            endpoint_routing=options.enable_aggregator_routing,
+            allow_external_name=options.allow_external_name_services,
+            deny_cidrs=options.backend_deny_cidrs,
+        ),
+        client_certificate=ProxyClientCertificate(
+            options.proxy_client_cert_file, options.proxy_client_key_file
+        ),
+        identity=identity or flag_identity_policy(options),
+    )
+
+
+def flag_identity_policy(options: Options, *, keep_impersonation: bool = False) -> LiveIdentityPolicy:
+    """The identity headers never forwarded: the standard names and the `--requestheader-*` flags'."""
+    return LiveIdentityPolicy(
+        username_headers=options.requestheader_username_headers,
+        uid_headers=options.requestheader_uid_headers,
+        group_headers=options.requestheader_group_headers,
+        extra_prefixes=options.requestheader_extra_headers_prefix,
+        keep_impersonation=keep_impersonation,
+    )
+
+
+def _identity_policy(
+    options: Options, authenticator: Authenticator, *, keep_impersonation: bool = False
+) -> LiveIdentityPolicy:
+    """The flags' names plus whatever front-proxy configuration the authenticator reads now
+    (kube mode: the cluster's ConfigMap, which may change while the gateway runs)."""
+    policy = flag_identity_policy(options, keep_impersonation=keep_impersonation)
+    policy.follow(authenticator.requestheader)
+    return policy
+
+
+def _status_sink(options: Options, store: Store, kube: KubeClient | None) -> StatusSink:
+    """Where Available conditions go: the store (local mode), kube-apiserver (opt-in), or memory."""
+    if options.local_mode:
+        return StoreStatus(store)
+    if options.write_apiservice_status and kube is not None:
+        return KubeStatusWriter(kube, store)
+    return MemoryStatus()

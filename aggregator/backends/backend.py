@@ -1,0 +1,215 @@
+"""One backend: its TLS context, its keep-alive pool, the one way it is dialed, and how failures read.
+
+Every connection to a backend, whether for a proxied request, an upgrade tunnel, a discovery or
+OpenAPI fetch or an availability probe, is opened by `Backend.dial`, and every failure is worded
+by `dial` (connect and handshake) or `describe` (after the connection was made) the way Go's
+transport words it, so the 503 a client sees, the availability condition and `aggregator check`
+name the same cause: `dial tcp 10.0.0.5:443: connect: connection refused`, `tls: failed to verify
+certificate: x509: certificate is valid for a.svc, not b.svc`, `remote error: tls: bad certificate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
+from cryptography import x509
+
+from aggregator.backends import tlsdiag
+from aggregator.backends.errors import BackendError, Hop, classify
+from aggregator.backends.h1 import KEEPALIVE, H1Pool, serialize_head
+from aggregator.backends.tls import client_context
+from aggregator.contracts import FetchedResponse
+from aggregator.tls.pem import CertKeyPair
+from aggregator.util._aiohttp import ResponseHandler, response_protocol
+
+CONNECT_TIMEOUT = 5.0
+# A backend that refused the client certificate is asked why at most this often per address.
+ALERT_TTL = 5.0
+# Methods Go's transport retries once when a pooled connection turns out to be closed.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
+
+P = TypeVar("P", bound=asyncio.BaseProtocol)
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """Where to connect: the address dialed and the name its certificate must hold."""
+
+    host: str
+    port: int
+    server_name: str | None  # None: the host itself
+
+    @property
+    def authority(self) -> str:
+        """`host:port` as Go's `net.JoinHostPort` writes it (IPv6 in brackets)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def tls_name(self) -> str:
+        return self.server_name or self.host
+
+
+class Backend:
+    """One TLS setting's context and connection pool (shared by APIServices with equal settings)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        context: ssl.SSLContext | None,
+        error: str | None = None,
+        client_pair: CertKeyPair | None = None,
+        keepalive: float = KEEPALIVE,
+    ) -> None:
+        self.name = name
+        self.context = context
+        # Why the context could not be built (upstream's transportBuildingError): requests get a 500.
+        self.error = error
+        self._client_pair = client_pair
+        self.pool = H1Pool(self._dial_http, keepalive=keepalive)
+        self._diag_context: ssl.SSLContext | None = None
+        # (host, port, server name) -> (expiry, the look in progress or done): see `diagnose`.
+        self._alerts: dict[tuple[str, int, str], tuple[float, asyncio.Future[str | None]]] = {}
+        self.retired = False
+
+    # --- connections -------------------------------------------------------------------------------
+
+    async def dial(
+        self, address: Address, factory: Callable[[], P], *, within: float = CONNECT_TIMEOUT
+    ) -> tuple[asyncio.Transport, P]:
+        """TCP connect and TLS handshake within `within` seconds; a failure raises BackendError in Go's words."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(within):
+                transport, protocol = await loop.create_connection(
+                    factory,
+                    address.host,
+                    address.port,
+                    ssl=self.context or False,
+                    server_hostname=address.tls_name if self.context is not None else None,
+                )
+        except TimeoutError as err:
+            raise BackendError(Hop.CONNECT, f"dial tcp {address.authority}: i/o timeout") from err
+        except ssl.SSLCertVerificationError as err:
+            cause, certificate = await self.explain_verification(address, err)
+            raise BackendError(Hop.TLS, cause, verification=True, certificate=certificate) from err
+        except (OSError, ssl.SSLError) as err:
+            hop, cause = classify(err, address.authority)
+            raise BackendError(hop, cause) from err
+        return transport, protocol
+
+    async def _dial_http(self, host: str, port: int, server_name: str | None) -> ResponseHandler:
+        loop = asyncio.get_running_loop()
+        _, protocol = await self.dial(Address(host, port, server_name), lambda: response_protocol(loop))
+        return protocol
+
+    async def describe(self, err: BaseException, address: Address) -> BackendError:
+        """A failure after the connection was made, in Go's words; a bare EOF or reset right after
+        the handshake becomes the TLS alert the backend sent, when it sent one."""
+        if isinstance(err, BackendError):
+            return err
+        if isinstance(err, HttpProcessingError):
+            return BackendError(Hop.CONNECT, f"malformed HTTP response: {err.message}")
+        if isinstance(err, aiohttp.ServerDisconnectedError | asyncio.IncompleteReadError):
+            hop, cause = Hop.CONNECT, "EOF"
+        else:
+            hop, cause = classify(err, address.authority)
+        hop, cause = await self.diagnose(hop, cause, address)
+        return BackendError(hop, cause)
+
+    # --- the gateway's own requests ----------------------------------------------------------------
+
+    async def get(
+        self,
+        address: Address,
+        target: str,
+        headers: Iterable[tuple[str, str]],
+        *,
+        max_body: int,
+    ) -> FetchedResponse:
+        """GET `target` and read the whole answer (at most `max_body` bytes of it).
+
+        Redirects are returned, never followed. Raises BackendError; the caller bounds the time.
+        """
+        head = serialize_head("GET", target, headers)
+        for attempt in (1, 2):
+            exchange = await self.pool.exchange(address.host, address.port, address.server_name)
+            try:
+                exchange.send(head, None, chunked=False, head_only=False)
+                message, payload = await exchange.response()
+                body = bytearray()
+                while len(body) < max_body:
+                    chunk = await payload.readany()
+                    if not chunk:
+                        break
+                    body += chunk
+                return FetchedResponse(message.code, message.headers, bytes(body[:max_body]))
+            except aiohttp.ServerDisconnectedError as err:
+                if attempt == 1 and exchange.reused:
+                    continue  # a pooled connection the backend had just closed: Go retries once
+                raise await self.describe(err, address) from err
+            except (aiohttp.ClientError, HttpProcessingError, OSError, asyncio.IncompleteReadError) as err:
+                raise await self.describe(err, address) from err
+            finally:
+                exchange.finish()
+        raise AssertionError("unreachable")
+
+    # --- failure detail ----------------------------------------------------------------------------
+
+    async def explain_verification(
+        self, address: Address, err: BaseException
+    ) -> tuple[str, x509.Certificate | None]:
+        """Go's wording for a failed verification, after an unverified look at the certificate."""
+        cert_err = getattr(err, "certificate_error", err)
+        code = int(getattr(cert_err, "verify_code", 0) or 0)
+        message = str(getattr(cert_err, "verify_message", "") or cert_err)
+        if self._diag_context is None:
+            self._diag_context = client_context(None, insecure=True, client_pair=self._client_pair)
+        cert = await tlsdiag.peer_certificate(
+            address.host, address.port, address.tls_name, self._diag_context
+        )
+        return tlsdiag.explain(cert, address.tls_name, code, message), cert
+
+    async def diagnose(self, hop: Hop, cause: str, address: Address) -> tuple[Hop, str]:
+        """Name the TLS alert behind a bare "EOF" or reset, as Go does; other failures pass as they are.
+
+        With TLS 1.3 a backend that refuses the client certificate (wrong front-proxy CA) says so
+        after the handshake, and all the client library sees is a closed connection. Only called
+        after a failure; one look per address every ALERT_TTL seconds, shared by the failures
+        that arrive meanwhile, so a broken backend under load gets one extra connection, not one
+        per request.
+        """
+        if hop is not Hop.CONNECT or not (cause == "EOF" or cause.endswith("reset by peer")):
+            return hop, cause
+        context = self.context
+        if context is None:
+            return hop, cause
+        loop = asyncio.get_running_loop()
+        key = (address.host, address.port, address.tls_name)
+        entry = self._alerts.get(key)
+        if entry is None or entry[0] <= loop.time():
+            if len(self._alerts) > 256:
+                self._alerts.clear()
+            look = asyncio.ensure_future(
+                tlsdiag.alert_after_handshake(address.host, address.port, address.tls_name, context)
+            )
+            entry = self._alerts[key] = (loop.time() + ALERT_TTL, look)
+        alert = await asyncio.shield(entry[1])
+        return (Hop.TLS, alert) if alert is not None else (hop, cause)
+
+    # --- lifetime ----------------------------------------------------------------------------------
+
+    def retire(self) -> None:
+        """No new requests: idle connections close now, the rest when their exchange ends (watches
+        are not cut)."""
+        self.retired = True
+        self.pool.close()
+
+    async def close(self) -> None:
+        self.retire()

@@ -1,0 +1,59 @@
+"""The narrow interfaces features depend on, so none of them depends on another's implementation.
+
+Like kube-aggregator's two-method `APIHandlerManager`: the proxy knows availability only as
+`is_available(name)`, discovery and OpenAPI know the backends only as `fetch(...)`, and the
+composition root (`assembly.py`) is the one place that decides which implementation answers.
+This module imports nothing from the gateway but plain models, so anything may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from multidict import CIMultiDictProxy
+
+from aggregator.model.apiservice import APIService
+from aggregator.model.userinfo import UserInfo
+
+
+class Component(Protocol):
+    """Something with a lifetime: started in wiring order, stopped in reverse."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class Availability(Protocol):
+    """May requests for this APIService be proxied? (upstream: its `Available` condition)"""
+
+    def is_available(self, name: str) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedResponse:
+    """A complete (small) backend answer: status, case-insensitive headers, body bytes."""
+
+    status: int
+    headers: CIMultiDictProxy[str]
+    body: bytes
+
+
+class BackendFetcher(Protocol):
+    """The gateway's own GETs to an APIService's backend (discovery, OpenAPI).
+
+    Raises `BackendError` (which names the failing hop) when the backend cannot be reached;
+    redirects are returned, never followed.
+    """
+
+    async def fetch(
+        self,
+        apiservice: APIService,
+        path: str,
+        *,
+        headers: Mapping[str, str],
+        user: UserInfo,
+        timeout: float,  # noqa: ASYNC109 - the backend call enforces it with its own deadline
+    ) -> FetchedResponse: ...

@@ -1,0 +1,38 @@
+"""Where one proxied request goes and how: the address, TLS, and how identity is asserted."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aggregator.backends.backend import Address, Backend
+from aggregator.backends.headers import IdentityHeaderPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """Where one request goes and how: the address to dial, TLS, and how identity is asserted."""
+
+    name: str  # metrics and log label: the APIService name, or "delegate"
+    backend: Backend  # TLS context and connection pool
+    host: str  # what is dialed: a pinned IP for APIServices
+    port: int
+    server_name: str | None  # TLS verification name (None: the host)
+    policy: IdentityHeaderPolicy
+    base_path: str = ""  # the server URL's path (a kubeconfig server may have one)
+    impersonate: bool = False  # identity as Impersonate-* (with `credentials`) instead of X-Remote-*
+    credentials: Mapping[str, str] | None = None  # the gateway's own Authorization, when impersonating
+    # kube-apiserver's own redirects (e.g. service proxy paths) are passed on; a backend's never are.
+    pass_redirects: bool = False
+
+    @property
+    def address(self) -> Address:
+        return Address(self.host, self.port, self.server_name)
+
+    @property
+    def authority(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"https://{self.authority}{self.base_path}"

@@ -1,0 +1,209 @@
+"""One engine for every keyed background loop: discovery fetches, availability checks, OpenAPI downloads.
+
+Each key (an APIService, a backend, kube-apiserver) runs `work(key)` at once when it is added or
+poked, again `interval` after a success and after an exponential backoff following a failure
+(client-go's `ItemExponentialFailureRateLimiter`), with both waits jittered downwards so that
+thousands of keys added together drift apart instead of firing in lockstep. A poke during a run
+means "run again right after". At most `concurrency` runs are in flight (upstream runs a fixed
+number of workers per controller).
+
+One scheduler task and at most `concurrency` run tasks exist however many keys there are: keys wait
+in a heap of due times, not as sleeping tasks, so 5000 APIServices cost 5000 heap entries rather
+than 5000 tasks with timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import random
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from aggregator.util.backoff import exponential_delay
+from aggregator.util.logs import fields
+from aggregator.util.tasks import TaskSet
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+
+# A key's next wait after a run, overriding the default: (key, ok, consecutive failures) -> seconds,
+# or None for the default.
+DelayHook = Callable[[K, bool, int], float | None]
+
+
+@dataclass(slots=True)
+class _Entry:
+    due: float | None  # when the next run is due; None while running
+    running: bool = False
+    again: bool = False  # poked during the run: run again right after
+    failures: int = 0
+
+
+class KeyedLoops(Generic[K]):
+    def __init__(
+        self,
+        name: str,
+        work: Callable[[K], Awaitable[bool]],
+        *,
+        interval: float,
+        backoff_initial: float,
+        backoff_max: float,
+        concurrency: int,
+        jitter: float = 0.1,
+        delay: DelayHook[K] | None = None,
+        rng: Callable[[], float] | None = None,
+    ) -> None:
+        self.name = name
+        self._work = work
+        # Public and mutable: tests and operators' knobs read them at each scheduling decision.
+        self.interval = interval
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.concurrency = concurrency
+        self.jitter = jitter
+        self._delay_hook = delay
+        self._rng = rng or random.Random().random
+        self._entries: dict[K, _Entry] = {}
+        self._heap: list[tuple[float, int, K]] = []
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._active = 0
+        self._runs: dict[K, asyncio.Task[None]] = {}
+        self._tasks = TaskSet(name)
+        self._scheduler: asyncio.Task[None] | None = None
+        self.runs = 0  # completed runs, for tests and metrics
+
+    # --- keys ------------------------------------------------------------------------------------
+
+    def ensure(self, key: K) -> None:
+        """Run `key` from now on, at once if it is new."""
+        if key not in self._entries:
+            entry = self._entries[key] = _Entry(due=None)
+            self._schedule(key, entry, 0.0)
+
+    def discard(self, key: K) -> None:
+        """Stop running `key` (a run in progress is cancelled)."""
+        self._entries.pop(key, None)
+        run = self._runs.pop(key, None)
+        if run is not None:
+            run.cancel()
+
+    def poke(self, key: K) -> None:
+        """Run `key` now, or right after the run in progress."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        if entry.running:
+            entry.again = True
+        else:
+            self._schedule(key, entry, 0.0)
+
+    def tracked(self) -> list[K]:
+        return list(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def failures(self, key: K) -> int:
+        entry = self._entries.get(key)
+        return entry.failures if entry is not None else 0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._scheduler is None or self._scheduler.done():
+            self._scheduler = self._tasks.spawn(self._schedule_loop(), name="scheduler")
+
+    async def stop(self) -> None:
+        self._scheduler = None
+        self._runs.clear()
+        await self._tasks.close()
+        self._active = 0
+        for entry in self._entries.values():  # a later start() runs every key again at once
+            entry.running, entry.again = False, False
+        self._heap = []
+        for key, entry in self._entries.items():
+            self._schedule(key, entry, 0.0)
+
+    # --- scheduling ------------------------------------------------------------------------------
+
+    def _schedule(self, key: K, entry: _Entry, delay: float) -> None:
+        due = _now() + delay
+        entry.due = due
+        heapq.heappush(self._heap, (due, next(self._seq), key))
+        if self._heap[0][2] == key or delay <= 0:
+            self._wake.set()
+
+    def _next_delay(self, key: K, ok: bool, failures: int) -> float:
+        if self._delay_hook is not None:
+            override = self._delay_hook(key, ok, failures)
+            if override is not None:
+                return override
+        base = self.interval if ok else exponential_delay(failures, self.backoff_initial, self.backoff_max)
+        return base * (1.0 - self.jitter * self._rng())
+
+    async def _schedule_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            now = _now()
+            while self._heap and self._active < self.concurrency:
+                heap = self._heap
+                due, _, key = heap[0]
+                entry = self._entries.get(key)
+                if entry is None or entry.running or entry.due != due:
+                    heapq.heappop(heap)  # stale: discarded, running, or rescheduled since
+                    continue
+                if due > now:
+                    break
+                heapq.heappop(heap)
+                entry.running, entry.due = True, None
+                self._active += 1
+                self._runs[key] = self._tasks.spawn(self._run(key, entry), name=str(key))
+            timeout: float | None = None
+            if self._heap and self._active < self.concurrency:
+                timeout = max(0.0, self._heap[0][0] - now)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+
+    async def _run(self, key: K, entry: _Entry) -> None:
+        ok = False
+        try:
+            ok = await self._work(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background run failed", extra=fields(loop=self.name, key=str(key)))
+        finally:
+            self._active -= 1
+            if self._runs.get(key) is asyncio.current_task():
+                del self._runs[key]
+            self._wake.set()
+        self.runs += 1
+        if self._entries.get(key) is not entry:
+            return  # discarded (or replaced) while it ran
+        entry.running = False
+        entry.failures = 0 if ok else entry.failures + 1
+        if entry.again:
+            entry.again = False
+            self._schedule(key, entry, 0.0)
+        else:
+            self._schedule(key, entry, self._next_delay(key, ok, entry.failures))
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time() if _loop_running() else 0.0
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -1,0 +1,196 @@
+"""The keyed background-loop engine: wake, interval, backoff, concurrency, and its cost per key."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+
+from aggregator.util.loops import KeyedLoops
+from tests.support.polling import until
+
+
+def engine(
+    work: object, *, interval: float = 60.0, backoff: float = 0.02, cap: float = 0.08, concurrency: int = 4
+) -> KeyedLoops[str]:
+    return KeyedLoops(
+        "test",
+        work,  # type: ignore[arg-type]
+        interval=interval,
+        backoff_initial=backoff,
+        backoff_max=cap,
+        concurrency=concurrency,
+        rng=lambda: 0.0,  # no jitter: these tests measure the schedule itself
+    )
+
+
+async def test_a_new_key_runs_at_once_then_every_interval() -> None:
+    runs: list[float] = []
+
+    async def work(_key: str) -> bool:
+        runs.append(asyncio.get_running_loop().time())
+        return True
+
+    loops = engine(work, interval=0.05)
+    loops.ensure("a")
+    started = asyncio.get_running_loop().time()
+    loops.start()
+    try:
+        await until(lambda: len(runs) >= 4, what="four runs")
+    finally:
+        await loops.stop()
+    assert runs[0] - started < 0.05
+    assert all(b - a >= 0.045 for a, b in itertools.pairwise(runs))
+
+
+async def test_failures_back_off_exponentially_to_the_cap_and_a_success_resets() -> None:
+    runs: list[float] = []
+    results = iter([False, False, False, False, True])
+
+    async def work(_key: str) -> bool:
+        runs.append(asyncio.get_running_loop().time())
+        return next(results, True)
+
+    loops = engine(work, interval=0.3, backoff=0.02, cap=0.06)
+    loops.ensure("a")
+    loops.start()
+    try:
+        await until(lambda: len(runs) >= 6, what="six runs")
+    finally:
+        await loops.stop()
+    gaps = [b - a for a, b in itertools.pairwise(runs)]
+    # four failures: 0.02, 0.04, then the 0.06 cap twice (not 0.08); the fifth run succeeds
+    assert gaps[0] >= 0.019 and gaps[1] >= 0.039 and gaps[2] >= 0.059 and gaps[3] >= 0.059
+    assert gaps[3] < 0.2
+    assert gaps[4] >= 0.29  # after a success: the interval
+    assert loops.failures("a") == 0
+
+
+async def test_a_poke_during_a_run_runs_again_right_after() -> None:
+    gate = asyncio.Event()
+    runs = 0
+
+    async def work(_key: str) -> bool:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            await gate.wait()
+        return True
+
+    loops = engine(work, interval=60.0)
+    loops.ensure("a")
+    loops.start()
+    try:
+        await until(lambda: runs == 1, what="the first run")
+        loops.poke("a")
+        loops.poke("a")  # several pokes during one run mean one more run, not several
+        gate.set()
+        await until(lambda: runs == 2, what="the run after the poke")
+        await asyncio.sleep(0.05)
+        assert runs == 2
+        loops.poke("a")
+        await until(lambda: runs == 3, what="a run for a poke while idle")
+    finally:
+        await loops.stop()
+
+
+async def test_at_most_concurrency_runs_at_a_time() -> None:
+    running = 0
+    peak = 0
+    done: Counter[str] = Counter()
+
+    async def work(key: str) -> bool:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        done[key] += 1
+        return True
+
+    loops = engine(work, concurrency=3)
+    for i in range(20):
+        loops.ensure(f"k{i}")
+    loops.start()
+    try:
+        await until(lambda: len(done) == 20, what="every key's first run")
+    finally:
+        await loops.stop()
+    assert peak == 3
+
+
+async def test_discard_cancels_the_run_and_forgets_the_key() -> None:
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def work(_key: str) -> bool:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return True
+
+    loops = engine(work)
+    loops.ensure("a")
+    loops.start()
+    try:
+        await started.wait()
+        loops.discard("a")
+        await asyncio.wait_for(cancelled.wait(), 5)
+        assert "a" not in loops and loops.tracked() == []
+    finally:
+        await loops.stop()
+
+
+async def test_an_exception_is_a_failure_and_the_loop_goes_on() -> None:
+    runs = 0
+
+    async def work(_key: str) -> bool:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            raise RuntimeError("broken once")
+        return True
+
+    loops = engine(work, backoff=0.01)
+    loops.ensure("a")
+    loops.start()
+    try:
+        await until(lambda: runs >= 2, what="the run after the exception")
+    finally:
+        await loops.stop()
+
+
+async def test_thousands_of_keys_cost_one_scheduler_task_not_one_task_each() -> None:
+    async def work(_key: str) -> bool:
+        return True
+
+    loops = engine(work, interval=3600.0, concurrency=8)
+    for i in range(5000):
+        loops.ensure(f"k{i}")
+    before = len(asyncio.all_tasks())
+    loops.start()
+    try:
+        await until(lambda: loops.runs >= 5000, what="every key's first run", timeout=30)
+        assert len(asyncio.all_tasks()) - before <= 1  # the scheduler; the runs have ended
+    finally:
+        await loops.stop()
+
+
+async def test_jitter_spreads_the_interval_downwards() -> None:
+    draws = iter([0.0, 1.0, 0.5])
+    loops: KeyedLoops[str] = KeyedLoops(
+        "jitter",
+        lambda _k: asyncio.sleep(0, True),  # type: ignore[arg-type,return-value]
+        interval=10.0,
+        backoff_initial=1.0,
+        backoff_max=8.0,
+        concurrency=1,
+        jitter=0.1,
+        rng=lambda: next(draws),
+    )
+    assert loops._next_delay("a", True, 0) == 10.0
+    assert loops._next_delay("a", True, 0) == 9.0
+    assert loops._next_delay("a", False, 3) == 4.0 * 0.95

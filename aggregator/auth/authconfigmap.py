@@ -29,6 +29,7 @@ from aggregator.kube.client import KubeClient, KubeError, describe_error
 from aggregator.tls.pem import PEMError
 from aggregator.tls.verify import CAPool
 from aggregator.util.logs import fields
+from aggregator.util.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class AuthConfigMap:
         self.current: ClusterAuthentication | None = None
         self._client_ca: CAPool | None = None
         self._requestheader: RequestHeaderConfig | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskSet(f"configmap {SOURCE}")
         self.synced = asyncio.Event()
 
     # --- what the authenticator calls (no I/O) -------------------------------------------------------
@@ -139,13 +140,10 @@ class AuthConfigMap:
                 "front-proxy headers it would allow are refused until it is read",
                 extra=fields(configmap=f"{NAMESPACE}/{NAME}", reason=_reason(err)),
             )
-        self._task = asyncio.create_task(self._run(), name=f"watch {SOURCE}")
+        self._tasks.spawn(self._run(), name="watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._tasks.close()
 
     # --- applying a version --------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Identity asserted by a front proxy in request headers (`--requestheader-*`).
 
 Only trusted after the caller's certificate verified against the front-proxy CA with an allowed
-common name; the semantics are apiserver's `headerrequest` authenticator (§4.6 of the reference):
+common name; the semantics are apiserver's `headerrequest` authenticator (`pkg/authentication/request/headerrequest/requestheader.go`):
 first non-empty username header wins, every non-empty value of every group header, extra keys
 lower-cased and percent-unescaped (the raw lower-cased key if unescaping fails).
 """

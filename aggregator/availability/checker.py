@@ -1,6 +1,7 @@
 """`gateway.availability`: every APIService re-checked on a timer and on change; the proxy asks it.
 
-One loop per APIService, at most `workers` checks at a time (upstream runs 5 workers): a check at
+One loop per APIService on the shared engine (`util/loops.py`), at most `workers` checks at a time
+(upstream runs 5 workers): a check at
 start (once the store has synced), every `interval` seconds (30 s, upstream's resync), at once
 when the APIService's spec, its Service or its EndpointSlices change, and sooner after a failed
 discovery GET (doubling from `retry_initial` up to `interval`, like upstream's rate-limited

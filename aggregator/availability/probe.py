@@ -1,4 +1,5 @@
-"""Walk one APIService's way to its backend, hop by hop, in upstream's order (kube-aggregator §5.2).
+"""Walk one APIService's way to its backend, hop by hop, in upstream's order
+(kube-aggregator `remote_available_controller.go`, `sync`).
 
 Service present -> (ClusterIP only) the port `spec.service.port` exists -> an EndpointSlice has a
 ready endpoint with that port's name -> `GET /apis/<g>/<v>` as `system:kube-aggregator` in

@@ -1,4 +1,4 @@
-"""Which address a request for an APIService is sent to (upstream's service resolvers, §4.5).
+"""Which address a request for an APIService is sent to (kube-aggregator's `resolvers.go`, `ResolveCluster` and `ResolveEndpoint`).
 
 By default the Service's cluster IP and the Service port whose `port` equals `spec.service.port`
 (`ResolveCluster`); with `--enable-aggregator-routing` a ready endpoint of the Service's
@@ -6,7 +6,7 @@ EndpointSlices, port matched by name, from a random start (`ResolveEndpoint`). T
 from the store, so local mode resolves through the folder's Service and EndpointSlice manifests
 the same way.
 
-Security (S6 of the reference): an ExternalName Service is refused unless
+Security (CVE-2020-8562, CVE-2021-25740): an ExternalName Service is refused unless
 `--allow-external-name-services`; its name is resolved once and the resulting IP is dialed (no
 second lookup a DNS server could answer differently); every address is checked against
 `--backend-deny-cidrs` before anything is dialed. The TLS verification name is always

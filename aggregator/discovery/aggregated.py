@@ -37,7 +37,7 @@ DEFAULT_PRIORITY = (1000, 15)
 CRD_PRIORITY = (1000, 100)
 HEADERS = {"Vary": "Accept", "Cache-Control": "public"}
 
-# What kube-apiserver publishes for its own apiregistration.k8s.io/v1 (Appendix A).
+# What kube-apiserver publishes for its own apiregistration.k8s.io/v1 (its aggregated `/apis`).
 _APISERVICE_KIND = {"group": "", "version": "", "kind": "APIService"}
 REGISTRATION_RESOURCES: list[dict[str, Any]] = [
     {

@@ -30,7 +30,6 @@ the gateway serve legacy discovery only, as that kube-apiserver does itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -54,8 +53,8 @@ from aggregator.kube.client import describe_error
 from aggregator.model.apiservice import API_VERSION as REGISTRATION_GROUP_VERSION
 from aggregator.model.apiservice import APIService
 from aggregator.sources.store import DELETED, Event, Kind, Store
-from aggregator.util.backoff import exponential_delay
 from aggregator.util.logs import fields
+from aggregator.util.loops import KeyedLoops
 from aggregator.wire.negotiation import DISCOVERY_KIND
 
 if TYPE_CHECKING:
@@ -272,9 +271,6 @@ class DelegateDiscovery:
         self.store = store
         self._on_change = on_change
         self._metrics = metrics
-        self.refresh_interval = refresh_interval
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
         self.timeout = timeout
         self.follow_ups = follow_ups
         self.priority = Priorities(store)
@@ -286,22 +282,51 @@ class DelegateDiscovery:
         self.failures = 0
         self.last_error = ""
         self._pending_follow_ups: list[float] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        # One key on the shared engine: its interval, backoff and a poke-means-again wake.
+        self.loops: KeyedLoops[str] = KeyedLoops(
+            "discovery-kube-apiserver",
+            self._fetch,
+            interval=refresh_interval,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+            concurrency=1,
+            delay=self._follow_up,
+        )
+        self.loops.ensure(KUBE_APISERVER)
         store.add_listener(self._on_event)
+
+    # Knobs (tests shorten them): the loop engine reads them at each scheduling decision.
+    @property
+    def refresh_interval(self) -> float:
+        return self.loops.interval
+
+    @refresh_interval.setter
+    def refresh_interval(self, value: float) -> None:
+        self.loops.interval = value
+
+    @property
+    def backoff_initial(self) -> float:
+        return self.loops.backoff_initial
+
+    @backoff_initial.setter
+    def backoff_initial(self, value: float) -> None:
+        self.loops.backoff_initial = value
+
+    @property
+    def backoff_max(self) -> float:
+        return self.loops.backoff_max
+
+    @backoff_max.setter
+    def backoff_max(self, value: float) -> None:
+        self.loops.backoff_max = value
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="discovery:kube-apiserver")
+        self.loops.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.loops.stop()
 
     def ready(self) -> str | None:
         """Readiness: the first fetch has finished (like upstream's initial discovery sync, errors allowed)."""
@@ -321,7 +346,7 @@ class DelegateDiscovery:
         """Fetch now (or right after the fetch in progress); `follow_up` adds the short re-checks."""
         if follow_up:
             self._pending_follow_ups = list(self.follow_ups)
-        self._wake.set()
+        self.loops.poke(KUBE_APISERVER)
 
     def _on_event(self, event: Event) -> None:
         if event.kind is not Kind.APISERVICE:
@@ -334,18 +359,15 @@ class DelegateDiscovery:
         self._on_change()  # a priority may have moved (a CRD's label, local <-> remote)
         self.poke(follow_up=True)
 
-    async def _run(self) -> None:
-        while True:
-            self._wake.clear()  # a poke during the fetch means "fetch again right after"
-            ok = await self.fetch_once()
-            if not ok:
-                delay = exponential_delay(self.failures, self.backoff_initial, self.backoff_max)
-            elif self._pending_follow_ups:
-                delay = self._pending_follow_ups.pop(0)
-            else:
-                delay = self.refresh_interval
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+    async def _fetch(self, _key: str) -> bool:
+        return await self.fetch_once()
+
+    def _follow_up(self, _key: str, ok: bool, _failures: int) -> float | None:
+        """After a change, a few quick re-fetches (kube-apiserver publishes a CRD's group a moment
+        after its APIService appears); otherwise the engine's interval or backoff."""
+        if ok and self._pending_follow_ups:
+            return self._pending_follow_ups.pop(0)
+        return None
 
     # --- one fetch ----------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Fetches each remote APIService's discovery from its backend, so `/apis` never has to.
 
 Per APIService (per group-version, not per Service: several APIServices behind one Service each get
-their own entry, user-needs §1.3): GET the backend's `/apis` with the aggregated Accept and the last
+their own entry, as kube-aggregator's discovery manager keys them): GET the backend's `/apis` with the aggregated Accept and the last
 ETag; on a non-aggregated answer fall back to `GET /apis/<g>/<v>` and convert the APIResourceList.
 Refresh every 60 s, at once when the APIService, its Service or its EndpointSlices change; failures
 retry with backoff from 0.5 s to 60 s. A bounded number of fetches run at a time, each with a 5 s

@@ -1,7 +1,7 @@
 """Who is calling the sample server, and may they?
 
 Authentication is the requestheader scheme an aggregated API server uses (apiserver
-`request/x509` + `request/headerrequest`, reference §4.6): the TLS client certificate must verify
+`request/x509` + `request/headerrequest`): the TLS client certificate must verify
 against the front-proxy CA and, when allowed names are configured, carry one of them as CN; only
 then are `X-Remote-User` / `X-Remote-Group` / `X-Remote-Extra-*` believed. Anything else is 401.
 

@@ -15,7 +15,6 @@ The store is marked synced once every resource has been listed (readyz `apiservi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -35,6 +34,7 @@ from aggregator.model.objects import decode_endpointslice, decode_service
 from aggregator.sources.store import ADDED, DELETED, MODIFIED, Key, Kind, Obj, Store
 from aggregator.util.backoff import Backoff
 from aggregator.util.logs import fields
+from aggregator.util.tasks import TaskSet
 from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -404,7 +404,7 @@ class KubeSource:
             )
             for spec in resources
         }
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskSet("kube-source")
 
     def reflector(self, resource: str) -> Reflector:
         return self.reflectors[resource]
@@ -412,17 +412,12 @@ class KubeSource:
     async def start(self) -> None:
         """Start the reflectors and return at once: an unreachable kube-apiserver only delays readiness."""
         for name, reflector in self.reflectors.items():
-            self._tasks.append(asyncio.create_task(reflector.run(), name=f"reflector-{name}"))
-        self._tasks.append(asyncio.create_task(self._mark_synced(), name="kube-source-synced"))
+            self._tasks.spawn(reflector.run(), name=f"reflector-{name}")
+        self._tasks.spawn(self._mark_synced(), name="synced")
 
     async def _mark_synced(self) -> None:
         await asyncio.gather(*(r.listed.wait() for r in self.reflectors.values()))
         self.store.mark_synced()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await self._tasks.close()

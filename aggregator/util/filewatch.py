@@ -12,6 +12,8 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 
+from aggregator.util.tasks import TaskSet
+
 log = logging.getLogger(__name__)
 
 Fingerprint = tuple[object, ...]
@@ -45,7 +47,7 @@ class PollingWatcher:
         self._interval = interval
         self._name = name
         self._last: Fingerprint | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskSet(name)
 
     def prime(self) -> None:
         """Record the current state so only later changes fire."""
@@ -54,13 +56,11 @@ class PollingWatcher:
     def start(self) -> None:
         if self._last is None:
             self.prime()
-        self._task = asyncio.create_task(self._run(), name=self._name)
+        if not len(self._tasks):
+            self._tasks.spawn(self._run(), name="poll")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._tasks.close()
 
     async def check_now(self) -> bool:
         """Compare once; returns True when a change was handled."""

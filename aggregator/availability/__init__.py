@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import DiscoveryProbe
-from aggregator.availability.status import KubeStatusWriter, MemoryStatus, StatusSink, StoreStatus
+from aggregator.availability.status import (
+    ALWAYS_LEADS,
+    KubeStatusWriter,
+    Leadership,
+    MemoryStatus,
+    StatusSink,
+    StoreStatus,
+)
+from aggregator.leaderelection import CHECK_NAME, elector_for_options
 
 if TYPE_CHECKING:
     from aggregator.server import Gateway
@@ -27,7 +35,7 @@ def install_availability(gateway: Gateway, **checker_options: Any) -> Availabili
     if options.local_mode:
         sink = StoreStatus(gateway.store)
     elif options.write_apiservice_status and gateway.kube is not None:
-        sink = KubeStatusWriter(gateway.kube, gateway.store)
+        sink = KubeStatusWriter(gateway.kube, gateway.store, _leadership(gateway))
     else:
         sink = MemoryStatus()
     checker = AvailabilityChecker(
@@ -41,3 +49,19 @@ def install_availability(gateway: Gateway, **checker_options: Any) -> Availabili
     gateway.health.add_notes("readyz", checker.notes)
 
     return checker
+
+
+def _leadership(gateway: Gateway) -> Leadership:
+    """With `--leader-elect` (the default), a Lease elects the one replica that writes status.
+
+    The elector is added before the checker, so it stops after it: the Lease is released only
+    once no status write can still be under way.
+    """
+    if not gateway.options.leader_elect or gateway.kube is None:
+        return ALWAYS_LEADS
+    elector = elector_for_options(gateway.options, gateway.kube, gateway.metrics)
+    gateway.add_component(elector)
+    # Never fails for a follower: leading or not shows in `/readyz?verbose`, not in readiness.
+    gateway.health.add(CHECK_NAME, elector.check)
+    gateway.health.add_notes("readyz", elector.notes)
+    return elector

@@ -13,7 +13,7 @@ import pytest
 
 from aggregator.availability import AvailabilityChecker
 from aggregator.availability.conditions import passed, service_not_found
-from aggregator.availability.status import KubeStatusWriter
+from aggregator.availability.status import ALWAYS_LEADS, KubeStatusWriter
 from aggregator.kube.client import KubeClient
 from aggregator.model.apiservice import ServiceReference, decode_apiservice
 from aggregator.server import GatewayServer, build_gateway
@@ -105,7 +105,7 @@ async def test_status_is_written_once_per_change(
     checks = checker.checks
     await until(lambda: checker.checks >= checks + 10)
     assert fake_kube.counts[WRITES] == 2
-    writer = next(r for r in fake_kube.requests if r.verb == "update")
+    writer = next(r for r in fake_kube.requests if (r.verb, r.resource) == WRITES)
     assert writer.path == f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}/status"
 
 
@@ -143,7 +143,7 @@ async def test_a_conflict_reads_the_object_again(fake_kube: FakeKube) -> None:
     client = KubeClient.from_kubeconfig(str(fake_kube.kubeconfig))
     await client.start()
     try:
-        writer = KubeStatusWriter(client, _EmptyStore())  # type: ignore[arg-type]
+        writer = KubeStatusWriter(client, _EmptyStore(), ALWAYS_LEADS)  # type: ignore[arg-type]
         # 409 on the stale object, a re-read, and the condition applied to what the other writer
         # left: same status, so its transition time stays; reason and message are ours.
         assert await writer.apply(stale, passed()) is not None

@@ -329,6 +329,7 @@ class LeaderElector:
         identity: str | None = None,
         release_on_cancel: bool = True,
         rng: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         problem = timing_problem(lease_duration, renew_deadline, retry_period)
         if problem is not None:
@@ -346,6 +347,8 @@ class LeaderElector:
         self.release_on_cancel = release_on_cancel
         self._metrics = metrics
         self._rng = rng or random.Random().random
+        # client-go's `clock`: observed times and validity, monotonic like Go's time.Now readings.
+        self._clock = clock
         self._listeners: list[LeadershipListener] = []
         self._task: asyncio.Task[None] | None = None
         self._leading = False
@@ -376,7 +379,7 @@ class LeaderElector:
         a leader fails only when it has not renewed for lease duration + 20s (a stuck loop)."""
         if not self._leading:
             return None
-        if time.monotonic() - self._observed_time > self.lease_duration + MAX_TOLERABLE_EXPIRED_LEASE:
+        if self._clock() - self._observed_time > self.lease_duration + MAX_TOLERABLE_EXPIRED_LEASE:
             return f"failed election to renew leadership on lease {self.name}"
         return None
 
@@ -460,7 +463,7 @@ class LeaderElector:
 
     async def _try_acquire_or_renew(self) -> bool:
         """client-go `tryAcquireOrRenew`, step for step; True when this replica now holds the Lease."""
-        wall, now = micro_time(), time.monotonic()
+        wall, now = micro_time(), self._clock()
         record = ElectionRecord(
             holder_identity=self.identity,
             lease_duration_seconds=int(self.lease_duration),  # Go: int(LeaseDuration / time.Second)
@@ -588,7 +591,7 @@ class LeaderElector:
 
     def _set_observed(self, record: ElectionRecord) -> None:
         self._observed = record
-        self._observed_time = time.monotonic()
+        self._observed_time = self._clock()
 
     def _maybe_report_transition(self) -> None:
         holder = self._observed.holder_identity

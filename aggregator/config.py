@@ -353,8 +353,8 @@ def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
         type=_duration,
         default=15.0,
         help="the duration that non-leader candidates will wait after observing a leadership renewal "
-        "until attempting to acquire leadership of a led but unrenewed leader slot: the longest a dead "
-        "leader goes unreplaced (default 15s).",
+        "until attempting to acquire leadership of a led but unrenewed leader slot: effectively the "
+        "longest a stopped leader goes unreplaced (default 15s).",
     )
     group.add_argument(
         "--leader-elect-renew-deadline",

@@ -389,7 +389,12 @@ class LeaderElector:
         if self._leading:
             return [f"info: {CHECK_NAME}: leading lease {lease} as {self.identity}"]
         holder = self._observed.holder_identity
-        held = f"held by {holder}" if holder and holder != self.identity else "no holder seen yet"
+        if not holder:
+            held = "no holder seen"
+        elif holder == self.identity:
+            held = "renewal failed; campaigning again"
+        else:
+            held = f"held by {holder}"
         return [f"info: {CHECK_NAME}: not leading lease {lease} ({held})"]
 
     # --- lifecycle ------------------------------------------------------------------------------------

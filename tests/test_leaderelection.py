@@ -356,6 +356,9 @@ async def test_a_leader_that_cannot_renew_steps_down_and_campaigns_again(
         # the lease runs out for the others (a whole lease duration after the last renewal).
         assert lost - slowed <= 0.2 + 0.6 + 0.3, lost - slowed
         assert leader_status(a.metrics) == 0.0
+        assert a.elector.notes() == [
+            f"info: {CHECK_NAME}: not leading lease {NAMESPACE}/{NAME} (renewal failed; campaigning again)"
+        ]
     finally:
         fake_kube.release()
     await until(lambda: a.leading)

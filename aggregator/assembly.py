@@ -34,7 +34,14 @@ from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import DiscoveryProbe
-from aggregator.availability.status import KubeStatusWriter, MemoryStatus, StatusSink, StoreStatus
+from aggregator.availability.status import (
+    ALWAYS_LEADS,
+    KubeStatusWriter,
+    Leadership,
+    MemoryStatus,
+    StatusSink,
+    StoreStatus,
+)
 from aggregator.backends.addresses import AddressResolver
 from aggregator.backends.client_cert import ProxyClientCertificate
 from aggregator.backends.headers import LiveIdentityPolicy
@@ -43,6 +50,8 @@ from aggregator.config import Options
 from aggregator.contracts import Component
 from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
 from aggregator.kube.client import KubeClient, client_for_options
+from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
+from aggregator.leaderelection import LeaderElector, elector_for_options
 from aggregator.openapi.component import OpenAPIAggregation
 from aggregator.openapi.routes import OpenAPIRoutes
 from aggregator.proxy.apiservices import APIServiceProxy
@@ -82,6 +91,7 @@ class Gateway:
     discovery: Discovery
     openapi: OpenAPIAggregation
     apiregistration: APIRegistration | None
+    elector: LeaderElector | None
     router: Router
     pipeline: Pipeline
     # (name, component) in start order; stopped in reverse.
@@ -153,10 +163,15 @@ def build_gateway(options: Options) -> Gateway:
     client_certificate = backends.client_certificate
     components.append(("backends", backends))
 
-    # 5. availability, before the proxy that asks it
-    availability = AvailabilityChecker(
-        store, DiscoveryProbe(backends), metrics, _status_sink(options, store, kube)
-    )
+    # 5. availability, before the proxy that asks it; with --write-apiservice-status in kube mode a
+    # Lease elects the one replica that writes (started before the checker, so it stops after it
+    # and the Lease is released only once no status write can still be under way)
+    elector: LeaderElector | None = None
+    if options.kube_mode and options.write_apiservice_status and options.leader_elect and kube is not None:
+        elector = elector_for_options(options, kube, metrics)
+        components.append(("leader-election", elector))
+    sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
+    availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink)
 
     # 6. what serves requests
     forwarder = Forwarder(metrics, UpgradeTunnel(metrics))
@@ -231,6 +246,7 @@ def build_gateway(options: Options) -> Gateway:
         discovery=discovery,
         openapi=openapi,
         apiregistration=apiregistration,
+        elector=elector,
         router=router,
         pipeline=pipeline,
         components=components,
@@ -245,6 +261,10 @@ def build_gateway(options: Options) -> Gateway:
     health.add_notes("readyz", availability.notes)
     if discovery.delegate is not None:
         health.add(KUBE_DISCOVERY_CHECK, discovery.kube_ready, livez=False)
+    if elector is not None:
+        # Never fails for a follower: who leads shows in `/readyz?verbose`, not in readiness.
+        health.add(LEADER_CHECK, elector.check)
+        health.add_notes("readyz", elector.notes)
     return gateway
 
 
@@ -289,10 +309,13 @@ def _identity_policy(
     return policy
 
 
-def _status_sink(options: Options, store: Store, kube: KubeClient | None) -> StatusSink:
-    """Where Available conditions go: the store (local mode), kube-apiserver (opt-in), or memory."""
+def _status_sink(
+    options: Options, store: Store, kube: KubeClient | None, leadership: Leadership
+) -> StatusSink:
+    """Where Available conditions go: the store (local mode), kube-apiserver (opt-in, written by
+    the Lease holder only), or memory."""
     if options.local_mode:
         return StoreStatus(store)
     if options.write_apiservice_status and kube is not None:
-        return KubeStatusWriter(kube, store)
+        return KubeStatusWriter(kube, store, leadership)
     return MemoryStatus()

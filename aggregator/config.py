@@ -17,6 +17,16 @@ IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 DEFAULT_CERT_DIR = "apiserver.local.config/certificates"
 DEFAULT_DENY_CIDRS = ("169.254.0.0/16", "fe80::/10")
 DEFAULT_ALWAYS_ALLOW_PATHS = ("/healthz", "/readyz", "/livez")
+# client-go leaderelection.go `JitterFactor`: acquire retries wait RetryPeriod * [1, 2.2).
+JITTER_FACTOR = 1.2
+# The only lock type client-go still has (resourcelock/interface.go).
+LEASES_LOCK = "leases"
+_REMOVED_LOCKS = {
+    "endpoints": "endpoints lock is removed, migrate to leases",
+    "configmaps": "configmaps lock is removed, migrate to leases",
+    "endpointsleases": "endpointsleases lock is removed, migrate to leases",
+    "configmapsleases": "configmapsleases lock is removed, migrated to leases",
+}
 
 
 class ConfigError(Exception):
@@ -67,6 +77,15 @@ class Options:
     authorization_webhook_cache_unauthorized_ttl: float = 10.0
     # availability
     write_apiservice_status: bool = False
+    # leader election for the status writes (kube-controller-manager's flags and defaults)
+    leader_elect: bool = True
+    leader_elect_lease_duration: float = 15.0
+    leader_elect_renew_deadline: float = 10.0
+    leader_elect_retry_period: float = 2.0
+    leader_elect_resource_lock: str = "leases"
+    leader_elect_resource_name: str = "aggregator"
+    # "" = this pod's namespace (aggregator.leaderelection.lease_namespace)
+    leader_elect_resource_namespace: str = ""
     # lifecycle
     shutdown_delay_duration: float = 0.0
 
@@ -299,8 +318,10 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "--write-apiservice-status",
         action="store_true",
         help="kube mode: write each APIService's Available condition to its status (off by default: "
-        "kube-apiserver's own aggregator writes it too).",
+        "kube-apiserver's own aggregator writes it too). Only when the status or reason differs from "
+        "the stored one, and with --leader-elect only from the replica holding the lease.",
     )
+    add_leader_election_flags(parser)
 
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-format", choices=["text", "json"], default="text", help="log line format.")
@@ -311,6 +332,60 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="log verbosity; 4 and above logs debug lines.",
+    )
+
+
+def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
+    """component-base `BindLeaderElectionFlags`, with kube-controller-manager's defaults."""
+    group = parser.add_argument_group("leader election")
+    group.add_argument(
+        "--leader-elect",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        help="with --write-apiservice-status, elect one replica through a coordination.k8s.io Lease and "
+        "write status only from it, so every replica can run with the flag (default true). With "
+        "--leader-elect=false every replica that has the flag writes.",
+    )
+    group.add_argument(
+        "--leader-elect-lease-duration",
+        type=_duration,
+        default=15.0,
+        help="the duration that non-leader candidates will wait after observing a leadership renewal "
+        "until attempting to acquire leadership of a led but unrenewed leader slot: effectively the "
+        "longest a stopped leader goes unreplaced (default 15s).",
+    )
+    group.add_argument(
+        "--leader-elect-renew-deadline",
+        type=_duration,
+        default=10.0,
+        help="the interval between attempts by the acting leader to renew a leadership slot before it "
+        "stops leading; must be less than the lease duration (default 10s).",
+    )
+    group.add_argument(
+        "--leader-elect-retry-period",
+        type=_duration,
+        default=2.0,
+        help="the duration the clients should wait between attempting acquisition and renewal of a "
+        "leadership (default 2s).",
+    )
+    group.add_argument(
+        "--leader-elect-resource-lock",
+        default="leases",
+        help="the type of resource object that is used for locking during leader election. Supported "
+        "options are 'leases' (default).",
+    )
+    group.add_argument(
+        "--leader-elect-resource-name",
+        default="aggregator",
+        help="the name of the Lease used for locking during leader election (default aggregator).",
+    )
+    group.add_argument(
+        "--leader-elect-resource-namespace",
+        default="",
+        help="the namespace of the Lease (default: the pod's own namespace, from POD_NAMESPACE or the "
+        "service account, else default).",
     )
 
 
@@ -411,8 +486,60 @@ def validate(opts: Options) -> None:
     ):
         if ttl < 0:
             raise ConfigError(flag, "must not be negative")
+    if opts.leader_elect:
+        _validate_leader_election(opts)
     for entry in opts.authorization_always_allow_paths:
         if "*" in entry[:-1]:
             raise ConfigError(
                 "--authorization-always-allow-paths", f"{entry!r}: '*' is only allowed at the end"
             )
+
+
+def _validate_leader_election(opts: Options) -> None:
+    """Upstream's refusals, in the order kube-controller-manager meets them: the configuration
+    (component-base), the lock type (client-go `resourcelock.New`), the durations (`NewLeaderElector`)."""
+    problem = timing_problem(
+        opts.leader_elect_lease_duration, opts.leader_elect_renew_deadline, opts.leader_elect_retry_period
+    )
+    if problem is not None and problem[1] == "must be greater than zero":
+        raise ConfigError(f"--leader-elect-{problem[0]}", problem[1])
+    if not opts.leader_elect_resource_name:
+        raise ConfigError("--leader-elect-resource-name", "Required value")
+    lock = lock_problem(opts.leader_elect_resource_lock)
+    if lock is not None:
+        raise ConfigError("--leader-elect-resource-lock", lock)
+    if problem is not None:
+        raise ConfigError(f"--leader-elect-{problem[0]}", problem[1])
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+def timing_problem(
+    lease_duration: float, renew_deadline: float, retry_period: float
+) -> tuple[str, str] | None:
+    """(which duration, why) for the first reason upstream refuses these durations, else None.
+
+    Zero or negative first (component-base `ValidateLeaderElectionConfiguration`), then
+    client-go's `NewLeaderElector`, compared in nanoseconds as Go's time.Duration is.
+    """
+    for which, value in (
+        ("lease-duration", lease_duration),
+        ("renew-deadline", renew_deadline),
+        ("retry-period", retry_period),
+    ):
+        if _ns(value) <= 0:
+            return which, "must be greater than zero"
+    if _ns(lease_duration) <= _ns(renew_deadline):
+        return "lease-duration", "leaseDuration must be greater than renewDeadline"
+    if _ns(renew_deadline) <= int(JITTER_FACTOR * _ns(retry_period)):
+        return "renew-deadline", "renewDeadline must be greater than retryPeriod*JitterFactor"
+    return None
+
+
+def lock_problem(lock_type: str) -> str | None:
+    """client-go resourcelock `new`'s error for a lock type other than `leases`, else None."""
+    if lock_type == LEASES_LOCK:
+        return None
+    return _REMOVED_LOCKS.get(lock_type, f"Invalid lock-type {lock_type}")

@@ -3,7 +3,8 @@
 - local mode: the store (`kubectl get apiservices` through the gateway shows it);
 - kube mode: in memory, or with `--write-apiservice-status` the status subresource in
   kube-apiserver (a PUT with the object's resourceVersion; a 409 means someone else wrote first,
-  so the latest object is read again and the condition re-applied to it).
+  so the latest object is read again and the condition re-applied to it), from the elected
+  replica only, and only when the status or reason changed (`KubeStatusWriter`).
 
 Every sink applies the condition with `set_condition`, so `lastTransitionTime` moves only when the
 status flips, and a steady state writes nothing (upstream's `updateAPIServiceStatus`).
@@ -103,20 +104,65 @@ def status_body(svc: APIService, conditions: tuple[Condition, ...]) -> dict[str,
     return body
 
 
-class KubeStatusWriter:
-    """`--write-apiservice-status`: PUT the status subresource when the condition changed."""
+class Leadership(Protocol):
+    """Whether this replica is the one that writes (a `LeaderElector`, or `ALWAYS_LEADS`)."""
 
-    def __init__(self, client: KubeClient, store: Store) -> None:
+    @property
+    def is_leader(self) -> bool: ...
+
+
+class _AlwaysLeads:
+    """`--leader-elect=false`: every replica with `--write-apiservice-status` writes."""
+
+    @property
+    def is_leader(self) -> bool:
+        return True
+
+
+ALWAYS_LEADS: Leadership = _AlwaysLeads()
+
+
+def needs_write(stored: tuple[Condition, ...], condition: Condition) -> bool:
+    """True when the stored `Available` condition is missing or has another status or reason.
+
+    A different message alone (or transition time) is no reason to write: kube-apiserver's own
+    availability controller writes the same condition with its own wording (`updateAPIServiceStatus`
+    rewrites on any difference), so rewriting for the message would make the two take turns forever.
+    """
+    current = next((c for c in stored if c.type == condition.type), None)
+    return current is None or (current.status, current.reason) != (condition.status, condition.reason)
+
+
+class KubeStatusWriter:
+    """`--write-apiservice-status`: PUT the status subresource, from the leader, when the verdict changed.
+
+    Two rules keep the writers of one cluster from fighting over the `Available` condition:
+
+    - only the replica that `leadership` says leads writes (the gateway's replicas elect one with a
+      Lease); the others return None, so the checker records nothing and counts no transition;
+    - a write happens only when the stored condition's status or reason differs from the verdict
+      (`needs_write`); a message or lastTransitionTime difference alone writes nothing. When this
+      gateway and kube-apiserver's aggregator agree on status and reason, whichever wrote last
+      keeps its message. When they disagree (say the gateway cannot reach a backend that
+      kube-apiserver can), each rewrites on its next check, so the condition alternates and its
+      lastTransitionTime moves with every flip: `kubectl get apiservices` then shows whichever wrote
+      last, while this gateway's proxying always follows its own verdict.
+    """
+
+    def __init__(self, client: KubeClient, store: Store, leadership: Leadership) -> None:
         self.client = client
         self.store = store
+        self.leadership = leadership
 
     async def apply(self, svc: APIService, verdict: Verdict) -> Change | None:
         current = self.store.apiservice(svc.name) or svc
         condition = verdict.condition()
         for _ in range(MAX_CONFLICTS):
-            after = set_condition(current.conditions, condition)
-            if after == current.conditions:
+            if not self.leadership.is_leader:
                 return None
+            if not needs_write(current.conditions, condition):
+                return None
+            after = set_condition(current.conditions, condition)
             response = await self.client.request(
                 calls.UPDATE_APISERVICE_STATUS, name=svc.name, json_body=status_body(current, after)
             )

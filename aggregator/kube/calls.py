@@ -1,8 +1,9 @@
 """Every kube-apiserver call the gateway makes, declared once.
 
-The gateway's ClusterRole must grant exactly these, so they live in one place: a test enumerates
-`declared_calls()` and checks each against the deployment's RBAC, and `KubeClient` refuses any
-`ApiCall` that is not declared here. To call something new, add a constant below.
+The gateway's RBAC (its ClusterRoles, and a Role for its Lease) must grant exactly these, so they
+live in one place: a test enumerates `declared_calls()` and checks each against the deployment's
+RBAC, and `KubeClient` refuses any `ApiCall` that is not declared here. To call something new, add
+a constant below.
 """
 
 from __future__ import annotations
@@ -104,6 +105,13 @@ UPDATE_APISERVICE_STATUS = ApiCall(
     "update", "apiregistration.k8s.io", "v1", "apiservices", subresource="status"
 )
 GET_APISERVICES = ApiCall("get", "apiregistration.k8s.io", "v1", "apiservices")
+
+# --- leader election (aggregator/leaderelection.py), with `--write-apiservice-status` ----------------
+# One Lease, --leader-elect-resource-namespace/--leader-elect-resource-name (default: the gateway's
+# namespace, `aggregator`). No watch: candidates poll every --leader-elect-retry-period.
+GET_LEASES = ApiCall("get", "coordination.k8s.io", "v1", "leases", namespaced=True)
+CREATE_LEASES = ApiCall("create", "coordination.k8s.io", "v1", "leases", namespaced=True)
+UPDATE_LEASES = ApiCall("update", "coordination.k8s.io", "v1", "leases", namespaced=True)
 
 # --- authentication and authorization (aggregator/auth/) -------------------------------------------
 CREATE_TOKENREVIEWS = ApiCall("create", "authentication.k8s.io", "v1", "tokenreviews")

@@ -1,8 +1,8 @@
 """Prometheus collectors, one registry per gateway (no process-global state, so tests can run many).
 
-Names mirror upstream where upstream has the metric (`aggregator_unavailable_apiservice`), and use
-the `aggregator_` prefix for what upstream lacks (per-APIService proxy traffic, discovery freshness,
-auth caches).
+Names mirror upstream where upstream has the metric (`aggregator_unavailable_apiservice`,
+`leader_election_master_status`), and use the `aggregator_` prefix for what upstream lacks
+(per-APIService proxy traffic, discovery freshness, auth caches).
 """
 
 from __future__ import annotations
@@ -58,6 +58,22 @@ class Metrics:
             "[ALPHA] Counter of APIServices which are marked as unavailable broken down by APIService name "
             "and reason.",
             ["name", "reason"],
+            registry=r,
+        )
+        # leader election (component-base metrics/prometheus/clientgo/leaderelection: names and help)
+        self.leader_election_master_status = Gauge(
+            "leader_election_master_status",
+            "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, "
+            "1 indicates master. 'name' is the string used to identify the lease. Please make sure to group "
+            "by name.",
+            ["name"],
+            registry=r,
+        )
+        self.leader_election_slowpath = Counter(
+            "leader_election_slowpath",
+            "[ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string "
+            "used to identify the lease. Please make sure to group by name.",
+            ["name"],
             registry=r,
         )
         # requests the gateway serves, by route

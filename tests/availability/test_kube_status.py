@@ -1,20 +1,24 @@
-"""Kube mode: `--write-apiservice-status` PUTs the status subresource once per change, never per check."""
+"""Kube mode: `--write-apiservice-status` PUTs the status subresource once per change, never per check,
+from the one replica holding the Lease, and never just to change the message."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
 
 from aggregator.assembly import build_gateway
 from aggregator.availability.checker import AvailabilityChecker
-from aggregator.availability.conditions import passed, service_not_found
-from aggregator.availability.status import KubeStatusWriter
+from aggregator.availability.conditions import failed_discovery_check, passed, service_not_found
+from aggregator.availability.status import ALWAYS_LEADS, KubeStatusWriter
 from aggregator.kube.client import KubeClient
-from aggregator.model.apiservice import ServiceReference, decode_apiservice
+from aggregator.leaderelection import LeaderElector
+from aggregator.model.apiservice import APIService, ServiceReference, decode_apiservice
 from aggregator.server import GatewayServer
 from tests.availability.conftest import StartBackend
 from tests.support.backend import (
@@ -98,7 +102,7 @@ async def test_status_is_written_once_per_change(
     checks = checker.checks
     await until(lambda: checker.checks >= checks + 10)
     assert fake_kube.counts[WRITES] == 2
-    writer = next(r for r in fake_kube.requests if r.verb == "update")
+    writer = next(r for r in fake_kube.requests if (r.verb, r.resource) == WRITES)
     assert writer.path == f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}/status"
 
 
@@ -136,7 +140,7 @@ async def test_a_conflict_reads_the_object_again(fake_kube: FakeKube) -> None:
     client = KubeClient.from_kubeconfig(str(fake_kube.kubeconfig))
     await client.start()
     try:
-        writer = KubeStatusWriter(client, _EmptyStore())  # type: ignore[arg-type]
+        writer = KubeStatusWriter(client, _EmptyStore(), ALWAYS_LEADS)  # type: ignore[arg-type]
         # 409 on the stale object, a re-read, and the condition applied to what the other writer
         # left: same status, so its transition time stays; reason and message are ours.
         assert await writer.apply(stale, passed()) is not None
@@ -166,3 +170,147 @@ class _EmptyStore:
 
     def apiservice(self, name: str) -> None:
         return None
+
+
+# --- two writers: the gateway's replicas, and kube-apiserver's own aggregator ------------------------
+
+FAST_ELECTION = {
+    "leader_elect_lease_duration": 1.0,
+    "leader_elect_renew_deadline": 0.6,
+    "leader_elect_retry_period": 0.2,
+}
+
+
+@dataclass
+class Leads:
+    """A `Leadership` a test sets by hand."""
+
+    is_leader: bool
+
+
+@pytest.fixture
+async def kube_client(fake_kube: FakeKube) -> AsyncIterator[KubeClient]:
+    assert fake_kube.kubeconfig is not None
+    client = KubeClient.from_kubeconfig(str(fake_kube.kubeconfig))
+    await client.start()
+    yield client
+    await client.stop()
+
+
+def stored(fake: FakeKube, condition: dict[str, Any]) -> APIService:
+    """The APIService in kube-apiserver with `condition` as its status, as another writer left it."""
+    manifest = apiservice_manifest(port=443, ca_pem=None)
+    manifest["status"] = {"conditions": [condition]}
+    return decode_apiservice(fake.add_object("apiservices", manifest))
+
+
+async def test_of_two_writers_only_the_leader_writes(kube_client: KubeClient, fake_kube: FakeKube) -> None:
+    svc = stored(fake_kube, {"type": "Available", "status": "True", "reason": "Passed"})
+    leader, follower = Leads(True), Leads(False)
+    writers = [KubeStatusWriter(kube_client, _EmptyStore(), lead) for lead in (follower, leader)]  # type: ignore[arg-type]
+    down = service_not_found(ServiceReference("demo", "api"))
+
+    results = [await writer.apply(svc, down) for writer in writers]
+    assert results[0] is None and results[1] is not None
+    assert fake_kube.counts[WRITES] == 1
+    written = condition(fake_kube)
+    assert written is not None and (written["status"], written["reason"]) == ("False", "ServiceNotFound")
+
+    # Leadership moves; the new leader finds the verdict already stored and writes nothing.
+    leader.is_leader, follower.is_leader = False, True
+    fresh = decode_apiservice(fake_kube.get_object("apiservices", APISERVICE) or {})
+    assert [await writer.apply(fresh, down) for writer in writers] == [None, None]
+    assert fake_kube.counts[WRITES] == 1
+
+
+async def test_a_different_message_alone_is_never_written(
+    kube_client: KubeClient, fake_kube: FakeKube
+) -> None:
+    # kube-apiserver's aggregator wrote its own wording for the verdict the gateway agrees with.
+    theirs = {
+        "type": "Available",
+        "status": "False",
+        "lastTransitionTime": "2020-01-01T00:00:00Z",
+        "reason": "FailedDiscoveryCheck",
+        "message": "failing or missing response from https://10.0.0.1:443/apis/demo.example.com/v1: "
+        "Get ...: dial tcp 10.0.0.1:443: connect: connection refused",
+    }
+    svc = stored(fake_kube, theirs)
+    writer = KubeStatusWriter(kube_client, _EmptyStore(), ALWAYS_LEADS)  # type: ignore[arg-type]
+    ours = failed_discovery_check(
+        "failing or missing response from https://10.0.0.1:443/apis/...", ["hop: connect"]
+    )
+    assert ours.message != theirs["message"]
+    assert await writer.apply(svc, ours) is None
+    assert fake_kube.counts[WRITES] == 0 and condition(fake_kube) == theirs
+
+    # Another reason with the same status is written: the transition time stays, the words are ours.
+    gone = service_not_found(ServiceReference("demo", "api"))
+    assert await writer.apply(svc, gone) is not None
+    assert condition(fake_kube) == {
+        "type": "Available",
+        "status": "False",
+        "lastTransitionTime": "2020-01-01T00:00:00Z",
+        "reason": "ServiceNotFound",
+        "message": gone.message,
+    }
+    assert fake_kube.counts[WRITES] == 1
+
+
+async def test_replicas_elect_one_status_writer_and_the_next_one_takes_over(
+    pki: PKI,
+    fake_kube: FakeKube,
+    start_backend: StartBackend,
+    backend_pki: BackendPKI,
+) -> None:
+    backend = await start_backend()
+    register(fake_kube, backend, backend_pki)
+    assert fake_kube.kubeconfig is not None
+    async with AsyncExitStack() as stack:
+        replicas: list[tuple[GatewayServer, AvailabilityChecker, LeaderElector]] = []
+        for _ in range(2):
+            opts = kube_options(pki, fake_kube.kubeconfig, write_apiservice_status=True, **FAST_ELECTION)
+            gateway = build_gateway(opts)
+            checker = gateway.availability
+            assert isinstance(checker, AvailabilityChecker)
+            checker.interval, checker.retry_initial = 0.05, 0.05
+            checker.probe.timeout = 1.0
+            elector = gateway.elector
+            assert elector is not None
+            server = GatewayServer(opts, gateway)
+            await server.start()
+            stack.push_async_callback(server.stop)
+            replicas.append((server, checker, elector))
+
+        await until(lambda: (condition(fake_kube) or {}).get("status") == "True")
+        await until(lambda: all(checker.checks >= 10 for _, checker, _ in replicas))
+        leading = [elector.is_leader for _, _, elector in replicas]
+        assert sorted(leading) == [False, True]
+        assert fake_kube.counts[WRITES] == 1  # both checked many times; only the leader wrote
+
+        # Who leads shows in /readyz?verbose (ready either way) and in the leader metric.
+        for server, _, elector in replicas:
+            status, body = await get(server, pki, "/readyz?verbose")
+            assert status == 200 and "[+]leaderElection ok\n" in body
+            word = "leading" if elector.is_leader else "not leading"
+            assert f"info: leaderElection: {word} lease default/aggregator" in body
+            metrics = server.gateway.metrics.registry
+            value = metrics.get_sample_value("leader_election_master_status", {"name": "aggregator"})
+            assert value == (1.0 if elector.is_leader else 0.0)
+
+        # The leader goes away (releasing the lease); the other replica writes the next change.
+        first = leading.index(True)
+        await replicas[first][0].stop()
+        other = replicas[1 - first][2]
+        await until(lambda: other.is_leader, timeout=5.0)
+        await backend.stop()
+        await until(lambda: (condition(fake_kube) or {}).get("status") == "False")
+        assert fake_kube.counts[WRITES] == 2
+
+
+async def get(server: GatewayServer, pki: PKI, path: str) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(server.url + path, ssl=pki.client_context()) as resp,
+    ):
+        return resp.status, await resp.text()

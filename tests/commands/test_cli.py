@@ -46,6 +46,14 @@ def test_help_documents_every_flag_named_in_the_issue() -> None:
         "--apiservices-dir",
         "--log-format",
         "-v",
+        "--write-apiservice-status",
+        "--leader-elect",
+        "--leader-elect-lease-duration",
+        "--leader-elect-renew-deadline",
+        "--leader-elect-retry-period",
+        "--leader-elect-resource-lock",
+        "--leader-elect-resource-name",
+        "--leader-elect-resource-namespace",
     ):
         assert flag in out, flag
     # argparse prints a help line under every flag; none may be left without one.
@@ -90,6 +98,14 @@ def test_help_documents_every_flag_named_in_the_issue() -> None:
         (
             ["--authorization-always-allow-paths", "/a*b"],
             "--authorization-always-allow-paths: '/a*b': '*' is only allowed at the end",
+        ),
+        (
+            ["--leader-elect-lease-duration=10s"],
+            "--leader-elect-lease-duration: leaseDuration must be greater than renewDeadline",
+        ),
+        (
+            ["--leader-elect-resource-lock=endpoints"],
+            "--leader-elect-resource-lock: endpoints lock is removed, migrate to leases",
         ),
     ],
 )

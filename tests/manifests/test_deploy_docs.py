@@ -158,7 +158,7 @@ def test_the_serving_certificate_recipe_covers_the_service_names(tmp_path: Path)
 
 
 def test_every_metric_in_the_table_is_served_under_that_name() -> None:
-    documented = set(re.findall(r"^\| `(aggregator_\w+)` \|", GUIDE.read_text(), re.M))
+    documented = set(re.findall(r"^\| `((?:aggregator|leader_election)_\w+)` \|", GUIDE.read_text(), re.M))
     exposed = set()
     for line in generate_latest(Metrics().registry).decode().splitlines():
         if line.startswith("# TYPE "):
@@ -166,6 +166,7 @@ def test_every_metric_in_the_table_is_served_under_that_name() -> None:
     assert documented <= exposed, f"documented but not served: {sorted(documented - exposed)}"
     # Upstream's availability metrics, the ones alerts are built on, are always documented.
     assert {"aggregator_unavailable_apiservice", "aggregator_unavailable_apiservice_total"} <= documented
+    assert "leader_election_master_status" in documented
 
 
 def test_the_guide_shows_the_deployments_real_args_and_secret_names() -> None:

@@ -29,11 +29,20 @@ ACCOUNT = "aggregator"
 USER = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
 GROUPS = ("system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated")
 
-# The one object a namespaced call is made for, when it is not made across all namespaces.
-CALL_TARGETS = {("", "configmaps"): ("kube-system", "extension-apiserver-authentication")}
+# The one object a namespaced call is made for, when it is not made across all namespaces: the
+# auth ConfigMap, and the leader-election Lease (--leader-elect-resource-namespace defaults to the
+# pod's namespace, --leader-elect-resource-name to `aggregator`).
+CALL_TARGETS = {
+    ("", "configmaps"): ("kube-system", "extension-apiserver-authentication"),
+    ("coordination.k8s.io", "leases"): (NAMESPACE, "aggregator"),
+}
 
 # Calls that belong to an optional overlay, not to the base.
-OVERLAY_OF = {("apiregistration.k8s.io", "apiservices/status"): "write-apiservice-status"}
+OVERLAY_OF = {
+    ("apiregistration.k8s.io", "apiservices/status"): "write-apiservice-status",
+    # Leader election exists to elect the one replica that writes status.
+    ("coordination.k8s.io", "leases"): "write-apiservice-status",
+}
 
 IMPERSONATION_RESOURCES = {"users", "groups", "serviceaccounts", "uids", "userextras"}
 
@@ -225,8 +234,10 @@ def attributes_of(call: ApiCall) -> Attributes:
     target = CALL_TARGETS.get((call.group, call.resource))
     if target is not None:
         # A list/watch of one named object uses fieldSelector=metadata.name=..., which RBAC
-        # matches against resourceNames like a get.
+        # matches against resourceNames like a get. A create names no object to RBAC.
         namespace, name = target
+        if call.verb == "create":
+            name = ""
     elif call.verb in ("get", "update", "patch", "delete") or call.subresource:
         name = "any-object"
     return Attributes(
@@ -290,20 +301,40 @@ def _needed_triples(overlay: str) -> set[tuple[str, str, str]]:
 
 
 @pytest.mark.parametrize(
-    ("overlay", "role"),
-    [("base", "aggregator"), ("write-apiservice-status", "aggregator:apiservice-status-writer")],
+    ("overlay", "kind", "role"),
+    [
+        ("base", "ClusterRole", "aggregator"),
+        ("write-apiservice-status", "ClusterRole", "aggregator:apiservice-status-writer"),
+        ("write-apiservice-status", "Role", "aggregator:leader-election"),
+    ],
 )
 def test_the_gateways_roles_grant_nothing_the_code_does_not_call(
-    overlay: str, role: str, builds: dict[str, list[Obj]]
+    overlay: str, kind: str, role: str, builds: dict[str, list[Obj]]
 ) -> None:
     # Least privilege: beyond the declared calls, only what system:auth-delegator (which every
     # delegating server is bound to) grants anyway.
-    (cluster_role,) = [
-        o for o in builds[overlay] if o["kind"] == "ClusterRole" and o["metadata"]["name"] == role
-    ]
+    (granting,) = [o for o in builds[overlay] if o["kind"] == kind and o["metadata"]["name"] == role]
     delegator = _granted_triples(BUILTIN[0])
-    extra = _granted_triples(cluster_role) - _needed_triples(overlay) - delegator
+    extra = _granted_triples(granting) - _needed_triples(overlay) - delegator
     assert not extra, f"{role} grants {sorted(extra)} but no ApiCall in aggregator/kube/calls.py needs it"
+
+
+def test_the_lease_role_reaches_only_the_gateways_lease(builds: dict[str, list[Obj]]) -> None:
+    # As bootstrappolicy grants kube-controller-manager: create any Lease (a create has no name),
+    # read and write only the named one, and all of it only in the gateway's namespace.
+    authz = Authorizer(builds["write-apiservice-status"])
+
+    def lease(verb: str, name: str = "aggregator", namespace: str = NAMESPACE) -> Attributes:
+        return Attributes(verb, "coordination.k8s.io", "leases", name=name, namespace=namespace)
+
+    for verb in ("get", "update"):
+        assert authz.granting_roles(lease(verb)) == ["aggregator:leader-election"]
+        assert not authz.allows(lease(verb, name="kube-controller-manager"))
+        assert not authz.allows(lease(verb, namespace="kube-system"))
+    assert authz.granting_roles(lease("create", name="")) == ["aggregator:leader-election"]
+    assert not authz.allows(lease("create", name="", namespace="kube-system"))
+    for verb in ("list", "watch", "delete", "patch"):
+        assert not authz.allows(lease(verb)), verb
 
 
 def test_the_base_binds_the_delegation_roles_every_extension_server_has(builds: dict[str, list[Obj]]) -> None:

@@ -5,6 +5,14 @@ What it does like the real one:
   `continue`, items without apiVersion/kind), GET, POST (create), PUT (update, `/status` too),
   DELETE, and WATCH from a resourceVersion: events after it are replayed from a bounded history,
   new ones stream as JSON lines, BOOKMARKs when the watcher allowed them;
+- the errors of the generic registry (`registry/generic/registry/store.go`), with upstream's
+  messages: 404 NotFound, 409 AlreadyExists on create, 409 Conflict for a stale resourceVersion,
+  400 for a body whose name or namespace disagrees with the URL; per resource, its strategy's
+  `AllowCreateOnUpdate` / `AllowUnconditionalUpdate` (an update without a resourceVersion is 422
+  Invalid where that is false) and its decoding and validation;
+- coordination.k8s.io/v1 Leases as kube-apiserver serves them: namespaced, create on update, no
+  unconditional update, MicroTimes that must carry exactly 6 fractional digits (400 otherwise),
+  and `ValidateLeaseSpec` (422);
 - a resourceVersion older than the history window gets 410 Expired, as an HTTP 410 or as an
   in-band ERROR event (`gone_mode`);
 - callers authenticate with a bearer token (`tokens`) or a client certificate signed by its client
@@ -25,6 +33,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -52,6 +61,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Obj = dict[str, Any]
 
 
+# A body kube-apiserver cannot decode: the message of its 400, else None.
+Decoder = Callable[[Obj], str | None]
+# `ValidateX`: (field path, value as Go prints it, problem) per error.
+Validator = Callable[[Obj], list[tuple[str, str, str]]]
+
+
 @dataclass(frozen=True)
 class FakeResource:
     group: str
@@ -59,6 +74,12 @@ class FakeResource:
     resource: str
     kind: str
     namespaced: bool
+    # The resource's registry strategy (pkg/registry/<group>/<resource>/strategy.go). The defaults
+    # keep this fake's historical leniency for the resources that predate these knobs.
+    allow_create_on_update: bool = False
+    allow_unconditional_update: bool = True
+    decode: Decoder | None = None
+    validate: Validator | None = None
 
     @property
     def api_version(self) -> str:
@@ -68,12 +89,64 @@ class FakeResource:
     def prefix(self) -> str:
         return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
 
+    @property
+    def qualified(self) -> str:
+        """`schema.GroupResource.String()`, as errors name the resource: `leases.coordination.k8s.io`."""
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+    @property
+    def qualified_kind(self) -> str:
+        """`schema.GroupKind.String()`: `Lease.coordination.k8s.io`."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
+
+# metav1.MicroTime's layout, RFC3339Micro: Go's `.000000` demands exactly six digits.
+_RFC3339_MICRO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
+
+
+def _decode_lease(body: Obj) -> str | None:
+    """A Lease's MicroTimes must parse as RFC3339Micro (`MicroTime.UnmarshalJSON`)."""
+    spec = body.get("spec") or {}
+    for key in ("acquireTime", "renewTime"):
+        value = spec.get(key)
+        if value is not None and not (isinstance(value, str) and _RFC3339_MICRO.fullmatch(value)):
+            return (
+                f'Lease in version "v1" cannot be handled as a Lease: parsing time {json.dumps(value)} '
+                'as "2006-01-02T15:04:05.000000Z07:00": cannot parse'
+            )
+    return None
+
+
+def _validate_lease(body: Obj) -> list[tuple[str, str, str]]:
+    """coordination `ValidateLeaseSpec` (the parts a leader election can get wrong)."""
+    spec = body.get("spec") or {}
+    errors = []
+    duration = spec.get("leaseDurationSeconds")
+    if duration is not None and duration <= 0:
+        errors.append(("spec.leaseDurationSeconds", str(duration), "must be greater than 0"))
+    transitions = spec.get("leaseTransitions")
+    if transitions is not None and transitions < 0:
+        errors.append(("spec.leaseTransitions", str(transitions), "must be greater than or equal to 0"))
+    return errors
+
 
 APISERVICES = FakeResource("apiregistration.k8s.io", "v1", "apiservices", "APIService", False)
 SERVICES = FakeResource("", "v1", "services", "Service", True)
 ENDPOINTSLICES = FakeResource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True)
 CONFIGMAPS = FakeResource("", "v1", "configmaps", "ConfigMap", True)
-BUILTIN = (APISERVICES, SERVICES, ENDPOINTSLICES, CONFIGMAPS)
+# pkg/registry/coordination/lease/strategy.go: AllowCreateOnUpdate true, AllowUnconditionalUpdate false.
+LEASES = FakeResource(
+    "coordination.k8s.io",
+    "v1",
+    "leases",
+    "Lease",
+    True,
+    allow_create_on_update=True,
+    allow_unconditional_update=False,
+    decode=_decode_lease,
+    validate=_validate_lease,
+)
+BUILTIN = (APISERVICES, SERVICES, ENDPOINTSLICES, CONFIGMAPS, LEASES)
 
 
 @dataclass(frozen=True)
@@ -465,14 +538,66 @@ class FakeKube:
             return status_response(400, "BadRequest", "request body is not JSON")
         if not isinstance(body, dict):
             return status_response(400, "BadRequest", "request body is not an object")
+        if res.decode is not None and not sub:
+            problem = res.decode(body)
+            if problem is not None:
+                return status_response(400, "BadRequest", problem)
+        meta = body.setdefault("metadata", {})
         if namespace and res.namespaced:
-            body.setdefault("metadata", {})["namespace"] = namespace
+            # rest.EnsureObjectNamespaceMatchesRequestNamespace
+            if meta.get("namespace") and meta["namespace"] != namespace:
+                return status_response(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                )
+            meta["namespace"] = namespace
         if verb == "create":
-            body_name = body.get("metadata", {}).get("name", "")
+            body_name = meta.get("name", "")
             if self.get_object(res, body_name, namespace) is not None:
-                return status_response(409, "AlreadyExists", f'{res.resource} "{body_name}" already exists')
-            return web.json_response(self.add_object(res, body), status=201)
+                return status_response(
+                    409,
+                    "AlreadyExists",
+                    f"{res.qualified} {json.dumps(body_name)} already exists",
+                    _details(res, body_name),
+                )
+            return self._create(res, body)
         return self._update(res, namespace, name, sub, body)
+
+    def _create(self, res: FakeResource, body: Obj) -> web.Response:
+        """A new object: system fields are the server's (`rest.FillObjectMetaSystemFields`)."""
+        invalid = self._invalid(res, body)
+        if invalid is not None:
+            return invalid
+        for key in ("resourceVersion", "uid", "creationTimestamp"):
+            body["metadata"].pop(key, None)
+        return web.json_response(self.add_object(res, body), status=201)
+
+    @staticmethod
+    def _invalid(res: FakeResource, body: Obj) -> web.Response | None:
+        """422 Invalid for what the resource's validation refuses (`errors.NewInvalid`)."""
+        errors = res.validate(body) if res.validate is not None else []
+        if not errors:
+            return None
+        name = body.get("metadata", {}).get("name", "")
+        texts = [f"{path}: Invalid value: {value}: {problem}" for path, value, problem in errors]
+        joined = texts[0] if len(texts) == 1 else f"[{', '.join(texts)}]"
+        details = {
+            "name": name,
+            "group": res.group,
+            "kind": res.kind,
+            "causes": [
+                {
+                    "reason": "FieldValueInvalid",
+                    "message": f"Invalid value: {value}: {problem}",
+                    "field": path,
+                }
+                for path, value, problem in errors
+            ],
+        }
+        return status_response(
+            422, "Invalid", f"{res.qualified_kind} {json.dumps(name)} is invalid: {joined}", details
+        )
 
     def _parse(self, path: str) -> tuple[FakeResource, str, str, str] | None:
         for res in self.resources.values():
@@ -520,17 +645,52 @@ class FakeKube:
         )
 
     def _update(self, res: FakeResource, namespace: str, name: str, sub: str, body: Obj) -> web.Response:
+        """The generic registry's `Store.Update`, in its order of checks."""
+        body_name = body.get("metadata", {}).get("name")
+        if body_name and body_name != name:
+            return status_response(
+                400,
+                "BadRequest",
+                f"the name of the object ({body_name}) does not match the name on the URL ({name})",
+            )
         current = self.get_object(res, name, namespace)
         if current is None:
+            if res.allow_create_on_update and not sub:
+                body["metadata"]["name"] = name
+                return self._create(res, body)
             return _not_found(res, name)
         sent_rv = body.get("metadata", {}).get("resourceVersion")
+        if not sent_rv and not res.allow_unconditional_update:
+            field_error = "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+            return status_response(
+                422,
+                "Invalid",
+                f"{res.qualified} {json.dumps(name)} is invalid: {field_error}",
+                {
+                    "name": name,
+                    "group": res.group,
+                    "kind": res.resource,
+                    "causes": [
+                        {
+                            "reason": "FieldValueInvalid",
+                            "message": "Invalid value: 0x0: must be specified for an update",
+                            "field": "metadata.resourceVersion",
+                        }
+                    ],
+                },
+            )
         if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
             return status_response(
                 409,
                 "Conflict",
-                f'Operation cannot be fulfilled on {res.resource} "{name}": the object has been modified; '
-                "please apply your changes to the latest version and try again",
+                f"Operation cannot be fulfilled on {res.qualified} {json.dumps(name)}: the object has been "
+                "modified; please apply your changes to the latest version and try again",
+                _details(res, name),
             )
+        if not sub:
+            invalid = self._invalid(res, body)
+            if invalid is not None:
+                return invalid
         if sub == "status":
             current["status"] = body.get("status", {})
             new = current
@@ -623,13 +783,14 @@ def _as_item(obj: Obj) -> Obj:
     return item
 
 
+def _details(res: FakeResource, name: str) -> dict[str, Any]:
+    """StatusDetails of NotFound, AlreadyExists and Conflict: kind is the resource, not the Kind."""
+    return {"name": name, "group": res.group, "kind": res.resource}
+
+
 def _not_found(res: FakeResource, name: str) -> web.Response:
-    group = f".{res.group}" if res.group else ""
     return status_response(
-        404,
-        "NotFound",
-        f'{res.resource}{group} "{name}" not found',
-        {"name": name, "group": res.group, "kind": res.resource},
+        404, "NotFound", f"{res.qualified} {json.dumps(name)} not found", _details(res, name)
     )
 
 

@@ -22,7 +22,7 @@ from aggregator import __version__
 from aggregator.auth.authn import Authenticator
 from aggregator.auth.setup import install_authentication, install_authorization
 from aggregator.availability import install_availability
-from aggregator.config import ConfigError, Options
+from aggregator.config import ConfigError, Options, tls_policy
 from aggregator.discovery.component import install_discovery
 from aggregator.kube.client import KubeClient, client_for_options
 from aggregator.openapi.component import install_openapi
@@ -260,7 +260,9 @@ class GatewayServer:
             log.info("generated a self-signed serving certificate", extra=fields(cert_file=cert_file))
         client_cas = [f for f in (options.client_ca_file, options.requestheader_client_ca_file) if f]
         try:
-            self.serving = ServingCertificate(cert_file, key_file, client_ca_files=client_cas)
+            self.serving = ServingCertificate(
+                cert_file, key_file, client_ca_files=client_cas, policy=tls_policy(options)
+            )
         except PEMError as err:
             flag = "--tls-cert-file" if options.tls_cert_file else "--cert-dir"
             raise ConfigError(flag, str(err)) from err

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aggregator.tls.policy import DEFAULT_MIN_VERSION, VERSIONS, PolicyError, TLSPolicy
 from aggregator.util.durations import parse_duration
 
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -45,6 +46,8 @@ class Options:
     tls_cert_file: str | None = None
     tls_private_key_file: str | None = None
     cert_dir: str = DEFAULT_CERT_DIR
+    tls_min_version: str = DEFAULT_MIN_VERSION
+    tls_cipher_suites: list[str] = field(default_factory=list)
     client_ca_file: str | None = None
     requestheader_client_ca_file: str | None = None
     requestheader_allowed_names: list[str] = field(default_factory=list)
@@ -197,6 +200,19 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_CERT_DIR,
         help="where a self-signed serving pair (apiserver.crt, apiserver.key) is generated when "
         f"--tls-cert-file is not given (default {DEFAULT_CERT_DIR}).",
+    )
+    serving.add_argument(
+        "--tls-min-version",
+        default=DEFAULT_MIN_VERSION,
+        help=f"minimum TLS version served: {', '.join(VERSIONS)} (default {DEFAULT_MIN_VERSION}).",
+    )
+    serving.add_argument(
+        "--tls-cipher-suites",
+        type=_csv,
+        default=[],
+        help="comma-separated TLS 1.0-1.2 cipher suites, by Go's names (e.g. "
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256); insecure ones are logged, ones this OpenSSL cannot "
+        "serve are reported and left out. TLS 1.3 suites are not configurable. Default: the library's.",
     )
     serving.add_argument(
         "--shutdown-delay-duration",
@@ -422,6 +438,14 @@ def _same_file_content(a: str, b: str) -> bool:
         return False
 
 
+def tls_policy(opts: Options) -> TLSPolicy:
+    """The serving TLS policy the flags ask for; ConfigError for a value kube-apiserver would refuse."""
+    try:
+        return TLSPolicy.from_flags(opts.tls_min_version, opts.tls_cipher_suites)
+    except PolicyError as err:
+        raise ConfigError(err.flag, err.problem) from err
+
+
 def validate(opts: Options) -> None:
     """Raise ConfigError for the first wrong combination, naming the flag."""
     if not 0 <= opts.secure_port <= 65535:
@@ -430,6 +454,7 @@ def validate(opts: Options) -> None:
         ipaddress.ip_address(opts.bind_address)
     except ValueError as err:
         raise ConfigError("--bind-address", f"{opts.bind_address!r} is not an IP address") from err
+    tls_policy(opts)
     _check_pair("--tls-cert-file", opts.tls_cert_file, "--tls-private-key-file", opts.tls_private_key_file)
     _check_pair(
         "--proxy-client-cert-file",

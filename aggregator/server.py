@@ -18,7 +18,7 @@ from aiohttp import web
 
 from aggregator import __version__
 from aggregator.assembly import Gateway, build_gateway
-from aggregator.config import ConfigError, Options
+from aggregator.config import ConfigError, Options, tls_policy
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.util.logs import fields
@@ -50,7 +50,9 @@ class GatewayServer:
             log.info("generated a self-signed serving certificate", extra=fields(cert_file=cert_file))
         client_cas = [f for f in (options.client_ca_file, options.requestheader_client_ca_file) if f]
         try:
-            self.serving = ServingCertificate(cert_file, key_file, client_ca_files=client_cas)
+            self.serving = ServingCertificate(
+                cert_file, key_file, client_ca_files=client_cas, policy=tls_policy(options)
+            )
         except PEMError as err:
             flag = "--tls-cert-file" if options.tls_cert_file else "--cert-dir"
             raise ConfigError(flag, str(err)) from err

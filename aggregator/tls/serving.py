@@ -6,7 +6,8 @@ and swaps the reference: new handshakes present the new certificate, established
 going, no restart. (Loading into the live context instead would keep the old certificate around
 when the key type changes, because OpenSSL holds one certificate per key type.) A half-written or
 mismatched pair is rejected before anything is swapped, so the old one keeps serving and the log
-says why.
+says why. Every context, the listener's and each reloaded pair's, is built by `new_server_context` with
+the same `TLSPolicy`, so a reload never loosens the minimum version or the cipher list.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ from pathlib import Path
 
 from aggregator.tls.peer import request_client_certificates
 from aggregator.tls.pem import CertKeyPair, PEMError, load_pair_into, read_pair
+from aggregator.tls.policy import DEFAULT_POLICY, TLSPolicy
 from aggregator.util.filewatch import PollingWatcher, stat_fingerprint
 from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 
 
-def new_server_context() -> ssl.SSLContext:
-    """TLS >= 1.2, HTTP/1.1 only (advertised with ALPN so HTTP/2 clients fall back cleanly)."""
+def new_server_context(policy: TLSPolicy = DEFAULT_POLICY) -> ssl.SSLContext:
+    """`policy`'s versions and suites (default TLS >= 1.2), HTTP/1.1 only (advertised with ALPN so
+    HTTP/2 clients fall back cleanly)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    policy.apply(ctx)
     ctx.set_alpn_protocols(["http/1.1"])
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION
     return ctx
@@ -35,12 +38,23 @@ def new_server_context() -> ssl.SSLContext:
 class ServingCertificate:
     """Owns the listener's SSLContext and keeps it in step with the certificate files."""
 
-    def __init__(self, cert_file: str, key_file: str, *, client_ca_files: list[str], interval: float = 1.0):
+    def __init__(
+        self,
+        cert_file: str,
+        key_file: str,
+        *,
+        client_ca_files: list[str],
+        policy: TLSPolicy = DEFAULT_POLICY,
+        interval: float = 1.0,
+    ):
         self.cert_file = cert_file
         self.key_file = key_file
         self._client_ca_files = client_ca_files
+        self.policy = policy
         self.current: CertKeyPair = read_pair(cert_file, key_file)  # raises PEMError at start-up
         self.context = self._context_for(self.current)
+        for line in policy.startup_warnings(self.context.security_level):
+            log.warning(line)
         self.verifies_in_app = request_client_certificates(self.context, lambda: client_ca_files)
         self._pair_context = self.context
         self.context.sni_callback = self._select_context
@@ -53,7 +67,7 @@ class ServingCertificate:
         )
 
     def _context_for(self, pair: CertKeyPair) -> ssl.SSLContext:
-        ctx = new_server_context()
+        ctx = new_server_context(self.policy)
         load_pair_into(ctx, pair)
         return ctx
 

@@ -34,6 +34,8 @@ def test_help_documents_every_flag_named_in_the_issue() -> None:
         "--tls-cert-file",
         "--tls-private-key-file",
         "--cert-dir",
+        "--tls-min-version",
+        "--tls-cipher-suites",
         "--client-ca-file",
         "--requestheader-client-ca-file",
         "--requestheader-allowed-names",
@@ -94,6 +96,14 @@ def test_help_documents_every_flag_named_in_the_issue() -> None:
                 "{pki}/client-ca.crt",
             ],
             "--requestheader-client-ca-file: is the same CA as --client-ca-file and --requestheader-allowed-names is empty",
+        ),
+        (
+            ["--tls-min-version", "VersionTLS14"],
+            '--tls-min-version: unknown tls version "VersionTLS14"',
+        ),
+        (
+            ["--tls-cipher-suites", "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_FOO"],
+            "--tls-cipher-suites: Cipher suite TLS_FOO not supported or doesn't exist",
         ),
         (
             ["--authorization-always-allow-paths", "/a*b"],

@@ -501,6 +501,33 @@ def test_a_crd_version_outranks_a_remote_one_in_the_same_group_only_when_recogni
         assert [v["version"] for v in items[0]["versions"]] == expected, label
 
 
+def test_built_in_groups_are_ordered_by_the_priority_table() -> None:
+    """Groups kube-apiserver lists in any order come out by the table's priorities, unknown ones last."""
+    kube = parse_document(
+        document(
+            item("future.k8s.io", ("v1", [])),
+            item("storagemigration.k8s.io", ("v1beta1", [])),
+            item("resource.k8s.io", ("v1alpha3", []), ("v1beta2", []), ("v1beta1", [])),
+            item("flowcontrol.apiserver.k8s.io", ("v1beta3", []), ("v1", [])),
+            item("discovery.k8s.io", ("v1", [])),
+            item("coordination.k8s.io", ("v1alpha2", []), ("v1", []), ("v1beta1", [])),
+        )
+    )
+    entries = merge_entries(kube, [], Priorities(Store()))
+    assert {(e.group, e.version): (e.group_priority, e.version_priority) for e in entries}[
+        ("resource.k8s.io", "v1beta2")
+    ] == (16200, 15)
+    items = merge_items(entries, kube.group_metadata)
+    assert [(i["metadata"]["name"], [v["version"] for v in i["versions"]]) for i in items] == [
+        ("coordination.k8s.io", ["v1", "v1beta1", "v1alpha2"]),  # 16500
+        ("discovery.k8s.io", ["v1"]),  # 16200, ties by name
+        ("resource.k8s.io", ["v1beta2", "v1beta1", "v1alpha3"]),  # 16200
+        ("flowcontrol.apiserver.k8s.io", ["v1", "v1beta3"]),  # 16100
+        ("storagemigration.k8s.io", ["v1beta1"]),  # 15800
+        ("future.k8s.io", ["v1"]),  # not in the table: 1000/15
+    ]
+
+
 def test_kube_apiservers_copy_stands_in_until_the_gateways_first_fetch_ends() -> None:
     kube = parse_document(document(item(METRICS, ("v1beta1", METRICS_RESOURCES), freshness="Stale")))
     state = FetchState(decode_apiservice(remote(METRICS, "v1beta1", 100, 100)))

@@ -143,3 +143,40 @@ async def test_advertises_http_1_1_only(start_gateway: StartGateway) -> None:
     _r, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=ctx)
     assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "http/1.1"
     writer.close()
+
+
+async def test_a_reloaded_pair_keeps_the_tls_policy(
+    start_gateway: StartGateway, serving_files: tuple[Path, Path]
+) -> None:
+    """The context built for the new pair carries the same minimum version and cipher list."""
+    cert, key = serving_files
+    server = await start_gateway(
+        tls_cert_file=str(cert),
+        tls_private_key_file=str(key),
+        tls_cipher_suites=["TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"],
+    )
+    rotated = issue_serving_cert(new_ca("rotated-ca"), ["localhost", "127.0.0.1"])
+    write_key(key, rotated.key)
+    write_cert(cert, rotated.cert)
+    await wait_for_serial(server.port, rotated.cert.serial_number)
+
+    def tls12_offering(openssl_name: str) -> ssl.SSLContext:
+        ctx = ssl._create_unverified_context()
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+        ctx.set_ciphers(openssl_name)
+        return ctx
+
+    with pytest.raises((ssl.SSLError, ConnectionResetError)):
+        await asyncio.open_connection(
+            "127.0.0.1", server.port, ssl=tls12_offering("ECDHE-ECDSA-AES256-GCM-SHA384")
+        )
+    _reader, writer = await asyncio.open_connection(
+        "127.0.0.1", server.port, ssl=tls12_offering("ECDHE-ECDSA-AES128-GCM-SHA256")
+    )
+    sslobj = writer.get_extra_info("ssl_object")
+    assert sslobj.cipher()[0] == "ECDHE-ECDSA-AES128-GCM-SHA256"
+    # The rotated pair is the one presented on this very connection.
+    der = sslobj.getpeercert(binary_form=True)
+    assert x509.load_der_x509_certificate(der).serial_number == rotated.cert.serial_number
+    writer.close()
+    await writer.wait_closed()

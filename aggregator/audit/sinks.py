@@ -13,6 +13,7 @@ writer thread only.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import sys
@@ -51,7 +52,11 @@ class StdoutSink:
 def ensure_log_file(path: str) -> None:
     """`AuditLogOptions.ensureLogFile`: create the folder (0700) and the file (0600) up front, so a
     path the gateway cannot write fails at start rather than at the first event."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except FileExistsError as err:  # a file where a folder should be (Go's MkdirAll says ENOTDIR)
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), folder) from err
     fd = os.open(path, os.O_CREAT | os.O_APPEND | os.O_RDWR, 0o600)
     os.close(fd)
 

@@ -117,11 +117,23 @@ def _is_upgrade(request: web.Request) -> bool:
 
 
 def request_uri(request: web.Request) -> str:
-    """`URL.RequestURI()`: the request target as sent, path and query, without a fragment."""
+    """`URL.RequestURI()`: the request target as sent, path and query, without a fragment.
+
+    One deliberate difference: an `access_token` query value (a bearer token some clients put in
+    URLs; the gateway never accepts it) is replaced by `REDACTED`, so a credential never reaches
+    the log even when it is sent where it does not belong.
+    """
     target = request.raw_path
     if not target.startswith("/"):
         target = request.rel_url.raw_path_qs
-    return target.split("#", 1)[0]
+    target = target.split("#", 1)[0]
+    path, sep, query = target.partition("?")
+    if "access_token" not in query:
+        return target
+    params = [
+        "access_token=REDACTED" if p.split("=", 1)[0] == "access_token" else p for p in query.split("&")
+    ]
+    return path + sep + "&".join(params)
 
 
 def _auth_methods(request: web.Request) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -410,3 +411,26 @@ def test_levels_are_ordered() -> None:
     assert Level.METADATA.less(Level.REQUEST)
     assert Level.REQUEST.less(Level.REQUEST_RESPONSE)
     assert not Level.REQUEST_RESPONSE.less(Level.REQUEST)
+
+
+def test_the_example_policy_in_the_docs() -> None:
+    guide = Path(__file__).resolve().parents[2] / "docs" / "audit.md"
+    match = re.search(r"<!-- tested: example-policy -->\n```yaml\n(.*?)```", guide.read_text(), re.S)
+    assert match, "docs/audit.md lost its example policy"
+    policy = parse_policy(match[1])
+    hpa = UserInfo("system:serviceaccount:kube-system:horizontal-pod-autoscaler")
+    for user, method, path, level in (
+        (TIM, "GET", "/readyz?verbose", Level.NONE),
+        (TIM, "GET", "/healthz/etcd", Level.NONE),
+        (hpa, "GET", "/apis/metrics.k8s.io/v1beta1/namespaces/a/pods", Level.NONE),
+        (TIM, "GET", "/apis/metrics.k8s.io/v1beta1/namespaces/a/pods", Level.METADATA),
+        (TIM, "GET", "/apis/wardle.example.com/v1alpha1", Level.METADATA),
+        (TIM, "POST", "/api/v1/namespaces/a/secrets", Level.METADATA),
+        (TIM, "POST", "/apis/authentication.k8s.io/v1/tokenreviews", Level.METADATA),
+        (TIM, "POST", "/apis/wardle.example.com/v1alpha1/namespaces/a/flunders", Level.REQUEST_RESPONSE),
+        (TIM, "GET", "/apis/wardle.example.com/v1alpha1/namespaces/a/flunders", Level.METADATA),
+    ):
+        config = policy.evaluate(user, info(method, path))
+        assert config.level is level, (method, path)
+        assert config.omit_stages == frozenset({Stage.REQUEST_RECEIVED})
+        assert config.omit_managed_fields

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from aggregator.audit.event import ResponseStatus
+from aggregator.audit.event import ResponseStatus, encode_event
 from aggregator.audit.policy import parse_policy
 from aggregator.audit.recorder import Auditor, AuditRequest, echo_audit_id, is_long_running
 from aggregator.audit.sinks import RotatingFile
@@ -409,3 +409,42 @@ def test_nothing_written_means_connection_closed_early() -> None:
 )
 def test_long_running_like_kube_apiserver(info: RequestInfo, expected: bool) -> None:
     assert is_long_running(info) is expected
+
+
+@pytest.mark.parametrize(
+    ("target", "logged"),
+    [
+        ("/api/v1/pods?limit=5&watch=1", "/api/v1/pods?limit=5&watch=1"),
+        ("/api/v1/pods?", "/api/v1/pods?"),
+        ("/a%2Fb?x=%41", "/a%2Fb?x=%41"),  # as sent, escapes and all
+        (
+            "/api?access_token=abc.def&b=1&access_token",
+            "/api?access_token=REDACTED&b=1&access_token=REDACTED",
+        ),
+    ],
+)
+def test_request_uri_is_the_target_as_sent_without_tokens(target: str, logged: str) -> None:
+    made = record(policy_for("Metadata"), "GET", target)
+    assert made.event.request_uri == logged
+
+
+@pytest.mark.parametrize(
+    ("target", "headers", "message"),
+    [
+        ("/api", {}, "Authentication failed, no credentials provided"),
+        ("/api", {"Authorization": "Bearer s3cr3t"}, "Authentication failed, attempted: bearer"),
+        ("/api", {"Authorization": "Basic dTpzM2NyM3Q="}, "Authentication failed, attempted: basic"),
+        ("/api?access_token=s3cr3t", {}, "Authentication failed, attempted: access_token"),
+    ],
+)
+def test_failed_authentication_names_what_was_tried_never_the_credential(
+    target: str, headers: dict[str, str], message: str
+) -> None:
+    auditor, writer = make_auditor(policy_for("Metadata"))
+    request = mocked_request("GET", target, headers)
+    auditor.failed_authentication(request, request_info(request))
+    (event,) = writer.events
+    assert event.stage.value == "ResponseStarted"
+    assert event.response_status == ResponseStatus(401, message=message)
+    line = encode_event(event)
+    assert b"s3cr3t" not in line and b"dTpzM2NyM3Q" not in line

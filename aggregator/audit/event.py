@@ -29,6 +29,9 @@ REQUEST_OBJECT_ANNOTATION = "aggregator/request-object"
 RESPONSE_OBJECT_ANNOTATION = "aggregator/response-object"
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
+_SOCKET_IPV4 = re.compile(
+    r"(?:[1-9]?\d|1\d\d|2[0-4]\d|25[0-5])(?:\.(?:[1-9]?\d|1\d\d|2[0-4]\d|25[0-5])){3}", re.ASCII
+)
 
 
 def micro_time(moment: datetime) -> str:
@@ -67,6 +70,8 @@ def _parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None
 def source_ips(forwarded_for: str | None, real_ip: str | None, remote: str | None) -> tuple[str, ...]:
     """`utilnet.SourceIPs`: the valid `X-Forwarded-For` entries, `X-Real-Ip` unless already listed,
     then the peer address unless it is already last. The peer is the only entry a client cannot forge."""
+    if not forwarded_for and not real_ip and remote and _SOCKET_IPV4.fullmatch(remote):
+        return (remote,)  # the common case, kept cheap: a socket's IPv4 address is in Go's form
     ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
     for part in (forwarded_for or "").split(","):
         if (ip := _parse_ip(part.strip())) is not None:

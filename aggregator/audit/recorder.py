@@ -51,6 +51,7 @@ LONG_RUNNING_SUBRESOURCES = frozenset({"attach", "exec", "proxy", "log", "portfo
 DECISION_ANNOTATION = "authorization.k8s.io/decision"
 REASON_ANNOTATION = "authorization.k8s.io/reason"
 
+_FINAL_STAGES = frozenset({Stage.RESPONSE_COMPLETE, Stage.PANIC})
 # (group, resource, subresource) whose bodies carry credentials: never captured, at any level.
 _SENSITIVE = frozenset(
     {
@@ -219,8 +220,7 @@ class Auditor:
         self._levels[config.level].inc()
         if config.level is Level.NONE:
             return None
-        event = self._base_event(request, user, info, config.level, received)
-        event = replace(event, omit_managed_fields=config.omit_managed_fields)
+        event = self._base_event(request, user, info, config.level, received, config.omit_managed_fields)
         upgrade = _is_upgrade(request)
         long = is_long_running(info) if long_running is None else long_running
         audit = AuditRequest(
@@ -250,7 +250,7 @@ class Auditor:
         self._levels[config.level].inc()
         if config.level is Level.NONE:
             return
-        event = self._base_event(request, None, info, config.level, None)
+        event = self._base_event(request, None, info, config.level, None, False)
         if status is not None:
             answer = replace(_status_from(status, code), code=code)
         else:
@@ -266,6 +266,7 @@ class Auditor:
         info: RequestInfo,
         level: Level,
         received: datetime | None,
+        omit_managed_fields: bool,
     ) -> Event:
         """`LogRequestMetadata`."""
         received = received or self._now()
@@ -292,6 +293,7 @@ class Auditor:
             source_ips=source_ips(headers.get("X-Forwarded-For"), headers.get("X-Real-Ip"), request.remote),
             user_agent=truncate_user_agent(headers.get("User-Agent", "")),
             object_ref=object_ref,
+            omit_managed_fields=omit_managed_fields,
         )
 
     def emit(self, event: Event) -> None:
@@ -308,11 +310,13 @@ class AuditRequest:
     (the status code is recorded once, the final stage is written once)."""
 
     __slots__ = (
+        "_annotations",
         "_auditor",
+        "_base",
         "_capture",
         "_code_recorded",
         "_done",
-        "_event",
+        "_impersonated",
         "_omit",
         "_request_capture",
         "_response_capture",
@@ -336,7 +340,9 @@ class AuditRequest:
         request_content_encoding: str = "",
     ) -> None:
         self._auditor = auditor
-        self._event = event
+        self._base = event  # the RequestReceived fields; later stages add to them
+        self._impersonated: UserInfo | None = None
+        self._annotations: Mapping[str, str] = {}  # copy-on-write: snapshots share it
         self._omit = omit_stages
         self.long_running = long_running
         self._capture = capture
@@ -351,25 +357,25 @@ class AuditRequest:
 
     @property
     def audit_id(self) -> str:
-        return self._event.audit_id
+        return self._base.audit_id
 
     @property
     def level(self) -> Level:
-        return self._event.level
+        return self._base.level
 
     @property
     def event(self) -> Event:
         """The event as it stands (for tests and diagnostics)."""
-        return self._event
+        return self._snapshot(self._base.stage, self._base.stage_timestamp, final=False)
 
     def annotate(self, key: str, value: str) -> None:
         """`AddAuditAnnotation`: the first value set for a key stays."""
-        current = self._event.annotations.get(key)
+        current = self._annotations.get(key)
         if current is not None:
             if current != value:
                 log.warning("audit annotation %s already set; keeping the first value", key)
             return
-        self._event = replace(self._event, annotations={**self._event.annotations, key: go_string(value)})
+        self._annotations = {**self._annotations, key: go_string(value)}
 
     def authorized(self, allowed: bool, reason: str = "") -> None:
         """The decision annotations kube-apiserver's authorization filter adds."""
@@ -378,7 +384,7 @@ class AuditRequest:
 
     def impersonated(self, user: UserInfo) -> None:
         """`LogImpersonatedUser`: `user` stays the requester; this is who they act as."""
-        self._event = replace(self._event, impersonated_user=user)
+        self._impersonated = user
 
     def request_capture(self) -> BodyCapture | None:
         """A tee for the request body at level Request and above; None otherwise and for watches,
@@ -453,16 +459,29 @@ class AuditRequest:
         """`ProcessEventStage`: stamp, snapshot and queue the event unless the stage is omitted."""
         if stage in self._omit:
             return
-        event = self._event
-        stamp = event.request_received if stage is Stage.REQUEST_RECEIVED else self._auditor.now()
-        final = stage in (Stage.RESPONSE_COMPLETE, Stage.PANIC)
-        self._auditor.emit(
-            replace(
-                event,
-                stage=stage,
-                stage_timestamp=stamp,
-                response_status=self._status,
-                request_body=self._request_capture.snapshot() if final and self._request_capture else None,
-                response_body=self._response_capture.snapshot() if final and self._response_capture else None,
-            )
+        stamp = self._base.request_received if stage is Stage.REQUEST_RECEIVED else self._auditor.now()
+        self._auditor.emit(self._snapshot(stage, stamp, final=stage in _FINAL_STAGES))
+
+    def _snapshot(self, stage: Stage, stamp: datetime, *, final: bool) -> Event:
+        """An immutable Event for the writer thread (one constructor call: this is the hot path)."""
+        base = self._base
+        request_tee, response_tee = self._request_capture, self._response_capture
+        return Event(
+            level=base.level,
+            audit_id=base.audit_id,
+            stage=stage,
+            request_uri=base.request_uri,
+            verb=base.verb,
+            user=base.user,
+            request_received=base.request_received,
+            stage_timestamp=stamp,
+            impersonated_user=self._impersonated,
+            source_ips=base.source_ips,
+            user_agent=base.user_agent,
+            object_ref=base.object_ref,
+            response_status=self._status,
+            request_body=request_tee.snapshot() if final and request_tee else None,
+            response_body=response_tee.snapshot() if final and response_tee else None,
+            omit_managed_fields=base.omit_managed_fields,
+            annotations=self._annotations,
         )

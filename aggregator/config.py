@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aggregator.audit.policy import PolicyError as AuditPolicyError
+from aggregator.audit.policy import load_policy_file
 from aggregator.tls.policy import DEFAULT_MIN_VERSION, VERSIONS, PolicyError, TLSPolicy
 from aggregator.util.durations import parse_duration
 
@@ -28,6 +30,11 @@ _REMOVED_LOCKS = {
     "endpointsleases": "endpointsleases lock is removed, migrate to leases",
     "configmapsleases": "configmapsleases lock is removed, migrated to leases",
 }
+# kube-apiserver's audit log defaults since 1.36 (k8s.io/apiserver pkg/server/options/audit.go).
+DEFAULT_AUDIT_LOG_MAXAGE = 366
+DEFAULT_AUDIT_LOG_MAXBACKUP = 100
+DEFAULT_AUDIT_LOG_MAXSIZE = 100
+DEFAULT_AUDIT_LOG_BUFFER_SIZE = 10000
 
 
 class ConfigError(Exception):
@@ -91,6 +98,13 @@ class Options:
     leader_elect_resource_namespace: str = ""
     # lifecycle
     shutdown_delay_duration: float = 0.0
+    # audit
+    audit_log_path: str | None = None
+    audit_log_maxage: int = DEFAULT_AUDIT_LOG_MAXAGE
+    audit_log_maxbackup: int = DEFAULT_AUDIT_LOG_MAXBACKUP
+    audit_log_maxsize: int = DEFAULT_AUDIT_LOG_MAXSIZE
+    audit_log_batch_buffer_size: int = DEFAULT_AUDIT_LOG_BUFFER_SIZE
+    audit_policy_file: str | None = None
 
     @property
     def in_cluster(self) -> bool:
@@ -339,6 +353,8 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     add_leader_election_flags(parser)
 
+    add_audit_flags(parser)
+
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-format", choices=["text", "json"], default="text", help="log line format.")
     logs.add_argument(
@@ -402,6 +418,48 @@ def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
         default="",
         help="the namespace of the Lease (default: the pod's own namespace, from POD_NAMESPACE or the "
         "service account, else default).",
+    )
+
+
+def add_audit_flags(parser: argparse.ArgumentParser) -> None:
+    """kube-apiserver's audit log flags (the log backend in batch mode; see docs/audit.md)."""
+    audit = parser.add_argument_group("auditing")
+    audit.add_argument(
+        "--audit-log-path",
+        help="write audit events (audit.k8s.io/v1 Event JSON lines) to this file; '-' means standard "
+        "out. Nothing is audited without --audit-policy-file.",
+    )
+    audit.add_argument(
+        "--audit-policy-file",
+        help="audit.k8s.io/v1 Policy deciding which requests are audited at which level; nothing is "
+        "audited without --audit-log-path.",
+    )
+    audit.add_argument(
+        "--audit-log-maxage",
+        type=int,
+        default=DEFAULT_AUDIT_LOG_MAXAGE,
+        help="days to keep rotated audit log files, by the time in their name; 0 keeps them regardless "
+        f"of age (default {DEFAULT_AUDIT_LOG_MAXAGE}).",
+    )
+    audit.add_argument(
+        "--audit-log-maxbackup",
+        type=int,
+        default=DEFAULT_AUDIT_LOG_MAXBACKUP,
+        help=f"rotated audit log files to keep; 0 keeps all (default {DEFAULT_AUDIT_LOG_MAXBACKUP}).",
+    )
+    audit.add_argument(
+        "--audit-log-maxsize",
+        type=int,
+        default=DEFAULT_AUDIT_LOG_MAXSIZE,
+        help="megabytes an audit log file may reach before it is rotated; 0 disables rotation "
+        f"(default {DEFAULT_AUDIT_LOG_MAXSIZE}).",
+    )
+    audit.add_argument(
+        "--audit-log-batch-buffer-size",
+        type=int,
+        default=DEFAULT_AUDIT_LOG_BUFFER_SIZE,
+        help="audit events queued for the writer; when it is full, new events are dropped and counted "
+        f'in apiserver_audit_error_total{{plugin="buffered"}} (default {DEFAULT_AUDIT_LOG_BUFFER_SIZE}).',
     )
 
 
@@ -518,6 +576,7 @@ def validate(opts: Options) -> None:
             raise ConfigError(
                 "--authorization-always-allow-paths", f"{entry!r}: '*' is only allowed at the end"
             )
+    _check_audit(opts)
 
 
 def _validate_leader_election(opts: Options) -> None:
@@ -568,3 +627,20 @@ def lock_problem(lock_type: str) -> str | None:
     if lock_type == LEASES_LOCK:
         return None
     return _REMOVED_LOCKS.get(lock_type, f"Invalid lock-type {lock_type}")
+
+
+def _check_audit(opts: Options) -> None:
+    for flag, value in (
+        ("--audit-log-maxage", opts.audit_log_maxage),
+        ("--audit-log-maxbackup", opts.audit_log_maxbackup),
+        ("--audit-log-maxsize", opts.audit_log_maxsize),
+    ):
+        if value < 0:
+            raise ConfigError(flag, f"{value} can't be a negative number")
+    if opts.audit_log_batch_buffer_size <= 0:
+        raise ConfigError("--audit-log-batch-buffer-size", "must be a positive number")
+    if opts.audit_policy_file is not None:
+        try:
+            load_policy_file(opts.audit_policy_file)
+        except AuditPolicyError as err:
+            raise ConfigError("--audit-policy-file", str(err)) from err

@@ -176,6 +176,25 @@ class Metrics:
         self.reviews_in_flight = Gauge(
             "aggregator_webhook_reviews_in_flight", "Reviews awaiting kube-apiserver.", ["kind"], registry=r
         )
+        # audit (k8s.io/apiserver pkg/audit/metrics.go: upstream names and help text)
+        self.audit_events = Counter(
+            "apiserver_audit_event",
+            "[ALPHA] Counter of audit events generated and sent to the audit backend.",
+            registry=r,
+        )
+        self.audit_errors = Counter(
+            "apiserver_audit_error",
+            "[ALPHA] Counter of audit events that failed to be audited properly. Plugin identifies the "
+            "plugin affected by the error.",
+            ["plugin"],
+            registry=r,
+        )
+        self.audit_levels = Counter(
+            "apiserver_audit_level",
+            "[ALPHA] Counter of policy levels for audit events (1 per request).",
+            ["level"],
+            registry=r,
+        )
         # object sources
         self.watch_restarts = Counter(
             "aggregator_watch_restarts", "Watches restarted, by resource.", ["resource"], registry=r

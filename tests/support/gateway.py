@@ -6,6 +6,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from aggregator.auth.authz import Authorizer
+from aggregator.auth.impersonation import Impersonator
 from aggregator.config import Options, validate
 from aggregator.server import GatewayServer
 from tests.support.pki import PKI
@@ -38,3 +40,15 @@ async def running_gateway(options: Options) -> AsyncIterator[GatewayServer]:
         yield server
     finally:
         await server.stop()
+
+
+def install_impersonation(server: GatewayServer) -> Impersonator:
+    """Put the impersonation gate where the assembly will: right before the authorization gate."""
+    gates = server.gateway.gates
+    for index, gate in enumerate(gates):
+        authorizer = getattr(gate, "__self__", None)
+        if isinstance(authorizer, Authorizer):
+            impersonator = Impersonator(authorizer)
+            gates.insert(index, impersonator.gate)
+            return impersonator
+    raise AssertionError("the gateway has no authorization gate")

@@ -32,6 +32,7 @@ from aggregator.apiregistration.api import APIRegistration
 from aggregator.auth.authn import Authenticator
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
+from aggregator.auth.impersonation import Impersonator
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import DiscoveryProbe
 from aggregator.availability.status import (
@@ -224,8 +225,10 @@ def build_gateway(options: Options) -> Gateway:
         apiregistration.install(router)
     router.add_claim(proxy.claim)
 
+    # kube-apiserver's filter order: authentication, impersonation, authorization
     pipeline = Pipeline(router, metrics)
     pipeline.add_gate(authenticator.gate)
+    pipeline.add_gate(Impersonator(authorizer).gate)
     pipeline.add_gate(authorizer.gate)
     pipeline.add_gate(upgrade_gate(metrics))
 

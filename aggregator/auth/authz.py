@@ -354,6 +354,16 @@ class Authorizer:
             return ALLOWED if self.allow_all else NO_OPINION
         return self.reviewer.cached(spec_key(user, info))
 
+    async def review(self, user: UserInfo, info: RequestInfo) -> Verdict:
+        """The webhook's answer when `decide_now` had none (joins an identical review in flight).
+
+        Raises ReviewFailed.
+        """
+        assert self.reviewer is not None, "decide_now answers every request when there is no reviewer"
+        return await self.reviewer.review(
+            spec_key(user, info), cache=attribute_bytes(info) < MAX_CACHED_ATTRIBUTE_BYTES
+        )
+
     async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
         if route.kind is RouteKind.DELEGATE:
             return None  # kube-apiserver authorizes what it serves
@@ -366,12 +376,8 @@ class Authorizer:
             return internal_error(request, f"failed to create RequestInfo: {err}")
         verdict = self.decide_now(user, info)
         if verdict is None:
-            assert self.reviewer is not None
-            key = spec_key(user, info)
             try:
-                verdict = await self.reviewer.review(
-                    key, cache=attribute_bytes(info) < MAX_CACHED_ATTRIBUTE_BYTES
-                )
+                verdict = await self.review(user, info)
             except ReviewFailed as err:
                 log.error(
                     "Failed to make webhook authorizer request",

@@ -22,6 +22,7 @@ from aggregator.auth.authconfigmap import AuthConfigMap
 from aggregator.auth.authn import Authenticator, TokenAuthenticator
 from aggregator.auth.authz import Authorizer, SubjectAccessReviewer
 from aggregator.auth.cafiles import CAFiles
+from aggregator.auth.impersonation import announce
 from aggregator.auth.requestheader import RequestHeaderConfig
 from aggregator.auth.tokenfile import TokenFile
 from aggregator.auth.tokenreview import TokenReviewAuthenticator
@@ -140,6 +141,9 @@ def build_authorization(options: Options, *, kube: KubeClient | None, metrics: M
             extra=fields(anonymous_auth=options.anonymous_auth),
         )
         summary.append("authorization: ALLOW ALL authenticated callers (no kubeconfig)")
+        unchecked = announce(authorizer, anonymous_auth=options.anonymous_auth)
+        if unchecked is not None:
+            summary.append(unchecked)
     else:
         source = options.authorization_kubeconfig or options.kubeconfig or "in-cluster account"
         allowed = options.authorization_webhook_cache_authorized_ttl

@@ -66,11 +66,16 @@ DNS1123_SUBDOMAIN_MSG = (
     "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
     "and must start and end with an alphanumeric character"
 )
+DNS1123_LABEL_MSG = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+    "start and end with an alphanumeric character"
+)
 DNS1035_LABEL_FMT = "[a-z]([-a-z0-9]*[a-z0-9])?"
 DNS1035_LABEL_MSG = (
     "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an "
     "alphabetic character, and end with an alphanumeric character"
 )
+_DNS1123_LABEL = re.compile(DNS1123_LABEL_FMT, re.ASCII)
 _DNS1123_SUBDOMAIN = re.compile(DNS1123_SUBDOMAIN_FMT, re.ASCII)
 _DNS1035_LABEL = re.compile(DNS1035_LABEL_FMT, re.ASCII)
 
@@ -89,6 +94,15 @@ def regex_error(msg: str, fmt: str, *examples: str) -> str:
             msg += " or "
         msg += f"'{example}', "
     return msg + f"regex used for validation is '{fmt}')"
+
+
+def is_dns1123_label(value: str) -> list[str]:
+    errs = []
+    if len(value) > 63:
+        errs.append(max_len_error(63))
+    if not _DNS1123_LABEL.fullmatch(value):
+        errs.append(regex_error(DNS1123_LABEL_MSG, DNS1123_LABEL_FMT, "my-name", "123-abc"))
+    return errs
 
 
 def is_dns1123_subdomain(value: str) -> list[str]:

@@ -7,9 +7,8 @@ Available -> 503 `service unavailable`; TLS settings that cannot be built -> 500
 no authenticated user -> 500 `missing user`; no address -> 503 `service unavailable` (the log line
 names the hop); then forward. Discovery requests (`/apis/<g>/<v>` itself) are bounded to 5 s.
 
-One deliberate addition: a request carrying `Impersonate-*` headers is refused with a 403. Upstream
-applies impersonation before proxying; this gateway does not implement it, and quietly dropping
-the headers would run `kubectl --as=someone` with the caller's own, possibly larger, rights.
+Impersonation is applied before this handler, as upstream does (`auth/impersonation.py`): the
+user here is the impersonated one, and no `Impersonate-*` header reaches the backend (`headers.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from aggregator.backends.registry import BackendRegistry
 from aggregator.contracts import Availability
 from aggregator.model.apiservice import APIService
 from aggregator.proxy.destination import Destination
-from aggregator.proxy.forward import Forwarder, has_impersonation
+from aggregator.proxy.forward import Forwarder
 from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.web.context import get_user
 from aggregator.web.routing import Handler, Route, RouteKind
@@ -30,13 +29,6 @@ from aggregator.web.routing import Handler, Route, RouteKind
 # Group served by the gateway itself; an APIService for it never takes its paths (upstream's
 # go-restful container wins over the proxy mux).
 OWN_GROUP = "apiregistration.k8s.io"
-
-
-def impersonation_refusal(header: str) -> str:
-    return (
-        f"impersonation ({header}) is not supported by this gateway for aggregated APIs; "
-        "send the request without Impersonate-* headers"
-    )
 
 
 class APIServiceProxy:
@@ -130,9 +122,6 @@ class APIServiceProxy:
         user = get_user(request)
         if user is None:
             return forwarder.answer(request, name, 500, "missing user")
-        impersonation = has_impersonation(request)
-        if impersonation is not None:
-            return forwarder.answer(request, name, 403, impersonation_refusal(impersonation))
         resolver = self.backends.resolver
         try:
             found = resolver.resolve_now(svc)

@@ -8,6 +8,8 @@ from aggregator.model.userinfo import UserInfo
 from aggregator.web.routing import Route
 
 USER = web.RequestKey("aggregator.user", UserInfo)
+# Set only when the caller impersonates someone: USER is then the impersonated user.
+REQUESTER = web.RequestKey("aggregator.requester", UserInfo)
 ROUTE = web.RequestKey("aggregator.route", Route)
 
 
@@ -17,6 +19,16 @@ def set_user(request: web.Request, user: UserInfo) -> None:
 
 def get_user(request: web.Request) -> UserInfo | None:
     return request.get(USER)
+
+
+def set_requester(request: web.Request, user: UserInfo) -> None:
+    request[REQUESTER] = user
+
+
+def get_requester(request: web.Request) -> UserInfo | None:
+    """Who authenticated, when it acts as someone else (an audit event's `user`, whose
+    `impersonatedUser` is `get_user`; apiserver `audit.LogImpersonatedUser`). None otherwise."""
+    return request.get(REQUESTER)
 
 
 def set_route(request: web.Request, route: Route) -> None:

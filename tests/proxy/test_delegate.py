@@ -219,3 +219,22 @@ async def test_unreachable_kube_apiserver_is_503(
 async def _until(predicate: Callable[[], bool]) -> None:
     while not predicate():
         await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("delegate_auth", ["front-proxy", "impersonate"])
+async def test_the_impersonation_gate_leaves_kube_apiservers_paths_to_it(
+    start_kube: StartKube, fake_kube: FakeKube, pki: PKI, delegate_auth: str
+) -> None:
+    """kube-apiserver applies (front-proxy) or the delegate refuses (impersonate) what the caller
+    sent: the gate neither judges it (a group without a user would be its 500) nor rewrites it."""
+    fake_kube.add_route("GET", "/api/v1/namespaces/default/pods", echo_handler)
+    server = await start_kube(delegate_auth=delegate_auth)
+    status, doc = await get(
+        server, pki, "/api/v1/namespaces/default/pods", headers={"Impersonate-Group": "devs"}
+    )
+    if delegate_auth == "front-proxy":
+        assert status == 200
+        assert (doc["remote_user"], doc["impersonate_group"]) == (["admin"], ["devs"])
+    else:
+        assert status == 403
+        assert "cannot be nested" in doc["message"]

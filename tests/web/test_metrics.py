@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import aiohttp
-import pytest
 from prometheus_client import Gauge, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from aggregator.commands.certs import new_ca
-from aggregator.tls.pem import PEMError
-from aggregator.web.certexpiry import CLIENT_CA, SERVING, CertificateExpiry
+from aggregator.web.certexpiry import CLIENT_CA, SERVING
 from aggregator.web.metrics import Metrics
 from tests.conftest import StartGateway
 from tests.support.pki import PKI
@@ -95,16 +93,8 @@ def test_one_label_name_for_the_apiservice() -> None:
     assert isinstance(metrics.insecure_backends, Gauge) and len(names) > 10
 
 
-# --- certificate expiry ----------------------------------------------------------------------------
-
-
-def test_certificate_expiry_is_the_earliest_not_after_in_the_file() -> None:
+def test_certificate_expiry_is_exposed_by_the_registry() -> None:
     short, long = new_ca("old-ca", days=30), new_ca("new-ca", days=3650)
-    expiry = CertificateExpiry()
-    expiry.set_pem(CLIENT_CA, "/etc/ca/bundle.crt", long.cert_pem + short.cert_pem)
-    expiry.set_pem(SERVING, "/etc/serving/tls.crt", long.cert_pem)
-    assert expiry.value(CLIENT_CA) == ("/etc/ca/bundle.crt", short.cert.not_valid_after_utc.timestamp())
-
     metrics = Metrics()
     metrics.certificate_expiry.set_pem(CLIENT_CA, "/etc/ca/bundle.crt", short.cert_pem)
     metrics.certificate_expiry.set_pem(SERVING, "/etc/serving/tls.crt", long.cert_pem)
@@ -115,24 +105,6 @@ def test_certificate_expiry_is_the_earliest_not_after_in_the_file() -> None:
         ("client-ca", "/etc/ca/bundle.crt", short.cert.not_valid_after_utc.timestamp()),
         ("serving", "/etc/serving/tls.crt", long.cert.not_valid_after_utc.timestamp()),
     ]
-
-
-def test_a_reload_replaces_the_series_and_forget_removes_it() -> None:
-    old, new = new_ca("a", days=10), new_ca("b", days=20)
-    expiry = CertificateExpiry()
-    expiry.set_pem(SERVING, "/old/tls.crt", old.cert_pem)
-    expiry.set_pem(SERVING, "/new/tls.crt", new.cert_pem)
-    ((family,),) = [list(expiry.collect())]
-    assert [(s.labels, s.value) for s in family.samples] == [
-        ({"certificate": "serving", "source": "/new/tls.crt"}, new.cert.not_valid_after_utc.timestamp())
-    ]
-    expiry.forget(SERVING)
-    assert expiry.value(SERVING) is None
-
-
-def test_unparseable_pem_is_refused_like_the_loaders_refuse_it() -> None:
-    with pytest.raises(PEMError):
-        CertificateExpiry().set_pem(SERVING, "/x.crt", b"not a certificate")
 
 
 # --- end to end --------------------------------------------------------------------------------------

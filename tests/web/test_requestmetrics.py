@@ -15,7 +15,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aggregator.auth.gourl import parse_query
 from aggregator.auth.requestinfo import RequestInfo, new_request_info
-from aggregator.web.requestlabels import clean_dry_run, clean_scope, is_long_running, report_verb
+from aggregator.web.requestlabels import (
+    clean_dry_run,
+    clean_scope,
+    is_long_running,
+    report_verb,
+    request_kind,
+)
 from aggregator.web.requestmetrics import AGGREGATOR, APISERVER, MonitoredRequest, RequestMetrics
 
 # --- metrics_test.go TestCleanVerb -------------------------------------------------------------------
@@ -417,6 +423,29 @@ def test_long_running_requests_are_counted_while_they_run(
     with metrics.long_running(watch, component=APISERVER):
         assert gauge() == [("WATCH", 1.0)]
     assert gauge() == [("WATCH", 0.0)]
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "long_running", "kind"),
+    [
+        ("GET", "/api/v1/pods?watch=true", True, "readOnly"),
+        ("GET", "/api/v1/watch/pods", True, "readOnly"),
+        ("GET", "/api/v1/namespaces/ns/pods/p/log", True, "readOnly"),
+        ("POST", "/api/v1/namespaces/ns/pods/p/exec", True, "mutating"),
+        ("GET", "/api/v1/namespaces/ns/services/s/proxy/x", True, "readOnly"),
+        ("GET", "/debug/pprof/profile", True, "readOnly"),  # non-resource verb: the method, "get"
+        ("GET", "/api/v1/pods", False, "readOnly"),
+        ("GET", "/api/v1/namespaces/ns/pods/p/status", False, "readOnly"),
+        ("PATCH", "/api/v1/namespaces/ns/pods/p", False, "mutating"),
+        ("GET", "/healthz", False, "readOnly"),
+    ],
+)
+def test_long_running_and_request_kind_follow_kube_apiserver(
+    method: str, target: str, long_running: bool, kind: str
+) -> None:
+    # BasicLongRunningRequestCheck with kube-apiserver's sets; maxinflight's read-only verbs.
+    info = request(method, target).info
+    assert (is_long_running(info), request_kind(info)) == (long_running, kind)
 
 
 # --- apiserver_current_inflight_requests: the 1 s high-water mark ------------------------------------

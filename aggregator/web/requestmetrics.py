@@ -21,7 +21,9 @@ Which `component` the gateway records (`observe`'s argument), and why:
 - The handlers upstream instruments with fixed labels, through `observe_handler`: aggregated
   discovery (`subresource="apis"`, component `apiserver`, `aggregated.NewResourceManager("apis")`),
   `/healthz`, `/livez`, `/readyz` (subresource = the path, component `""`, healthz.go
-  `InstallPathHandlerWithHealthyFunc`) and OpenAPI v3 (`openapi/v3`, `openapi/v3/`, component `""`).
+  `InstallPathHandlerWithHealthyFunc`) and OpenAPI v3 (`openapi/v3` for the root,
+  `openapi/v3/` for a group-version, component `""`; kube-aggregator
+  `pkg/controllers/openapiv3/aggregator`).
 
 Not counted, as upstream: requests refused before a handler (401, 403, bad request info), paths no
 route serves (404 from the router), legacy discovery, `/openapi/v2`, `/version`, `/metrics` and

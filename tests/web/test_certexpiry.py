@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from aggregator.backends.client_cert import ProxyClientCertificate
 from aggregator.commands.certs import issue_client_cert, new_ca, write_cert, write_pair
-from aggregator.proxy.transport import ProxyClientCertificate
 from aggregator.tls.pem import PEMError
 from aggregator.tls.verify import CAFile
 from aggregator.web.certexpiry import CLIENT_CA, PROXY_CLIENT, SERVING, CertificateExpiry

@@ -25,8 +25,14 @@ BUILD_INFO_LABELS = {
     "compiler",
     "platform",
 }
-# Upstream-named metrics keep upstream's `name` label; everything else says `apiservice`.
-UPSTREAM_NAME_LABELLED = {"aggregator_unavailable_apiservice", "aggregator_unavailable_apiservice_total"}
+# Upstream-named metrics keep upstream's `name` label; everything else says `apiservice`. (The
+# leader-election pair's `name` is the Lease's, as in client-go.)
+UPSTREAM_NAME_LABELLED = {
+    "aggregator_unavailable_apiservice",
+    "aggregator_unavailable_apiservice_total",
+    "leader_election_master_status",
+    "leader_election_slowpath_total",
+}
 
 
 def families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -1,12 +1,13 @@
 """Go's crypto/x509 verification rules, to word refusals the way kube-apiserver logs them.
 
-cryptography's verifier decides what is accepted (aggregator/tls/chainpolicy.py); when it refuses,
-`explain` replays `Certificate.Verify` (crypto/x509 verify.go) with Roots = the CA file,
+cryptography's verifier decides what may be accepted (aggregator/tls/chainpolicy.py); `explain`
+replays `Certificate.Verify` (crypto/x509 verify.go) with Roots = the CA file,
 Intermediates = what the client sent and KeyUsages = [ClientAuth], as k8s.io/apiserver's x509
 authenticator calls it, and returns the error Go would have returned: same checks, same order
 (leaf `isValid`, `buildChains` over roots then intermediates with the signature-check budget, then
 `checkChainForKeyUsage`), same texts. It returns None when Go would have accepted the certificate.
-The same primitives decide the version-1 fallback in aggregator/tls/verify.py.
+aggregator/tls/verify.py accepts a chain only when both agree, and the same primitives decide its
+version-1 fallback.
 """
 
 from __future__ import annotations
@@ -122,6 +123,18 @@ def _understood(ext: x509.Extension[x509.ExtensionType]) -> bool:
 def has_unhandled_critical_extension(cert: x509.Certificate) -> bool:
     """`len(c.UnhandledCriticalExtensions) > 0`."""
     return any(ext.critical and not _understood(ext) for ext in cert.extensions)
+
+
+def parse_error(cert: x509.Certificate) -> str | None:
+    """What Go's parser (parser.go `parseCertificate`, `processExtensions`) refuses outright."""
+    if cert.serial_number < 0:
+        return "x509: negative serial number"
+    for ext in cert.extensions:
+        if ext.critical and ext.oid == ExtensionOID.SUBJECT_KEY_IDENTIFIER:
+            return "x509: subject key identifier incorrectly marked critical"
+        if ext.critical and ext.oid == ExtensionOID.AUTHORITY_INFORMATION_ACCESS:
+            return "x509: authority info access incorrectly marked critical"
+    return None
 
 
 def validity_error(cert: x509.Certificate, now: float) -> Expired | None:
@@ -303,9 +316,14 @@ def explain(
 ) -> GoError | None:
     """The error `leaf.Verify(...)` returns for a client certificate, or None if Go accepts it.
 
-    `roots` maps DER subject names to the CA file's certificates (Go's `CertPool.byName`).
+    `roots` maps DER subject names to the CA file's certificates (Go's `CertPool.byName`). A
+    certificate Go cannot parse fails the TLS handshake in Go; that error is returned in its words.
     """
     try:
+        for index, cert in enumerate((leaf, *intermediates)):
+            unparsable = parse_error(cert)
+            if unparsable is not None:
+                return f"tls: failed to parse client certificate #{index}: {unparsable}"
         invalid = is_valid(leaf, LEAF, (), now)
         if invalid is not None:
             return invalid

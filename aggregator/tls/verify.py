@@ -2,9 +2,10 @@
 
 k8s.io/apiserver's x509 authenticator (pkg/authentication/request/x509/x509.go) calls
 `PeerCertificates[0].Verify` with Roots = the CA file, Intermediates = the certificates the client
-sent after its own, and KeyUsages = [ClientAuth]. Here cryptography's path validation decides
-(aggregator/tls/chainpolicy.py relaxes its WebPKI profile to Go's rules), and a refusal is worded
-as Go words it (aggregator/tls/gox509.py replays Go's checks to find which error Go would return).
+sent after its own, and KeyUsages = [ClientAuth]. Here a chain must pass cryptography's path
+validation (aggregator/tls/chainpolicy.py relaxes its WebPKI profile to Go's rules) and a replay of
+Go's checks (aggregator/tls/gox509.py), which also words every refusal as Go words it. The replay
+only ever narrows what cryptography accepts; it runs once per new chain, never per request.
 
 Version-1 certificates (what `openssl x509 -req` makes without an extension file) are the one
 fallback: cryptography refuses every v1 certificate, Go accepts a v1 root, and a v1 leaf. A leaf
@@ -186,24 +187,30 @@ class CAPool:
             try:
                 untrusted.append(x509.load_der_x509_certificate(raw))
             except ValueError as err:  # crypto/tls refuses the handshake with this text
-                message = f"tls: failed to parse client certificate #{index}: {err}"
+                message = f"tls: failed to parse client certificate #{index}: x509: malformed certificate: {err}"
                 return _Verdict(Rejection(message, identifier), -math.inf, math.inf)
         when = dt.datetime.fromtimestamp(ts, dt.UTC)
         chain: list[x509.Certificate] | None
+        refused: gox509.GoError | None
         try:
             chain = self._policy.verifier(self._store, when).verify(leaf, untrusted).chain
+            # Go's rules must agree: they are stricter in corners an extension policy cannot
+            # express (an unparsable critical SAN, a critical key identifier, ...).
+            refused = gox509.explain(leaf, untrusted, self._by_subject, ts)
         except VerificationError as err:
             chain = self._version1_chain(leaf, ts)
-            refusal = str(err)
-        if chain:
+            refused = None
+            if not chain:
+                refused = gox509.explain(leaf, untrusted, self._by_subject, ts) or UNSUPPORTED + str(err)
+        if chain and refused is None:
             since, until = _window(chain)
             common_name, organizations = _names(leaf)
             certificate = ClientCertificate(
                 common_name, organizations, hashlib.sha256(der).hexdigest(), since, until
             )
             return _Verdict(certificate, since, until, identifier)
-        explained = gox509.explain(leaf, untrusted, self._by_subject, ts) or UNSUPPORTED + refusal
-        outcome = explained if isinstance(explained, gox509.Expired) else Rejection(explained, identifier)
+        assert refused is not None
+        outcome = refused if isinstance(refused, gox509.Expired) else Rejection(refused, identifier)
         since, until = _stable_span([leaf, *untrusted, *self.anchors], ts)
         return _Verdict(outcome, since, until, identifier)
 

@@ -46,7 +46,9 @@ class TokenAuthenticator(Protocol):
     def authenticate_token(self, token: str) -> UserInfo | Awaitable[UserInfo | None] | None: ...
 
 
-def peer_certificate(request: web.Request, chain: IntermediatesReader) -> tuple[bytes, tuple[bytes, ...]] | None:
+def peer_certificate(
+    request: web.Request, chain: IntermediatesReader
+) -> tuple[bytes, tuple[bytes, ...]] | None:
     """The DER of the client's certificate and of the certificates it sent after it, if any."""
     transport = request.transport
     ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
@@ -143,7 +145,9 @@ class Authenticator:
             cert = pool.check(der, intermediates=intermediates)
             if isinstance(cert, Rejection):
                 # x509.go `Authenticator.AuthenticateRequest` wraps the crypto/x509 error this way.
-                errors.append(f"client certificate: verifying certificate {cert.certificate} failed: {cert.message}")
+                errors.append(
+                    f"client certificate: verifying certificate {cert.certificate} failed: {cert.message}"
+                )
             else:
                 return UserInfo(
                     cert.common_name,

@@ -32,7 +32,9 @@ class Unauthenticated(Exception):
     """Why a request was not authenticated (logged, never sent to the client)."""
 
 
-def peer_certificate(request: web.Request, chain: IntermediatesReader) -> tuple[bytes, tuple[bytes, ...]] | None:
+def peer_certificate(
+    request: web.Request, chain: IntermediatesReader
+) -> tuple[bytes, tuple[bytes, ...]] | None:
     """The client's certificate and the intermediates it sent after it."""
     transport = request.transport
     if transport is None:

@@ -340,5 +340,5 @@ def explain(
         if not any(chain_allows_client_auth(chain) for chain in chains):
             return INCOMPATIBLE_USAGE
         return None
-    except ValueError as err:  # an extension cryptography cannot parse; Go's parser refuses it too
+    except (ValueError, TypeError, UnsupportedAlgorithm) as err:  # unparsable: Go's parser refuses it too
         return f"x509: {err}"

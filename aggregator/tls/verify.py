@@ -160,7 +160,11 @@ class CAPool:
         key = _chain_key(der, intermediates)
         verdict = self._cache.get(key)
         if verdict is None or not verdict.since <= ts < verdict.until:
-            verdict = self._verify(der, intermediates, ts)
+            try:
+                verdict = self._verify(der, intermediates, ts)
+            except Exception as err:  # a certificate nothing here can read is refused, never a 500
+                log.warning("client certificate not verifiable", extra=fields(reason=repr(err)))
+                verdict = _Verdict(Rejection(f"x509: {err}"), -math.inf, math.inf)
             self._cache[key] = verdict
         outcome = verdict.outcome
         if isinstance(outcome, gox509.Expired):
@@ -187,8 +191,8 @@ class CAPool:
             try:
                 untrusted.append(x509.load_der_x509_certificate(raw))
             except ValueError as err:  # crypto/tls refuses the handshake with this text
-                message = f"tls: failed to parse client certificate #{index}: x509: malformed certificate: {err}"
-                return _Verdict(Rejection(message, identifier), -math.inf, math.inf)
+                message = f"tls: failed to parse client certificate #{index}: x509: malformed certificate: "
+                return _Verdict(Rejection(message + str(err), identifier), -math.inf, math.inf)
         when = dt.datetime.fromtimestamp(ts, dt.UTC)
         chain: list[x509.Certificate] | None
         refused: gox509.GoError | None

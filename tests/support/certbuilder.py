@@ -120,7 +120,9 @@ def issue(spec: Spec, issuer: Cert | None = None) -> Cert:
             critical=False,
         )
     if spec.subject_alt_names:
-        builder = builder.add_extension(x509.SubjectAlternativeName(list(spec.subject_alt_names)), critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(list(spec.subject_alt_names)), critical=False
+        )
     if spec.name_constraints is not None:
         builder = builder.add_extension(spec.name_constraints, critical=True)
     for extension, critical in spec.extra:
@@ -200,7 +202,10 @@ def resigned_with_sha1(leaf: Cert, issuer: Cert) -> Cert:
     """`leaf` signed again by its RSA issuer with SHA-1, which Go and cryptography both refuse."""
     tbs, algorithm = _parts(leaf.cert)
     assert algorithm == _SHA256_WITH_RSA and tbs.count(_SHA256_WITH_RSA) == 1
-    return Cert(_sign(tbs.replace(_SHA256_WITH_RSA, _SHA1_WITH_RSA), _SHA1_WITH_RSA, issuer.key, hashes.SHA1()), leaf.key)
+    return Cert(
+        _sign(tbs.replace(_SHA256_WITH_RSA, _SHA1_WITH_RSA), _SHA1_WITH_RSA, issuer.key, hashes.SHA1()),
+        leaf.key,
+    )
 
 
 def write_chain(directory: Path, stem: str, leaf: Cert, *chain: Cert) -> str:

@@ -95,7 +95,9 @@ def run_in(loop_factory: Callable[[], asyncio.AbstractEventLoop], coro: Coroutin
         return runner.run(coro)
 
 
-@pytest.mark.parametrize("loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+@pytest.mark.parametrize(
+    "loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"]
+)
 def test_reader_returns_what_the_client_sent_after_its_certificate(
     pki: PKI, tmp_path: Path, loop_factory: Callable[[], asyncio.AbstractEventLoop]
 ) -> None:

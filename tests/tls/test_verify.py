@@ -76,12 +76,16 @@ def test_certificate_signed_directly_by_the_ca_names_user_and_groups(root: Cert)
     assert (cert.common_name, cert.organizations) == ("alice", ("devs", "ops"))
 
 
-def test_chain_through_an_intermediate_verifies_with_the_intermediate_sent(root: Cert, intermediate: Cert) -> None:
+def test_chain_through_an_intermediate_verifies_with_the_intermediate_sent(
+    root: Cert, intermediate: Cert
+) -> None:
     leaf = issue(Spec("bob", ("devs",)), intermediate)
     assert accepted(pool(root).check(leaf.der, intermediates=[intermediate.der])).common_name == "bob"
 
 
-def test_chain_through_an_intermediate_not_sent_is_an_unknown_authority(root: Cert, intermediate: Cert) -> None:
+def test_chain_through_an_intermediate_not_sent_is_an_unknown_authority(
+    root: Cert, intermediate: Cert
+) -> None:
     leaf = issue(Spec("bob"), intermediate)
     assert refused(pool(root).check(leaf.der)) == UNKNOWN_AUTHORITY
 
@@ -164,7 +168,9 @@ def test_server_only_intermediate_cannot_issue_client_certificates(root: Cert) -
     [None, [ExtendedKeyUsageOID.CLIENT_AUTH], [ANY_EKU], [ExtendedKeyUsageOID.SERVER_AUTH, ANY_EKU]],
     ids=["none", "clientAuth", "any", "serverAuth+any"],
 )
-def test_usages_go_accepts(root: Cert, intermediate: Cert, usages: list[x509.ObjectIdentifier] | None) -> None:
+def test_usages_go_accepts(
+    root: Cert, intermediate: Cert, usages: list[x509.ObjectIdentifier] | None
+) -> None:
     leaf = issue(Spec("kim", extended_key_usage=usages, extended_key_usage_critical=True), intermediate)
     assert accepted(pool(root).check(leaf.der, intermediates=[intermediate.der]))
 
@@ -187,7 +193,9 @@ def test_dns_name_outside_the_permitted_subtree(root: Cert) -> None:
 
 
 def test_ip_address_in_an_excluded_subtree(root: Cert) -> None:
-    scoped = constrained(root, x509.NameConstraints(None, [x509.IPAddress(ipaddress.ip_network("10.0.0.0/8"))]))
+    scoped = constrained(
+        root, x509.NameConstraints(None, [x509.IPAddress(ipaddress.ip_network("10.0.0.0/8"))])
+    )
     leaf = issue(Spec("node", subject_alt_names=[x509.IPAddress(ipaddress.ip_address("10.1.2.3"))]), scoped)
     assert refused(pool(root).check(leaf.der, intermediates=[scoped.der])) == (
         NOT_FOR_THIS_NAME + 'IP address "10.1.2.3" is excluded by constraint "10.0.0.0/8"'
@@ -211,7 +219,10 @@ def test_unknown_critical_extension_is_refused_on_the_leaf_and_on_an_intermediat
     assert refused(pool(root).check(leaf.der)) == "x509: unhandled critical extension"
     odd_ca = issue(Spec("odd-ca", ca=True, extra=[(UNKNOWN_EXTENSION, True)]), root)
     leaf = issue(Spec("mia"), odd_ca)
-    assert refused(pool(root).check(leaf.der, intermediates=[odd_ca.der])) == "x509: unhandled critical extension"
+    assert (
+        refused(pool(root).check(leaf.der, intermediates=[odd_ca.der]))
+        == "x509: unhandled critical extension"
+    )
 
 
 def test_unknown_non_critical_and_known_critical_extensions_are_fine(root: Cert) -> None:
@@ -230,7 +241,11 @@ def test_what_go_cannot_read_is_refused_even_where_cryptography_would_accept(roo
 
 def test_what_go_cannot_parse_is_named_as_its_handshake_error(root: Cert) -> None:
     access = x509.AuthorityInformationAccess(
-        [x509.AccessDescription(x509.oid.AuthorityInformationAccessOID.OCSP, x509.UniformResourceIdentifier("http://o"))]
+        [
+            x509.AccessDescription(
+                x509.oid.AuthorityInformationAccessOID.OCSP, x509.UniformResourceIdentifier("http://o")
+            )
+        ]
     )
     leaf = issue(Spec("val", extra=[(access, True)]), root)
     assert refused(pool(root).check(leaf.der)) == (
@@ -261,7 +276,9 @@ def test_profile_relaxations_go_accepts(root: Cert) -> None:
 def test_ca_whose_key_usage_forbids_certificate_signing(root: Cert) -> None:
     signer = issue(Spec("sign-only-ca", ca=True, key_usage=key_usage(cert_sign=False)), root)
     leaf = issue(Spec("pat"), signer)
-    assert refused(pool(root).check(leaf.der, intermediates=[signer.der])) == hint(CANNOT_SIGN, "sign-only-ca")
+    assert refused(pool(root).check(leaf.der, intermediates=[signer.der])) == hint(
+        CANNOT_SIGN, "sign-only-ca"
+    )
 
 
 def test_non_ca_certificate_cannot_issue(root: Cert) -> None:
@@ -311,7 +328,9 @@ def test_version1_fallback_keeps_go_checks(root: Cert) -> None:
         "x509: ECDSA verification failure", "legacy-ca"
     )
     expired_leaf = issue(Spec("xena", not_after=NOW - DAY, not_before=NOW - 2 * DAY), legacy)
-    assert refused(pool(legacy).check(expired_leaf.der, now=NOW.timestamp())) == expired(NOW, "after", NOW - DAY)
+    assert refused(pool(legacy).check(expired_leaf.der, now=NOW.timestamp())) == expired(
+        NOW, "after", NOW - DAY
+    )
 
 
 def test_version1_intermediate_is_not_a_ca(root: Cert) -> None:
@@ -358,6 +377,15 @@ def test_malformed_input_is_a_refusal_not_an_exception(root: Cert) -> None:
     assert refused(pool(root).check(leaf.der, intermediates=[b"junk"])).startswith(
         "tls: failed to parse client certificate #1: "
     )
+
+
+def test_an_unexpected_failure_is_a_refusal_not_an_exception(root: Cert) -> None:
+    class BrokenPolicy(ClientChainPolicy):
+        def verifier(self, store: Store, when: dt.datetime) -> ClientVerifier:
+            raise RuntimeError("library surprise")
+
+    ca = CAPool(root.pem, source="client-ca.crt", policy=BrokenPolicy())
+    assert refused(ca.check(issue(Spec("eli"), root).der)) == "x509: library surprise"
 
 
 def test_verify_raises_a_fresh_error_each_time(root: Cert) -> None:

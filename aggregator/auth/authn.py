@@ -5,7 +5,8 @@ a union in which the first success wins and failures accumulate. If nothing succ
 failed (a certificate from an unknown CA, a rejected token), the request gets upstream's 401 Status.
 A request with no credentials at all is anonymous when `--anonymous-auth` is on, and on public
 routes (the health probes kubelet calls without a certificate); otherwise it is a 401 too.
-The certificate path never awaits: verification results are cached per certificate.
+The certificate path never awaits: verification results are cached per presented chain (the
+client's certificate plus the intermediates it sent, which Go passes as `Intermediates`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from aiohttp import web
 
 from aggregator.auth.requestheader import RequestHeaderConfig, user_from_headers
 from aggregator.model.userinfo import ANONYMOUS, UserInfo
+from aggregator.tls.peerchain import IntermediatesReader, PeerChainReader
 from aggregator.tls.verify import CAPool, Rejection
 from aggregator.util.logs import fields
 from aggregator.web.context import set_user
@@ -44,14 +46,18 @@ class TokenAuthenticator(Protocol):
     def authenticate_token(self, token: str) -> UserInfo | Awaitable[UserInfo | None] | None: ...
 
 
-def peer_certificate(request: web.Request) -> bytes | None:
-    """The DER of the client's certificate, if it presented one."""
+def peer_certificate(
+    request: web.Request, chain: IntermediatesReader
+) -> tuple[bytes, tuple[bytes, ...]] | None:
+    """The DER of the client's certificate and of the certificates it sent after it, if any."""
     transport = request.transport
     ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
     if ssl_object is None:
         return None
     der: bytes | None = ssl_object.getpeercert(binary_form=True)
-    return der
+    if der is None:
+        return None
+    return der, chain.intermediates(ssl_object)
 
 
 def bearer_token(request: web.Request) -> str | None:
@@ -68,7 +74,10 @@ def unauthorized(request: web.Request) -> web.Response:
 
 
 class Authenticator:
-    """The authentication gate; CA sources are callables so files and ConfigMaps can swap them live."""
+    """The authentication gate; CA sources are callables so files and ConfigMaps can swap them live.
+
+    `peer_chain` reads the intermediates a client sent (default: OpenSSL's peer chain).
+    """
 
     def __init__(
         self,
@@ -77,8 +86,10 @@ class Authenticator:
         client_ca: Callable[[], CAPool | None] = lambda: None,
         requestheader: Callable[[], RequestHeaderConfig | None] = lambda: None,
         tokens: list[TokenAuthenticator] | None = None,
+        peer_chain: IntermediatesReader | None = None,
     ) -> None:
         self.anonymous = anonymous
+        self.peer_chain = peer_chain or PeerChainReader()
         self.client_ca = client_ca
         self.requestheader = requestheader
         self.tokens: list[TokenAuthenticator] = tokens or []
@@ -111,12 +122,13 @@ class Authenticator:
         return None
 
     def _from_certificate(self, request: web.Request, errors: list[str]) -> UserInfo | None:
-        der = peer_certificate(request)
-        if der is None:
+        presented = peer_certificate(request, self.peer_chain)
+        if presented is None:
             return None
+        der, intermediates = presented
         front_proxy = self.requestheader()
         if front_proxy is not None:
-            proxy_cert = front_proxy.pool.check(der)
+            proxy_cert = front_proxy.pool.check(der, intermediates=intermediates)
             if isinstance(proxy_cert, Rejection):
                 errors.append(f"front-proxy certificate: {proxy_cert.message}")
             elif front_proxy.allowed_names and proxy_cert.common_name not in front_proxy.allowed_names:
@@ -130,9 +142,12 @@ class Authenticator:
                     return user
         pool = self.client_ca()
         if pool is not None:
-            cert = pool.check(der)
+            cert = pool.check(der, intermediates=intermediates)
             if isinstance(cert, Rejection):
-                errors.append(f"client certificate: {cert.message}")
+                # x509.go `Authenticator.AuthenticateRequest` wraps the crypto/x509 error this way.
+                errors.append(
+                    f"client certificate: verifying certificate {cert.certificate} failed: {cert.message}"
+                )
             else:
                 return UserInfo(
                     cert.common_name,

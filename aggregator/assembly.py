@@ -62,6 +62,7 @@ from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
+from aggregator.web.accesslog import AccessLog, AccessLogPolicy
 from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.metrics import Metrics
 from aggregator.web.pipeline import Pipeline
@@ -226,7 +227,8 @@ def build_gateway(options: Options) -> Gateway:
     router.add_claim(proxy.claim)
 
     # kube-apiserver's filter order: authentication, impersonation, authorization
-    pipeline = Pipeline(router, metrics)
+    access_log = AccessLog(AccessLogPolicy.parse(options.access_log, verbosity=options.verbosity))
+    pipeline = Pipeline(router, metrics, access_log)
     pipeline.add_gate(authenticator.gate)
     pipeline.add_gate(Impersonator(authorizer).gate)
     pipeline.add_gate(authorizer.gate)

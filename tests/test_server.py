@@ -49,7 +49,7 @@ async def test_access_log_line_never_carries_credentials(
     start_gateway: StartGateway, pki: PKI, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    server = await start_gateway()
+    server = await start_gateway(access_log="all")
     async with (
         aiohttp.ClientSession() as session,
         session.get(

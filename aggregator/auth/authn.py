@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import inspect
 import logging
+import ssl
+import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
@@ -21,7 +24,7 @@ from aiohttp import web
 from aggregator.auth.requestheader import RequestHeaderConfig, user_from_headers
 from aggregator.model.userinfo import ANONYMOUS, UserInfo
 from aggregator.tls.peerchain import IntermediatesReader, PeerChainReader
-from aggregator.tls.verify import CAPool, Rejection
+from aggregator.tls.verify import CAPool, ClientCertificate, Rejection, chain_key
 from aggregator.util.logs import fields
 from aggregator.web.context import set_user
 from aggregator.web.responses import status_response
@@ -30,6 +33,12 @@ from aggregator.web.routing import Route
 log = logging.getLogger(__name__)
 
 CREDENTIAL_ID_KEY = "authentication.kubernetes.io/credential-id"
+
+
+@dataclass(frozen=True, slots=True)
+class _Authenticated:
+    user: UserInfo
+    complete: bool  # system:authenticated already added
 
 
 class AuthenticationError(Exception):
@@ -58,6 +67,22 @@ def peer_certificate(
     if der is None:
         return None
     return der, chain.intermediates(ssl_object)
+
+
+@dataclass(slots=True)
+class _Presented:
+    """What one TLS connection presented (read once, not per request), and the user the client CA
+    last made of it: a keep-alive client costs a dictionary lookup per request, and the pool's
+    own check (expiry, a reloaded CA) still runs every time."""
+
+    der: bytes
+    intermediates: tuple[bytes, ...]
+    key: bytes
+    verified: ClientCertificate | None = None
+    user: UserInfo | None = None
+
+
+_NOTHING = _Presented(b"", (), b"")
 
 
 def bearer_token(request: web.Request) -> str | None:
@@ -93,16 +118,25 @@ class Authenticator:
         self.client_ca = client_ca
         self.requestheader = requestheader
         self.tokens: list[TokenAuthenticator] = tokens or []
+        # Per TLS connection (the SSL object lives as long as the connection does).
+        self._connections: weakref.WeakKeyDictionary[ssl.SSLObject, _Presented] = weakref.WeakKeyDictionary()
 
     async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
         errors: list[str] = []
         user = self._from_certificate(request, errors)
+        if user is not None:
+            if user.complete:
+                set_user(request, user.user)
+                return None
+            found: UserInfo | None = user.user
+        else:
+            found = None
         token = None
-        if user is None:
+        if found is None:
             token = bearer_token(request)
             if token is not None:
-                user = await self._from_token(token, errors)
-        if user is None:
+                found = await self._from_token(token, errors)
+        if found is None:
             if errors or token is not None:
                 log.info(
                     "unable to authenticate the request",
@@ -115,20 +149,37 @@ class Authenticator:
                 return unauthorized(request)
             if not (self.anonymous or route.public):
                 return unauthorized(request)
-            user = ANONYMOUS
+            found = ANONYMOUS
         else:
-            user = user.with_authenticated_group()
-        set_user(request, user)
+            found = found.with_authenticated_group()
+        set_user(request, found)
         return None
 
-    def _from_certificate(self, request: web.Request, errors: list[str]) -> UserInfo | None:
-        presented = peer_certificate(request, self.peer_chain)
+    def _presented(self, request: web.Request) -> _Presented:
+        """The connection's certificates, read from the TLS session once per connection."""
+        transport = request.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        if ssl_object is None:
+            return _NOTHING
+        presented = self._connections.get(ssl_object)
         if presented is None:
+            der: bytes | None = ssl_object.getpeercert(binary_form=True)
+            if der is None:
+                presented = _NOTHING
+            else:
+                intermediates = self.peer_chain.intermediates(ssl_object)
+                presented = _Presented(der, intermediates, chain_key(der, intermediates))
+            self._connections[ssl_object] = presented
+        return presented
+
+    def _from_certificate(self, request: web.Request, errors: list[str]) -> _Authenticated | None:
+        presented = self._presented(request)
+        if presented is _NOTHING:
             return None
-        der, intermediates = presented
+        der, intermediates, key = presented.der, presented.intermediates, presented.key
         front_proxy = self.requestheader()
         if front_proxy is not None:
-            proxy_cert = front_proxy.pool.check(der, intermediates=intermediates)
+            proxy_cert = front_proxy.pool.check(der, intermediates=intermediates, key=key)
             if isinstance(proxy_cert, Rejection):
                 errors.append(f"front-proxy certificate: {proxy_cert.message}")
             elif front_proxy.allowed_names and proxy_cert.common_name not in front_proxy.allowed_names:
@@ -137,23 +188,26 @@ class Authenticator:
                     "the allowed list"
                 )
             else:
-                user = user_from_headers(request.headers, front_proxy)
-                if user is not None:
-                    return user
+                asserted = user_from_headers(request.headers, front_proxy)
+                if asserted is not None:
+                    return _Authenticated(asserted, complete=False)
         pool = self.client_ca()
         if pool is not None:
-            cert = pool.check(der, intermediates=intermediates)
+            cert = pool.check(der, intermediates=intermediates, key=key)
             if isinstance(cert, Rejection):
                 # x509.go `Authenticator.AuthenticateRequest` wraps the crypto/x509 error this way.
                 errors.append(
                     f"client certificate: verifying certificate {cert.certificate} failed: {cert.message}"
                 )
             else:
-                return UserInfo(
-                    cert.common_name,
-                    groups=cert.organizations,
-                    extra={CREDENTIAL_ID_KEY: (f"X509SHA256={cert.sha256}",)},
-                )
+                if presented.verified is not cert or presented.user is None:
+                    presented.verified = cert
+                    presented.user = UserInfo(
+                        cert.common_name,
+                        groups=cert.organizations,
+                        extra={CREDENTIAL_ID_KEY: (f"X509SHA256={cert.sha256}",)},
+                    ).with_authenticated_group()
+                return _Authenticated(presented.user, complete=True)
         return None
 
     async def _from_token(self, token: str, errors: list[str]) -> UserInfo | None:

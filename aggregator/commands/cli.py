@@ -103,14 +103,20 @@ def _serve(args: argparse.Namespace) -> int:
     from aggregator.server import run
 
     options = options_from_args(args)
+    stop_logging = None
     try:
         validate(options)
-        configure_logging(options.log_format, options.verbosity)
+        stop_logging = configure_logging(options.log_format, options.verbosity)
         return run(options)
     except ConfigError as err:
+        if stop_logging is not None:
+            stop_logging()  # whatever was logged before the failure goes out before the one line
         # Start-up problems (bad flags, unreadable certificates or kubeconfig, a busy port): one line.
         print(f"aggregator serve: {err}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        if stop_logging is not None:
+            stop_logging()
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -106,7 +106,7 @@ def certificate_identifier(cert: x509.Certificate) -> str:
     return f"SN={cert.serial_number}, SKID={_colon_hex(ski)}, AKID={_colon_hex(aki)}"
 
 
-def _chain_key(der: bytes, intermediates: Sequence[bytes]) -> bytes:
+def chain_key(der: bytes, intermediates: Sequence[bytes]) -> bytes:
     """A fixed-size cache key: clients choose what they send, so its size must not be theirs."""
     digest = hashlib.sha256(der)
     for cert in intermediates:
@@ -148,16 +148,23 @@ class CAPool:
         self._cache: LRUCache[bytes, _Verdict] = LRUCache(maxsize=4096)
 
     def check(
-        self, der: bytes, *, intermediates: Sequence[bytes] = (), now: float | None = None
+        self,
+        der: bytes,
+        *,
+        intermediates: Sequence[bytes] = (),
+        now: float | None = None,
+        key: bytes | None = None,
     ) -> ClientCertificate | Rejection:
         """The verified identity, or the reason it does not verify. Raises nothing: the request
         path asks this for every certificate that is not the front proxy's.
 
         `intermediates` are the DER certificates the client sent after `der` (Go's
         `PeerCertificates[1:]`); they are untrusted and only help build a chain to the CA file.
+        `key` is `chain_key(der, intermediates)` when the caller kept it (one per connection).
         """
         ts = time.time() if now is None else now
-        key = _chain_key(der, intermediates)
+        if key is None:
+            key = chain_key(der, intermediates)
         verdict = self._cache.get(key)
         if verdict is None or not verdict.since <= ts < verdict.until:
             try:

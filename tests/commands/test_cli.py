@@ -196,6 +196,8 @@ def test_certs_init_then_serve_answers_healthz_over_mutual_tls(tmp_path: Path) -
                 str(port),
                 "--log-format",
                 "json",
+                "--access-log",
+                "all",
             ],
             stderr=log_file,
         )

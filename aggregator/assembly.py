@@ -54,6 +54,7 @@ from aggregator.kube.client import KubeClient, client_for_options
 from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
 from aggregator.leaderelection import LeaderElector, elector_for_options
 from aggregator.openapi.component import OpenAPIAggregation
+from aggregator.openapi.readiness import CHECK_NAME as KUBE_OPENAPI_CHECK
 from aggregator.openapi.routes import OpenAPIRoutes
 from aggregator.proxy.apiservices import APIServiceProxy
 from aggregator.proxy.delegate import FRONT_PROXY, Delegate
@@ -266,6 +267,9 @@ def build_gateway(options: Options) -> Gateway:
     health.add_notes("readyz", availability.notes)
     if discovery.delegate is not None:
         health.add(KUBE_DISCOVERY_CHECK, discovery.kube_ready, livez=False)
+    if openapi.kube_mode and kube is not None:
+        # kubectl explain of built-in types works from the first 200 (bounded: readiness.py).
+        health.add(KUBE_OPENAPI_CHECK, openapi.kube_ready, livez=False)
     if elector is not None:
         # Never fails for a follower: who leads shows in `/readyz?verbose`, not in readiness.
         health.add(LEADER_CHECK, elector.check)

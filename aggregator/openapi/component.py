@@ -3,7 +3,9 @@
 Sources: one per backend Service (every remote APIService pointing at the same Service, port and
 caBundle shares one download) and, in kube mode, kube-apiserver itself. They refresh every 60 s,
 at once when an APIService, its Service or its EndpointSlices change, and with backoff after a
-failure or a 404. Nothing is fetched on the request path: each change re-renders what is served.
+failure or a 404; kube-apiserver's first download is retried every second instead, and awaited by
+`/readyz` (`readiness.py`). Nothing is fetched on the request path: each change re-renders what is
+served.
 
 Published `/openapi/v3`: for each remote APIService, its backend's document for exactly its own
 group-version (a backend cannot publish someone else's; one without `/openapi/v3` gets its v2
@@ -42,8 +44,10 @@ from aggregator.openapi.documents import Document
 from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from aggregator.openapi.gnostic import encode_document
 from aggregator.openapi.merge import JSON, drop_prefixes, filter_paths, keep_prefixes, merge_documents
+from aggregator.openapi.readiness import FirstDownload
 from aggregator.openapi.sources import V2_PATH, V3_ROOT, Answer, OpenAPISource
 from aggregator.sources.store import Event, Kind, Store
+from aggregator.util.backoff import exponential_delay
 from aggregator.util.logs import fields
 from aggregator.util.loops import KeyedLoops
 from aggregator.util.tasks import TaskSet
@@ -229,6 +233,7 @@ class OpenAPIAggregation:
         timeout: float = 30.0,
         debounce: float = 0.05,
         concurrency: int = 4,
+        first_download: FirstDownload | None = None,
     ) -> None:
         self.store = store
         self.backends = backends
@@ -240,6 +245,7 @@ class OpenAPIAggregation:
         self.sources: dict[SourceKey, OpenAPISource] = {}
         # Remote APIServices per backend, by name (the first one makes the backend calls).
         self.members: dict[BackendKey, list[APIService]] = {}
+        self.first_download = first_download or FirstDownload()
         self.refresher: KeyedLoops[SourceKey] = KeyedLoops(
             "openapi",
             self._refresh,
@@ -247,6 +253,7 @@ class OpenAPIAggregation:
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
             concurrency=concurrency,
+            delay=self._next_delay,
         )
         # Local mode serves apiregistration.k8s.io/v1 itself, so it publishes its documents too:
         # they win over any backend's, as the gateway's own handler wins over any APIService.
@@ -338,6 +345,30 @@ class OpenAPIAggregation:
             self.refresher.poke(KUBE_APISERVER)
         self._publish_v3()
         self._schedule_v2()
+
+    def _next_delay(self, key: SourceKey, ok: bool, failures: int) -> float | None:
+        """kube-apiserver's failed first download: again within a second, not on the backoff."""
+        source = self.sources.get(key) if key == KUBE_APISERVER else None
+        if ok or source is None:
+            return None
+        refresher = self.refresher
+        return self.first_download.retry_delay(
+            source, exponential_delay(failures, refresher.backoff_initial, refresher.backoff_max)
+        )
+
+    def kube_ready(self) -> str | None:
+        """readyz `kube-apiserver-openapi` (kube mode): kube-apiserver's documents are served."""
+        if not self.kube_mode or self.kube is None:
+            return None
+        source = self.sources.get(KUBE_APISERVER)
+        return self.first_download.check(source, self._kube_v2_merged(source))
+
+    def _kube_v2_merged(self, source: OpenAPISource | None) -> bool:
+        """The published v2 was merged from kube-apiserver's current v2 document."""
+        signature = self._v2.signature or ()
+        return source is not None and any(
+            item[0] == KUBE_APISERVER and item[1] == (source.name, source.v2_revision) for item in signature
+        )
 
     def _keys_of(self, key: BackendKey) -> Callable[[], list[str]]:
         return lambda: [gv_key(s) for s in self.members.get(key, ())]

@@ -200,7 +200,7 @@ class Metrics:
         self.openapi_fetches = Counter(
             "aggregator_openapi_fetches",
             "OpenAPI downloads, by source (backend Service or kube-apiserver), document (v2, v3) and "
-            "outcome (ok, not_modified, not_found, error).",
+            "outcome (ok, not_modified, not_found, error; moved: a document's hash moved, the index is read again).",
             ["source", "document", "result"],
             registry=r,
         )

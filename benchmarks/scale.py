@@ -17,11 +17,13 @@ The gateway is pinned to CPU 0 and nginx to the others where the machine has two
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -161,8 +163,6 @@ def run(count: int, idle_window: float, server_cpu: str | None, other_cpus: str 
         init_pki(pki)
         ca = new_ca("bench-backend-ca")
         write_pair(work, "backend", issue_serving_cert(ca, ["*.bench.svc", "127.0.0.1"]))
-        import base64
-
         ca_b64 = base64.b64encode(ca.cert_pem).decode()
         folder = work / "apiservices"
         folder.mkdir()
@@ -186,9 +186,8 @@ def run(count: int, idle_window: float, server_cpu: str | None, other_cpus: str 
             figures: dict[str, float] = {}
             try:
                 while "listening" not in figures:
-                    with contextlib.suppress(OSError):
-                        with contextlib.closing(__import__("socket").create_connection(("127.0.0.1", port), 0.2)):
-                            figures["listening"] = time.monotonic() - started
+                    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                        figures["listening"] = time.monotonic() - started
                     if proc.poll() is not None:
                         raise RuntimeError(f"the gateway exited; see {work / 'gateway.log'}")
                     time.sleep(0.05)

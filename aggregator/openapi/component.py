@@ -48,6 +48,7 @@ from aggregator.openapi.readiness import FirstDownload
 from aggregator.openapi.sources import V2_PATH, V3_ROOT, Answer, OpenAPISource
 from aggregator.sources.store import Event, Kind, Store
 from aggregator.util.backoff import exponential_delay
+from aggregator.util.coalesce import Throttled
 from aggregator.util.logs import fields
 from aggregator.util.loops import KeyedLoops
 from aggregator.util.tasks import TaskSet
@@ -57,6 +58,8 @@ from aggregator.wire.jsonenc import go_marshal
 log = logging.getLogger(__name__)
 
 KUBE_APISERVER = "kube-apiserver"
+# At most one source sync and v3 index re-publish per this many seconds (a read in between applies it).
+SYNC_INTERVAL = 0.25
 # (namespace, name, port, caBundle, insecureSkipTLSVerify): APIServices equal here share a download.
 BackendKey = tuple[str, str, int, bytes, bool]
 SourceKey = BackendKey | str
@@ -263,7 +266,12 @@ class OpenAPIAggregation:
             own_v3, own_v2 = local.build_documents()
             self._own_v3 = {local.KEY: Document.render(go_marshal(own_v3))}
             self._own_v2 = own_v2
-        self.v3: V3Published = EMPTY_V3
+        self._v3: V3Published = EMPTY_V3
+        # Thousands of APIServices and sources change within seconds at start-up: matching sources
+        # and re-publishing the v3 index happen once per burst (or at the next read).
+        self._sync_pending = False
+        self._v3_pending = False
+        self._coalesced = Throttled(self._flush, interval=SYNC_INTERVAL, name="openapi")
         self.v2: V2Published = build_v2([V2Input("gateway", self._own_v2)])
         self._v2 = _V2State()
         self._tasks = TaskSet("openapi")
@@ -290,17 +298,34 @@ class OpenAPIAggregation:
 
     async def stop(self) -> None:
         self._started = False
+        self._coalesced.cancel()
         await self.refresher.stop()
         await self._tasks.close()
         self._v2.task = None
 
     # --- what changed --------------------------------------------------------------------------------
 
+    @property
+    def v3(self) -> V3Published:
+        """What `/openapi/v3` serves now (pending changes are applied first)."""
+        if self._sync_pending or self._v3_pending:
+            self._flush()
+        return self._v3
+
+    def _flush(self) -> None:
+        if self._sync_pending:
+            self._sync_pending = False
+            self._sync()
+        elif self._v3_pending:
+            self._publish_v3()
+
     def _on_event(self, event: Event) -> None:
         if not self._started:
             return
         if event.kind is Kind.APISERVICE:
-            self._sync()
+            if not event.status_only:  # conditions change no source and no document
+                self._sync_pending = True
+                self._coalesced.request()
             return
         services = event.services()
         for key in self.members:
@@ -387,14 +412,19 @@ class OpenAPIAggregation:
         if self.sources.get(key) is not source:
             return result.ok  # removed while it ran
         if result.v3_changed:
-            self._publish_v3()
+            self._publish_v3_later()
         if result.v2_changed:
             self._schedule_v2()
         return result.ok
 
     # --- publishing ----------------------------------------------------------------------------------
 
+    def _publish_v3_later(self) -> None:
+        self._v3_pending = True
+        self._coalesced.request()
+
     def _publish_v3(self) -> None:
+        self._v3_pending = False
         documents: dict[str, Document] = {}
         kube = self.sources.get(KUBE_APISERVER)
         if kube is not None:
@@ -409,8 +439,8 @@ class OpenAPIAggregation:
                     documents[gv_key(svc)] = doc
         documents.update(self._own_v3)
         index = render_v3_index(documents)
-        if index != self.v3.index.body or documents.keys() != self.v3.documents.keys():
-            self.v3 = V3Published(Document.render(index), documents)
+        if index != self._v3.index.body or documents.keys() != self._v3.documents.keys():
+            self._v3 = V3Published(Document.render(index), documents)
 
     def v2_inputs(self) -> list[V2Input]:
         """What the next v2 merge takes, in order."""

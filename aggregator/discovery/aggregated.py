@@ -37,7 +37,8 @@ DEFAULT_PRIORITY = (1000, 15)
 CRD_PRIORITY = (1000, 100)
 HEADERS = {"Vary": "Accept", "Cache-Control": "public"}
 
-# What kube-apiserver publishes for its own apiregistration.k8s.io/v1 (its aggregated `/apis`).
+# What kube-apiserver publishes for its own apiregistration.k8s.io/v1 (its aggregated `/apis`), with
+# local mode's read-only verbs (writes answer 405 there: the folder is the source of truth).
 _APISERVICE_KIND = {"group": "", "version": "", "kind": "APIService"}
 REGISTRATION_RESOURCES: list[dict[str, Any]] = [
     {
@@ -45,11 +46,9 @@ REGISTRATION_RESOURCES: list[dict[str, Any]] = [
         "responseKind": _APISERVICE_KIND,
         "scope": "Cluster",
         "singularResource": "apiservice",
-        "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+        "verbs": ["get", "list", "watch"],
         "categories": ["api-extensions"],
-        "subresources": [
-            {"subresource": "status", "responseKind": _APISERVICE_KIND, "verbs": ["get", "patch", "update"]}
-        ],
+        "subresources": [{"subresource": "status", "responseKind": _APISERVICE_KIND, "verbs": ["get"]}],
     }
 ]
 

@@ -7,12 +7,16 @@ Names mirror upstream where upstream has the metric (`aggregator_unavailable_api
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+
+from aggregator import __version__
+from aggregator.web import version
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -50,6 +54,16 @@ class Metrics:
         # `_created` series double the output and nobody graphs them.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         r = self.registry = CollectorRegistry(auto_describe=False)
+        # which gateway this is, whatever `/version` answers (kube-apiserver's in kube mode); as
+        # component-base's `kubernetes_build_info`
+        self.build_info = Gauge(
+            "aggregator_build_info",
+            "A metric with a constant '1' value labeled by the gateway's version and the Kubernetes "
+            "version whose API it follows (the one local mode's /version reports).",
+            ["version", "kubernetes_version", "python_version"],
+            registry=r,
+        )
+        self.build_info.labels(__version__, version.kubernetes_version(), platform.python_version()).set(1)
         # availability (upstream names and help text)
         self.unavailable_apiservice = UnavailableGauge()
         r.register(self.unavailable_apiservice)

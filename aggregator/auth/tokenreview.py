@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import logging
+import os
 import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping

@@ -61,4 +61,7 @@ async def test_kubectl_version_warns_only_about_real_skew(
         assert f"version difference between client (1.{client}) and server (1.33) {SKEW_WARNING}" in err
     _, out, _ = await kubectl("version", "-o", "json")
     server_version = json.loads(out)["serverVersion"]
-    assert (server_version["minor"], server_version["gitVersion"]) == ("33", f"v1.33.0+aggregator.{__version__}")
+    assert (server_version["minor"], server_version["gitVersion"]) == (
+        "33",
+        f"v1.33.0+aggregator.{__version__}",
+    )

@@ -70,6 +70,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
             ],
             stdout=out_file,
             stderr=err_file,
+            stdin=subprocess.DEVNULL,
             cwd=REPO,
         )
     try:

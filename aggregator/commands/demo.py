@@ -23,6 +23,7 @@ import os
 import shlex
 import signal
 import ssl
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -278,8 +279,6 @@ def _interactive() -> bool:
         mode = os.fstat(stdin.fileno()).st_mode
     except (OSError, ValueError):
         return False
-    import stat
-
     return stdin.isatty() or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 

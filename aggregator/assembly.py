@@ -176,8 +176,8 @@ def build_gateway(options: Options) -> Gateway:
     sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
     availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink)
 
-    # 6. what serves requests
-    forwarder = Forwarder(metrics, UpgradeTunnel(metrics))
+    # 6. what serves requests; a request that cannot reach its backend has availability re-check it
+    forwarder = Forwarder(metrics, UpgradeTunnel(metrics, recheck=availability), recheck=availability)
     delegate: Delegate | None = None
     fallback = Route(_not_found, RouteKind.OWN, "not-found")
     if options.kube_mode and kube is not None:
@@ -194,7 +194,12 @@ def build_gateway(options: Options) -> Gateway:
         components.append(("delegate", delegate))
         fallback = delegate.route
     proxy = APIServiceProxy(
-        store, availability=availability, backends=backends, forwarder=forwarder, fallback=fallback.handler
+        store,
+        availability=availability,
+        backends=backends,
+        forwarder=forwarder,
+        fallback=fallback.handler,
+        recheck=availability,
     )
     discovery = Discovery(
         store,

@@ -79,6 +79,9 @@ class Options:
     anonymous_auth: bool = False
     token_auth_file: str | None = None
     authentication_token_webhook_cache_ttl: float = 10.0
+    # Empty (no --service-account-issuer to default from, as kube-apiserver does): reviews carry no
+    # audiences and kube-apiserver checks tokens against its own.
+    api_audiences: list[str] = field(default_factory=list)
     authentication_skip_lookup: bool = False
     authorization_kubeconfig: str | None = None
     authorization_always_allow_paths: list[str] = field(
@@ -298,6 +301,13 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         type=_duration,
         default=10.0,
         help="how long TokenReview answers are cached (default 10s).",
+    )
+    authn.add_argument(
+        "--api-audiences",
+        type=_csv,
+        default=[],
+        help="audiences a bearer token must be valid for, sent in every TokenReview and checked in its "
+        "answer (default none: kube-apiserver checks the token against its own API audiences).",
     )
     authn.add_argument(
         "--authentication-skip-lookup",

@@ -1,4 +1,5 @@
-"""Authentication, in upstream's order: front-proxy headers, client certificate, bearer token.
+"""Authentication, in upstream's order: front-proxy headers, client certificate, bearer token,
+then a bearer token offered as a WebSocket subprotocol (`wire/wsprotocol.py`).
 
 This is the delegating authenticator extension API servers use (`DelegatingAuthenticatorConfig`):
 a union in which the first success wins and failures accumulate. If nothing succeeds and anything
@@ -29,6 +30,7 @@ from aggregator.util.logs import fields
 from aggregator.web.context import set_user
 from aggregator.web.responses import status_response
 from aggregator.web.routing import Route
+from aggregator.wire.wsprotocol import ProtocolTokenError, protocol_token
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,11 @@ class Authenticator:
             if token is not None:
                 found = await self._from_token(token, errors)
         if found is None:
+            offered = self._from_protocol(request, errors)
+            if offered is not None:
+                token = offered
+                found = await self._from_token(offered, errors, source="websocket protocol token")
+        if found is None:
             if errors or token is not None:
                 log.info(
                     "unable to authenticate the request",
@@ -210,17 +217,31 @@ class Authenticator:
                 return _Authenticated(presented.user, complete=True)
         return None
 
-    async def _from_token(self, token: str, errors: list[str]) -> UserInfo | None:
+    @staticmethod
+    def _from_protocol(request: web.Request, errors: list[str]) -> str | None:
+        """The token a WebSocket upgrade offers as a subprotocol (`ProtocolAuthenticator`); the
+        proxy drops that entry before the request reaches a backend."""
+        try:
+            return protocol_token(request.headers)
+        except ProtocolTokenError as err:
+            errors.append(f"websocket protocol token: {err}")
+            return None
+
+    async def _from_token(
+        self, token: str, errors: list[str], *, source: str = "bearer token"
+    ) -> UserInfo | None:
+        failed = False
         for authenticator in self.tokens:
             try:
                 result = authenticator.authenticate_token(token)
                 if inspect.isawaitable(result):
                     result = await result
             except AuthenticationError as err:
-                errors.append(f"bearer token: {err}")
+                errors.append(f"{source}: {err}")
+                failed = True
                 continue
             if result is not None:
                 return result
-        if not errors:
-            errors.append("bearer token: invalid bearer token")
+        if not failed:
+            errors.append(f"{source}: invalid bearer token")
         return None

@@ -66,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="run the gateway in local mode in front of the sample extension API server",
         description="Create certificates (once), start the sample wardle.example.com server and the "
-        "gateway in local mode, print curl and kubectl commands to try, and stop both on Ctrl-C.",
+        "gateway in local mode, print curl and kubectl commands to try, and stop both on Ctrl-C. When "
+        "the sample dies the gateway keeps serving; press Enter to start the sample again. Files you "
+        "changed in the demo folder are never overwritten.",
     )
     demo.add_argument(
         "--dir", default="certs", help="where certificates and demo files live (default certs/)."

@@ -39,7 +39,8 @@ HEADERS = {"Vary": "Accept", "Cache-Control": "public"}
 # At most one re-render per this many seconds while changes pour in (a read in between renders).
 RENDER_INTERVAL = 0.25
 
-# What kube-apiserver publishes for its own apiregistration.k8s.io/v1 (its aggregated `/apis`).
+# What kube-apiserver publishes for its own apiregistration.k8s.io/v1 (its aggregated `/apis`), with
+# local mode's read-only verbs (writes answer 405 there: the folder is the source of truth).
 _APISERVICE_KIND = {"group": "", "version": "", "kind": "APIService"}
 REGISTRATION_RESOURCES: list[dict[str, Any]] = [
     {
@@ -47,11 +48,9 @@ REGISTRATION_RESOURCES: list[dict[str, Any]] = [
         "responseKind": _APISERVICE_KIND,
         "scope": "Cluster",
         "singularResource": "apiservice",
-        "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+        "verbs": ["get", "list", "watch"],
         "categories": ["api-extensions"],
-        "subresources": [
-            {"subresource": "status", "responseKind": _APISERVICE_KIND, "verbs": ["get", "patch", "update"]}
-        ],
+        "subresources": [{"subresource": "status", "responseKind": _APISERVICE_KIND, "verbs": ["get"]}],
     }
 ]
 

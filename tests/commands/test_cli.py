@@ -56,6 +56,7 @@ def test_help_documents_every_flag_named_in_the_issue() -> None:
         "--leader-elect-resource-lock",
         "--leader-elect-resource-name",
         "--leader-elect-resource-namespace",
+        "--api-audiences",
     ):
         assert flag in out, flag
     # argparse prints a help line under every flag; none may be left without one.

@@ -4,8 +4,10 @@ Run from the repository root:  .venv/bin/python benchmarks/scale.py [--counts 10
 
 For each count, a local-mode gateway (client CA and front-proxy CA configured) starts on a folder of
 manifests whose backends are one nginx over TLS (every Service points at it; a wildcard
-certificate covers every `<service>.bench.svc`). nginx answers every discovery GET with an
-APIResourceList and 404s OpenAPI, so every APIService is healthy. The script prints:
+certificate covers every `<service>.bench.svc`). nginx serves each group (picked by the TLS
+server name) as an extension server does: aggregated discovery, an APIResourceList for the
+availability probe, OpenAPI v3 and v2, with ETags and 304s; every APIService is healthy and
+causes the background traffic a real one causes. The script prints:
 - time to listening (the port accepts connections) and to ready (`/readyz` 200);
 - time until settled (every APIService Available, and the gateway's CPU below 20% over a second);
 - RSS once settled;
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -43,10 +46,14 @@ from aggregator.commands.certs import init_pki, issue_serving_cert, new_ca, writ
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 RESOURCE_LIST = '{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"x/v1","resources":[]}'
+AGGREGATED_TYPE = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 PER_FILE = 100
 
 
 def nginx_conf(work: Path, port: int) -> str:
+    """One nginx is every backend: the TLS server name (`svcNNNNN.bench.svc`) picks the group, and
+    each group's documents are static files, so nginx adds ETags and answers revalidations with 304
+    as real extension servers (k8s.io/apiserver, kube-openapi) do."""
     return f"""
 worker_processes 1;
 daemon off;
@@ -62,15 +69,48 @@ http {{
     ssl_protocols TLSv1.2 TLSv1.3;
     ssl_certificate {work}/backend.crt;
     ssl_certificate_key {work}/backend.key;
+    map $ssl_server_name $group {{ ~^svc(?<n>[0-9]+)[.]bench[.]svc$ group$n; }}
+    types {{ }}
     server {{
         listen 127.0.0.1:{port} ssl backlog=4096;
         ssl_client_certificate {work}/pki/front-proxy-ca.crt;
         ssl_verify_client on;
-        location /openapi/ {{ return 404; }}
-        location / {{ default_type application/json; return 200 '{RESOURCE_LIST}'; }}
+        root {work}/backend/$group;
+        location = /apis {{ default_type "{AGGREGATED_TYPE}"; try_files /apis.json =404; }}
+        location /apis/ {{ default_type application/json; return 200 '{RESOURCE_LIST}'; }}
+        location = /openapi/v3 {{ default_type application/json; try_files /v3.json =404; }}
+        location /openapi/v3/ {{ default_type application/json; try_files /v3-doc.json =404; }}
+        location = /openapi/v2 {{ default_type application/json; try_files /v2.json =404; }}
     }}
 }}
 """
+
+
+def backend_documents(root: Path, index: int) -> None:
+    """What group `index`'s extension server serves: aggregated discovery and OpenAPI v3 and v2."""
+    group = f"group{index:05d}.bench.example.com"
+    folder = root / f"group{index:05d}"
+    folder.mkdir(parents=True)
+    resource = {
+        "resource": "things",
+        "responseKind": {"group": group, "version": "v1", "kind": "Thing"},
+        "scope": "Namespaced",
+        "singularResource": "thing",
+        "verbs": ["get", "list", "watch"],
+    }
+    aggregated = {
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": [{"metadata": {"name": group}, "versions": [{"version": "v1", "resources": [resource]}]}],
+    }
+    (folder / "apis.json").write_text(json.dumps(aggregated))
+    doc = {"openapi": "3.0.0", "info": {"title": group, "version": "v1"}, "paths": {}}
+    digest = hashlib.sha512(json.dumps(doc).encode()).hexdigest().upper()
+    (folder / "v3-doc.json").write_text(json.dumps(doc))
+    index_doc = {"paths": {f"apis/{group}/v1": {"serverRelativeURL": f"/openapi/v3/apis/{group}/v1?hash={digest}"}}}
+    (folder / "v3.json").write_text(json.dumps(index_doc))
+    (folder / "v2.json").write_text(json.dumps({"swagger": "2.0", "info": {"title": group, "version": "v1"}, "paths": {}}))
 
 
 def objects(index: int, port: int, ca_pem_b64: str) -> list[dict[str, object]]:
@@ -107,6 +147,8 @@ def objects(index: int, port: int, ca_pem_b64: str) -> list[dict[str, object]]:
 
 
 def write_folder(folder: Path, count: int, port: int, ca_pem_b64: str) -> None:
+    for index in range(count + 1):  # one more for the manifest added at the end
+        backend_documents(folder.parent / "backend", index)
     for start in range(0, count, PER_FILE):
         docs = [d for i in range(start, min(count, start + PER_FILE)) for d in objects(i, port, ca_pem_b64)]
         (folder / f"apiservices-{start:05d}.yaml").write_text(yaml.safe_dump_all(docs))
@@ -159,6 +201,7 @@ def available_count(client: Client) -> int:
 def run(count: int, idle_window: float, server_cpu: str | None, other_cpus: str | None) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix=f"bench-scale-{count}-") as tmp:
         work = Path(tmp)
+        work.chmod(0o755)  # nginx's workers (another user) read the backends' documents
         pki = work / "pki"
         init_pki(pki)
         ca = new_ca("bench-backend-ca")

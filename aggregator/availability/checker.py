@@ -295,7 +295,7 @@ class AvailabilityChecker:
             self._settled(name)
             return False
         try:
-            report = await check_apiservice(svc, self.store, self.probe, access=self.access)
+            report = await check_apiservice(svc, self.store, self.probe, access=self.access, detail=False)
         except Exception:
             log.exception("availability check failed unexpectedly", extra=fields(apiservice=name))
             self._settled(name)  # a broken check must not hold readiness

@@ -14,13 +14,12 @@ front-proxy client certificate): anything that is a `contracts.BackendFetcher`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aggregator.contracts import BackendFetcher, FetchedResponse
 from aggregator.discovery.aggregated import (
@@ -36,10 +35,8 @@ from aggregator.model.userinfo import AGGREGATOR, AGGREGATOR_USER, UserInfo
 from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.util.logs import fields
 from aggregator.util.loops import KeyedLoops
+from aggregator.web.metrics import Children, Metrics
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, DISCOVERY_VERSIONS
-
-if TYPE_CHECKING:
-    from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +122,9 @@ class DiscoveryFetcher:
         self.backends = backends
         self._on_change = on_change
         self._metrics = metrics
+        if metrics is not None:
+            self._fetches = Children(metrics.discovery_fetches)
+            self._last_success = Children(metrics.discovery_last_success)
         self.timeout = timeout
         self.states: dict[str, FetchState] = {}
         self.loops: KeyedLoops[str] = KeyedLoops(
@@ -212,8 +212,7 @@ class DiscoveryFetcher:
             return
         self.loops.discard(name)
         if self._metrics is not None:
-            with contextlib.suppress(KeyError):
-                self._metrics.discovery_last_success.remove(name)
+            self._last_success.remove(name)
         self._on_change()
 
     def poke(self, name: str) -> None:
@@ -268,12 +267,12 @@ class DiscoveryFetcher:
         state.last_success = started
         self._count(svc.name, result)
         if self._metrics is not None:
-            self._metrics.discovery_last_success.labels(svc.name).set(started)
+            self._last_success(svc.name).set(started)
         return True
 
     def _count(self, name: str, result: str) -> None:
         if self._metrics is not None:
-            self._metrics.discovery_fetches.labels(name, result).inc()
+            self._fetches(name, result).inc()
 
     async def _discover(
         self, backends: BackendFetcher, state: FetchState

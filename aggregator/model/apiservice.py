@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import functools
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -231,8 +233,14 @@ def validate_status(svc: APIService) -> list[str]:
     ]
 
 
+@functools.lru_cache(maxsize=2)
+def _rfc3339(second: int) -> str:
+    return dt.datetime.fromtimestamp(second, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """metav1.Time's format, to the second (formatted once per second: every check stamps one)."""
+    return _rfc3339(int(time.time()))
 
 
 def set_condition(conditions: tuple[Condition, ...], new: Condition) -> tuple[Condition, ...]:

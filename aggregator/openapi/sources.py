@@ -190,9 +190,13 @@ class OpenAPISource:
     first_attempt: float | None = None  # time.monotonic() of the first refresh
     _v3_hashes: dict[str, str] = field(default_factory=dict)  # key -> the source's own hash
     _v2_etag: str = ""
+    # The index as last read, with the ETag it came with: a steady source answers 304 to a
+    # revalidation, and nothing has to be parsed (kube-openapi serves the index with ServeContent).
+    _index: tuple[str, Mapping[str, Any]] | None = None
     _failing: set[str] = field(default_factory=set)  # documents whose last attempt failed
     _converted: tuple[int, tuple[str, ...]] | None = None  # (v2 revision, keys) the v3 came from
     _v3_touched: bool = False  # `v3` changed during the refresh in progress
+    _counters: dict[tuple[str, str], Any] = field(default_factory=dict)  # labelled fetch counters
 
     # --- one refresh -----------------------------------------------------------------------------
 
@@ -244,8 +248,9 @@ class OpenAPISource:
     async def _refresh_v3(self) -> None:
         """Read the index and the documents it lists; again at once while hashes move."""
         walk = _Pass()
-        for _ in range(INDEX_READS):
-            walk = await self._walk(await self._read_index())
+        for attempt in range(INDEX_READS):
+            # After a hash moved, the index is read again in full (a 304 would hand back the stale one).
+            walk = await self._walk(await self._read_index(revalidate=attempt == 0))
             if not walk.moved:
                 break
             log.debug(
@@ -263,10 +268,19 @@ class OpenAPISource:
         self.v3_fetched = True
         self._count("v3", "ok")
 
-    async def _read_index(self) -> Mapping[str, Any]:
-        answer = _checked(await self.get(V3_ROOT, {}, ACCEPT_JSON), f"GET {V3_ROOT}")
+    async def _read_index(self, *, revalidate: bool = True) -> Mapping[str, Any]:
+        headers = dict(ACCEPT_JSON)
+        held = self._index if revalidate else None
+        if held is not None:
+            headers["If-None-Match"] = held[0]
+        answer = _checked(await self.get(V3_ROOT, {}, headers), f"GET {V3_ROOT}")
+        if answer.status == 304 and held is not None:
+            return held[1]
         paths = _parse_object(answer.body, f"GET {V3_ROOT}").get("paths")
-        return paths if isinstance(paths, dict) else {}
+        entries: Mapping[str, Any] = paths if isinstance(paths, dict) else {}
+        etag = answer.headers.get("ETag", "")
+        self._index = (etag, entries) if etag else None
+        return entries
 
     async def _walk(self, entries: Mapping[str, Any]) -> _Pass:
         """Bring the held documents in line with one read of the index."""
@@ -409,6 +423,7 @@ class OpenAPISource:
         if document == "v3":
             self.v3_published = False
             self._v3_hashes.clear()
+            self._index = None
             if self.v3:
                 self.v3.clear()
                 return True
@@ -423,4 +438,9 @@ class OpenAPISource:
 
     def _count(self, document: str, result: str) -> None:
         if self.metrics is not None:
-            self.metrics.openapi_fetches.labels(self.name, document, result).inc()
+            counter = self._counters.get((document, result))
+            if counter is None:
+                counter = self._counters[(document, result)] = self.metrics.openapi_fetches.labels(
+                    self.name, document, result
+                )
+            counter.inc()

@@ -22,8 +22,8 @@ from aggregator.util.tasks import TaskSet
 log = logging.getLogger(__name__)
 
 # watchfiles groups events for at most DEBOUNCE ms, yielding STEP ms after the last one.
-DEBOUNCE_MS = 50
-STEP_MS = 5
+DEBOUNCE_MS = 100
+STEP_MS = 50
 # The safety-net poll beside inotify; alone (no inotify), the poll runs every `interval`.
 NET_INTERVAL = 10.0
 

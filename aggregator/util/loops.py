@@ -15,7 +15,6 @@ than 5000 tasks with timers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import itertools
 import logging
@@ -35,6 +34,8 @@ K = TypeVar("K", bound=Hashable)
 # A key's next wait after a run, overriding the default: (key, ok, consecutive failures) -> seconds,
 # or None for the default.
 DelayHook = Callable[[K, bool, int], float | None]
+
+CLOCK_SLACK = 0.002
 
 
 @dataclass(slots=True)
@@ -72,12 +73,18 @@ class KeyedLoops(Generic[K]):
         self._entries: dict[K, _Entry] = {}
         self._heap: list[tuple[float, int, K]] = []
         self._seq = itertools.count()
-        self._wake = asyncio.Event()
+        # Woken by a due time or by a change; a plain future on the loop (an asyncio.Event looks the
+        # running loop up on every wait, which costs a getpid() syscall on Python 3.11).
+        self._wake: asyncio.Future[None] | None = None
+        self._woken = False
         self._active = 0
         self._runs: dict[K, asyncio.Task[None]] = {}
         self._tasks = TaskSet(name)
         self._scheduler: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self.runs = 0  # completed runs, for tests and metrics
+        self.wakeups = 0  # scheduler iterations: a handful per run, never a spin
 
     # --- keys ------------------------------------------------------------------------------------
 
@@ -112,7 +119,7 @@ class KeyedLoops(Generic[K]):
             return
         if entry.running:
             entry.again = True
-        elif entry.due is None or entry.due > _now() + delay:
+        elif entry.due is None or entry.due > self._now() + delay:
             self._schedule(key, entry, delay)
 
     def tracked(self) -> list[K]:
@@ -128,11 +135,15 @@ class KeyedLoops(Generic[K]):
     # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         if self._scheduler is None or self._scheduler.done():
             self._scheduler = self._tasks.spawn(self._schedule_loop(), name="scheduler")
 
     async def stop(self) -> None:
         self._scheduler = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._runs.clear()
         await self._tasks.close()
         self._active = 0
@@ -144,12 +155,16 @@ class KeyedLoops(Generic[K]):
 
     # --- scheduling ------------------------------------------------------------------------------
 
+    def _now(self) -> float:
+        loop = self._loop
+        return loop.time() if loop is not None else 0.0
+
     def _schedule(self, key: K, entry: _Entry, delay: float) -> None:
-        due = _now() + delay
+        due = self._now() + delay
         entry.due = due
         heapq.heappush(self._heap, (due, next(self._seq), key))
         if self._heap[0][2] == key or delay <= 0:
-            self._wake.set()
+            self._set_wake()
 
     def _next_delay(self, key: K, ok: bool, failures: int) -> float:
         if self._delay_hook is not None:
@@ -159,10 +174,21 @@ class KeyedLoops(Generic[K]):
         base = self.interval if ok else exponential_delay(failures, self.backoff_initial, self.backoff_max)
         return base * (1.0 - self.jitter * self._rng())
 
+    def _set_wake(self) -> None:
+        self._woken = True
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
     async def _schedule_loop(self) -> None:
+        loop = self._loop
+        assert loop is not None
         while True:
-            self._wake.clear()
-            now = _now()
+            self.wakeups += 1
+            self._woken = False
+            # Timers fire with the loop's clock resolution (1 ms in uvloop), possibly a little before
+            # their time: what is due within it runs now instead of re-arming a timer in a tight spin.
+            now = self._now() + CLOCK_SLACK
             while self._heap and self._active < self.concurrency:
                 heap = self._heap
                 due, _, key = heap[0]
@@ -176,12 +202,28 @@ class KeyedLoops(Generic[K]):
                 entry.running, entry.due = True, None
                 self._active += 1
                 self._runs[key] = self._tasks.spawn(self._run(key, entry), name=str(key))
-            timeout: float | None = None
             if self._heap and self._active < self.concurrency:
-                timeout = max(0.0, self._heap[0][0] - now)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await self._wake.wait()
+                self._wake_at(self._heap[0][0])
+            if not self._woken:
+                self._wake = loop.create_future()
+                try:
+                    await self._wake
+                finally:
+                    self._wake = None
+
+    def _wake_at(self, due: float) -> None:
+        """One timer for the earliest due key (cheaper than a timeout context per wait)."""
+        timer = self._timer
+        if timer is not None and not timer.cancelled() and timer.when() <= due:
+            return
+        if timer is not None:
+            timer.cancel()
+        assert self._loop is not None
+        self._timer = self._loop.call_at(due, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._set_wake()
 
     async def _run(self, key: K, entry: _Entry) -> None:
         ok = False
@@ -193,9 +235,9 @@ class KeyedLoops(Generic[K]):
             log.exception("background run failed", extra=fields(loop=self.name, key=str(key)))
         finally:
             self._active -= 1
-            if self._runs.get(key) is asyncio.current_task():
+            if self._runs.get(key) is asyncio.current_task(self._loop):
                 del self._runs[key]
-            self._wake.set()
+            self._set_wake()
         self.runs += 1
         if self._entries.get(key) is not entry:
             return  # discarded (or replaced) while it ran
@@ -206,15 +248,3 @@ class KeyedLoops(Generic[K]):
             self._schedule(key, entry, 0.0)
         else:
             self._schedule(key, entry, self._next_delay(key, ok, entry.failures))
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time() if _loop_running() else 0.0
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True

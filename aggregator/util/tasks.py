@@ -27,10 +27,15 @@ class TaskSet:
     def __init__(self, owner: str) -> None:
         self.owner = owner
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Looked up once: on Python 3.11 every get_running_loop() is a getpid() syscall.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
         """Start `coro` now; it is kept until it ends, and a crash is logged with `name`."""
-        task = asyncio.get_running_loop().create_task(coro, name=f"{self.owner}:{name}")
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        task = loop.create_task(coro, name=f"{self.owner}:{name}")
         self._tasks.add(task)
         task.add_done_callback(self._ended)
         return task

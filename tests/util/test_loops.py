@@ -6,6 +6,8 @@ import asyncio
 import itertools
 from collections import Counter
 
+import pytest
+
 from aggregator.util.loops import KeyedLoops
 from tests.support.polling import until
 
@@ -225,3 +227,21 @@ async def test_jitter_spreads_the_interval_downwards() -> None:
     assert loops._next_delay("a", True, 0) == 10.0
     assert loops._next_delay("a", True, 0) == 9.0
     assert loops._next_delay("a", False, 3) == 4.0 * 0.95
+
+
+@pytest.mark.uvloop  # the production loop, whose timers may fire up to a millisecond early
+async def test_the_scheduler_does_not_spin_while_keys_wait() -> None:
+    """A timer can fire a little before its time; the scheduler must not re-arm it in a tight loop."""
+
+    async def work(_key: str) -> bool:
+        return True
+
+    loops = engine(work, interval=0.02, concurrency=4)
+    for i in range(5):
+        loops.ensure(f"k{i}")
+    loops.start()
+    try:
+        await until(lambda: loops.runs >= 100, what="a hundred runs")
+    finally:
+        await loops.stop()
+    assert loops.wakeups <= 4 * loops.runs, (loops.wakeups, loops.runs)

@@ -204,40 +204,58 @@ def group_metadata(name: str) -> dict[str, Any]:
     return {"name": name} if name else {}
 
 
-def merge_items(
-    entries: Iterable[VersionEntry], metadata: Callable[[str], dict[str, Any]] = group_metadata
-) -> list[dict[str, Any]]:
-    """APIGroupDiscovery items: groups by (highest priority desc, name), versions by (vp desc, kube-aware)."""
+def order_groups(entries: Iterable[VersionEntry]) -> list[tuple[str, list[VersionEntry]]]:
+    """Groups by (highest priority desc, name), each group's versions by (vp desc, kube-aware)."""
     by_group: dict[str, dict[str, VersionEntry]] = {}
     for entry in entries:
         # The first entry for a group-version wins (callers list the authoritative source first).
         by_group.setdefault(entry.group, {}).setdefault(entry.version, entry)
     groups = []
     for name, versions in by_group.items():
-        ordered = sorted(versions.values(), key=lambda e: (-e.version_priority, version_sort_key(e.version)))
+        ordered = sorted(versions.values(), key=_version_key)
         groups.append((max(e.group_priority for e in ordered), name, ordered))
     groups.sort(key=lambda g: (-g[0], g[1]))
-    items = []
-    for _, name, ordered in groups:
-        items.append({"metadata": metadata(name), "versions": [e.to_json() for e in ordered]})
-    return items
+    return [(name, ordered) for _, name, ordered in groups]
+
+
+def _version_key(entry: VersionEntry) -> tuple[int, object]:
+    return (-entry.version_priority, version_sort_key(entry.version))
+
+
+def group_item(name: str, ordered: Sequence[VersionEntry], metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """One APIGroupDiscovery item."""
+    return {"metadata": metadata, "versions": [e.to_json() for e in ordered]}
+
+
+def merge_items(
+    entries: Iterable[VersionEntry], metadata: Callable[[str], dict[str, Any]] = group_metadata
+) -> list[dict[str, Any]]:
+    """APIGroupDiscovery items in document order."""
+    return [group_item(name, ordered, metadata(name)) for name, ordered in order_groups(entries)]
 
 
 def render(items: list[dict[str, Any]]) -> dict[str, Rendered]:
     """The document per served version (`v2`, `v2beta1`), all sharing upstream's ETag."""
-    etag = quoted_sha512(go_marshal({"metadata": {}, "items": items}))
-    return {
-        version: Rendered.of(
-            {
-                "kind": DISCOVERY_KIND,
-                "apiVersion": f"{DISCOVERY_GROUP}/{version}",
-                "metadata": {},
-                "items": items,
-            },
-            etag,
-        )
-        for version in ("v2", "v2beta1")
-    }
+    return _render_joined(b",".join(go_marshal(item) for item in items), items)
+
+
+def _render_joined(joined: bytes, items: list[dict[str, Any]]) -> dict[str, Rendered]:
+    """`joined` is the items' compact JSON, comma-separated: the document is assembled around it
+    byte for byte as encoding the whole document would write it (Go's encoder and ours write
+    nested objects identically), and upstream's ETag is the hash of `{"metadata":{},"items":[...]}`."""
+    etag = quoted_sha512(b'{"metadata":{},"items":[' + joined + b"]}")
+    rendered = {}
+    for version in ("v2", "v2beta1"):
+        document = {
+            "kind": DISCOVERY_KIND,
+            "apiVersion": f"{DISCOVERY_GROUP}/{version}",
+            "metadata": {},
+            "items": items,
+        }
+        head = go_marshal({"kind": DISCOVERY_KIND, "apiVersion": f"{DISCOVERY_GROUP}/{version}", "metadata": {}})
+        body = head[:-1] + b',"items":[' + joined + b"]}\n"
+        rendered[version] = Rendered(document, body, etag)
+    return rendered
 
 
 class AggregatedDiscovery:
@@ -255,8 +273,11 @@ class AggregatedDiscovery:
         self._on_render = on_render
         self._metadata = metadata
         self._rendered: dict[str, Rendered] | None = None
-        # The last items rendered: a change that leaves them equal keeps the bytes (and the ETag).
-        self._items: list[dict[str, Any]] | None = None
+        # Each group's item as last rendered (its entries, metadata, dict and JSON): a render
+        # re-encodes only the groups whose entries changed, and joins the rest as they were.
+        self._fragments: dict[str, tuple[list[VersionEntry], Mapping[str, Any], dict[str, Any], bytes]] = {}
+        # The last document: a change that leaves the bytes equal keeps it (and its ETag).
+        self._joined: bytes | None = None
         self._last: dict[str, Rendered] | None = None
         self._render = Throttled(self._scheduled_render, interval=interval, name="aggregated-discovery")
 
@@ -271,12 +292,27 @@ class AggregatedDiscovery:
 
     def document(self, version: str = "v2") -> Rendered:
         if self._rendered is None:
-            items = merge_items(self._entries(), self._metadata)
-            if self._last is not None and items == self._items:
+            items: list[dict[str, Any]] = []
+            parts: list[bytes] = []
+            fragments: dict[str, tuple[list[VersionEntry], Mapping[str, Any], dict[str, Any], bytes]] = {}
+            for name, ordered in order_groups(self._entries()):
+                metadata = self._metadata(name)
+                cached = self._fragments.get(name)
+                if cached is not None and cached[0] == ordered and cached[1] == metadata:
+                    fragment = cached
+                else:
+                    item = group_item(name, ordered, metadata)
+                    fragment = (ordered, metadata, item, go_marshal(item))
+                fragments[name] = fragment
+                items.append(fragment[2])
+                parts.append(fragment[3])
+            self._fragments = fragments
+            joined = b",".join(parts)
+            if self._last is not None and joined == self._joined:
                 self._rendered = self._last
             else:
-                self._rendered = self._last = render(items)
-                self._items = items
+                self._rendered = self._last = _render_joined(joined, items)
+                self._joined = joined
                 if self._on_render is not None:
                     self._on_render()
         return self._rendered[version]

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aggregator.contracts import BackendFetcher, FetchedResponse
@@ -84,6 +84,7 @@ class FetchState:
     last_success: float | None = None
     last_error: str = ""
     failures: int = 0
+    _entry: tuple[APIService, Any, str, VersionEntry] | None = field(default=None, repr=False, compare=False)
 
     @property
     def attempted(self) -> bool:
@@ -91,15 +92,17 @@ class FetchState:
         return self.fresh or self.failures > 0
 
     def entry(self) -> VersionEntry:
+        """The same object while nothing it is made of changed (renders compare by identity first)."""
         svc = self.apiservice
-        return VersionEntry(
-            svc.group,
-            svc.version,
-            svc.group_priority_minimum,
-            svc.version_priority,
-            self.resources,
-            CURRENT if self.fresh else STALE,
+        freshness = CURRENT if self.fresh else STALE
+        cached = self._entry
+        if cached is not None and cached[0] is svc and cached[1] is self.resources and cached[2] == freshness:
+            return cached[3]
+        entry = VersionEntry(
+            svc.group, svc.version, svc.group_priority_minimum, svc.version_priority, self.resources, freshness
         )
+        self._entry = (svc, self.resources, freshness, entry)
+        return entry
 
 
 class DiscoveryFetcher:

@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 KUBE_APISERVER = "kube-apiserver"
 # At most one source sync and v3 index re-publish per this many seconds (a read in between applies it).
 SYNC_INTERVAL = 0.25
+# A v2 merge is followed by at least this many times its own duration before the next one.
+MERGE_SPACING = 9.0
 # (namespace, name, port, caBundle, insecureSkipTLSVerify): APIServices equal here share a download.
 BackendKey = tuple[str, str, int, bytes, bool]
 SourceKey = BackendKey | str
@@ -493,3 +495,6 @@ class OpenAPIAggregation:
                 "OpenAPI v2 merged",
                 extra=fields(sources=len(inputs), bytes=len(published.json.body), seconds=round(elapsed, 3)),
             )
+            # Thousands of sources arrive one by one at start-up: the next merge waits in proportion
+            # to what this one cost, so merging takes at most a tenth of a core however big it is.
+            await asyncio.sleep(max(self.debounce, elapsed * MERGE_SPACING))

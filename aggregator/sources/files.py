@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from aggregator.sources.manifests import Ignored, Rejected, flatten, to_object
-from aggregator.sources.store import Key, Kind, Obj, Store, key_of, kind_of
+from aggregator.sources.store import Event, Key, Kind, Obj, Store, key_of, kind_of
 from aggregator.util.dirwatch import DirectoryWatcher
 from aggregator.util.logs import fields
 
@@ -92,6 +92,7 @@ class FolderSource:
         self.directory = Path(directory)
         self.store = store
         self._files: dict[Path, _FileState] = {}
+        self._owners: dict[ObjKey, set[Path]] = {}  # which files define each object
         self._watcher = DirectoryWatcher(
             self.directory,
             lambda: tuple(sorted(_manifest_files(self.directory).items())),
@@ -115,16 +116,37 @@ class FolderSource:
         await self._watcher.stop()
 
     def reload(self) -> None:
-        """Re-read changed files and apply the differences to the store."""
+        """Re-read changed files and apply their differences to the store.
+
+        Only the objects of files that changed are compared: one edit in a folder of thousands of
+        APIServices costs what that file holds, not what the folder holds.
+        """
         current = _manifest_files(self.directory)
+        affected: set[ObjKey] = set()
         for path in set(self._files) - set(current):
             log.info("manifest file removed", extra=fields(file=str(path)))
-            del self._files[path]
+            affected |= self._forget_file(path)
         for path, fingerprint in current.items():
             state = self._files.get(path)
             if state is None or state.fingerprint != fingerprint:
-                self._files[path] = self._read(path, fingerprint, state)
-        self._apply()
+                new = self._read(path, fingerprint, state)
+                if state is not None:
+                    affected |= self._forget_file(path)
+                self._files[path] = new
+                for obj_key in new.objects:
+                    self._owners.setdefault(obj_key, set()).add(path)
+                affected |= set(new.objects)
+        self._apply(affected)
+
+    def _forget_file(self, path: Path) -> set[ObjKey]:
+        state = self._files.pop(path)
+        for obj_key in state.objects:
+            owners = self._owners.get(obj_key)
+            if owners is not None:
+                owners.discard(path)
+                if not owners:
+                    del self._owners[obj_key]
+        return set(state.objects)
 
     def _read(self, path: Path, fingerprint: tuple[int, int, int], previous: _FileState | None) -> _FileState:
         kept = dict(previous.objects) if previous else {}
@@ -163,28 +185,24 @@ class FolderSource:
             objects[(kind_of(result), key_of(result))] = result
         return _FileState(fingerprint, objects)
 
-    def _apply(self) -> None:
-        desired: dict[Kind, dict[Key, Obj]] = {kind: {} for kind in Kind}
-        owner: dict[ObjKey, Path] = {}
-        for path in sorted(self._files):
-            for obj_key, obj in self._files[path].objects.items():
-                if obj_key in owner:
+    def _apply(self, affected: set[ObjKey]) -> None:
+        events: list[Event] = []
+        for obj_key in sorted(affected, key=lambda k: (k[0].value, k[1])):
+            kind, key = obj_key
+            owners = sorted(self._owners.get(obj_key, ()))
+            if not owners:
+                event = self.store.delete(kind, *key)
+            else:
+                if len(owners) > 1:
                     log.warning(
                         "object defined in two files; the later file wins",
                         extra=fields(
-                            kind=obj_key[0].value,
-                            name=obj_key[1][1],
-                            first=str(owner[obj_key]),
-                            wins=str(path),
+                            kind=kind.value, name=key[1], first=str(owners[0]), wins=str(owners[-1])
                         ),
                     )
-                owner[obj_key] = path
-                desired[obj_key[0]][obj_key[1]] = obj
-        events = [
-            event
-            for kind, objs in desired.items()
-            for event in self.store.replace_all(kind, objs.values(), preserve_status=True)
-        ]
+                event = self.store.upsert(self._files[owners[-1]].objects[obj_key], preserve_status=True)
+            if event is not None:
+                events.append(event)
         # One line per object for an edit; a summary (and debug lines) when a folder of thousands loads.
         each = log.info if len(events) <= BULK_EVENTS else log.debug
         for event in events:

@@ -5,13 +5,16 @@ fetches within seconds; re-rendering every document for each of them made start-
 `Throttled.request()` asks for a run: the first request after a quiet spell runs at the next
 turn of the event loop (a single edit shows up at once), and further requests within `interval`
 of the last run fold into one run at the end of that interval (no request is ever lost, the cost
-per second is bounded whatever the rate of changes).
+per second is bounded whatever the rate of changes). The interval stretches with the run's own
+cost (`share`): a render that takes 50 ms at 5000 APIServices runs at most once per
+50 ms / share, so however big the document, re-rendering it takes at most that share of the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from aggregator.util.logs import fields
@@ -20,10 +23,12 @@ log = logging.getLogger(__name__)
 
 
 class Throttled:
-    def __init__(self, run: Callable[[], None], *, interval: float, name: str) -> None:
+    def __init__(self, run: Callable[[], None], *, interval: float, name: str, share: float = 0.1) -> None:
         self._run = run
         self.interval = interval
+        self.share = share
         self.name = name
+        self._last_cost = 0.0
         self._handle: asyncio.TimerHandle | asyncio.Handle | None = None
         self._last = float("-inf")
         self.runs = 0
@@ -41,18 +46,21 @@ class Throttled:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        due = self._last + self.interval
+        due = self._last + max(self.interval, self._last_cost / self.share)
         now = loop.time()
         self._handle = loop.call_soon(self._fire) if due <= now else loop.call_at(due, self._fire)
 
     def _fire(self) -> None:
         self._handle = None
-        self._last = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        self._last = loop.time()
         self.runs += 1
+        started = time.perf_counter()
         try:
             self._run()
         except Exception:
             log.exception("coalesced run failed", extra=fields(name=self.name))
+        self._last_cost = time.perf_counter() - started
 
     def cancel(self) -> None:
         if self._handle is not None:

@@ -339,3 +339,30 @@ async def test_dead_backend_stays_listed_stale_and_apis_does_not_wait(
         >= 1
     )
     assert metrics.registry.get_sample_value("aggregator_discovery_aggregation_count_total") >= 2
+
+
+def test_a_render_assembled_from_cached_groups_equals_encoding_the_whole_document() -> None:
+    from aggregator.discovery.aggregated import AggregatedDiscovery, quoted_sha512
+    from aggregator.wire.jsonenc import encode_object, go_marshal
+
+    entries = [
+        VersionEntry("b.example.com", "v1", 100, 10, (resource("bees", "Bee"),)),
+        VersionEntry("a.example.com", "v1beta1", 200, 5, (resource("ants", "Ant <&>"),), STALE),
+        VersionEntry("a.example.com", "v1", 200, 15, None),
+    ]
+    current = list(entries)
+    discovery = AggregatedDiscovery(lambda: current)
+    for change in range(3):
+        for version in ("v2", "v2beta1"):
+            doc = discovery.document(version)
+            whole = {
+                "kind": "APIGroupDiscoveryList",
+                "apiVersion": f"apidiscovery.k8s.io/{version}",
+                "metadata": {},
+                "items": merge_items(current),
+            }
+            assert doc.json == encode_object(whole)
+            assert doc.etag == quoted_sha512(go_marshal({"metadata": {}, "items": merge_items(current)}))
+        # one group changes, the other is joined from its cached fragment
+        current[0] = VersionEntry("b.example.com", "v1", 100, 10, (resource(f"bees{change}", "Bee"),))
+        discovery.invalidate()

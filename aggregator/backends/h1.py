@@ -40,6 +40,10 @@ READ_BUFSIZE = 1 << 16
 # Go's http.Transport IdleConnTimeout: longer than the availability (30 s) and discovery (60 s)
 # intervals, so the gateway's own background calls reuse their connections.
 KEEPALIVE = 90.0
+# Idle connections beyond the most recently used one close after this long: a burst of concurrent
+# requests leaves spares that a steady load keeps using, but that a quiet backend does not need
+# (an idle TLS connection costs about 55 KiB; 5000 backends with three spares each is 800 MiB).
+SPARE_KEEPALIVE = 5.0
 MAX_IDLE_PER_KEY = 64
 
 
@@ -123,9 +127,17 @@ class Exchange:
 class H1Pool:
     """Idle keep-alive connections per (address, port, TLS name); new ones come from `dial`."""
 
-    def __init__(self, dial: Dial, *, keepalive: float = KEEPALIVE, max_idle: int = MAX_IDLE_PER_KEY) -> None:
+    def __init__(
+        self,
+        dial: Dial,
+        *,
+        keepalive: float = KEEPALIVE,
+        spare_keepalive: float = SPARE_KEEPALIVE,
+        max_idle: int = MAX_IDLE_PER_KEY,
+    ) -> None:
         self._dial = dial
         self.keepalive = keepalive
+        self.spare_keepalive = spare_keepalive
         self.max_idle = max_idle
         self._idle: dict[Key, collections.deque[tuple[ResponseHandler, float]]] = {}
         self.in_use = 0
@@ -156,7 +168,9 @@ class H1Pool:
         if idle is None:
             idle = self._idle[key] = collections.deque()
         now = time.monotonic()
-        while idle and now - idle[0][1] >= self.keepalive:
+        # Whatever idled past the keep-alive goes; so do spares unused for the spare keep-alive,
+        # since the connection released now stays warm.
+        while idle and now - idle[0][1] >= self.spare_keepalive:
             idle.popleft()[0].close()
         if len(idle) >= self.max_idle:
             protocol.close()

@@ -12,6 +12,7 @@ import pytest
 from aggregator.backends.backend import Address, Backend
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.backends.h1 import H1Pool, serialize_head
+from tests.support.polling import until
 
 
 class PlainServer:
@@ -161,3 +162,13 @@ async def test_dial_failures_read_like_go(server: PlainServer) -> None:
         await made.dial(Address("127.0.0.1", server.port, None), asyncio.Protocol)
     assert err.value.hop is Hop.CONNECT
     assert err.value.cause == f"dial tcp 127.0.0.1:{server.port}: connect: connection refused"
+
+
+async def test_spare_idle_connections_close_but_the_warm_one_stays(server: PlainServer) -> None:
+    pool = backend(spare_keepalive=0.05).pool
+    await asyncio.gather(*(get(pool, server.port) for _ in range(4)))  # a burst: four connections
+    assert pool.idle_count() == 4
+    await asyncio.sleep(0.1)
+    assert await get(pool, server.port) == b"hello"  # reuses the newest; the stale spares close
+    assert pool.idle_count() == 1
+    await until(lambda: server.open == 1, what="the spares closed at the backend")

@@ -15,6 +15,9 @@ from email.utils import formatdate
 
 # gziphandler's DefaultMinSize: smaller bodies are not worth compressing.
 GZIP_MIN_SIZE = 1400
+# Any document larger than this is also kept gzipped (kube-apiserver compresses its API responses
+# above 128 KiB): a v3 group-version of kube-apiserver's can be megabytes.
+LARGE = 128 * 1024
 
 
 def sha512_hex(data: bytes) -> str:
@@ -51,9 +54,12 @@ class Document:
         compress: bool = False,
         modified: float | None = None,
     ) -> Document:
-        gzipped = (
-            gzip.compress(body, compresslevel=6, mtime=0) if compress and len(body) >= GZIP_MIN_SIZE else None
-        )
+        if compress and len(body) >= GZIP_MIN_SIZE:
+            gzipped: bytes | None = gzip.compress(body, compresslevel=6, mtime=0)
+        elif len(body) > LARGE:
+            gzipped = gzip.compress(body, compresslevel=1, mtime=0)  # once per document, not per request
+        else:
+            gzipped = None
         return cls(
             body=body,
             content_type=content_type,

@@ -96,6 +96,8 @@ def write(
     body = document.body
     if document.gzipped is not None and _accepts_gzip(request):
         headers["Content-Encoding"] = "gzip"
+        if not gzip_vary:  # a large v3 document: caches must key on the encoding too
+            headers["Vary"] = ", ".join(v for v in (headers.get("Vary"), "Accept-Encoding") if v)
         body = document.gzipped
     return web.Response(body=body, headers=headers)
 

@@ -7,6 +7,7 @@ and a write: no sorting, no hashing, and no encoding after the first request for
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -33,7 +34,7 @@ class Rendered:
     at every change for a representation kubectl never requests.
     """
 
-    __slots__ = ("_document", "_pretty", "_yaml", "etag", "json")
+    __slots__ = ("_document", "_gzipped", "_pretty", "_yaml", "etag", "json")
 
     def __init__(self, document: Mapping[str, Any], json: bytes, etag: str) -> None:
         self._document = document  # never mutated after rendering: the lazy forms read it later
@@ -41,6 +42,7 @@ class Rendered:
         self.etag = etag
         self._pretty: bytes | None = None
         self._yaml: bytes | None = None
+        self._gzipped: dict[int, bytes] = {}  # by id of the uncompressed form (json, pretty, yaml)
 
     @classmethod
     def of(cls, document: Mapping[str, Any], etag: str | None = None) -> Rendered:
@@ -64,6 +66,26 @@ class Rendered:
         if media.media_type == YAML:
             return self.yaml
         return self.pretty if media.pretty or wants_pretty(request) else self.json
+
+    def gzipped(self, body: bytes) -> bytes:
+        """`body` (one of this document's forms) gzip-compressed at upstream's level, once."""
+        packed = self._gzipped.get(id(body))
+        if packed is None:
+            packed = self._gzipped[id(body)] = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
+        return packed
+
+
+# k8s.io/apiserver responsewriters: bodies above 128 KiB are compressed (level 1, BestSpeed) for a
+# client whose Accept-Encoding lists `gzip`.
+GZIP_THRESHOLD = 128 * 1024
+GZIP_LEVEL = 1
+
+
+def accepts_gzip(request: web.Request) -> bool:
+    """`negotiateContentEncoding`: the first Accept-Encoding value, split on commas, has a token
+    exactly `gzip` (so `gzip;q=1` does not count, as upstream)."""
+    header = request.headers.get("Accept-Encoding", "")
+    return bool(header) and any(token.strip() == "gzip" for token in header.split(","))
 
 
 def if_none_match(request: web.Request, etag: str) -> bool:
@@ -95,7 +117,13 @@ def respond(
     if if_none_match(request, rendered.etag):
         return web.Response(status=304, headers=out)
     out["Content-Type"] = content_type or media.media_type
-    return web.Response(body=rendered.body(media, request), headers=out)
+    body = rendered.body(media, request)
+    if len(body) > GZIP_THRESHOLD and accepts_gzip(request):
+        response = web.Response(body=rendered.gzipped(body), headers=out)
+        response.headers["Content-Encoding"] = "gzip"
+        response.headers.add("Vary", "Accept-Encoding")  # upstream adds a second Vary line
+        return response
+    return web.Response(body=body, headers=out)
 
 
 def not_acceptable() -> web.Response:

@@ -1,0 +1,61 @@
+"""Pre-rendered documents: gzip above 128 KiB for clients that accept it, compressed once."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from aggregator.wire.negotiation import JSON, MediaType
+from aggregator.wire.rendered import GZIP_THRESHOLD, Rendered, accepts_gzip, respond
+
+MEDIA = MediaType(JSON, None, False)
+
+
+def big() -> Rendered:
+    return Rendered.of({"kind": "Big", "items": [{"name": f"item-{i:06d}", "pad": "x" * 40} for i in range(3000)]})
+
+
+def request(**headers: str) -> object:
+    return make_mocked_request("GET", "/apis", headers=headers)
+
+
+@pytest.mark.parametrize(
+    ("header", "accepted"),
+    [
+        ("gzip", True),
+        ("deflate, gzip", True),
+        ("gzip, br", True),
+        (" gzip ", True),
+        ("gzip;q=1", False),  # upstream compares whole tokens
+        ("br", False),
+        ("", False),
+    ],
+)
+def test_accept_encoding_is_read_as_upstream_does(header: str, accepted: bool) -> None:
+    assert accepts_gzip(request(**({"Accept-Encoding": header} if header else {}))) is accepted  # type: ignore[arg-type]
+
+
+def test_a_large_document_is_gzipped_once_and_keeps_its_etag() -> None:
+    rendered = big()
+    assert len(rendered.json) > GZIP_THRESHOLD
+    first = respond(request(**{"Accept-Encoding": "gzip"}), rendered, MEDIA)  # type: ignore[arg-type]
+    second = respond(request(**{"Accept-Encoding": "gzip"}), rendered, MEDIA)  # type: ignore[arg-type]
+    assert first.headers["Content-Encoding"] == "gzip"
+    assert first.headers.getall("Vary") == ["Accept-Encoding"]
+    assert first.headers["ETag"] == rendered.etag
+    assert first.body is second.body  # compressed per render, not per request
+    assert gzip.decompress(first.body) == rendered.json  # type: ignore[arg-type]
+    plain = respond(request(), rendered, MEDIA)  # type: ignore[arg-type]
+    assert "Content-Encoding" not in plain.headers and plain.body is rendered.json
+    not_modified = respond(  # type: ignore[arg-type]
+        request(**{"Accept-Encoding": "gzip", "If-None-Match": rendered.etag}), rendered, MEDIA
+    )
+    assert not_modified.status == 304 and not not_modified.body
+
+
+def test_a_small_document_is_never_compressed() -> None:
+    small = Rendered.of({"kind": "Small"})
+    response = respond(request(**{"Accept-Encoding": "gzip"}), small, MEDIA)  # type: ignore[arg-type]
+    assert "Content-Encoding" not in response.headers

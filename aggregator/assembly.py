@@ -282,7 +282,7 @@ def build_backends(
             store,
             endpoint_routing=options.enable_aggregator_routing,
             allow_external_name=options.allow_external_name_services,
-            deny_cidrs=options.backend_deny_cidrs,
+            deny_cidrs=options.deny_cidrs,
         ),
         client_certificate=ProxyClientCertificate(
             options.proxy_client_cert_file, options.proxy_client_key_file

@@ -273,7 +273,7 @@ class AvailabilityChecker:
             await self.record(report)
         finally:
             self._settled(name)
-        return report.verdict.reason == cond.FAILED_DISCOVERY_CHECK
+        return report.verdict.reason in cond.DISCOVERY_CHECK_REASONS
 
     def _settled(self, name: str) -> None:
         """`name` has had its first check (or is gone): readiness no longer waits for it."""

@@ -246,8 +246,14 @@ async def test_objects_from_kube_apiserver(
     ):
         fake_kube.add_object(resource, doc)
     assert fake_kube.kubeconfig is not None
+    # The fake cluster's backend listens on loopback, which kube mode denies unless told otherwise.
     code, out, err = await run_inline(
-        APISERVICE, "--kubeconfig", str(fake_kube.kubeconfig), *proxy_flags(pki)
+        APISERVICE,
+        "--kubeconfig",
+        str(fake_kube.kubeconfig),
+        "--backend-deny-cidrs",
+        "169.254.0.0/16",
+        *proxy_flags(pki),
     )
     assert code == 0, out + err
     assert "Available: True" in out

@@ -12,6 +12,11 @@ The configured names are the flags' and, in kube mode, those of the cluster's
 `extension-apiserver-authentication` ConfigMap, which change while the gateway runs:
 `LiveIdentityPolicy` follows them (k/k#119631: stripping only the default names let callers assert
 groups through custom ones).
+
+Names are compared with `_` read as `-` (`dashed`): a CGI or WSGI backend turns `X-Remote_User`,
+`X_Remote_User` and `X-Remote-User` into the same `HTTP_X_REMOTE_USER`, so a look-alike of any
+header the gateway controls (identity, hop-by-hop, `Host`, `X-Forwarded-*`) is dropped like the
+header itself. Go's servers keep `_` apart, which is why upstream never needed this.
 """
 
 from __future__ import annotations
@@ -67,6 +72,12 @@ _TOKEN_BYTES = frozenset((string.ascii_letters + string.digits + "!#$%&'*+-.^_`|
 _UNSAFE_VALUE = ("\r", "\n", "\x00")
 
 
+def dashed(name: str) -> str:
+    """A header name lower-cased with `_` read as `-`, as CGI and WSGI backends read it."""
+    lowered = name.lower()
+    return lowered.replace("_", "-") if "_" in lowered else lowered
+
+
 def header_key_escape(key: str) -> str:
     """client-go's `headerKeyEscape`: %-encode (uppercase hex) every non-token byte and every `%`."""
     out = []
@@ -118,18 +129,18 @@ class IdentityHeaderPolicy:
         front proxy, which authorizes the impersonation itself as upstream does.
         """
         names = {*STANDARD_IDENTITY_NAMES}
-        names.update(h.strip().lower() for h in (*username_headers, *uid_headers, *group_headers))
+        names.update(dashed(h.strip()) for h in (*username_headers, *uid_headers, *group_headers))
         prefixes = {*STANDARD_IDENTITY_PREFIXES}
         if keep_impersonation:
             prefixes.discard("impersonate-")
-        prefixes.update(p.strip().lower() for p in extra_prefixes)
+        prefixes.update(dashed(p.strip()) for p in extra_prefixes)
         names.discard("")
         prefixes.discard("")
         return cls(frozenset(names), tuple(sorted(prefixes)))
 
     def is_identity(self, name: str) -> bool:
-        lowered = name.lower()
-        return lowered in self.names or lowered.startswith(self.prefixes)
+        key = dashed(name)
+        return key in self.names or key.startswith(self.prefixes)
 
     def extra_header(self, prefix: str, key: str) -> str:
         cache_key = (prefix, key)
@@ -228,8 +239,8 @@ def _safe(value: str) -> bool:
 
 
 def connection_tokens(values: Iterable[str]) -> frozenset[str]:
-    """Lower-cased header names listed in `Connection` values (`close`, `upgrade`, `x-foo`...)."""
-    return frozenset(t.strip().lower() for v in values for t in v.split(",") if t.strip())
+    """Header names listed in `Connection` values (`close`, `upgrade`, `x-foo`...), `dashed`."""
+    return frozenset(dashed(t.strip()) for v in values for t in v.split(",") if t.strip())
 
 
 def identity_headers(
@@ -321,7 +332,7 @@ def request_headers(
     dropped: frozenset[str] = frozenset()
     forwarded_for: list[str] = []
     for name, value in pairs:
-        lowered = name.lower()
+        lowered = dashed(name)
         if lowered == "connection":
             dropped = dropped | connection_tokens((value,))
         elif lowered == "x-forwarded-for":
@@ -331,6 +342,8 @@ def request_headers(
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in pairs:
         lowered = name.lower()
+        if "_" in lowered:  # a look-alike is dropped like the header it imitates (module docstring)
+            lowered = lowered.replace("_", "-")
         if (
             lowered in hop
             or lowered in names

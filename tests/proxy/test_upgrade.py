@@ -153,6 +153,11 @@ async def test_spdy_upgrade_is_spliced_with_identity_set_and_spoofs_removed(
         ("X-Auth-Groups", "system:masters"),
         ("X-Auth-Extra-Scopes", "*"),
         ("Authorization", "Bearer stolen"),
+        # Look-alikes a CGI or WSGI backend reads as the same headers.
+        ("X-Remote_User", "look-alike"),
+        ("X_Remote_Group", "look-alike"),
+        ("X_Auth_User", "look-alike"),
+        ("X-Auth-Extra_Scopes", "look-alike"),
     ]
     writer.write(request_bytes("POST", EXEC, SPDY_HEADERS + spoofed))
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
@@ -177,6 +182,7 @@ async def test_spdy_upgrade_is_spliced_with_identity_set_and_spoofs_removed(
     assert seen.one("X-Forwarded-For") == "127.0.0.1"
     for name in ("x-auth-user", "x-auth-groups", "x-auth-extra-scopes", "authorization"):
         assert seen.all(name) == []
+    assert [k for k, v in seen.headers if v == "look-alike"] == []
     assert [v for k, v in seen.headers if k.lower().startswith("x-remote-extra-scopes")] == []
 
 

@@ -64,6 +64,7 @@ from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
 from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.metrics import Metrics
+from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Pipeline
 from aggregator.web.responses import not_found
 from aggregator.web.routing import Route, RouteKind, Router
@@ -225,8 +226,10 @@ def build_gateway(options: Options) -> Gateway:
         apiregistration.install(router)
     router.add_claim(proxy.claim)
 
-    # kube-apiserver's filter order: authentication, impersonation, authorization
+    # kube-apiserver's filter order: authentication, impersonation, authorization; before them,
+    # paths a backend could read as another resource are refused
     pipeline = Pipeline(router, metrics)
+    pipeline.add_gate(refuse_confusing_paths)
     pipeline.add_gate(authenticator.gate)
     pipeline.add_gate(Impersonator(authorizer).gate)
     pipeline.add_gate(authorizer.gate)

@@ -46,6 +46,7 @@ from aggregator.availability.status import (
 from aggregator.backends.addresses import AddressResolver
 from aggregator.backends.client_cert import ProxyClientCertificate
 from aggregator.backends.headers import LiveIdentityPolicy
+from aggregator.backends.hops import new_instance
 from aggregator.backends.registry import BackendRegistry
 from aggregator.config import Options
 from aggregator.contracts import Component
@@ -58,6 +59,7 @@ from aggregator.openapi.routes import OpenAPIRoutes
 from aggregator.proxy.apiservices import APIServiceProxy
 from aggregator.proxy.delegate import FRONT_PROXY, Delegate
 from aggregator.proxy.forward import Forwarder
+from aggregator.proxy.loops import loop_gate
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
@@ -100,6 +102,8 @@ class Gateway:
     components: list[tuple[str, Component]]
     # Human-readable start-up facts ("client certificates (CA ...)", "authorization: ...").
     auth_summary: list[str] = field(default_factory=list)
+    # This gateway's loop mark on everything it sends (`backends/hops.py`).
+    hop: str = ""
     shutting_down: bool = False
 
     async def start(self) -> None:
@@ -160,8 +164,12 @@ def build_gateway(options: Options) -> Gateway:
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
 
     # 4. the backends; every identity header the front-proxy configuration names is stripped,
-    # including names the cluster's ConfigMap sets later
-    backends = build_backends(options, store, metrics, identity=_identity_policy(options, authenticator))
+    # including names the cluster's ConfigMap sets later; every request carries this gateway's
+    # loop mark, and any request arriving with one is refused (proxy loops)
+    hop = new_instance()
+    backends = build_backends(
+        options, store, metrics, identity=_identity_policy(options, authenticator), hop=hop
+    )
     client_certificate = backends.client_certificate
     components.append(("backends", backends))
 
@@ -189,6 +197,7 @@ def build_gateway(options: Options) -> Gateway:
             identity=_identity_policy(
                 options, authenticator, keep_impersonation=options.delegate_auth == FRONT_PROXY
             ),
+            hop=hop,
         )
         components.append(("delegate", delegate))
         fallback = delegate.route
@@ -227,8 +236,9 @@ def build_gateway(options: Options) -> Gateway:
     router.add_claim(proxy.claim)
 
     # kube-apiserver's filter order: authentication, impersonation, authorization; before them,
-    # paths a backend could read as another resource are refused
+    # looped requests and paths a backend could read as another resource are refused
     pipeline = Pipeline(router, metrics)
+    pipeline.add_gate(loop_gate(hop))
     pipeline.add_gate(refuse_confusing_paths)
     pipeline.add_gate(authenticator.gate)
     pipeline.add_gate(Impersonator(authorizer).gate)
@@ -257,6 +267,7 @@ def build_gateway(options: Options) -> Gateway:
         pipeline=pipeline,
         components=components,
         auth_summary=authentication.summary + authorization.summary,
+        hop=hop,
     )
     health.add("ping", lambda: None)
     health.add("shutdown", gateway.shutdown_check, livez=False)
@@ -275,9 +286,15 @@ def build_gateway(options: Options) -> Gateway:
 
 
 def build_backends(
-    options: Options, store: Store, metrics: Metrics, *, identity: LiveIdentityPolicy | None = None
+    options: Options,
+    store: Store,
+    metrics: Metrics,
+    *,
+    identity: LiveIdentityPolicy | None = None,
+    hop: str | None = None,
 ) -> BackendRegistry:
-    """The backends as the options configure them (also what `aggregator check` dials with)."""
+    """The backends as the options configure them (also what `aggregator check` dials with: its
+    requests carry a loop mark too, so a check of an APIService served by a gateway says ProxyLoop)."""
     return BackendRegistry(
         store,
         metrics,
@@ -291,6 +308,7 @@ def build_backends(
             options.proxy_client_cert_file, options.proxy_client_key_file
         ),
         identity=identity or flag_identity_policy(options),
+        hop=hop or new_instance(),
     )
 
 

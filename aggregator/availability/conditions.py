@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from aggregator.backends import hops
 from aggregator.model.apiservice import (
     AVAILABLE,
     LOCAL_MESSAGE,
@@ -36,7 +37,7 @@ FAILED_DISCOVERY_CHECK = "FailedDiscoveryCheck"
 # get their own reasons so alerts and `kubectl get apiservices` tell them apart.
 FORBIDDEN_ENDPOINT = "ForbiddenEndpoint"  # the address is unspecified or in --backend-deny-cidrs
 REDIRECT_REJECTED = "RedirectRejected"  # the backend answered with a redirect (CVE-2022-3172)
-PROXY_LOOP = "ProxyLoop"  # the backend is a gateway (this one, or another): a request loop
+PROXY_LOOP = hops.PROXY_LOOP  # the backend is a gateway (this one, or another): a request loop
 # Every reason the discovery GET can end in (a failed one is retried sooner than the interval).
 DISCOVERY_CHECK_REASONS = frozenset(
     {FAILED_DISCOVERY_CHECK, FORBIDDEN_ENDPOINT, REDIRECT_REJECTED, PROXY_LOOP}

@@ -28,6 +28,7 @@ from typing import Protocol
 
 from multidict import CIMultiDict
 
+from aggregator.backends.hops import HOP_HEADER
 from aggregator.model.userinfo import UserInfo
 
 # RFC 7230 §6.1 plus the de-facto Proxy-Connection; Go's ReverseProxy list.
@@ -318,6 +319,7 @@ def request_headers(
     upgrade: str | None = None,
     impersonate: bool = False,
     extra: Mapping[str, str] | None = None,
+    hop: str | None = None,
 ) -> CIMultiDict[str]:
     """The headers of the request sent to a backend.
 
@@ -325,10 +327,11 @@ def request_headers(
     delegate with its own credentials when the caller is unknown never happens; fetch always has
     one). `upgrade` is the protocol of a tunnelled upgrade: its `Upgrade` header survives with
     `Connection: Upgrade`. `extra` headers (the gateway's own `Authorization` for impersonation)
-    are added last.
+    are added last. `hop` is this gateway's loop mark (`hops.HOP_HEADER`); an inbound one never
+    passes.
     """
     pairs = list(inbound)
-    hop = HOP_BY_HOP
+    hop_by_hop = HOP_BY_HOP
     dropped: frozenset[str] = frozenset()
     forwarded_for: list[str] = []
     for name, value in pairs:
@@ -345,7 +348,7 @@ def request_headers(
         if "_" in lowered:  # a look-alike is dropped like the header it imitates (module docstring)
             lowered = lowered.replace("_", "-")
         if (
-            lowered in hop
+            lowered in hop_by_hop
             or lowered in names
             or lowered.startswith(prefixes)
             or lowered in dropped
@@ -378,6 +381,10 @@ def request_headers(
     if extra:
         for name, value in extra.items():
             out[name] = value
+    if hop:
+        out[HOP_HEADER] = hop
+    else:
+        out.popall(HOP_HEADER, None)
     return out
 
 

@@ -20,7 +20,8 @@ import socket
 
 HOP_HEADER = "X-Aggregator-Hop"
 LOOP_STATUS = 508
-LOOP_REASON = "LoopDetected"
+LOOP_REASON = "LoopDetected"  # the 508 Status's reason
+PROXY_LOOP = "ProxyLoop"  # the Available condition's reason for an APIService served by a gateway
 _PRINTABLE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._:")
 
 

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from aggregator.backends.addresses import Target
 from aggregator.backends.errors import BackendError
+from aggregator.backends.hops import LOOP_STATUS, PROXY_LOOP
 from aggregator.backends.registry import BackendRegistry
 from aggregator.contracts import Availability
 from aggregator.model.apiservice import APIService
@@ -115,6 +116,10 @@ class APIServiceProxy:
         if svc is None or svc.service is None:
             return await self.fallback(request)
         if not self.availability.is_available(name):
+            if self.availability.reason(name) == PROXY_LOOP:
+                # Named, not upstream's bare 503: nothing the backend does will ever fix it.
+                message = f"proxy loop detected: the backend of APIService {name} is an aggregator gateway"
+                return forwarder.answer(request, name, LOOP_STATUS, message)
             return forwarder.answer(request, name, 503, "service unavailable")
         backend = self.backends.backend_for(svc)
         if backend.error is not None or backend.context is None:
@@ -139,7 +144,9 @@ class APIServiceProxy:
         ):
             dest = cached
         else:
-            dest = Destination(name, backend, target.ip, target.port, target.server_name, policy)
+            dest = Destination(
+                name, backend, target.ip, target.port, target.server_name, policy, hop=self.backends.hop
+            )
             if len(self._destinations) > 4096:
                 self._destinations.clear()
             self._destinations[name] = dest

@@ -114,6 +114,7 @@ class Forwarder:
             forwarded_uri=forwarded_uri(raw_path),
             impersonate=dest.impersonate,
             extra=dest.credentials,
+            hop=dest.hop,
         )
         method = request.method
         has_body = request.body_exists

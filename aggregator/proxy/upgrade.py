@@ -196,6 +196,7 @@ class UpgradeTunnel:
             upgrade=protocol,
             impersonate=dest.impersonate,
             extra=dest.credentials,
+            hop=dest.hop,
         )
         headers.popall("Expect", None)  # the body follows unasked, as on the forwarding path
         chunked = request.body_exists and "Content-Length" not in headers

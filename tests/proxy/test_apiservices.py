@@ -319,6 +319,9 @@ async def test_unavailable_apiservice_is_503(
         def is_available(self, name: str) -> bool:
             return False
 
+        def reason(self, name: str) -> str:
+            return "FailedDiscoveryCheck"
+
     proxied.server.gateway.proxy.availability = NeverAvailable()
     async with proxied.request("GET", THINGS) as resp:
         assert resp.status == 503

@@ -250,6 +250,9 @@ class AlwaysAvailable:
     def is_available(self, name: str) -> bool:
         return True
 
+    def reason(self, name: str) -> str:
+        return "Passed"
+
 
 def force_available(server: Any) -> None:
     """The proxy treats every APIService as available, whatever the checker finds (for tests of

@@ -75,8 +75,7 @@ _UNSAFE_VALUE = ("\r", "\n", "\x00")
 
 def dashed(name: str) -> str:
     """A header name lower-cased with `_` read as `-`, as CGI and WSGI backends read it."""
-    lowered = name.lower()
-    return lowered.replace("_", "-") if "_" in lowered else lowered
+    return name.lower().replace("_", "-")
 
 
 def header_key_escape(key: str) -> str:
@@ -330,12 +329,12 @@ def request_headers(
     are added last. `hop` is this gateway's loop mark (`hops.HOP_HEADER`); an inbound one never
     passes.
     """
-    pairs = list(inbound)
+    # Each name once, `dashed`: a look-alike is dropped like the header it imitates (module docstring).
+    pairs = [(name, value, name.lower().replace("_", "-")) for name, value in inbound]  # `dashed`, inlined
     hop_by_hop = HOP_BY_HOP
     dropped: frozenset[str] = frozenset()
     forwarded_for: list[str] = []
-    for name, value in pairs:
-        lowered = dashed(name)
+    for _name, value, lowered in pairs:
         if lowered == "connection":
             dropped = dropped | connection_tokens((value,))
         elif lowered == "x-forwarded-for":
@@ -343,10 +342,7 @@ def request_headers(
     names = policy.names
     prefixes = policy.prefixes
     out: CIMultiDict[str] = CIMultiDict()
-    for name, value in pairs:
-        lowered = name.lower()
-        if "_" in lowered:  # a look-alike is dropped like the header it imitates (module docstring)
-            lowered = lowered.replace("_", "-")
+    for name, value, lowered in pairs:
         if (
             lowered in hop_by_hop
             or lowered in names

@@ -55,6 +55,7 @@ from aggregator.kube.client import KubeClient, client_for_options
 from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
 from aggregator.leaderelection import LeaderElector, elector_for_options
 from aggregator.openapi.component import OpenAPIAggregation
+from aggregator.openapi.readiness import CHECK_NAME as KUBE_OPENAPI_CHECK
 from aggregator.openapi.routes import OpenAPIRoutes
 from aggregator.proxy.apiservices import APIServiceProxy
 from aggregator.proxy.delegate import FRONT_PROXY, Delegate
@@ -64,6 +65,7 @@ from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
+from aggregator.web.accesslog import AccessLog, AccessLogPolicy
 from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.metrics import Metrics
 from aggregator.web.paths import refuse_confusing_paths
@@ -183,8 +185,8 @@ def build_gateway(options: Options) -> Gateway:
     sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
     availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink)
 
-    # 6. what serves requests
-    forwarder = Forwarder(metrics, UpgradeTunnel(metrics))
+    # 6. what serves requests; a request that cannot reach its backend has availability re-check it
+    forwarder = Forwarder(metrics, UpgradeTunnel(metrics, recheck=availability), recheck=availability)
     delegate: Delegate | None = None
     fallback = Route(_not_found, RouteKind.OWN, "not-found")
     if options.kube_mode and kube is not None:
@@ -202,7 +204,12 @@ def build_gateway(options: Options) -> Gateway:
         components.append(("delegate", delegate))
         fallback = delegate.route
     proxy = APIServiceProxy(
-        store, availability=availability, backends=backends, forwarder=forwarder, fallback=fallback.handler
+        store,
+        availability=availability,
+        backends=backends,
+        forwarder=forwarder,
+        fallback=fallback.handler,
+        recheck=availability,
     )
     discovery = Discovery(
         store,
@@ -237,7 +244,8 @@ def build_gateway(options: Options) -> Gateway:
 
     # kube-apiserver's filter order: authentication, impersonation, authorization; before them,
     # looped requests and paths a backend could read as another resource are refused
-    pipeline = Pipeline(router, metrics)
+    access_log = AccessLog(AccessLogPolicy.parse(options.access_log, verbosity=options.verbosity))
+    pipeline = Pipeline(router, metrics, access_log)
     pipeline.add_gate(loop_gate(hop))
     pipeline.add_gate(refuse_confusing_paths)
     pipeline.add_gate(authenticator.gate)
@@ -278,6 +286,9 @@ def build_gateway(options: Options) -> Gateway:
     health.add_notes("readyz", availability.notes)
     if discovery.delegate is not None:
         health.add(KUBE_DISCOVERY_CHECK, discovery.kube_ready, livez=False)
+    if openapi.kube_mode and kube is not None:
+        # kubectl explain of built-in types works from the first 200 (bounded: readiness.py).
+        health.add(KUBE_OPENAPI_CHECK, openapi.kube_ready, livez=False)
     if elector is not None:
         # Never fails for a follower: who leads shows in `/readyz?verbose`, not in readiness.
         health.add(LEADER_CHECK, elector.check)

@@ -15,6 +15,7 @@ from aggregator.audit.policy import PolicyError as AuditPolicyError
 from aggregator.audit.policy import load_policy_file
 from aggregator.tls.policy import DEFAULT_MIN_VERSION, VERSIONS, PolicyError, TLSPolicy
 from aggregator.util.durations import parse_duration
+from aggregator.web.accesslog import AccessLogError, AccessLogPolicy
 
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 DEFAULT_CERT_DIR = "apiserver.local.config/certificates"
@@ -73,6 +74,7 @@ class Options:
     apiservices_dir: str | None = None
     log_format: str = "text"
     verbosity: int = 0
+    access_log: str | None = None  # None: errors, or all from -v 3 (web/accesslog.py)
     # proxy
     enable_aggregator_routing: bool = False
     allow_external_name_services: bool = False
@@ -83,6 +85,9 @@ class Options:
     anonymous_auth: bool = False
     token_auth_file: str | None = None
     authentication_token_webhook_cache_ttl: float = 10.0
+    # Empty (no --service-account-issuer to default from, as kube-apiserver does): reviews carry no
+    # audiences and kube-apiserver checks tokens against its own.
+    api_audiences: list[str] = field(default_factory=list)
     authentication_skip_lookup: bool = False
     authorization_kubeconfig: str | None = None
     authorization_always_allow_paths: list[str] = field(
@@ -312,6 +317,13 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="how long TokenReview answers are cached (default 10s).",
     )
     authn.add_argument(
+        "--api-audiences",
+        type=_csv,
+        default=[],
+        help="audiences a bearer token must be valid for, sent in every TokenReview and checked in its "
+        "answer (default none: kube-apiserver checks the token against its own API audiences).",
+    )
+    authn.add_argument(
         "--authentication-skip-lookup",
         action="store_true",
         help="do not read kube-system/extension-apiserver-authentication for missing CA settings.",
@@ -377,7 +389,14 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         dest="verbosity",
         type=int,
         default=0,
-        help="log verbosity; 4 and above logs debug lines.",
+        help="log verbosity; 3 and above logs every request (unless --access-log says otherwise), 4 and "
+        "above logs debug lines.",
+    )
+    logs.add_argument(
+        "--access-log",
+        default=None,
+        help="which requests get an access-log line: off, errors (5xx and clients that went away), "
+        "sampled[:N] (one in N, default 100, plus errors) or all (default: errors, all with -v 3).",
     )
 
 
@@ -527,6 +546,10 @@ def validate(opts: Options) -> None:
     except ValueError as err:
         raise ConfigError("--bind-address", f"{opts.bind_address!r} is not an IP address") from err
     tls_policy(opts)
+    try:
+        AccessLogPolicy.parse(opts.access_log, verbosity=opts.verbosity)
+    except AccessLogError as err:
+        raise ConfigError("--access-log", str(err)) from err
     _check_pair("--tls-cert-file", opts.tls_cert_file, "--tls-private-key-file", opts.tls_private_key_file)
     _check_pair(
         "--proxy-client-cert-file",

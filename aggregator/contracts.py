@@ -1,7 +1,7 @@
 """The narrow interfaces features depend on, so none of them depends on another's implementation.
 
 Like kube-aggregator's two-method `APIHandlerManager`: the proxy knows availability only as
-`is_available(name)`, discovery and OpenAPI know the backends only as `fetch(...)`, and the
+`is_available(name)` and `suspect(name)`, discovery and OpenAPI know the backends only as `fetch(...)`, and the
 composition root (`assembly.py`) is the one place that decides which implementation answers.
 This module imports nothing from the gateway but plain models, so anything may import it.
 """
@@ -34,6 +34,16 @@ class Availability(Protocol):
     def reason(self, name: str) -> str:
         """The `Available` condition's reason (`ProxyLoop`...), "" when there is none."""
         ...
+
+
+class Recheck(Protocol):
+    """A request could not reach this APIService's backend: check its availability again now.
+
+    Implementations rate-limit per APIService, so callers may call it on every failure; names that
+    are not APIServices (the delegate's `kube-apiserver`) are ignored.
+    """
+
+    def suspect(self, name: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,8 @@ def main() -> int:
         folder = work / "apiservices"
         folder.mkdir()
         (folder / "apiservices.yaml").write_text(yaml.safe_dump_all(manifests(args.apiservices)))
-        with gateway_process(folder, work) as url:
+        with gateway_process(folder, work) as gateway:
+            url = gateway.url
             status, headers, body = fetch(url + "/apis")
             print(f"/apis: {status}, {len(body)} bytes, {len(yaml.safe_load(body)['groups'])} groups")
             results: list[WrkResult] = [run_wrk("baseline /livez", url + "/livez", **opts)]

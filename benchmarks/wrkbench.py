@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import socket
 import ssl
 import subprocess
@@ -56,6 +57,43 @@ def parse_wrk(label: str, output: str) -> WrkResult:
     return WrkResult(label, float(rps.group(1)), _ms(p50.group(1)), _ms(p99.group(1)), errors)
 
 
+def pinning(cpus: str | None) -> list[str]:
+    """`taskset -c <cpus>` where the machine has taskset and CPUs to spare, else nothing."""
+    if cpus is None or not shutil.which("taskset"):
+        return []
+    return ["taskset", "-c", cpus]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def wait_for_http(url: str, body: bytes, timeout: float = 30.0) -> None:
+    """Until a plain-HTTP GET of `url` answers 200 with `body`."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                got = resp.read()
+                if resp.status == 200 and got == body:
+                    return
+                last = (resp.status, got[:100])
+        except OSError as err:
+            last = err
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} never answered as expected (last: {last})")
+
+
 def run_wrk(
     label: str,
     url: str,
@@ -64,8 +102,9 @@ def run_wrk(
     threads: int = 2,
     connections: int = 32,
     seconds: int = 10,
+    cpus: str | None = None,
 ) -> WrkResult:
-    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency"]
+    cmd = [*pinning(cpus), "wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency"]
     for header in headers:
         cmd += ["-H", header]
     out = subprocess.run([*cmd, url], check=True, capture_output=True, text=True).stdout
@@ -88,23 +127,43 @@ def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[st
         return resp.status, dict(resp.headers), resp.read()
 
 
+@dataclass
+class Gateway:
+    url: str
+    pid: int
+
+
 @contextlib.contextmanager
-def gateway_process(apiservices_dir: Path, workdir: Path, extra_args: Sequence[str] = ()) -> Iterator[str]:
-    """`aggregator serve` in local mode with anonymous access (wrk has no client certificates)."""
-    port = free_port()
+def gateway_process(
+    apiservices_dir: Path,
+    workdir: Path,
+    extra_args: Sequence[str] = (),
+    *,
+    port: int | None = None,
+    cpus: str | None = None,
+    anonymous: bool | None = None,
+) -> Iterator[Gateway]:
+    """`aggregator serve` in local mode; anonymous unless the caller configures authentication."""
+    port = port or free_port()
+    if anonymous is None:
+        anonymous = not any(a.startswith("--client-ca-file") for a in extra_args)
     cmd = [
-        sys.executable, "-m", "aggregator", "serve",
+        *pinning(cpus), sys.executable, "-m", "aggregator", "serve",
         "--apiservices-dir", str(apiservices_dir),
         "--bind-address", "127.0.0.1",
         "--secure-port", str(port),
         "--cert-dir", str(workdir / "certs"),
-        "--anonymous-auth",
+        *(["--anonymous-auth"] if anonymous else []),
         *extra_args,
     ]  # fmt: skip
     log = (workdir / "gateway.log").open("w")
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cwd = None
+    if os.environ.get("BENCH_GATEWAY_SRC"):
+        # Measure another checkout's gateway (e.g. before a change) with this run's harness
+        # (`-m` puts the working directory first on the path, so run from that checkout).
+        cwd = env["PYTHONPATH"] = os.environ["BENCH_GATEWAY_SRC"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     url = f"https://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
@@ -117,7 +176,7 @@ def gateway_process(apiservices_dir: Path, workdir: Path, extra_args: Sequence[s
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"gateway did not start; see {workdir / 'gateway.log'}")
             time.sleep(0.1)
-        yield url
+        yield Gateway(url, proc.pid)
     finally:
         proc.terminate()
         try:

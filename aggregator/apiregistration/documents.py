@@ -33,7 +33,12 @@ META_VERSIONS = ("v1", "v1beta1")
 HEADERS = {"Cache-Control": "no-cache, private"}
 DEFAULT_WATCH_SECONDS = 1800.0
 
-# kube-apiserver's own listing of this group-version (storageVersionHash included).
+# kube-apiserver's own listing of this group-version (storageVersionHash included), with the verbs
+# local mode serves: the folder is the source of truth, so writes answer 405 and are not advertised
+# (upstream derives discovery verbs from the storage's interfaces, `endpoints/installer.go`; a
+# read-only storage lists get, list, watch).
+READ_VERBS = ["get", "list", "watch"]
+STATUS_VERBS = ["get"]
 RESOURCE_LIST: dict[str, Any] = {
     "kind": "APIResourceList",
     "apiVersion": "v1",
@@ -44,7 +49,7 @@ RESOURCE_LIST: dict[str, Any] = {
             "singularName": "apiservice",
             "namespaced": False,
             "kind": KIND,
-            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+            "verbs": READ_VERBS,
             "categories": ["api-extensions"],
             "storageVersionHash": "InPBPD7+PqM=",
         },
@@ -53,7 +58,7 @@ RESOURCE_LIST: dict[str, Any] = {
             "singularName": "",
             "namespaced": False,
             "kind": KIND,
-            "verbs": ["get", "patch", "update"],
+            "verbs": STATUS_VERBS,
         },
     ],
 }

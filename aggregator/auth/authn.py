@@ -1,33 +1,46 @@
-"""Authentication, in upstream's order: front-proxy headers, client certificate, bearer token.
+"""Authentication, in upstream's order: front-proxy headers, client certificate, bearer token,
+then a bearer token offered as a WebSocket subprotocol (`wire/wsprotocol.py`).
 
 This is the delegating authenticator extension API servers use (`DelegatingAuthenticatorConfig`):
 a union in which the first success wins and failures accumulate. If nothing succeeds and anything
 failed (a certificate from an unknown CA, a rejected token), the request gets upstream's 401 Status.
 A request with no credentials at all is anonymous when `--anonymous-auth` is on, and on public
 routes (the health probes kubelet calls without a certificate); otherwise it is a 401 too.
-The certificate path never awaits: verification results are cached per certificate.
+The certificate path never awaits: verification results are cached per presented chain (the
+client's certificate plus the intermediates it sent, which Go passes as `Intermediates`).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import ssl
+import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
 
 from aggregator.auth.requestheader import RequestHeaderConfig, user_from_headers
 from aggregator.model.userinfo import ANONYMOUS, UserInfo
-from aggregator.tls.verify import CAPool, Rejection
+from aggregator.tls.peerchain import IntermediatesReader, PeerChainReader
+from aggregator.tls.verify import CAPool, ClientCertificate, Rejection, chain_key
 from aggregator.util.logs import fields
 from aggregator.web.context import set_user
 from aggregator.web.responses import status_response
 from aggregator.web.routing import Route
+from aggregator.wire.wsprotocol import ProtocolTokenError, protocol_token
 
 log = logging.getLogger(__name__)
 
 CREDENTIAL_ID_KEY = "authentication.kubernetes.io/credential-id"
+
+
+@dataclass(frozen=True, slots=True)
+class _Authenticated:
+    user: UserInfo
+    complete: bool  # system:authenticated already added
 
 
 class AuthenticationError(Exception):
@@ -44,14 +57,34 @@ class TokenAuthenticator(Protocol):
     def authenticate_token(self, token: str) -> UserInfo | Awaitable[UserInfo | None] | None: ...
 
 
-def peer_certificate(request: web.Request) -> bytes | None:
-    """The DER of the client's certificate, if it presented one."""
+def peer_certificate(
+    request: web.Request, chain: IntermediatesReader
+) -> tuple[bytes, tuple[bytes, ...]] | None:
+    """The DER of the client's certificate and of the certificates it sent after it, if any."""
     transport = request.transport
     ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
     if ssl_object is None:
         return None
     der: bytes | None = ssl_object.getpeercert(binary_form=True)
-    return der
+    if der is None:
+        return None
+    return der, chain.intermediates(ssl_object)
+
+
+@dataclass(slots=True)
+class _Presented:
+    """What one TLS connection presented (read once, not per request), and the user the client CA
+    last made of it: a keep-alive client costs a dictionary lookup per request, and the pool's
+    own check (expiry, a reloaded CA) still runs every time."""
+
+    der: bytes
+    intermediates: tuple[bytes, ...]
+    key: bytes
+    verified: ClientCertificate | None = None
+    user: UserInfo | None = None
+
+
+_NOTHING = _Presented(b"", (), b"")
 
 
 def bearer_token(request: web.Request) -> str | None:
@@ -68,7 +101,10 @@ def unauthorized(request: web.Request) -> web.Response:
 
 
 class Authenticator:
-    """The authentication gate; CA sources are callables so files and ConfigMaps can swap them live."""
+    """The authentication gate; CA sources are callables so files and ConfigMaps can swap them live.
+
+    `peer_chain` reads the intermediates a client sent (default: OpenSSL's peer chain).
+    """
 
     def __init__(
         self,
@@ -77,21 +113,37 @@ class Authenticator:
         client_ca: Callable[[], CAPool | None] = lambda: None,
         requestheader: Callable[[], RequestHeaderConfig | None] = lambda: None,
         tokens: list[TokenAuthenticator] | None = None,
+        peer_chain: IntermediatesReader | None = None,
     ) -> None:
         self.anonymous = anonymous
+        self.peer_chain = peer_chain or PeerChainReader()
         self.client_ca = client_ca
         self.requestheader = requestheader
         self.tokens: list[TokenAuthenticator] = tokens or []
+        # Per TLS connection (the SSL object lives as long as the connection does).
+        self._connections: weakref.WeakKeyDictionary[ssl.SSLObject, _Presented] = weakref.WeakKeyDictionary()
 
     async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
         errors: list[str] = []
         user = self._from_certificate(request, errors)
+        if user is not None:
+            if user.complete:
+                set_user(request, user.user)
+                return None
+            found: UserInfo | None = user.user
+        else:
+            found = None
         token = None
-        if user is None:
+        if found is None:
             token = bearer_token(request)
             if token is not None:
-                user = await self._from_token(token, errors)
-        if user is None:
+                found = await self._from_token(token, errors)
+        if found is None:
+            offered = self._from_protocol(request, errors)
+            if offered is not None:
+                token = offered
+                found = await self._from_token(offered, errors, source="websocket protocol token")
+        if found is None:
             if errors or token is not None:
                 log.info(
                     "unable to authenticate the request",
@@ -104,19 +156,37 @@ class Authenticator:
                 return unauthorized(request)
             if not (self.anonymous or route.public):
                 return unauthorized(request)
-            user = ANONYMOUS
+            found = ANONYMOUS
         else:
-            user = user.with_authenticated_group()
-        set_user(request, user)
+            found = found.with_authenticated_group()
+        set_user(request, found)
         return None
 
-    def _from_certificate(self, request: web.Request, errors: list[str]) -> UserInfo | None:
-        der = peer_certificate(request)
-        if der is None:
+    def _presented(self, request: web.Request) -> _Presented:
+        """The connection's certificates, read from the TLS session once per connection."""
+        transport = request.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        if ssl_object is None:
+            return _NOTHING
+        presented = self._connections.get(ssl_object)
+        if presented is None:
+            der: bytes | None = ssl_object.getpeercert(binary_form=True)
+            if der is None:
+                presented = _NOTHING
+            else:
+                intermediates = self.peer_chain.intermediates(ssl_object)
+                presented = _Presented(der, intermediates, chain_key(der, intermediates))
+            self._connections[ssl_object] = presented
+        return presented
+
+    def _from_certificate(self, request: web.Request, errors: list[str]) -> _Authenticated | None:
+        presented = self._presented(request)
+        if presented is _NOTHING:
             return None
+        der, intermediates, key = presented.der, presented.intermediates, presented.key
         front_proxy = self.requestheader()
         if front_proxy is not None:
-            proxy_cert = front_proxy.pool.check(der)
+            proxy_cert = front_proxy.pool.check(der, intermediates=intermediates, key=key)
             if isinstance(proxy_cert, Rejection):
                 errors.append(f"front-proxy certificate: {proxy_cert.message}")
             elif front_proxy.allowed_names and proxy_cert.common_name not in front_proxy.allowed_names:
@@ -125,33 +195,53 @@ class Authenticator:
                     "the allowed list"
                 )
             else:
-                user = user_from_headers(request.headers, front_proxy)
-                if user is not None:
-                    return user
+                asserted = user_from_headers(request.headers, front_proxy)
+                if asserted is not None:
+                    return _Authenticated(asserted, complete=False)
         pool = self.client_ca()
         if pool is not None:
-            cert = pool.check(der)
+            cert = pool.check(der, intermediates=intermediates, key=key)
             if isinstance(cert, Rejection):
-                errors.append(f"client certificate: {cert.message}")
-            else:
-                return UserInfo(
-                    cert.common_name,
-                    groups=cert.organizations,
-                    extra={CREDENTIAL_ID_KEY: (f"X509SHA256={cert.sha256}",)},
+                # x509.go `Authenticator.AuthenticateRequest` wraps the crypto/x509 error this way.
+                errors.append(
+                    f"client certificate: verifying certificate {cert.certificate} failed: {cert.message}"
                 )
+            else:
+                if presented.verified is not cert or presented.user is None:
+                    presented.verified = cert
+                    presented.user = UserInfo(
+                        cert.common_name,
+                        groups=cert.organizations,
+                        extra={CREDENTIAL_ID_KEY: (f"X509SHA256={cert.sha256}",)},
+                    ).with_authenticated_group()
+                return _Authenticated(presented.user, complete=True)
         return None
 
-    async def _from_token(self, token: str, errors: list[str]) -> UserInfo | None:
+    @staticmethod
+    def _from_protocol(request: web.Request, errors: list[str]) -> str | None:
+        """The token a WebSocket upgrade offers as a subprotocol (`ProtocolAuthenticator`); the
+        proxy drops that entry before the request reaches a backend."""
+        try:
+            return protocol_token(request.headers)
+        except ProtocolTokenError as err:
+            errors.append(f"websocket protocol token: {err}")
+            return None
+
+    async def _from_token(
+        self, token: str, errors: list[str], *, source: str = "bearer token"
+    ) -> UserInfo | None:
+        failed = False
         for authenticator in self.tokens:
             try:
                 result = authenticator.authenticate_token(token)
                 if inspect.isawaitable(result):
                     result = await result
             except AuthenticationError as err:
-                errors.append(f"bearer token: {err}")
+                errors.append(f"{source}: {err}")
+                failed = True
                 continue
             if result is not None:
                 return result
-        if not errors:
-            errors.append("bearer token: invalid bearer token")
+        if not failed:
+            errors.append(f"{source}: invalid bearer token")
         return None

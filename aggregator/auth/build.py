@@ -73,7 +73,10 @@ def build_authentication(options: Options, *, kube: KubeClient | None, metrics: 
         webhook = WebhookClient(kube, calls.CREATE_TOKENREVIEWS, kind="tokenreview", metrics=metrics)
         tokens.append(
             TokenReviewAuthenticator(
-                webhook, ttl=options.authentication_token_webhook_cache_ttl, metrics=metrics
+                webhook,
+                ttl=options.authentication_token_webhook_cache_ttl,
+                metrics=metrics,
+                audiences=tuple(options.api_audiences),
             )
         )
     authenticator = Authenticator(
@@ -94,7 +97,8 @@ def build_authentication(options: Options, *, kube: KubeClient | None, metrics: 
         summary.append(f"bearer tokens (file {options.token_auth_file})")
     if kube is not None:
         ttl = options.authentication_token_webhook_cache_ttl
-        summary.append(f"bearer tokens (TokenReview, cached {ttl:g}s)")
+        audiences = f", audiences {','.join(options.api_audiences)}" if options.api_audiences else ""
+        summary.append(f"bearer tokens (TokenReview, cached {ttl:g}s{audiences})")
     summary.append("anonymous" if options.anonymous_auth else "anonymous only on health paths")
     return Authentication(authenticator, components, summary)
 

@@ -5,12 +5,19 @@ is an HMAC-SHA256 of the token under a random per-process key, so the token itse
 answers (authenticated or not) live `--authentication-token-webhook-cache-ttl` (10 s, 0 disables);
 a failed review, or a review whose status carries an `error`, is never cached; identical concurrent
 reviews share one call. A hit returns the user without awaiting anything.
+
+Audiences (`--api-audiences`, webhook.go `AuthenticateToken`): when set they go in
+`spec.audiences`, and the answer must name at least one of them in `status.audiences` (an answer
+without audiences is taken as valid for the API audiences, upstream's implicit audiences). No
+overlap is "not authenticated", decided before `status.authenticated` and cached like any other
+answer. The audiences are part of the cache key (`keyFunc`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import struct
 import time
@@ -22,7 +29,10 @@ from aggregator.auth.authn import AuthenticationError
 from aggregator.auth.cache import MISSING, CoalescingCache
 from aggregator.auth.webhook import ReviewFailed, WebhookClient
 from aggregator.model.userinfo import UserInfo
+from aggregator.util.logs import fields
 from aggregator.web.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 KIND = "tokenreview"
 # Upstream's token cache is unbounded; one entry per distinct token seen in the TTL is bounded here.
@@ -112,6 +122,8 @@ class TokenReviewAuthenticator:
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
         )
         status = review.get("status") or {}
+        if self.audiences and not self._audiences_accepted(status):
+            return TokenVerdict(None)
         if not status.get("authenticated"):
             error = str(status.get("error") or "")
             if error:
@@ -119,3 +131,14 @@ class TokenReviewAuthenticator:
                 raise AuthenticationError(error)
             return TokenVerdict(None)
         return TokenVerdict(user_from_status(status))
+
+    def _audiences_accepted(self, status: Mapping[str, Any]) -> bool:
+        """`wantAuds.Intersect(gotAuds)` is not empty; gotAuds defaults to the API audiences."""
+        got = [str(a) for a in status.get("audiences") or ()]
+        if not got or any(a in got for a in self.audiences):
+            return True
+        log.info(
+            "token rejected: TokenReview names none of the API audiences",
+            extra=fields(audiences=",".join(got), api_audiences=",".join(self.audiences)),
+        )
+        return False

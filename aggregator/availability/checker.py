@@ -3,9 +3,13 @@
 One loop per APIService on the shared engine (`util/loops.py`), at most `workers` checks at a time
 (upstream runs 5 workers): a check at
 start (once the store has synced), every `interval` seconds (30 s, upstream's resync), at once
-when the APIService's spec, its Service or its EndpointSlices change, and sooner after a failed
+when the APIService's spec, its Service or its EndpointSlices change, sooner after a failed
 discovery GET (doubling from `retry_initial` up to `interval`, like upstream's rate-limited
-requeue). A status-only change of the APIService (our own write, or kube-apiserver's aggregator)
+requeue), and at once when the proxy `suspect`s it (a proxied request failed to connect or to
+complete TLS, or was refused because the APIService is unavailable), at most once a second per
+APIService: a backend that dies is marked unavailable, and one that comes back available again,
+within about a second of a client noticing, where upstream waits for its 30 s resync. A
+status-only change of the APIService (our own write, or kube-apiserver's aggregator)
 does not trigger a check.
 
 The latest verdict answers `is_available` (the proxy's 503 `service unavailable`) straight from a
@@ -51,6 +55,8 @@ WORKERS = 5
 FIRST_ROUND_CHECK = "apiservice-availability-synced"
 # How much longer than one probe timeout readiness waits for the first round at most.
 FIRST_ROUND_GRACE = 1.0
+# At most one check per APIService this often on the proxy's say-so (`suspect`).
+SUSPECT_INTERVAL = 1.0
 
 
 def _available(conditions: tuple[Condition, ...]) -> bool:
@@ -81,6 +87,8 @@ class AvailabilityChecker:
         workers: int = WORKERS,
         access: AccessError | None = None,
         first_round_limit: float | None = None,
+        suspect_interval: float = SUSPECT_INTERVAL,
+        timer: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.probe = probe
@@ -100,6 +108,10 @@ class AvailabilityChecker:
         self._tasks = TaskSet("availability")
         self._verdicts: dict[str, Verdict] = {}
         self._listeners: list[Callable[[str], None]] = []
+        # When each APIService was last re-checked on the proxy's say-so.
+        self.suspect_interval = suspect_interval
+        self._timer = timer
+        self._suspected: dict[str, float] = {}
         self._running = False
         # Checks completed, for tests and for `/readyz?verbose` readers wondering if it runs at all.
         self.checks = 0
@@ -194,6 +206,25 @@ class AvailabilityChecker:
         """Check this APIService again now."""
         self.loops.poke(name)
 
+    def suspect(self, name: str) -> None:
+        """`contracts.Recheck`: a request just failed to reach this APIService's backend (or was
+        refused as unavailable): check it now, or, within a second of the last such check, as soon
+        as that second is over (one check per APIService per `suspect_interval` at most, and no
+        suspicion lost)."""
+        if name not in self.loops:
+            return  # not an APIService being checked (the delegate, a deleted one, before sync)
+        now = self._timer()
+        last = self._suspected.get(name)
+        if last is None or now - last >= self.suspect_interval:
+            self._suspected[name] = now
+            log.debug("APIService suspected by the proxy; checking it now", extra=fields(apiservice=name))
+            self.loops.poke(name)
+        elif last <= now:
+            # The check for this window is already planned at `last` (now or in the past); the next
+            # one goes at the window's end.
+            self._suspected[name] = last + self.suspect_interval
+            self.loops.poke_within(name, last + self.suspect_interval - now)
+
     # --- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -253,6 +284,7 @@ class AvailabilityChecker:
 
     def _forget(self, name: str) -> None:
         self.loops.discard(name)
+        self._suspected.pop(name, None)
         self._settled(name)
         had = self._verdicts.pop(name, None)
         self.metrics.unavailable_apiservice.forget(name)
@@ -278,6 +310,12 @@ class AvailabilityChecker:
             self._settled(name)  # a broken check must not hold readiness
             return True
         self.checks += 1
+        current = self.store.apiservice(name)
+        if current is not None and current is not svc and _spec_changed(svc, current):
+            # The APIService changed while it was being checked (a new caBundle, another Service):
+            # this verdict is about what it was. The change already asked for a check of what it is.
+            log.debug("verdict about a changed APIService dropped", extra=fields(apiservice=name))
+            return False
         try:
             await self.record(report)
         finally:

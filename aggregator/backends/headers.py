@@ -3,8 +3,9 @@
 Pure functions over header lists, so the security-critical rules are property-tested without
 sockets. Inbound: every header that could carry identity or credentials is dropped whatever its
 letter case and however often it appears (the standard `X-Remote-*` names, the configured
-`--requestheader-*` names and prefixes, `Authorization`, `Impersonate-*`), hop-by-hop headers go
-(including those named in `Connection`), then the authenticated caller is asserted exactly as
+`--requestheader-*` names and prefixes, `Authorization`, `Impersonate-*`, and a bearer token
+offered as a WebSocket subprotocol), hop-by-hop headers go (including those named in
+`Connection`), then the authenticated caller is asserted exactly as
 client-go's `SetAuthProxyHeaders` does. Outbound responses lose hop-by-hop and CORS headers
 (upstream's `corsRemovingTransport`).
 
@@ -30,6 +31,7 @@ from multidict import CIMultiDict
 
 from aggregator.backends.hops import HOP_HEADER
 from aggregator.model.userinfo import UserInfo
+from aggregator.wire.wsprotocol import BEARER_PROTOCOL_PREFIX, without_token_protocols
 
 # RFC 7230 §6.1 plus the de-facto Proxy-Connection; Go's ReverseProxy list.
 HOP_BY_HOP = frozenset(
@@ -358,6 +360,13 @@ def request_headers(
             "x-forwarded-proto",
         ):
             continue
+        if lowered == "sec-websocket-protocol" and BEARER_PROTOCOL_PREFIX in value:
+            # Upstream removes the entry only when it authenticated the caller; a credential never
+            # goes on here, whoever the caller turned out to be.
+            kept = without_token_protocols(value)
+            if kept is None:
+                continue
+            value = kept
         out.add(name, value)
     out["Host"] = authority
     if user is not None:

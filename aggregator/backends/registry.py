@@ -1,10 +1,11 @@
 """The backends of the remote APIServices, and the gateway's own GETs to them (`fetch`).
 
 One `Backend` (SSLContext + keep-alive pool) per distinct TLS setting: the caBundle trusted (the
-system roots when empty), `insecureSkipTLSVerify`, the name the certificate must hold
-(`<service>.<namespace>.svc`, whatever address is dialed) and the front-proxy client certificate
-presented. APIServices served by the same Service with the same caBundle share one context and
-one pool, so a server with ten group-versions keeps one set of connections warm, not ten. A
+system roots when empty), `insecureSkipTLSVerify` and the front-proxy client certificate
+presented. The name the certificate must hold (`<service>.<namespace>.svc`, whatever address is
+dialed) is checked per connection, and the pool is keyed by address and name, so APIServices with
+the same caBundle share one context, and a server with ten group-versions keeps one set of
+connections warm, not ten. A
 backend is retired (idle connections closed at once, the rest when their exchange ends: watches
 are not cut) when no APIService uses its settings any more or the client certificate changes.
 
@@ -96,10 +97,7 @@ class BackendRegistry:
     def settings_for(self, apiservice: APIService) -> TLSSettings:
         assert apiservice.service is not None
         return TLSSettings(
-            apiservice.ca_bundle,
-            apiservice.insecure_skip_tls_verify,
-            apiservice.service.server_name,
-            self.client_certificate.generation,
+            apiservice.ca_bundle, apiservice.insecure_skip_tls_verify, self.client_certificate.generation
         )
 
     def backend_for(self, apiservice: APIService) -> Backend:
@@ -141,8 +139,8 @@ class BackendRegistry:
                 "cannot build the TLS settings for an APIService",
                 extra=fields(apiservice=apiservice.name, reason=str(err)),
             )
-            return Backend(settings.server_name, context=None, error=str(err))
-        return Backend(settings.server_name, context=context, client_pair=pair)
+            return Backend(apiservice.name, context=None, error=str(err))
+        return Backend(apiservice.name, context=context, client_pair=pair)
 
     def _release(self, name: str, settings: TLSSettings) -> None:
         users = self._users.get(settings)

@@ -21,11 +21,14 @@ INVALID_CA = "unable to load root certificates: unable to parse bytes as PEM blo
 
 @dataclass(frozen=True, slots=True)
 class TLSSettings:
-    """Everything a backend's SSLContext is built from; equal settings share a context."""
+    """Everything a backend's SSLContext is built from; equal settings share a context.
+
+    The name a certificate must hold is not part of it: it is given per connection
+    (`server_hostname`), so every APIService trusting the same caBundle shares one context.
+    """
 
     ca_bundle: bytes
     insecure: bool
-    server_name: str
     cert_generation: int
 
 

@@ -7,6 +7,13 @@ what passes here passes for the gateway. Each hop is printed with ✓ or ✗ and
 Service, its port, the ready endpoints, the address dialed, TLS (the name expected, the names in
 the certificate, the CA trusted), the HTTP status, and whether the discovery body decodes.
 
+Like kubectl, the check finds its kube-apiserver without flags: `--kubeconfig`, else the first
+existing file of `$KUBECONFIG`, else `~/.kube/config`, else the pod's service account (client-go's
+loading rules; the files of a `$KUBECONFIG` list are not merged). With `--apiservices-dir` and no
+`--proxy-client-*` flags it uses the `front-proxy-client.crt`/`.key` pair found in the folder or
+one of its two parents, which is where `aggregator certs init` and `aggregator demo` put it, so
+`aggregator check --all --apiservices-dir certs/demo/apiservices` works as the demo prints it.
+
 Exit status: 0 when every hop of every APIService checked passes, 1 when one fails (or the
 APIService does not exist), 2 when the flags or the object source are unusable.
 """
@@ -19,8 +26,9 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 from aggregator.assembly import build_backends
@@ -43,7 +51,7 @@ from aggregator.config import (
     add_source_flags,
     options_from_args,
 )
-from aggregator.kube.client import KubeClient, KubeError, client_for_options
+from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, client_for_options
 from aggregator.model.apiservice import APIService, service_column
 from aggregator.model.decode import DecodeError
 from aggregator.sources.kube import WATCHED, WatchedResource
@@ -56,6 +64,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 HOPS = ("apiservice", "service", "port", "endpoints", "address", "connect", "tls", "http", DISCOVERY_HOP)
 LIST_PAGE = 500
 CONCURRENT_CHECKS = 5
+# The front-proxy client pair `aggregator certs init` writes (and the demo uses).
+PROXY_CLIENT_STEM = "front-proxy-client"
 
 
 def add_check_parser(commands: Any) -> argparse.ArgumentParser:
@@ -80,11 +90,58 @@ def add_check_parser(commands: Any) -> argparse.ArgumentParser:
 # --- options -----------------------------------------------------------------------------------------
 
 
-def check_options(args: argparse.Namespace) -> Options:
-    """Options for the check; raises ConfigError naming the flag that cannot work."""
+def kubeconfig_from_environment(environ: Mapping[str, str], home: Path) -> str | None:
+    """client-go's default loading rules: the first existing file of `$KUBECONFIG`, else
+    `~/.kube/config` (None: neither exists, so in-cluster or nothing)."""
+    listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    for candidate in [*listed, *([] if listed else [str(home / ".kube" / "config")])]:
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def proxy_client_pair_near(folder: str) -> tuple[str, str] | None:
+    """`front-proxy-client.crt`/`.key` in `folder` or one of its two parents (the demo's layout:
+    `certs/demo/apiservices` beside `certs/front-proxy-client.crt`)."""
+    here = Path(folder).absolute()
+    for directory in (here, here.parent, here.parent.parent):
+        cert, key = directory / f"{PROXY_CLIENT_STEM}.crt", directory / f"{PROXY_CLIENT_STEM}.key"
+        if cert.is_file() and key.is_file():
+            return _shown(cert), _shown(key)
+    return None
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it is below it (as a user would type it)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def check_options(
+    args: argparse.Namespace,
+    notes: list[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    home: Path | None = None,
+) -> Options:
+    """Options for the check; raises ConfigError naming the flag that cannot work. `notes` gets a
+    line for every default found on the user's behalf."""
     if bool(args.name) == bool(args.all):
         raise ConfigError("NAME", "give one APIService name, or --all")
     opts = options_from_args(args)
+    notes = notes if notes is not None else []
+    if opts.apiservices_dir is None and opts.kubeconfig is None:
+        found = kubeconfig_from_environment(os.environ if environ is None else environ, home or Path.home())
+        if found is not None:
+            opts.kubeconfig = found
+            notes.append(f"using the kubeconfig {found}")
+    if opts.apiservices_dir is not None and not (opts.proxy_client_cert_file or opts.proxy_client_key_file):
+        pair = proxy_client_pair_near(opts.apiservices_dir)
+        if pair is not None:
+            opts.proxy_client_cert_file, opts.proxy_client_key_file = pair
+            notes.append(f"using the front-proxy client certificate {pair[0]} (--proxy-client-cert-file overrides)")
     _check_pair(
         "--proxy-client-cert-file",
         opts.proxy_client_cert_file,
@@ -102,7 +159,8 @@ def check_options(args: argparse.Namespace) -> Options:
     if opts.apiservices_dir is None and opts.kubeconfig is None and not opts.in_cluster:
         raise ConfigError(
             "--apiservices-dir",
-            "neither --apiservices-dir nor --kubeconfig is set and no in-cluster service account was found",
+            "neither --apiservices-dir nor --kubeconfig is set, $KUBECONFIG and ~/.kube/config name no "
+            "file, and no in-cluster service account was found",
         )
     return opts
 
@@ -163,6 +221,11 @@ async def load_kube(client: KubeClient) -> Loaded:
             if spec.kind is Kind.APISERVICE:
                 raise
             loaded.access_errors[spec.kind] = getattr(err, "message", "") or str(err)
+            if isinstance(err, KubeAPIError) and err.status == 404:
+                loaded.warnings.append(
+                    f"the server does not serve {spec.kind_name}s: if it is a gateway in local mode, check "
+                    "its manifests with --apiservices-dir instead"
+                )
             continue
         loaded.store.replace_all(spec.kind, objects)
     return loaded
@@ -361,11 +424,14 @@ async def _check_all(loaded: Loaded, probe: DiscoveryProbe, printer: Printer) ->
 
 def main(args: argparse.Namespace) -> int:
     """`aggregator check`, from parsed arguments."""
+    notes: list[str] = []
     try:
-        options = check_options(args)
+        options = check_options(args, notes)
     except ConfigError as problem:
         print(f"aggregator check: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     configure_logging("text", args.verbosity)
     if args.verbosity < 4:
         # The printed hops say it all; library chatter only with -v.

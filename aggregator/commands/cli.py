@@ -66,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="run the gateway in local mode in front of the sample extension API server",
         description="Create certificates (once), start the sample wardle.example.com server and the "
-        "gateway in local mode, print curl and kubectl commands to try, and stop both on Ctrl-C.",
+        "gateway in local mode, print curl and kubectl commands to try, and stop both on Ctrl-C. When "
+        "the sample dies the gateway keeps serving; press Enter to start the sample again. Files you "
+        "changed in the demo folder are never overwritten.",
     )
     demo.add_argument(
         "--dir", default="certs", help="where certificates and demo files live (default certs/)."
@@ -103,14 +105,20 @@ def _serve(args: argparse.Namespace) -> int:
     from aggregator.server import run
 
     options = options_from_args(args)
+    stop_logging = None
     try:
         validate(options)
-        configure_logging(options.log_format, options.verbosity)
+        stop_logging = configure_logging(options.log_format, options.verbosity)
         return run(options)
     except ConfigError as err:
+        if stop_logging is not None:
+            stop_logging()  # whatever was logged before the failure goes out before the one line
         # Start-up problems (bad flags, unreadable certificates or kubeconfig, a busy port): one line.
         print(f"aggregator serve: {err}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        if stop_logging is not None:
+            stop_logging()
 
 
 def _demo(args: argparse.Namespace) -> int:

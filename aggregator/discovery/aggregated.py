@@ -14,7 +14,6 @@ change (v2 and v2beta1, JSON, indented JSON, YAML) with upstream's ETag.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from aggregator.model.versions import version_sort_key
+from aggregator.util.coalesce import Throttled
 from aggregator.wire.jsonenc import go_marshal
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, MediaType
 from aggregator.wire.rendered import Rendered, quoted_sha512, respond
@@ -36,8 +36,11 @@ REGISTRATION_GROUP_PRIORITY = 20001
 DEFAULT_PRIORITY = (1000, 15)
 CRD_PRIORITY = (1000, 100)
 HEADERS = {"Vary": "Accept", "Cache-Control": "public"}
+# At most one re-render per this many seconds while changes pour in (a read in between renders).
+RENDER_INTERVAL = 0.25
 
-# What kube-apiserver publishes for its own apiregistration.k8s.io/v1 (its aggregated `/apis`).
+# What kube-apiserver publishes for its own apiregistration.k8s.io/v1 (its aggregated `/apis`), with
+# local mode's read-only verbs (writes answer 405 there: the folder is the source of truth).
 _APISERVICE_KIND = {"group": "", "version": "", "kind": "APIService"}
 REGISTRATION_RESOURCES: list[dict[str, Any]] = [
     {
@@ -45,11 +48,9 @@ REGISTRATION_RESOURCES: list[dict[str, Any]] = [
         "responseKind": _APISERVICE_KIND,
         "scope": "Cluster",
         "singularResource": "apiservice",
-        "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+        "verbs": ["get", "list", "watch"],
         "categories": ["api-extensions"],
-        "subresources": [
-            {"subresource": "status", "responseKind": _APISERVICE_KIND, "verbs": ["get", "patch", "update"]}
-        ],
+        "subresources": [{"subresource": "status", "responseKind": _APISERVICE_KIND, "verbs": ["get"]}],
     }
 ]
 
@@ -248,6 +249,7 @@ class AggregatedDiscovery:
         on_render: Callable[[], None] | None = None,
         *,
         metadata: Callable[[str], dict[str, Any]] = group_metadata,
+        interval: float = RENDER_INTERVAL,
     ) -> None:
         self._entries = entries
         self._on_render = on_render
@@ -256,22 +258,14 @@ class AggregatedDiscovery:
         # The last items rendered: a change that leaves them equal keeps the bytes (and the ETag).
         self._items: list[dict[str, Any]] | None = None
         self._last: dict[str, Rendered] | None = None
-        self._scheduled = False
+        self._render = Throttled(self._scheduled_render, interval=interval, name="aggregated-discovery")
 
     def invalidate(self) -> None:
-        """A source changed: re-render soon (once per burst), or at the next read if no loop runs."""
+        """A source changed: re-render once per burst of changes, or at the next read if sooner."""
         self._rendered = None
-        if self._scheduled:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._scheduled = True
-        loop.call_soon(self._scheduled_render)
+        self._render.request()
 
     def _scheduled_render(self) -> None:
-        self._scheduled = False
         if self._rendered is None:
             self.document()
 

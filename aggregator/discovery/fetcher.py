@@ -227,8 +227,10 @@ class DiscoveryFetcher:
         state = self.states.get(name)
         if state is None:
             return True
+        before = state.entry()
         ok = await self.fetch_once(state)
-        self._on_change()
+        if state.entry() != before:
+            self._on_change()  # a steady backend (304s, the same resources) re-renders nothing
         return ok
 
     async def fetch_once(self, state: FetchState) -> bool:

@@ -8,7 +8,6 @@ is coalesced into one rebuild) and served from pre-rendered bytes.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -20,7 +19,8 @@ from aggregator.model.apiservice import API_VERSION as REGISTRATION_GROUP_VERSIO
 from aggregator.model.apiservice import GROUP as REGISTRATION_GROUP
 from aggregator.model.apiservice import VERSION as REGISTRATION_VERSION
 from aggregator.model.apiservice import APIService
-from aggregator.sources.store import Event, Kind, Store
+from aggregator.sources.store import ADDED, DELETED, Event, Kind, Store
+from aggregator.util.coalesce import Throttled
 from aggregator.wire.negotiation import Negotiator, default_restriction
 from aggregator.wire.rendered import Rendered, not_acceptable, respond
 
@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 # kube-apiserver's generic filter sets this on every response that has none; the ETag we add is
 # compatible with it (no-cache means "revalidate", which is what If-None-Match does).
 LEGACY_HEADERS = {"Cache-Control": "no-cache, private", "Vary": "Accept"}
+# At most one re-render of the whole list per this many seconds (a read in between renders it).
+RENDER_INTERVAL = 0.25
 
 
 def _version_entry(group: str, version: str) -> dict[str, str]:
@@ -65,70 +67,80 @@ def group_document(members: Iterable[APIService]) -> dict[str, Any]:
 
 
 class LegacyDiscovery:
-    """Pre-rendered `/apis` and `/apis/<group>` documents, kept in step with the store."""
+    """Pre-rendered `/apis` and `/apis/<group>` documents, kept in step with the store.
 
-    def __init__(self, store: Store) -> None:
+    Spec changes of an APIService re-render its group's APIGroup at once (a few members) and mark
+    the whole list stale; the list is re-rendered once per burst of changes (`Throttled`), or on
+    the next read if that comes first. Status-only changes (availability verdicts) touch neither.
+    """
+
+    def __init__(self, store: Store, *, interval: float = RENDER_INTERVAL) -> None:
         self.store = store
         self.negotiate = Negotiator(default_restriction)
-        self._group_list: Rendered | None = None
+        self._members: dict[str, dict[str, APIService]] = {}
         self._groups: dict[str, Rendered] = {}
-        self._group_names: frozenset[str] = frozenset()
-        self._dirty = True
-        self._rebuild_scheduled = False
+        self._group_list: Rendered | None = None
         self.rebuilds = 0
-        self._refresh_names()
+        self._render = Throttled(self._render_group_list, interval=interval, name="legacy-discovery")
+        for svc in store.apiservices():
+            self._add(svc)
         store.add_listener(self._on_event)
 
     # --- keeping up with the store --------------------------------------------------------------
 
     def _on_event(self, event: Event) -> None:
-        if event.kind is not Kind.APISERVICE:
+        if event.kind is not Kind.APISERVICE or event.status_only:
             return
-        self._dirty = True
-        self._refresh_names()
-        if self._rebuild_scheduled:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop (a unit test driving the store): the next read rebuilds
-        self._rebuild_scheduled = True
-        loop.call_soon(self._scheduled_rebuild)
+        old, new = event.old, event.obj
+        changed: set[str] = set()
+        if isinstance(old, APIService) and event.type != ADDED:
+            changed.add(self._remove(old))
+        if event.type != DELETED and isinstance(new, APIService):
+            changed.add(self._add(new))
+        for group in changed:
+            self._render_group(group)
+        self._group_list = None
+        self._render.request()
 
-    def _refresh_names(self) -> None:
-        self._group_names = frozenset(svc.group for svc in self.store.apiservices() if svc.group)
+    def _add(self, svc: APIService) -> str:
+        if svc.group:
+            self._members.setdefault(svc.group, {})[svc.name] = svc
+        return svc.group
 
-    def _scheduled_rebuild(self) -> None:
-        self._rebuild_scheduled = False
-        if self._dirty:
-            self._rebuild()
+    def _remove(self, svc: APIService) -> str:
+        members = self._members.get(svc.group)
+        if members is not None:
+            members.pop(svc.name, None)
+            if not members:
+                del self._members[svc.group]
+        return svc.group
 
-    def _rebuild(self) -> None:
-        apiservices = self.store.apiservices()
-        by_group: dict[str, list[APIService]] = {}
-        for svc in apiservices:
-            if svc.group:
-                by_group.setdefault(svc.group, []).append(svc)
-        self._group_list = Rendered.of(group_list_document(apiservices))
-        self._groups = {group: Rendered.of(group_document(members)) for group, members in by_group.items()}
-        self._dirty = False
-        self.rebuilds += 1
-        log.debug("legacy discovery rebuilt", extra={"fields": {"groups": len(by_group)}})
+    def _render_group(self, group: str) -> None:
+        members = self._members.get(group)
+        if members:
+            self._groups[group] = Rendered.of(group_document(members.values()))
+        else:
+            self._groups.pop(group, None)
+
+    def _render_group_list(self) -> None:
+        if self._group_list is None:
+            self._group_list = Rendered.of(group_list_document(self.store.apiservices()))
+            self.rebuilds += 1
+            log.debug("legacy discovery rebuilt", extra={"fields": {"groups": len(self._members)}})
 
     # --- reads ----------------------------------------------------------------------------------
 
     def has_group(self, group: str) -> bool:
-        return group in self._group_names
+        return group in self._members
 
     def group_list(self) -> Rendered:
-        if self._dirty or self._group_list is None:
-            self._rebuild()
+        self._render_group_list()
         assert self._group_list is not None
         return self._group_list
 
     def group(self, name: str) -> Rendered | None:
-        if self._dirty:
-            self._rebuild()
+        if name in self._members and name not in self._groups:
+            self._render_group(name)
         return self._groups.get(name)
 
     # --- HTTP -----------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 Sources: one per backend Service (every remote APIService pointing at the same Service, port and
 caBundle shares one download) and, in kube mode, kube-apiserver itself. They refresh every 60 s,
 at once when an APIService, its Service or its EndpointSlices change, and with backoff after a
-failure or a 404. Nothing is fetched on the request path: each change re-renders what is served.
+failure or a 404; kube-apiserver's first download is retried every second instead, and awaited by
+`/readyz` (`readiness.py`). Nothing is fetched on the request path: each change re-renders what is
+served.
 
 Published `/openapi/v3`: for each remote APIService, its backend's document for exactly its own
 group-version (a backend cannot publish someone else's; one without `/openapi/v3` gets its v2
@@ -42,8 +44,11 @@ from aggregator.openapi.documents import Document
 from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from aggregator.openapi.gnostic import encode_document
 from aggregator.openapi.merge import JSON, drop_prefixes, filter_paths, keep_prefixes, merge_documents
+from aggregator.openapi.readiness import FirstDownload
 from aggregator.openapi.sources import V2_PATH, V3_ROOT, Answer, OpenAPISource
 from aggregator.sources.store import Event, Kind, Store
+from aggregator.util.backoff import exponential_delay
+from aggregator.util.coalesce import Throttled
 from aggregator.util.logs import fields
 from aggregator.util.loops import KeyedLoops
 from aggregator.util.tasks import TaskSet
@@ -53,6 +58,8 @@ from aggregator.wire.jsonenc import go_marshal
 log = logging.getLogger(__name__)
 
 KUBE_APISERVER = "kube-apiserver"
+# At most one source sync and v3 index re-publish per this many seconds (a read in between applies it).
+SYNC_INTERVAL = 0.25
 # (namespace, name, port, caBundle, insecureSkipTLSVerify): APIServices equal here share a download.
 BackendKey = tuple[str, str, int, bytes, bool]
 SourceKey = BackendKey | str
@@ -229,6 +236,7 @@ class OpenAPIAggregation:
         timeout: float = 30.0,
         debounce: float = 0.05,
         concurrency: int = 4,
+        first_download: FirstDownload | None = None,
     ) -> None:
         self.store = store
         self.backends = backends
@@ -240,6 +248,7 @@ class OpenAPIAggregation:
         self.sources: dict[SourceKey, OpenAPISource] = {}
         # Remote APIServices per backend, by name (the first one makes the backend calls).
         self.members: dict[BackendKey, list[APIService]] = {}
+        self.first_download = first_download or FirstDownload()
         self.refresher: KeyedLoops[SourceKey] = KeyedLoops(
             "openapi",
             self._refresh,
@@ -247,6 +256,7 @@ class OpenAPIAggregation:
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
             concurrency=concurrency,
+            delay=self._next_delay,
         )
         # Local mode serves apiregistration.k8s.io/v1 itself, so it publishes its documents too:
         # they win over any backend's, as the gateway's own handler wins over any APIService.
@@ -256,7 +266,12 @@ class OpenAPIAggregation:
             own_v3, own_v2 = local.build_documents()
             self._own_v3 = {local.KEY: Document.render(go_marshal(own_v3))}
             self._own_v2 = own_v2
-        self.v3: V3Published = EMPTY_V3
+        self._v3: V3Published = EMPTY_V3
+        # Thousands of APIServices and sources change within seconds at start-up: matching sources
+        # and re-publishing the v3 index happen once per burst (or at the next read).
+        self._sync_pending = False
+        self._v3_pending = False
+        self._coalesced = Throttled(self._flush, interval=SYNC_INTERVAL, name="openapi")
         self.v2: V2Published = build_v2([V2Input("gateway", self._own_v2)])
         self._v2 = _V2State()
         self._tasks = TaskSet("openapi")
@@ -283,17 +298,34 @@ class OpenAPIAggregation:
 
     async def stop(self) -> None:
         self._started = False
+        self._coalesced.cancel()
         await self.refresher.stop()
         await self._tasks.close()
         self._v2.task = None
 
     # --- what changed --------------------------------------------------------------------------------
 
+    @property
+    def v3(self) -> V3Published:
+        """What `/openapi/v3` serves now (pending changes are applied first)."""
+        if self._sync_pending or self._v3_pending:
+            self._flush()
+        return self._v3
+
+    def _flush(self) -> None:
+        if self._sync_pending:
+            self._sync_pending = False
+            self._sync()
+        elif self._v3_pending:
+            self._publish_v3()
+
     def _on_event(self, event: Event) -> None:
         if not self._started:
             return
         if event.kind is Kind.APISERVICE:
-            self._sync()
+            if not event.status_only:  # conditions change no source and no document
+                self._sync_pending = True
+                self._coalesced.request()
             return
         services = event.services()
         for key in self.members:
@@ -339,6 +371,30 @@ class OpenAPIAggregation:
         self._publish_v3()
         self._schedule_v2()
 
+    def _next_delay(self, key: SourceKey, ok: bool, failures: int) -> float | None:
+        """kube-apiserver's failed first download: again within a second, not on the backoff."""
+        source = self.sources.get(key) if key == KUBE_APISERVER else None
+        if ok or source is None:
+            return None
+        refresher = self.refresher
+        return self.first_download.retry_delay(
+            source, exponential_delay(failures, refresher.backoff_initial, refresher.backoff_max)
+        )
+
+    def kube_ready(self) -> str | None:
+        """readyz `kube-apiserver-openapi` (kube mode): kube-apiserver's documents are served."""
+        if not self.kube_mode or self.kube is None:
+            return None
+        source = self.sources.get(KUBE_APISERVER)
+        return self.first_download.check(source, self._kube_v2_merged(source))
+
+    def _kube_v2_merged(self, source: OpenAPISource | None) -> bool:
+        """The published v2 was merged from kube-apiserver's current v2 document."""
+        signature = self._v2.signature or ()
+        return source is not None and any(
+            item[0] == KUBE_APISERVER and item[1] == (source.name, source.v2_revision) for item in signature
+        )
+
     def _keys_of(self, key: BackendKey) -> Callable[[], list[str]]:
         return lambda: [gv_key(s) for s in self.members.get(key, ())]
 
@@ -356,14 +412,19 @@ class OpenAPIAggregation:
         if self.sources.get(key) is not source:
             return result.ok  # removed while it ran
         if result.v3_changed:
-            self._publish_v3()
+            self._publish_v3_later()
         if result.v2_changed:
             self._schedule_v2()
         return result.ok
 
     # --- publishing ----------------------------------------------------------------------------------
 
+    def _publish_v3_later(self) -> None:
+        self._v3_pending = True
+        self._coalesced.request()
+
     def _publish_v3(self) -> None:
+        self._v3_pending = False
         documents: dict[str, Document] = {}
         kube = self.sources.get(KUBE_APISERVER)
         if kube is not None:
@@ -378,8 +439,8 @@ class OpenAPIAggregation:
                     documents[gv_key(svc)] = doc
         documents.update(self._own_v3)
         index = render_v3_index(documents)
-        if index != self.v3.index.body or documents.keys() != self.v3.documents.keys():
-            self.v3 = V3Published(Document.render(index), documents)
+        if index != self._v3.index.body or documents.keys() != self._v3.documents.keys():
+            self._v3 = V3Published(Document.render(index), documents)
 
     def v2_inputs(self) -> list[V2Input]:
         """What the next v2 merge takes, in order."""

@@ -5,6 +5,16 @@ A source refresh downloads, in the background:
   with `If-None-Match` when the server gives no hash);
 - `/openapi/v2` as JSON with `If-None-Match` (upstream's downloader asks the same way).
 
+Redirects are never followed. One is understood: kube-openapi answers a group-version request whose
+`?hash=` is stale with a redirect to the same path and the current hash (`handler3`
+`HandleGroupVersion`: 301, `Location: /openapi/v3/<gv>?hash=<H>`). The hash moves while a server
+settles (kube-apiserver right after its start), so that answer means "the index you read is old":
+the refresh reads the index again at once, up to `INDEX_READS` times, and only a server whose
+hashes never hold still fails the refresh. Any other redirect (another path, another host, another
+query) is refused as an error. One document that fails does not hold back the others: they are
+downloaded and published, the failed one keeps its last good copy, and the refresh counts as failed
+so the scheduler retries it.
+
 A 404 means "not published": the source's documents are dropped and the refresh counts as not
 successful, so the scheduler retries with backoff (upstream never retries a 404 until the
 APIService changes: a backend that comes up without OpenAPI stays invisible to kubectl). A server
@@ -42,6 +52,10 @@ JSON = dict[str, Any]
 V3_ROOT = "/openapi/v3"
 V2_PATH = "/openapi/v2"
 ACCEPT_JSON = {"Accept": "application/json"}
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+# Reads of `/openapi/v3` in one refresh while documents answer "moved to a new hash": the first, and
+# two re-reads (a settling kube-apiserver moves a hash once or twice, not on every read).
+INDEX_READS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,16 +79,47 @@ class SourceError(Exception):
     """The source answered, but not with a usable document."""
 
 
+class HashMoved(Exception):
+    """A group-version document answered with kube-openapi's redirect to its current `?hash=`."""
+
+
 def _excerpt(body: bytes, limit: int = 300) -> str:
     return body[:limit].decode("utf-8", "replace").strip()
+
+
+def _refused_redirect(answer: Answer, what: str) -> SourceError:
+    location = answer.headers.get("Location", "")
+    return SourceError(
+        f"{what}: HTTP {answer.status}: redirect to {location[:200]!r} refused (never followed)"
+    )
 
 
 def _checked(answer: Answer, what: str) -> Answer:
     if answer.status == 404:
         raise NotPublished(f"{what}: 404 Not Found")
+    if answer.status in REDIRECTS:
+        raise _refused_redirect(answer, what)
     if answer.status not in (200, 304):
         raise SourceError(f"{what}: HTTP {answer.status}: {_excerpt(answer.body)}")
     return answer
+
+
+def moved_hash(answer: Answer, path: str) -> str | None:
+    """The new hash when `answer` is kube-openapi's stale-hash redirect for `path`, else None.
+
+    Only a redirect to the very same path (no scheme, no host) whose query is exactly one non-empty
+    `hash` qualifies (`handler3.constructServerRelativeURL`); anything else is a redirect elsewhere.
+    """
+    if answer.status not in REDIRECTS:
+        return None
+    location = urlsplit(answer.headers.get("Location", ""))
+    if location.scheme or location.netloc or location.fragment or location.path != path:
+        return None
+    query = parse_qs(location.query, keep_blank_values=True)
+    values = query.get("hash", [])
+    if len(query) != 1 or len(values) != 1 or not values[0]:
+        return None
+    return values[0]
 
 
 def _converted_documents(v2: bytes, keys: Iterable[str]) -> dict[str, bytes]:
@@ -110,6 +155,15 @@ class Refreshed:
     v2_changed: bool = False
 
 
+@dataclass(slots=True)
+class _Pass:
+    """One walk over the index's documents: what moved, what failed, whether anything changed."""
+
+    changed: bool = False
+    moved: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
 @dataclass
 class OpenAPISource:
     """What the gateway holds from one source, and how to refresh it."""
@@ -131,25 +185,41 @@ class OpenAPISource:
     failures: int = 0
     last_error: str = ""
     last_success: float | None = None
+    # The index and every document it listed were downloaded in one refresh, at least once.
+    v3_fetched: bool = False
+    first_attempt: float | None = None  # time.monotonic() of the first refresh
     _v3_hashes: dict[str, str] = field(default_factory=dict)  # key -> the source's own hash
     _v2_etag: str = ""
     _failing: set[str] = field(default_factory=set)  # documents whose last attempt failed
     _converted: tuple[int, tuple[str, ...]] | None = None  # (v2 revision, keys) the v3 came from
+    _v3_touched: bool = False  # `v3` changed during the refresh in progress
 
     # --- one refresh -----------------------------------------------------------------------------
 
+    @property
+    def answered(self) -> bool:
+        """Both documents were downloaded once (or the source said it publishes none)."""
+        v3 = self.v3_fetched or self.v3_published is False
+        v2 = self.v2 is not None or self.v2_published is False
+        return v3 and v2
+
     async def refresh(self) -> Refreshed:
+        if self.first_attempt is None:
+            self.first_attempt = time.monotonic()
         result = Refreshed(ok=True)
         convert = False
+        self._v3_touched = False
         try:
-            result.v3_changed = await self._refresh_v3()
+            await self._refresh_v3()
             self._recovered("v3")
             self._converted = None
         except Exception as err:
             # No /openapi/v3 at all: serve the v2 document converted, as kube-aggregator does.
             convert = isinstance(err, NotPublished) and self.legacy_keys is not None
             result.ok = False
-            result.v3_changed = self._failed("v3", err, converting=convert)
+            self._v3_touched |= self._failed("v3", err, converting=convert)
+        # Documents downloaded before a failure are served too: they were complete and valid.
+        result.v3_changed = self._v3_touched
         try:
             result.v2_changed = await self._refresh_v2()
             self._recovered("v2")
@@ -171,27 +241,58 @@ class OpenAPISource:
             self.failures += 1
         return result
 
-    async def _refresh_v3(self) -> bool:
+    async def _refresh_v3(self) -> None:
+        """Read the index and the documents it lists; again at once while hashes move."""
+        walk = _Pass()
+        for _ in range(INDEX_READS):
+            walk = await self._walk(await self._read_index())
+            if not walk.moved:
+                break
+            log.debug(
+                "OpenAPI documents moved to a new hash; reading the index again",
+                extra=fields(source=self.name, documents=",".join(walk.moved)),
+            )
+        self.v3_published = True
+        if walk.moved:
+            raise SourceError(
+                f"GET {V3_ROOT}: the hash of {', '.join(walk.moved)} kept moving over {INDEX_READS} reads "
+                "of the index"
+            )
+        if walk.errors:
+            raise SourceError("; ".join(walk.errors))
+        self.v3_fetched = True
+        self._count("v3", "ok")
+
+    async def _read_index(self) -> Mapping[str, Any]:
         answer = _checked(await self.get(V3_ROOT, {}, ACCEPT_JSON), f"GET {V3_ROOT}")
-        index = _parse_object(answer.body, f"GET {V3_ROOT}")
-        paths = index.get("paths")
-        entries: Mapping[str, Any] = paths if isinstance(paths, dict) else {}
-        changed = False
+        paths = _parse_object(answer.body, f"GET {V3_ROOT}").get("paths")
+        return paths if isinstance(paths, dict) else {}
+
+    async def _walk(self, entries: Mapping[str, Any]) -> _Pass:
+        """Bring the held documents in line with one read of the index."""
+        walk = _Pass()
         wanted = {key: entry for key, entry in entries.items() if self.wants(key)}
         for key in [k for k in self.v3 if k not in wanted]:
             del self.v3[key]
             self._v3_hashes.pop(key, None)
-            changed = True
+            self._v3_touched = True
         for key, entry in sorted(wanted.items()):
             url = entry.get("serverRelativeURL", "") if isinstance(entry, dict) else ""
             url = url if isinstance(url, str) else ""
-            changed |= await self._refresh_group_version(key, url)
-        self.v3_published = True
-        self._count("v3", "ok")
-        return changed
+            try:
+                self._v3_touched |= await self._refresh_group_version(key, url)
+            except HashMoved:
+                self._count("v3", "moved")
+                walk.moved.append(key)
+            except Exception as err:  # this document only: the others are still worth serving
+                walk.errors.append(str(err) or type(err).__name__)
+        return walk
 
     async def _refresh_group_version(self, key: str, url: str) -> bool:
-        """Download one group-version's document if its hash moved; True when it changed."""
+        """Download one group-version's document if its hash moved; True when it changed.
+
+        Raises HashMoved for kube-openapi's redirect to the current hash (the index is stale).
+        """
         path = f"{V3_ROOT}/{key}"
         # Only the document this key names, whatever URL the index gives (a backend may not point
         # the gateway at other paths on its behalf).
@@ -205,6 +306,10 @@ class OpenAPISource:
         answer = await self.get(path, {"hash": server_hash} if server_hash else {}, headers)
         if answer.status == 304 and current is not None:
             return False
+        if server_hash and moved_hash(answer, path) is not None:
+            raise HashMoved(path)
+        if answer.status in REDIRECTS:
+            raise _refused_redirect(answer, f"GET {path}")
         if answer.status != 200:
             # Listed in the index but not served: a broken source, not an unpublished document.
             raise SourceError(f"GET {path}: HTTP {answer.status}: {_excerpt(answer.body)}")

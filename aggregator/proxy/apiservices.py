@@ -3,7 +3,8 @@
 Routes exist only for registered remote APIServices; local ones (no `spec.service`) and unknown
 group-versions fall to the router's fallback (kube-apiserver in kube mode, a 404 in local mode).
 Decision order is upstream's `proxyHandler.ServeHTTP` (handler_proxy.go): vanished or local -> fallback; not
-Available -> 503 `service unavailable`; TLS settings that cannot be built -> 500 with the reason;
+Available -> 503 `service unavailable` (and availability is asked to re-check it, rate-limited, so a
+backend that is back is noticed at the pace of its clients rather than the 30 s resync); TLS settings that cannot be built -> 500 with the reason;
 no authenticated user -> 500 `missing user`; no address -> 503 `service unavailable` (the log line
 names the hop); then forward. Discovery requests (`/apis/<g>/<v>` itself) are bounded to 5 s.
 
@@ -19,7 +20,7 @@ from aggregator.backends.addresses import Target
 from aggregator.backends.errors import BackendError
 from aggregator.backends.hops import LOOP_STATUS, PROXY_LOOP
 from aggregator.backends.registry import BackendRegistry
-from aggregator.contracts import Availability
+from aggregator.contracts import Availability, Recheck
 from aggregator.model.apiservice import APIService
 from aggregator.proxy.destination import Destination
 from aggregator.proxy.forward import Forwarder
@@ -43,9 +44,11 @@ class APIServiceProxy:
         backends: BackendRegistry,
         forwarder: Forwarder,
         fallback: Handler,
+        recheck: Recheck | None = None,
     ) -> None:
         self.store = store
         self.availability = availability
+        self.recheck = recheck
         self.backends = backends
         self.forwarder = forwarder
         self.fallback = fallback
@@ -116,6 +119,8 @@ class APIServiceProxy:
         if svc is None or svc.service is None:
             return await self.fallback(request)
         if not self.availability.is_available(name):
+            if self.recheck is not None:
+                self.recheck.suspect(name)
             if self.availability.reason(name) == PROXY_LOOP:
                 # Named, not upstream's bare 503: nothing the backend does will ever fix it.
                 message = f"proxy loop detected: the backend of APIService {name} is an aggregator gateway"

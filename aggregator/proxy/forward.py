@@ -7,8 +7,9 @@ come (a watch event reaches the caller when the backend sends it), `Content-Leng
 `Content-Encoding` pass through untouched, and path and query reach the backend byte for byte. A
 client that goes away cancels the handler (the server runs with `handler_cancellation=True`),
 which closes the backend connection. A redirect becomes a 502 (CVE-2022-3172, `wire/redirects.py`);
-transport failures become 503 `error trying to reach service: <cause>`. Upgrade requests go to
-the tunnel. The gateway's own answers are Kubernetes Status objects.
+transport failures become 503 `error trying to reach service: <cause>`, and a connect or TLS
+failure asks availability to re-check that APIService at once (`contracts.Recheck`). Upgrade
+requests go to the tunnel. The gateway's own answers are Kubernetes Status objects.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from aggregator.backends.backend import IDEMPOTENT
 from aggregator.backends.errors import BackendError, Hop, classify
 from aggregator.backends.h1 import Exchange, serialize_head
 from aggregator.backends.headers import forwarded_uri, request_headers, response_headers
+from aggregator.contracts import Recheck
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.destination import Destination
 from aggregator.proxy.upgrade import UpgradeTunnel, is_upgrade_request, upgrade_refusal
@@ -69,10 +71,15 @@ def has_impersonation(request: web.Request) -> str | None:
     return None
 
 
+# The failures that say the backend itself is gone, rather than slow or misbehaving.
+SUSPICIOUS_HOPS = frozenset({Hop.CONNECT, Hop.TLS})
+
+
 class Forwarder:
-    def __init__(self, metrics: Metrics, tunnel: UpgradeTunnel) -> None:
+    def __init__(self, metrics: Metrics, tunnel: UpgradeTunnel, *, recheck: Recheck | None = None) -> None:
         self.metrics = metrics
         self.tunnel = tunnel
+        self.recheck = recheck
         self._counters: dict[tuple[str, str, int], Counter] = {}
         self._durations: dict[tuple[str, str], Histogram] = {}
         self._last_logged: dict[tuple[str, str], float] = {}
@@ -245,6 +252,8 @@ class Forwarder:
 
     def unreachable(self, request: web.Request, name: str, hop: Hop, cause: str, verb: str) -> web.Response:
         self.metrics.backend_errors.labels(name, hop.value).inc()
+        if self.recheck is not None and hop in SUSPICIOUS_HOPS:
+            self.recheck.suspect(name)
         self.log_limited(
             name,
             cause,

@@ -36,8 +36,9 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from aggregator.backends.errors import BackendError, classify
+from aggregator.backends.errors import BackendError, Hop, classify
 from aggregator.backends.headers import request_headers, response_headers
+from aggregator.contracts import Recheck
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.destination import Destination
 from aggregator.util._aiohttp import StreamReader, drain, take_over_connection
@@ -180,8 +181,10 @@ class _ClientBytes:
 
 
 class UpgradeTunnel:
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, *, recheck: Recheck | None = None) -> None:
         self.metrics = metrics
+        # Told when a backend cannot be dialed or its TLS fails, as the forwarder tells it.
+        self.recheck = recheck
 
     async def serve(self, request: web.Request, dest: Destination, user: UserInfo) -> web.StreamResponse:
         name = dest.name
@@ -314,6 +317,8 @@ class UpgradeTunnel:
     def _error(self, request: web.Request, name: str, cause: str, kind: str) -> web.Response:
         """Upstream's upgrade responder: 503 with the error itself (no `error trying to reach service`)."""
         self.metrics.backend_errors.labels(name, kind).inc()
+        if self.recheck is not None and kind in (Hop.CONNECT, Hop.TLS):
+            self.recheck.suspect(name)
         log.warning(
             "cannot open an upgraded connection to the backend",
             extra=fields(apiservice=name, hop=kind, path=request.path, reason=cause),

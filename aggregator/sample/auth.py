@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from aggregator.model.userinfo import UserInfo
+from aggregator.tls.peerchain import IntermediatesReader, PeerChainReader
 from aggregator.tls.verify import CAFile, CertificateError
 from aggregator.util.logs import fields
 
@@ -31,7 +32,10 @@ class Unauthenticated(Exception):
     """Why a request was not authenticated (logged, never sent to the client)."""
 
 
-def peer_certificate(request: web.Request) -> bytes | None:
+def peer_certificate(
+    request: web.Request, chain: IntermediatesReader
+) -> tuple[bytes, tuple[bytes, ...]] | None:
+    """The client's certificate and the intermediates it sent after it."""
     transport = request.transport
     if transport is None:
         return None
@@ -39,7 +43,7 @@ def peer_certificate(request: web.Request) -> bytes | None:
     if not isinstance(ssl_object, ssl.SSLObject | ssl.SSLSocket):
         return None
     der = ssl_object.getpeercert(binary_form=True)
-    return der or None
+    return (der, chain.intermediates(ssl_object)) if der else None
 
 
 class FrontProxyAuthenticator:
@@ -53,19 +57,22 @@ class FrontProxyAuthenticator:
         username_headers: Sequence[str] = ("X-Remote-User",),
         group_headers: Sequence[str] = ("X-Remote-Group",),
         extra_prefixes: Sequence[str] = ("X-Remote-Extra-",),
+        peer_chain: IntermediatesReader | None = None,
     ) -> None:
         self.ca = ca
+        self.peer_chain = peer_chain or PeerChainReader()
         self.allowed_names = frozenset(allowed_names)
         self.username_headers = tuple(username_headers)
         self.group_headers = tuple(group_headers)
         self.extra_prefixes = tuple(p.lower() for p in extra_prefixes)
 
     def authenticate(self, request: web.Request) -> UserInfo:
-        der = peer_certificate(request)
-        if der is None:
+        presented = peer_certificate(request, self.peer_chain)
+        if presented is None:
             raise Unauthenticated("no client certificate")
+        der, intermediates = presented
         try:
-            cert = self.ca.pool.verify(der)
+            cert = self.ca.pool.verify(der, intermediates=intermediates)
         except CertificateError as err:
             raise Unauthenticated(f"verifying certificate: {err}") from err
         if self.allowed_names and cert.common_name not in self.allowed_names:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,21 @@ import yaml
 
 from aggregator.sources.manifests import Ignored, Rejected, flatten, to_object
 from aggregator.sources.store import Key, Kind, Obj, Store, key_of, kind_of
-from aggregator.util.filewatch import PollingWatcher
+from aggregator.util.dirwatch import DirectoryWatcher
 from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".yaml", ".yml", ".json")
 ObjKey = tuple[Kind, Key]
+
+
+# libyaml's parser when PyYAML was built with it (about 10x faster for thousands of manifests).
+_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+# More changes than this in one reload are logged as a summary.
+BULK_EVENTS = 20
 
 
 class ParseError(ValueError):
@@ -41,7 +50,7 @@ def read_documents(path: Path) -> list[Any]:
         except json.JSONDecodeError as err:
             raise ParseError(f"{path}:{err.lineno}: {err.msg}") from err
     try:
-        return list(yaml.safe_load_all(text))
+        return list(yaml.load_all(text, Loader=_YAML_LOADER))
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         line = mark.line + 1 if mark is not None else 0
@@ -77,15 +86,19 @@ def _manifest_files(directory: Path) -> dict[Path, tuple[int, int, int]]:
 class FolderSource:
     """Keeps the store equal to the valid objects in `directory`."""
 
-    def __init__(self, directory: str | Path, store: Store, *, interval: float = 1.0) -> None:
+    def __init__(
+        self, directory: str | Path, store: Store, *, interval: float = 1.0, use_inotify: bool = True
+    ) -> None:
         self.directory = Path(directory)
         self.store = store
         self._files: dict[Path, _FileState] = {}
-        self._watcher = PollingWatcher(
+        self._watcher = DirectoryWatcher(
+            self.directory,
             lambda: tuple(sorted(_manifest_files(self.directory).items())),
             self.reload,
             interval=interval,
             name="apiservices-dir",
+            use_inotify=use_inotify,
         )
 
     @property
@@ -167,10 +180,21 @@ class FolderSource:
                     )
                 owner[obj_key] = path
                 desired[obj_key[0]][obj_key[1]] = obj
-        for kind, objs in desired.items():
-            for event in self.store.replace_all(kind, objs.values(), preserve_status=True):
-                log.info(
-                    "object %s",
-                    event.type.lower(),
-                    extra=fields(kind=kind.value, name=event.obj.name, revision=event.revision),
-                )
+        events = [
+            event
+            for kind, objs in desired.items()
+            for event in self.store.replace_all(kind, objs.values(), preserve_status=True)
+        ]
+        # One line per object for an edit; a summary (and debug lines) when a folder of thousands loads.
+        each = log.info if len(events) <= BULK_EVENTS else log.debug
+        for event in events:
+            each(
+                "object %s",
+                event.type.lower(),
+                extra=fields(kind=event.kind.value, name=event.obj.name, revision=event.revision),
+            )
+        if len(events) > BULK_EVENTS:
+            counts = Counter(f"{e.kind.value} {e.type.lower()}" for e in events)
+            log.info(
+                "objects changed", extra=fields(**{k.replace(" ", "_"): n for k, n in sorted(counts.items())})
+            )

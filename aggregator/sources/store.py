@@ -50,6 +50,9 @@ class Event:
     obj: Obj  # the new object, or the deleted one
     old: Obj | None
     revision: int  # the store's revision after this event
+    # A MODIFIED APIService whose spec and labels are unchanged: only its status (conditions)
+    # moved. Nothing derived from specs (routes, discovery, OpenAPI) needs to react.
+    status_only: bool = False
 
     def services(self) -> set[Key]:
         """The Services (namespace, name) this event concerns: the Service itself, or an
@@ -61,6 +64,20 @@ class Event:
             elif isinstance(item, EndpointSlice) and item.service_name:
                 keys.add((item.namespace, item.service_name))
         return keys
+
+
+def _labels(obj: Obj) -> object:
+    metadata = obj.raw.get("metadata")
+    return metadata.get("labels") if isinstance(metadata, dict) else None
+
+
+def status_only_change(old: Obj, new: Obj) -> bool:
+    """True when an APIService changed nothing but its conditions (and resourceVersion)."""
+    if not (isinstance(old, APIService) and isinstance(new, APIService)):
+        return False
+    return replace(old, conditions=(), resource_version="") == replace(
+        new, conditions=(), resource_version=""
+    ) and _labels(old) == _labels(new)
 
 
 def _same(old: Obj, new: Obj) -> bool:
@@ -101,6 +118,7 @@ class Store:
     def __init__(self) -> None:
         self._objects: dict[Kind, dict[Key, Obj]] = {kind: {} for kind in Kind}
         self._slices_by_service: dict[Key, dict[str, EndpointSlice]] = {}
+        self._apiservices_by_service: dict[Key, set[str]] = {}
         self._listeners: list[Callable[[Event], None]] = []
         self._subscriptions: set[Subscription] = set()
         self._synced = asyncio.Event()
@@ -123,11 +141,13 @@ class Store:
         return list(self._slices_by_service.get((namespace, service_name), {}).values())
 
     def apiservices_for_service(self, namespace: str, name: str) -> list[APIService]:
-        return [
-            s
-            for s in self.apiservices()
-            if s.service is not None and s.service.namespace == namespace and s.service.name == name
-        ]
+        """The APIServices backed by this Service (an index: every Service and EndpointSlice event
+        asks, so a scan of every APIService made start-up quadratic)."""
+        names = self._apiservices_by_service.get((namespace, name))
+        if not names:
+            return []
+        found = (self.apiservice(n) for n in names)
+        return [svc for svc in found if svc is not None]
 
     def get(self, kind: Kind, namespace: str, name: str) -> Obj | None:
         return self._objects[kind].get((namespace, name))
@@ -184,6 +204,18 @@ class Store:
         return obj if obj.resource_version else replace(obj, resource_version=str(self.revision))
 
     def _index(self, obj: Obj, *, remove: bool) -> None:
+        if isinstance(obj, APIService):
+            if obj.service is None:
+                return
+            key = (obj.service.namespace, obj.service.name)
+            names = self._apiservices_by_service.setdefault(key, set())
+            if remove:
+                names.discard(obj.name)
+                if not names:
+                    del self._apiservices_by_service[key]
+            else:
+                names.add(obj.name)
+            return
         if isinstance(obj, EndpointSlice):
             slices = self._slices_by_service.setdefault((obj.namespace, obj.service_name), {})
             if remove:
@@ -211,7 +243,14 @@ class Store:
             self._index(old, remove=True)
         self._objects[kind][key] = obj
         self._index(obj, remove=False)
-        event = Event(MODIFIED if old is not None else ADDED, kind, obj, old, self.revision)
+        event = Event(
+            MODIFIED if old is not None else ADDED,
+            kind,
+            obj,
+            old,
+            self.revision,
+            status_only=old is not None and status_only_change(old, obj),
+        )
         self._emit(event)
         return event
 

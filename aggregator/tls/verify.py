@@ -1,11 +1,25 @@
 """Verify client certificates the way Go's crypto/x509 does for Kubernetes authenticators.
 
-Every certificate in a CA file is a trust anchor (Go's roots pool): a client certificate is valid
-when one of them directly signed it, both are inside their validity windows, and the client
-certificate's extended key usage (if any) allows client authentication. Version-1 certificates,
-which `openssl x509 -req` produces and kube-apiserver accepts, are accepted too (cryptography's
-WebPKI verifier refuses them, hence this module). Results are cached per certificate, so a
-keep-alive client costs one dictionary lookup per request.
+k8s.io/apiserver's x509 authenticator (pkg/authentication/request/x509/x509.go) calls
+`PeerCertificates[0].Verify` with Roots = the CA file, Intermediates = the certificates the client
+sent after its own, and KeyUsages = [ClientAuth]. Here a chain must pass cryptography's path
+validation (aggregator/tls/chainpolicy.py relaxes its WebPKI profile to Go's rules) and a replay of
+Go's checks (aggregator/tls/gox509.py), which also words every refusal as Go words it. The replay
+only ever narrows what cryptography accepts; it runs once per new chain, never per request.
+
+Version-1 certificates (what `openssl x509 -req` makes without an extension file) are the one
+fallback: cryptography refuses every v1 certificate, Go accepts a v1 root, and a v1 leaf. A leaf
+and a CA-file certificate one of which is v1 are accepted when the CA signed the leaf directly and
+Go's checks for that two-certificate chain pass; a chain through intermediates with a v1 member
+is refused (Go would accept a v3 leaf -> v3 intermediate -> v1 root).
+
+Still refused although Go accepts: Ed25519 and P-224 keys, RSA keys under 2048 bits (Go takes 1024),
+RSA-PSS with non-standard parameters, URI name constraints matched by a URI SAN, critical policy
+mappings, a leaf whose only chain needs a v1 certificate above an intermediate, and chains longer
+than 8 intermediates. Their log line says "x509: certificate not supported by this verifier".
+
+Results are cached per presented chain (leaf and intermediates) for as long as no certificate
+involved crosses a validity boundary, so a keep-alive client costs one hash and one lookup.
 """
 
 from __future__ import annotations
@@ -13,23 +27,26 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cachetools import LRUCache
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtensionOID, NameOID
+from cryptography.x509.verification import Store, VerificationError
 
+from aggregator.tls import gox509
+from aggregator.tls.chainpolicy import ClientChainPolicy
 from aggregator.tls.pem import PEMError, parse_certificates
 from aggregator.util.filewatch import PollingWatcher, stat_fingerprint
 from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 
-_ANY_EKU = x509.ObjectIdentifier("2.5.29.37.0")
+UNSUPPORTED = "x509: certificate not supported by this verifier: "
 
 
 class CertificateError(Exception):
@@ -43,9 +60,12 @@ class Rejection:
     Caching an exception instance and raising it again chains every raise's frames onto its
     `__traceback__`, so a cached refusal re-raised on each request grew without bound (~5 KB per
     request for every client-certificate caller once a front-proxy CA was configured).
+    `certificate` is Go's `certificateIdentifier` of the leaf (x509.go), for the authenticator's
+    "verifying certificate %s failed: %w" wrapping.
     """
 
     message: str
+    certificate: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +75,18 @@ class ClientCertificate:
     common_name: str
     organizations: tuple[str, ...]
     sha256: str  # hex of the DER, for `authentication.kubernetes.io/credential-id`
-    not_before: float
+    not_before: float  # the verified chain's common validity window
     not_after: float
 
 
-def _go_time(t: dt.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """A verification result and the time span over which it holds."""
+
+    outcome: ClientCertificate | Rejection | gox509.Expired
+    since: float
+    until: float
+    certificate: str = ""
 
 
 def _names(cert: x509.Certificate) -> tuple[str, tuple[str, ...]]:
@@ -69,94 +95,150 @@ def _names(cert: x509.Certificate) -> tuple[str, tuple[str, ...]]:
     return (str(cns[0].value) if cns else "", tuple(str(o.value) for o in orgs))
 
 
-def _client_usage_rejection(cert: x509.Certificate) -> Rejection | None:
-    try:
-        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    except x509.ExtensionNotFound:
-        return None
-    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages and _ANY_EKU not in usages:
-        return Rejection("x509: certificate specifies an incompatible key usage")
-    return None
+def _colon_hex(data: bytes | None) -> str:
+    return ":".join(f"{b:02X}" for b in data or b"")
 
 
-def _may_sign(cert: x509.Certificate) -> bool:
-    try:
-        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
-    except x509.ExtensionNotFound:
-        return cert.version == x509.Version.v1
+def certificate_identifier(cert: x509.Certificate) -> str:
+    """x509.go `certificateIdentifier`: serial, subject and authority key identifiers."""
+    ski = gox509.key_identifier(cert, ExtensionOID.SUBJECT_KEY_IDENTIFIER)
+    aki = gox509.key_identifier(cert, ExtensionOID.AUTHORITY_KEY_IDENTIFIER)
+    return f"SN={cert.serial_number}, SKID={_colon_hex(ski)}, AKID={_colon_hex(aki)}"
+
+
+def chain_key(der: bytes, intermediates: Sequence[bytes]) -> bytes:
+    """A fixed-size cache key: clients choose what they send, so its size must not be theirs."""
+    digest = hashlib.sha256(der)
+    for cert in intermediates:
+        digest.update(len(cert).to_bytes(4, "big"))
+        digest.update(cert)
+    return digest.digest()
+
+
+def _window(chain: Sequence[x509.Certificate]) -> tuple[float, float]:
+    return (
+        max(c.not_valid_before_utc.timestamp() for c in chain),
+        min(c.not_valid_after_utc.timestamp() for c in chain),
+    )
+
+
+def _stable_span(certs: Sequence[x509.Certificate], ts: float) -> tuple[float, float]:
+    """The span around `ts` in which none of `certs` becomes valid or expires."""
+    bounds = [
+        t for c in certs for t in (c.not_valid_before_utc.timestamp(), c.not_valid_after_utc.timestamp())
+    ]
+    return (
+        max((b for b in bounds if b <= ts), default=-math.inf),
+        min((b for b in bounds if b > ts), default=math.inf),
+    )
 
 
 class CAPool:
     """Trust anchors from one PEM bundle."""
 
-    def __init__(self, pem: bytes, *, source: str) -> None:
+    def __init__(self, pem: bytes, *, source: str, policy: ClientChainPolicy | None = None) -> None:
         self.source = source
         self.pem = pem
         self.anchors = parse_certificates(pem, source=source)
         self._by_subject: dict[bytes, list[x509.Certificate]] = {}
         for anchor in self.anchors:
             self._by_subject.setdefault(anchor.subject.public_bytes(), []).append(anchor)
-        self._cache: LRUCache[bytes, ClientCertificate | Rejection] = LRUCache(maxsize=4096)
+        self._store = Store(self.anchors)
+        self._policy = policy or ClientChainPolicy()
+        self._cache: LRUCache[bytes, _Verdict] = LRUCache(maxsize=4096)
 
-    def check(self, der: bytes, *, now: float | None = None) -> ClientCertificate | Rejection:
+    def check(
+        self,
+        der: bytes,
+        *,
+        intermediates: Sequence[bytes] = (),
+        now: float | None = None,
+        key: bytes | None = None,
+    ) -> ClientCertificate | Rejection:
         """The verified identity, or the reason it does not verify. Raises nothing: the request
-        path asks this for every certificate that is not the front proxy's."""
-        cached = self._cache.get(der)
-        if cached is None:
-            cached = self._verify_uncached(der)
-            self._cache[der] = cached
-        if isinstance(cached, Rejection):
-            return cached
-        ts = time.time() if now is None else now
-        if cached.not_before <= ts <= cached.not_after:
-            return cached
-        bound = cached.not_after if ts > cached.not_after else cached.not_before
-        relation = "after" if ts > cached.not_after else "before"
-        moment = dt.datetime.fromtimestamp(ts, dt.UTC)
-        return Rejection(
-            "x509: certificate has expired or is not yet valid: current time "
-            f"{_go_time(moment)} is {relation} {_go_time(dt.datetime.fromtimestamp(bound, dt.UTC))}"
-        )
+        path asks this for every certificate that is not the front proxy's.
 
-    def verify(self, der: bytes, *, now: dt.datetime | None = None) -> ClientCertificate:
+        `intermediates` are the DER certificates the client sent after `der` (Go's
+        `PeerCertificates[1:]`); they are untrusted and only help build a chain to the CA file.
+        `key` is `chain_key(der, intermediates)` when the caller kept it (one per connection).
+        """
+        ts = time.time() if now is None else now
+        if key is None:
+            key = chain_key(der, intermediates)
+        verdict = self._cache.get(key)
+        if verdict is None or not verdict.since <= ts < verdict.until:
+            try:
+                verdict = self._verify(der, intermediates, ts)
+            except Exception as err:  # a certificate nothing here can read is refused, never a 500
+                log.warning("client certificate not verifiable", extra=fields(reason=repr(err)))
+                verdict = _Verdict(Rejection(f"x509: {err}"), -math.inf, math.inf)
+            self._cache[key] = verdict
+        outcome = verdict.outcome
+        if isinstance(outcome, gox509.Expired):
+            return Rejection(outcome.render(ts), verdict.certificate)
+        return outcome
+
+    def verify(
+        self, der: bytes, *, intermediates: Sequence[bytes] = (), now: dt.datetime | None = None
+    ) -> ClientCertificate:
         """`check`, raising a new CertificateError for a refusal (for callers off the hot path)."""
-        result = self.check(der, now=None if now is None else now.timestamp())
+        result = self.check(der, intermediates=intermediates, now=None if now is None else now.timestamp())
         if isinstance(result, Rejection):
             raise CertificateError(result.message)
         return result
 
-    def _verify_uncached(self, der: bytes) -> ClientCertificate | Rejection:
+    def _verify(self, der: bytes, intermediates: Sequence[bytes], ts: float) -> _Verdict:
         try:
             leaf = x509.load_der_x509_certificate(der)
         except ValueError as err:
-            return Rejection(f"x509: malformed certificate: {err}")
-        usage = _client_usage_rejection(leaf)
-        if usage is not None:
-            return usage
-        issuer = self._find_issuer(leaf)
-        if issuer is None:
-            return Rejection("x509: certificate signed by unknown authority")
-        # The chain is valid only while both the leaf and its anchor are.
-        not_before = max(leaf.not_valid_before_utc, issuer.not_valid_before_utc)
-        not_after = min(leaf.not_valid_after_utc, issuer.not_valid_after_utc)
-        common_name, organizations = _names(leaf)
-        return ClientCertificate(
-            common_name,
-            organizations,
-            hashlib.sha256(der).hexdigest(),
-            not_before.timestamp(),
-            not_after.timestamp(),
-        )
-
-    def _find_issuer(self, leaf: x509.Certificate) -> x509.Certificate | None:
-        for candidate in self._by_subject.get(leaf.issuer.public_bytes(), []):
-            if not _may_sign(candidate):
-                continue
+            return _Verdict(Rejection(f"x509: malformed certificate: {err}"), -math.inf, math.inf)
+        identifier = certificate_identifier(leaf)
+        untrusted: list[x509.Certificate] = []
+        for index, raw in enumerate(intermediates, start=1):
             try:
-                leaf.verify_directly_issued_by(candidate)
-            except (ValueError, TypeError, InvalidSignature):
+                untrusted.append(x509.load_der_x509_certificate(raw))
+            except ValueError as err:  # crypto/tls refuses the handshake with this text
+                message = f"tls: failed to parse client certificate #{index}: x509: malformed certificate: "
+                return _Verdict(Rejection(message + str(err), identifier), -math.inf, math.inf)
+        when = dt.datetime.fromtimestamp(ts, dt.UTC)
+        chain: list[x509.Certificate] | None
+        refused: gox509.GoError | None
+        try:
+            chain = self._policy.verifier(self._store, when).verify(leaf, untrusted).chain
+            # Go's rules must agree: they are stricter in corners an extension policy cannot
+            # express (an unparsable critical SAN, a critical key identifier, ...).
+            refused = gox509.explain(leaf, untrusted, self._by_subject, ts)
+        except VerificationError as err:
+            chain = self._version1_chain(leaf, ts)
+            refused = None
+            if not chain:
+                refused = gox509.explain(leaf, untrusted, self._by_subject, ts) or UNSUPPORTED + str(err)
+        if chain and refused is None:
+            since, until = _window(chain)
+            common_name, organizations = _names(leaf)
+            certificate = ClientCertificate(
+                common_name, organizations, hashlib.sha256(der).hexdigest(), since, until
+            )
+            return _Verdict(certificate, since, until, identifier)
+        assert refused is not None
+        outcome = refused if isinstance(refused, gox509.Expired) else Rejection(refused, identifier)
+        since, until = _stable_span([leaf, *untrusted, *self.anchors], ts)
+        return _Verdict(outcome, since, until, identifier)
+
+    def _version1_chain(self, leaf: x509.Certificate, ts: float) -> list[x509.Certificate] | None:
+        """The fallback for version-1 certificates, which cryptography refuses outright: Go's whole
+        `Verify` for a leaf signed directly by a CA-file certificate, one of the two being v1."""
+        for anchor in self._by_subject.get(leaf.issuer.public_bytes(), []):
+            if x509.Version.v1 not in (leaf.version, anchor.version):
                 continue
-            return candidate
+            chain = [leaf, anchor]
+            if (
+                gox509.is_valid(leaf, gox509.LEAF, (), ts) is None
+                and gox509.check_signature_from(leaf, anchor) is None
+                and gox509.is_valid(anchor, gox509.ROOT, [leaf], ts) is None
+                and gox509.chain_allows_client_auth(chain)
+            ):
+                return chain
         return None
 
 

@@ -44,7 +44,7 @@ class PollingWatcher:
     ) -> None:
         self._fingerprint = fingerprint
         self._on_change = on_change
-        self._interval = interval
+        self.interval = interval
         self._name = name
         self._last: Fingerprint | None = None
         self._tasks = TaskSet(name)
@@ -75,7 +75,7 @@ class PollingWatcher:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self._interval)
+            await asyncio.sleep(self.interval)
             try:
                 await self.check_now()
             except Exception:

@@ -1,4 +1,4 @@
-"""Logging: text or JSON lines, one access line per request, never a credential.
+"""Logging: text or JSON lines written from a thread, access lines as `--access-log` says, never a credential.
 
 Log calls pass structured fields with `extra={"fields": {...}}`; both formats render them, so a
 line is greppable as text and queryable as JSON.
@@ -6,10 +6,14 @@ line is greppable as text and queryable as JSON.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import logging.handlers
+import queue
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 ACCESS_LOGGER = "aggregator.access"
@@ -57,16 +61,41 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
-def configure_logging(log_format: str = "text", verbosity: int = 0) -> None:
-    """Install one stderr handler on the root logger; `-v 4` and above enables debug lines."""
+class _DeferredQueueHandler(logging.handlers.QueueHandler):
+    """Hands records to the writer thread as they are: formatting happens there, not on the loop."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        return record
+
+
+def configure_logging(log_format: str = "text", verbosity: int = 0) -> Callable[[], None]:
+    """Log to stderr from a writer thread; `-v 4` and above enables debug lines.
+
+    A log call only puts the record on a queue, so a slow stderr (a full pipe, a slow disk) never
+    stalls the event loop. Returns the function that flushes and stops the writer (also run at
+    exit).
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JSONFormatter() if log_format == "json" else TextFormatter())
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, handler)
+    listener.start()
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_DeferredQueueHandler(records)]
     root.setLevel(logging.DEBUG if verbosity >= 4 else logging.INFO)
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            listener.stop()
+
+    atexit.register(stop)
     # aiohttp's own access log is replaced by ours; its internals are noisy below WARNING.
     logging.getLogger("aiohttp.access").disabled = True
     logging.getLogger("aiohttp").setLevel(logging.DEBUG if verbosity >= 8 else logging.WARNING)
+    return stop
 
 
 def fields(**values: Any) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """One engine for every keyed background loop: discovery fetches, availability checks, OpenAPI downloads.
 
 Each key (an APIService, a backend, kube-apiserver) runs `work(key)` at once when it is added or
-poked, again `interval` after a success and after an exponential backoff following a failure
-(client-go's `ItemExponentialFailureRateLimiter`), with both waits jittered downwards so that
-thousands of keys added together drift apart instead of firing in lockstep. A poke during a run
-means "run again right after". At most `concurrency` runs are in flight (upstream runs a fixed
+poked (or within a given delay, `poke_within`), again `interval` after a success and after an
+exponential backoff following a failure (client-go's `ItemExponentialFailureRateLimiter`), with
+both waits jittered downwards so that thousands of keys added together drift apart instead of
+firing in lockstep. A poke during a run means "run again right after". At most `concurrency` runs are in flight (upstream runs a fixed
 number of workers per controller).
 
 One scheduler task and at most `concurrency` run tasks exist however many keys there are: keys wait
@@ -103,6 +103,17 @@ class KeyedLoops(Generic[K]):
             entry.again = True
         else:
             self._schedule(key, entry, 0.0)
+
+    def poke_within(self, key: K, delay: float) -> None:
+        """Run `key` within `delay` seconds: at its own due time if that is sooner, right after the
+        run in progress if it is running (a rate-limited poke's trailing edge)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        if entry.running:
+            entry.again = True
+        elif entry.due is None or entry.due > _now() + delay:
+            self._schedule(key, entry, delay)
 
     def tracked(self) -> list[K]:
         return list(self._entries)

@@ -1,8 +1,16 @@
 """Prometheus collectors, one registry per gateway (no process-global state, so tests can run many).
 
-Names mirror upstream where upstream has the metric (`aggregator_unavailable_apiservice`,
-`leader_election_master_status`), and use the `aggregator_` prefix for what upstream lacks
-(per-APIService proxy traffic, discovery freshness, auth caches).
+Names mirror upstream where upstream has the metric, with upstream's labels, buckets and help:
+kube-aggregator's `aggregator_unavailable_apiservice`, kube-apiserver's `apiserver_request_*`
+family (aggregator/web/requestmetrics.py) and audit counters, client-go's
+`leader_election_master_status`, the `process_*` and `python_*` runtime collectors, and
+`aggregator_build_info` modelled on `kubernetes_build_info`. What upstream lacks (per-APIService
+proxy traffic, discovery freshness, auth caches, certificate expiry) uses the `aggregator_` prefix.
+
+One label name for the APIService: upstream-named metrics keep upstream's label (`name` on
+`aggregator_unavailable_apiservice`, as kube-aggregator's status controller has it); every metric
+of the gateway's own calls it `apiservice`, as kube-aggregator's newer metrics do
+(`aggregator_openapi_v2_regeneration_count{apiservice}`).
 """
 
 from __future__ import annotations
@@ -10,9 +18,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+
+from aggregator.web.certexpiry import CertificateExpiry
+from aggregator.web.requestmetrics import RequestMetrics
+from aggregator.web.version import version_info
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -45,11 +66,51 @@ class UnavailableGauge:
         yield family
 
 
+# kubernetes_build_info's labels (component-base/metrics/version.go), from /version's fields.
+_BUILD_INFO_LABELS = {
+    "major": "major",
+    "minor": "minor",
+    "git_version": "gitVersion",
+    "git_commit": "gitCommit",
+    "git_tree_state": "gitTreeState",
+    "build_date": "buildDate",
+    "go_version": "goVersion",
+    "compiler": "compiler",
+    "platform": "platform",
+}
+
+
+def _register_runtime_collectors(registry: CollectorRegistry) -> None:
+    """`process_*` (CPU, memory, file descriptors, start time), `python_info` and `python_gc_*`.
+
+    prometheus_client registers these in its global registry on import; the gateway's registry
+    gets its own instances, as Go components get the process and Go collectors.
+    """
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)  # registers itself only on CPython (gc.get_stats)
+
+
 class Metrics:
     def __init__(self) -> None:
         # `_created` series double the output and nobody graphs them.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         r = self.registry = CollectorRegistry(auto_describe=False)
+        _register_runtime_collectors(r)
+        self.build_info = Gauge(
+            "aggregator_build_info",
+            "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree "
+            "state, build date, Python version (go_version, as /version's goVersion), and compiler from "
+            "which the gateway was built, and platform on which it is running.",
+            list(_BUILD_INFO_LABELS),
+            registry=r,
+        )
+        info = version_info()
+        self.build_info.labels(*(info[field] for field in _BUILD_INFO_LABELS.values())).set(1)
+        self.certificate_expiry = CertificateExpiry()
+        r.register(self.certificate_expiry)
+        # kube-apiserver's request metrics (apiserver_request_total, ...), for the request pipeline.
+        self.apiserver = RequestMetrics(r)
         # availability (upstream names and help text)
         self.unavailable_apiservice = UnavailableGauge()
         r.register(self.unavailable_apiservice)
@@ -106,7 +167,7 @@ class Metrics:
         self.insecure_backends = Gauge(
             "aggregator_insecure_backends",
             "1 for each APIService proxied with insecureSkipTLSVerify.",
-            ["name"],
+            ["apiservice"],
             registry=r,
         )
         self.upgrade_rejected = Counter(
@@ -139,7 +200,7 @@ class Metrics:
         self.openapi_fetches = Counter(
             "aggregator_openapi_fetches",
             "OpenAPI downloads, by source (backend Service or kube-apiserver), document (v2, v3) and "
-            "outcome (ok, not_modified, not_found, error).",
+            "outcome (ok, not_modified, not_found, error; moved: a document's hash moved, the index is read again).",
             ["source", "document", "result"],
             registry=r,
         )

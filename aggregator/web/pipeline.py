@@ -1,9 +1,9 @@
 """The request pipeline: match a route, run the gates, serve, count, log.
 
 Gates are kube-apiserver's filter chain in the order the composition root installs them
-(authentication, authorization, upgrade refusal...): each may answer the request itself (a 401,
-a 403) or let it go on. The handler answers everything else. Every request is counted by route
-kind and code, and gets one access-log line when the access logger is enabled. An exception a
+(authentication, impersonation, authorization, upgrade refusal...): each may answer the request
+itself (a 401, a 403) or let it go on. The handler answers everything else. Every request is
+counted by route kind and code, and gets an access-log line when `--access-log` asks for one. An exception a
 handler did not expect becomes upstream's 500 Status, logged with its traceback; a client that
 went away is not an error.
 """
@@ -18,14 +18,14 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import Counter
 
-from aggregator.util.logs import ACCESS_LOGGER, fields
-from aggregator.web.context import get_user, set_route
+from aggregator.util.logs import fields
+from aggregator.web.accesslog import CLIENT_GONE, AccessLog
+from aggregator.web.context import set_route
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
 from aggregator.web.routing import Route, Router
 
 log = logging.getLogger(__name__)
-access_log = logging.getLogger(ACCESS_LOGGER)
 
 # A stage before the handler: returns a response to stop the request, or None to go on.
 Gate = Callable[[web.Request, Route], Awaitable[web.StreamResponse | None]]
@@ -34,9 +34,10 @@ INTERNAL_ERROR = "Internal error occurred: the gateway failed to serve this requ
 
 
 class Pipeline:
-    def __init__(self, router: Router, metrics: Metrics) -> None:
+    def __init__(self, router: Router, metrics: Metrics, access_log: AccessLog) -> None:
         self.router = router
         self.metrics = metrics
+        self.access_log = access_log
         self.gates: list[Gate] = []
         self._counters: dict[tuple[str, int], Counter] = {}
 
@@ -71,24 +72,10 @@ class Pipeline:
     def _finished(
         self, request: web.Request, route: Route, response: web.StreamResponse | None, started: float
     ) -> None:
-        code = response.status if response is not None else 499
+        code = response.status if response is not None else CLIENT_GONE
         key = (route.kind.value, code)
         counter = self._counters.get(key)
         if counter is None:
             counter = self._counters[key] = self.metrics.requests.labels(route.kind.value, str(code))
         counter.inc()
-        if not access_log.isEnabledFor(logging.INFO):
-            return
-        user = get_user(request)
-        access_log.info(
-            "request",
-            extra=fields(
-                method=request.method,
-                path=request.path,
-                status=code,
-                duration_ms=round((time.monotonic() - started) * 1000, 2),
-                user=user.name if user is not None else "",
-                route=route.name,
-                remote=request.remote or "",
-            ),
-        )
+        self.access_log.record(request, route, code, started)

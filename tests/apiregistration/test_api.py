@@ -8,20 +8,22 @@ import subprocess
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from aggregator.commands.certs import kubeconfig, load_pair, write_kubeconfig
 from aggregator.model.apiservice import Condition
 from aggregator.server import GatewayServer
 from tests.conftest import StartGateway
 from tests.discovery.manifests import apiservice, write_manifests
+from tests.support.e2e import Kubectl, kubectl_binaries
 from tests.support.pki import PKI
 
 RESOURCE_LIST = (
     b'{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"apiregistration.k8s.io/v1","resources":['
     b'{"name":"apiservices","singularName":"apiservice","namespaced":false,"kind":"APIService","verbs":'
-    b'["create","delete","deletecollection","get","list","patch","update","watch"],"categories":["api-extensions"],'
+    b'["get","list","watch"],"categories":["api-extensions"],'
     b'"storageVersionHash":"InPBPD7+PqM="},{"name":"apiservices/status","singularName":"","namespaced":false,'
-    b'"kind":"APIService","verbs":["get","patch","update"]}]}\n'
+    b'"kind":"APIService","verbs":["get"]}]}\n'
 )
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
 BASE = "/apis/apiregistration.k8s.io/v1"
@@ -185,6 +187,34 @@ async def test_kubectl_get_apiservices(
     out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
     assert json.loads(out)["spec"]["service"]["name"] == "metrics-server"
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not kubectl_binaries(), reason="kubectl is not installed")
+@pytest.mark.parametrize("binary", kubectl_binaries(), ids=lambda b: Path(b).name)
+async def test_kubectl_api_resources_lists_only_read_verbs(
+    binary: str, start_gateway: StartGateway, apiservices_dir: Path, pki: PKI, tmp_path: Path
+) -> None:
+    """The folder is the source of truth: kubectl must not be told it may create or patch here."""
+    write_manifests(apiservices_dir, [apiservice("v1.a.example.com", 100, 10, service=None)])
+    server = await start_gateway()
+    config = tmp_path / "kubeconfig"
+    write_kubeconfig(
+        config, kubeconfig(server.url, Path(pki.path("ca.crt")).read_bytes(), load_pair(pki.dir, "admin"))
+    )
+    kubectl = Kubectl(binary, config, tmp_path / "home")
+    _, out, _ = await kubectl("api-resources", "-o", "wide", "--api-group=apiregistration.k8s.io")
+    header, *rows = out.splitlines()
+    assert header.split()[-2:] == ["VERBS", "CATEGORIES"]
+    assert [row.split() for row in rows] == [
+        ["apiservices", "apiregistration.k8s.io/v1", "false", "APIService", "get,list,watch", "api-extensions"]
+    ]
+    # The legacy per-group-version document says the same (kubectl without aggregated discovery).
+    _, out, _ = await kubectl("get", "--raw", BASE)
+    assert {r["name"]: r["verbs"] for r in json.loads(out)["resources"]} == {
+        "apiservices": ["get", "list", "watch"],
+        "apiservices/status": ["get"],
+    }
 
 
 async def test_watch_from_a_listed_resource_version(

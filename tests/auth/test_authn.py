@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import logging
@@ -15,6 +16,13 @@ from aiohttp import web
 from aggregator.commands.certs import issue_client_cert, load_pair, new_ca, write_pair
 from aggregator.web.context import get_user
 from aggregator.web.routing import Route, RouteKind
+from aggregator.wire.wsprotocol import (
+    BEARER_PROTOCOL_PREFIX,
+    INVALID_ENCODING,
+    INVALID_TOKEN,
+    MISSING_SUBPROTOCOL,
+    MULTIPLE_TOKENS,
+)
 from tests.conftest import StartGateway
 from tests.support.pki import PKI
 
@@ -201,3 +209,77 @@ async def test_rotated_client_ca_file_is_picked_up(
                     break
             await asyncio.sleep(0.1)
         assert resp.status == 200
+
+
+# --- a bearer token offered as a WebSocket subprotocol -------------------------------------------------
+
+WS_SECRET = "ws-s3cr3t-token-0123456789"
+WS_UPGRADE = [("Connection", "Upgrade"), ("Upgrade", "websocket"), ("Sec-WebSocket-Version", "13")]
+
+
+def ws_token(token: str) -> str:
+    return BEARER_PROTOCOL_PREFIX + base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+
+
+@pytest.fixture
+async def ws_whoami(start_gateway: StartGateway, pki: PKI, tmp_path: Path) -> WhoAmI:
+    """A gateway with the token file `WS_SECRET,erin`; calls `/whoami` as a WebSocket upgrade offering
+    the given subprotocols. `/whoami` serves no upgrade, so an authenticated caller gets the upgrade
+    gate's 400 and an unauthenticated one the authentication gate's 401."""
+    tokens = tmp_path / "tokens.csv"
+    tokens.write_text(f'{WS_SECRET},erin,uid-e,"devs"\n')
+    server = await start_gateway(token_auth_file=str(tokens), anonymous_auth=True, access_log="all")
+
+    async def call(*protocols: str, upgrade: list[tuple[str, str]] = WS_UPGRADE) -> tuple[int, bytes]:
+        headers = [*upgrade, ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")]
+        headers += [("Sec-WebSocket-Protocol", p) for p in protocols]
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(server.url + "/version", ssl=pki.client_context(None), headers=headers) as resp,
+        ):
+            return resp.status, await resp.read()
+
+    return call
+
+
+async def test_websocket_subprotocol_token_authenticates(
+    ws_whoami: WhoAmI, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    status, body = await ws_whoami(ws_token(WS_SECRET) + ", v5.channel.k8s.io")
+    # Authenticated, then refused by the upgrade gate: /version never tunnels.
+    assert status == 400 and b"upgrade requests are not allowed" in body
+    (line,) = [r for r in caplog.records if r.getMessage() == "request"]
+    assert getattr(line, "fields", {})["user"] == "erin"
+    assert all(WS_SECRET not in r.getMessage() and WS_SECRET not in str(getattr(r, "fields", "")) for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("protocols", "reason"),
+    [
+        ((ws_token("not-a-known-token") + ",v5.channel.k8s.io",), "invalid bearer token"),
+        ((ws_token(WS_SECRET) + "," + ws_token(WS_SECRET) + ",v5",), MULTIPLE_TOKENS),
+        ((BEARER_PROTOCOL_PREFIX + "%%%", "v5.channel.k8s.io"), INVALID_ENCODING),
+        ((BEARER_PROTOCOL_PREFIX + "__8,v5.channel.k8s.io",), INVALID_TOKEN),
+        ((ws_token(WS_SECRET),), MISSING_SUBPROTOCOL),
+    ],
+)
+async def test_unusable_subprotocol_tokens_are_401_even_with_anonymous(
+    ws_whoami: WhoAmI, caplog: pytest.LogCaptureFixture, protocols: tuple[str, ...], reason: str
+) -> None:
+    caplog.set_level(logging.INFO, logger="aggregator.auth.authn")
+    assert await ws_whoami(*protocols) == (401, UNAUTHORIZED)
+    assert logged_reasons(caplog) == f"websocket protocol token: {reason}"
+
+
+async def test_subprotocol_tokens_are_read_only_on_websocket_upgrades(
+    ws_whoami: WhoAmI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Elsewhere the authenticator abstains, as upstream's: here that makes the caller anonymous."""
+    caplog.set_level(logging.INFO)
+    spdy = [("Connection", "Upgrade"), ("Upgrade", "SPDY/3.1")]
+    assert (await ws_whoami(ws_token(WS_SECRET) + ",v5.channel.k8s.io", upgrade=spdy))[0] == 400
+    assert (await ws_whoami(ws_token(WS_SECRET) + ",v5.channel.k8s.io", upgrade=[]))[0] == 200
+    assert (await ws_whoami(ws_token(WS_SECRET) + ",v5.channel.k8s.io"))[0] == 400
+    users = [getattr(r, "fields", {})["user"] for r in caplog.records if r.getMessage() == "request"]
+    assert users == ["system:anonymous", "system:anonymous", "erin"]

@@ -218,3 +218,61 @@ async def test_the_token_is_never_logged_or_kept(
     assert all(len(k) == 32 and SECRET.encode() not in k for k in keys)
     status, metrics = await reviewed.call("/metrics", cert="admin")
     assert status == 200 and SECRET.encode() not in metrics
+
+
+# --- --api-audiences ---------------------------------------------------------------------------------
+
+AUDIENCES = ["https://gateway.example", "aggregator"]
+
+
+async def test_api_audiences_are_sent_and_the_answer_must_name_one(
+    start_reviewed: StartReviewed, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="aggregator.auth")
+    reviewed = await start_reviewed(api_audiences=AUDIENCES)
+    assert "bearer tokens (TokenReview, cached 10s, audiences https://gateway.example,aggregator)" in (
+        reviewed.server.gateway.auth_summary
+    )
+    reviewed.reviews.add_user("for-us", "erin", audiences=["aggregator", "other"])
+    reviewed.reviews.add_user("implicit", "frank")  # no audiences in the answer: the API audiences
+    reviewed.reviews.add_user("for-someone-else", "mallory", audiences=["https://vault.example"])
+
+    status, body = await reviewed.call("/whoami", cert=None, headers=bearer("for-us"))
+    assert (status, json.loads(body)["name"]) == (200, "erin")
+    assert reviewed.reviews.token_reviews[-1] == {"token": "for-us", "audiences": AUDIENCES}
+    assert (await reviewed.call("/whoami", cert=None, headers=bearer("implicit")))[0] == 200
+
+    # Authenticated by the reviewer, but not for this gateway: 401, and cached like any rejection.
+    for _ in range(2):
+        assert await reviewed.call("/whoami", cert=None, headers=bearer("for-someone-else")) == (
+            401,
+            UNAUTHORIZED,
+        )
+    assert [r["token"] for r in reviewed.reviews.token_reviews].count("for-someone-else") == 1
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("token rejected")]
+    assert getattr(line, "fields", {})["audiences"] == "https://vault.example"
+
+
+async def test_audiences_are_checked_before_the_answers_error(start_reviewed: StartReviewed) -> None:
+    """Upstream decides the audiences first: a non-matching answer is a plain (cached) rejection."""
+    reviewed = await start_reviewed(api_audiences=AUDIENCES)
+    reviewed.reviews.token_errors["expired"] = "token has expired"
+    reviewed.reviews.token_errors["expired-elsewhere"] = "token has expired"
+    reviewed.reviews.token_audiences["expired-elsewhere"] = ["https://vault.example"]
+    for token, reviews in (("expired", 2), ("expired-elsewhere", 1)):
+        for _ in range(2):
+            assert (await reviewed.call("/whoami", cert=None, headers=bearer(token)))[0] == 401
+        # an error is never cached; an answer for other audiences is a rejection, cached
+        assert [r["token"] for r in reviewed.reviews.token_reviews].count(token) == reviews
+
+
+async def test_the_cache_key_covers_the_audiences(start_reviewed: StartReviewed) -> None:
+    reviewed = await start_reviewed(api_audiences=AUDIENCES)
+    authenticator = token_authenticator(reviewed)
+    other = TokenReviewAuthenticator(
+        authenticator.webhook, ttl=10, metrics=reviewed.server.gateway.metrics, audiences=("aggregator",)
+    )
+    other._hmac_key = authenticator._hmac_key
+    assert other.cache_key(SECRET) != authenticator.cache_key(SECRET)
+    other.audiences = tuple(AUDIENCES)
+    assert other.cache_key(SECRET) == authenticator.cache_key(SECRET)

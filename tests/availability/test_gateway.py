@@ -320,3 +320,55 @@ async def test_deleted_apiservice_loses_its_gauge(
     assert f'aggregator_unavailable_apiservice{{name="{b.name}"}}' not in body.decode()
     assert metric(body.decode(), "aggregator_unavailable_apiservice", name=a.name) == 0.0
     assert running.checker.verdict(b.name) is None
+
+
+def available_column(running: Running, name: str) -> str:
+    """What `kubectl get apiservices` shows in AVAILABLE (local mode: the folder object's condition)."""
+    condition = running.condition(name)
+    return condition.status if condition is not None else "Unknown"
+
+
+@pytest.mark.parametrize("request_kind", ["get", "exec"])
+async def test_a_failed_request_flips_availability_within_a_second(
+    start_checked: StartChecked,
+    start_backend: StartBackend,
+    backend_pki: BackendPKI,
+    apiservices_dir: Path,
+    request_kind: str,
+) -> None:
+    """No 30 s resync: a request that cannot connect has the APIService checked at once, and a
+    request refused as unavailable has it checked again, so it comes back as soon as it is back."""
+    a, b = await start_pair(start_backend, backend_pki, apiservices_dir)
+    # Nothing but the proxy's suspicion may trigger a check in this test.
+    running = await start_checked(interval=60.0, retry_initial=60.0)
+    checker = running.checker
+    await until(lambda: available_column(running, b.name) == "True" and checker.is_available(a.name))
+    checks = checker.checks
+
+    await b.backend.stop()
+    path = f"{b.prefix}/namespaces/default/things"
+    if request_kind == "get":
+        status, body, _ = await running.get(path)
+        assert status == 503
+        assert json.loads(body)["message"].startswith("error trying to reach service: dial tcp 127.0.0.1:")
+    else:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await running.session.ws_connect(
+                running.server.url + path + "/t1/exec?command=sh",
+                protocols=("v5.channel.k8s.io",),
+                ssl=running.pki.client_context(),
+            )
+        assert refused.value.status == 503
+    took = await until(lambda: available_column(running, b.name) == "False", timeout=5)
+    assert took < 2.0, f"flipped after {took:.1f}s"
+    assert not checker.is_available(b.name) and checker.is_available(a.name)
+    assert checker.checks == checks + 1  # one check for b, none for a
+
+    # Back up: the first client refused as unavailable has it checked again.
+    await b.backend.start()
+    status, body, _ = await running.get(path)
+    assert (status, json.loads(body)["message"]) == (503, "service unavailable")
+    took = await until(lambda: checker.is_available(b.name), timeout=5)
+    assert took < 2.0, f"recovered after {took:.1f}s"
+    status, _, _ = await running.get(path)
+    assert status == 200

@@ -7,10 +7,12 @@ hop that failed, with what an operator needs to fix it.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from aiohttp import web
 
+from aggregator.availability.conditions import failed_discovery_check, passed
 from aggregator.availability.probe import FAIL, PASS, SKIP, Attempt, DiscoveryProbe, Report
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.sources.store import Kind
@@ -24,6 +26,7 @@ from tests.support.backend import (
     endpointslice_manifest,
     service_manifest,
 )
+from tests.support.polling import until
 from tests.support.ports import free_port
 
 DISCOVERY = "/apis/demo.example.com/v1"
@@ -415,3 +418,43 @@ async def test_the_check_makes_five_attempts(
     harness.register(backend.port, ca_pem=backend_pki.ca.cert_pem)
     await harness.check()
     assert len(backend.seen_by("system:kube-aggregator")) == 5
+
+
+async def test_a_verdict_about_an_apiservice_that_changed_meanwhile_is_dropped(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check that started before a new caBundle landed must not record its (stale) failure over
+    the changed APIService: the change asked for a check of its own."""
+    from aggregator.availability import checker as checker_module
+    from aggregator.availability.checker import AvailabilityChecker
+    from aggregator.availability.status import MemoryStatus
+
+    harness.register(443, ca_pem=None)
+    started, release = asyncio.Event(), asyncio.Event()
+    checked: list[bytes] = []
+
+    async def slow_check(svc: Any, store: Any, probe: Any, **_: Any) -> Report:
+        checked.append(svc.ca_bundle)
+        if len(checked) == 1:
+            started.set()
+            await release.wait()
+            return Report(svc.name, failed_discovery_check("the old caBundle fails", []))
+        return Report(svc.name, passed())
+
+    monkeypatch.setattr(checker_module, "check_apiservice", slow_check)
+    checker = AvailabilityChecker(harness.store, harness.probe, harness.metrics, MemoryStatus())
+    recorded: list[bool] = []
+    checker.add_listener(lambda name: recorded.append(getattr(checker.verdict(name), "available", None)))
+    harness.store.mark_synced()
+    await checker.start()
+    try:
+        await started.wait()
+        harness.register(443, ca_pem=b"-----BEGIN CERTIFICATE-----\nnew\n-----END CERTIFICATE-----\n")
+        release.set()
+        await until(lambda: len(checked) == 2, what="the re-check of the changed APIService")
+        await until(lambda: checker.verdict(APISERVICE) is not None, what="its verdict")
+        verdict = checker.verdict(APISERVICE)
+        assert verdict is not None and verdict.available
+        assert recorded == [True]  # the failure about the old caBundle was never the verdict
+    finally:
+        await checker.stop()

@@ -22,6 +22,7 @@ from aggregator.backends.headers import (
     response_headers,
 )
 from aggregator.model.userinfo import UserInfo
+from aggregator.wire.wsprotocol import BEARER_PROTOCOL_PREFIX
 
 TOKEN = string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~"
 token = st.text(TOKEN, min_size=1, max_size=20)
@@ -103,6 +104,35 @@ def test_hop_by_hop_and_connection_named_headers_are_dropped(
     assert extra.lower() not in {k.lower() for k in out}
     assert not any(k.lower().replace("_", "-") in HOP_BY_HOP for k in out)
     assert out["Keep"] == "me"
+
+
+subprotocol = st.text(string.ascii_lowercase + string.digits + ".", min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lines=st.lists(
+        st.lists(st.one_of(subprotocol, token.map(lambda t: BEARER_PROTOCOL_PREFIX + t)), min_size=1, max_size=4),
+        min_size=1,
+        max_size=3,
+    ),
+    name=any_case("Sec-WebSocket-Protocol"),
+)
+def test_a_token_offered_as_a_subprotocol_never_reaches_the_backend(lines: list[list[str]], name: str) -> None:
+    inbound = [(name, " , ".join(entries)) for entries in lines]
+    out = request_headers(inbound, UserInfo("u"), authority="h:1", upgrade="websocket")
+    forwarded = out.getall("Sec-WebSocket-Protocol", [])
+    assert not any(BEARER_PROTOCOL_PREFIX in v for v in forwarded)
+    # Every other subprotocol survives, in order (upstream joins the rest with ",").
+    kept = [p.strip() for v in forwarded for p in v.split(",")]
+    assert kept == [p for entries in lines for p in entries if not p.startswith(BEARER_PROTOCOL_PREFIX)]
+
+
+def test_subprotocols_without_a_token_cross_byte_for_byte() -> None:
+    out = request_headers(
+        [("Sec-WebSocket-Protocol", "v5.channel.k8s.io,  v4.channel.k8s.io")], None, authority="h:1"
+    )
+    assert out.getall("Sec-WebSocket-Protocol") == ["v5.channel.k8s.io,  v4.channel.k8s.io"]
 
 
 def test_upgrade_keeps_its_protocol_and_connection() -> None:

@@ -15,10 +15,12 @@ import pytest
 import yaml
 from aiohttp import web
 
-from aggregator.commands.check import check_options, run_check
+from aggregator.commands.certs import kubeconfig, load_pair, write_kubeconfig
+from aggregator.commands.check import check_options, kubeconfig_from_environment, run_check
 from aggregator.commands.cli import build_parser
 from aggregator.config import ConfigError
 from tests.availability.support import StartBackend, backends
+from tests.conftest import StartGateway
 from tests.support.backend import (
     APISERVICE,
     SERVER_NAME,
@@ -34,6 +36,7 @@ from tests.support.pki import PKI
 from tests.support.ports import free_port
 
 DISCOVERY = "/apis/demo.example.com/v1"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +87,12 @@ def proxy_flags(pki: PKI) -> list[str]:
     ]
 
 
-async def run_cli(*args: str) -> tuple[int, str, str]:
-    """`python -m aggregator check ...` as a user runs it (UTF-8 terminal, no colour)."""
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "NO_COLOR": "1"}
+async def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[int, str, str]:
+    """`python -m aggregator check ...` as a user runs it (UTF-8 terminal, no colour), this
+    checkout's code whatever the working directory."""
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "NO_COLOR": "1", "PYTHONPATH": str(REPO), **(env or {})}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -96,6 +102,7 @@ async def run_cli(*args: str) -> tuple[int, str, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,
+        cwd=cwd,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
@@ -289,3 +296,83 @@ async def test_services_that_cannot_be_listed_are_a_service_access_error(
         'resource "services"'
     ) in out
     assert "cannot read Services: services is forbidden" in hop_line(out, "service")
+
+
+# --- defaults found on the user's behalf ---------------------------------------------------------------
+
+
+async def test_local_mode_finds_the_proxy_client_pair_beside_the_manifests(
+    start_backend: StartBackend, backend_pki: BackendPKI, pki: PKI, tmp_path: Path
+) -> None:
+    """The demo's layout, run from the demo's folder: no --proxy-client-* flags needed."""
+    certs = tmp_path / "certs"
+    manifests = certs / "demo" / "apiservices"
+    manifests.mkdir(parents=True)
+    for suffix in ("crt", "key"):
+        (certs / f"front-proxy-client.{suffix}").write_bytes(
+            Path(pki.path(f"front-proxy-client.{suffix}")).read_bytes()
+        )
+    backend = await start_backend()  # demands a front-proxy client certificate
+    serve_resources(backend)
+    write(manifests, "demo", demo_objects(backend.port, backend_pki.ca.cert_pem))
+    code, out, err = await run_cli("--all", "--apiservices-dir", "certs/demo/apiservices", cwd=tmp_path)
+    assert code == 0, out + err
+    assert "note: using the front-proxy client certificate certs/front-proxy-client.crt" in err
+    assert "no --proxy-client-cert-file" not in err
+    assert [line.split()[:3] for line in out.splitlines()[1:]] == [
+        ["✓", APISERVICE, "demo/api:" + str(backend.port)]
+    ]
+
+
+def test_the_kubeconfig_is_found_as_kubectl_finds_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    first, second = tmp_path / "first", tmp_path / "second"
+    second.write_text("apiVersion: v1\n")
+    listed = os.pathsep.join([str(first), str(second)])
+    assert kubeconfig_from_environment({"KUBECONFIG": listed}, home) == str(second)
+    assert kubeconfig_from_environment({}, home) is None
+    (home / ".kube").mkdir(parents=True)
+    (home / ".kube" / "config").write_text("apiVersion: v1\n")
+    assert kubeconfig_from_environment({}, home) == str(home / ".kube" / "config")
+    # $KUBECONFIG set: ~/.kube/config is not a fallback (client-go's precedence)
+    assert kubeconfig_from_environment({"KUBECONFIG": str(first)}, home) is None
+
+
+async def test_kubeconfig_from_the_environment(
+    fake_kube: FakeKube, start_backend: StartBackend, backend_pki: BackendPKI, pki: PKI, tmp_path: Path
+) -> None:
+    backend = await start_backend()
+    serve_resources(backend)
+    for doc, resource in zip(
+        demo_objects(backend.port, backend_pki.ca.cert_pem),
+        ("apiservices", "services", "endpointslices"),
+        strict=True,
+    ):
+        fake_kube.add_object(resource, doc)
+    listed = os.pathsep.join([str(tmp_path / "missing"), str(fake_kube.kubeconfig)])
+    # The fake cluster's backend listens on loopback, which kube mode denies unless told otherwise.
+    deny = ["--backend-deny-cidrs", "169.254.0.0/16"]
+    code, out, err = await run_cli(APISERVICE, *deny, *proxy_flags(pki), env={"KUBECONFIG": listed})
+    assert code == 0, out + err
+    assert f"note: using the kubeconfig {fake_kube.kubeconfig}" in err
+    assert fake_kube.counts[("list", "services")] == 1
+
+
+async def test_a_local_mode_gateway_as_kubeconfig_gets_a_hint(
+    start_gateway: StartGateway, pki: PKI, apiservices_dir: Path, backend_pki: BackendPKI, tmp_path: Path
+) -> None:
+    """`export KUBECONFIG=certs/demo.kubeconfig; aggregator check --all`: the gateway lists APIServices
+    but serves no Services; say what to run instead."""
+    write(apiservices_dir, "demo", demo_objects(free_port(), backend_pki.ca.cert_pem))
+    server = await start_gateway()
+    config = tmp_path / "gateway.kubeconfig"
+    write_kubeconfig(
+        config, kubeconfig(server.url, Path(pki.path("ca.crt")).read_bytes(), load_pair(pki.dir, "admin"))
+    )
+    code, out, err = await run_inline("--all", "--kubeconfig", str(config), *proxy_flags(pki))
+    assert code == 1
+    assert (
+        "the server does not serve Services: if it is a gateway in local mode, check its manifests with "
+        "--apiservices-dir instead"
+    ) in err
+    assert APISERVICE in out

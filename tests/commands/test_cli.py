@@ -56,6 +56,7 @@ def test_help_documents_every_flag_named_in_the_issue() -> None:
         "--leader-elect-resource-lock",
         "--leader-elect-resource-name",
         "--leader-elect-resource-namespace",
+        "--api-audiences",
     ):
         assert flag in out, flag
     # argparse prints a help line under every flag; none may be left without one.
@@ -196,6 +197,8 @@ def test_certs_init_then_serve_answers_healthz_over_mutual_tls(tmp_path: Path) -
                 str(port),
                 "--log-format",
                 "json",
+                "--access-log",
+                "all",
             ],
             stderr=log_file,
         )

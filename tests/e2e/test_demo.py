@@ -1,7 +1,9 @@
 """`aggregator demo` as a newcomer runs it, driven by the real kubectl (PATH, oldest and newest).
 
 One demo process for the module: the sample wardle server behind a local-mode gateway, started
-exactly as `make demo` starts it, and stopped with Ctrl-C at the end.
+exactly as `make demo` starts it, and stopped with Ctrl-C at the end. The failure walk-through of
+the README runs on a demo of its own: the sample killed, the gateway still serving and saying
+which hop fails, then Enter and everything Current and True again.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -17,9 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 import yaml
 
+from aggregator.sample.registration import local_manifests
 from tests.support.e2e import Kubectl, kubectl_binaries
 from tests.support.ports import free_port
 
@@ -34,6 +39,11 @@ class Demo:
     certs: Path
     port: int
     log: Path
+    banner: str
+
+    def banner_line(self, needle: str) -> str:
+        (line,) = [line.strip() for line in self.banner.splitlines() if needle in line]
+        return line
 
     def kubectl(self, binary: str, tmp_path: Path, user: str = "admin") -> Kubectl:
         config = self.certs / ("demo.kubeconfig" if user == "admin" else f"{user}.kubeconfig")
@@ -60,6 +70,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
             ],
             stdout=out_file,
             stderr=err_file,
+            stdin=subprocess.DEVNULL,
             cwd=REPO,
         )
     try:
@@ -71,7 +82,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
         banner = out.read_text()
         assert f"https://127.0.0.1:{port}" in banner
         assert "kubectl --kubeconfig" in banner and "api-resources" in banner
-        yield Demo(workdir / "certs", port, log)
+        yield Demo(workdir / "certs", port, log, banner)
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=30)
@@ -236,3 +247,223 @@ async def test_get_apiservices_shows_availability(demo: Demo, binary: str, tmp_p
         "v1alpha1.wardle.example.com": ["wardle/api", "True"],
         "v1beta1.wardle.example.com": ["wardle/api", "True"],
     }
+
+
+def shell(command: str, home: Path) -> subprocess.CompletedProcess[str]:
+    """A line of the banner, pasted into a shell in the checkout."""
+    env = {**os.environ, "HOME": str(home), "NO_COLOR": "1", "PYTHONIOENCODING": "utf-8"}
+    env.pop("KUBECONFIG", None)
+    return subprocess.run(
+        ["bash", "-c", command], cwd=REPO, capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+async def test_the_banner_commands_work_as_printed(demo: Demo, tmp_path: Path) -> None:
+    export = demo.banner_line("export KUBECONFIG=")
+    check = demo.banner_line(" check --all ")
+    kubectl = await wait_available_via_shell(export, tmp_path)
+    assert kubectl.returncode == 0, kubectl.stderr
+    done = shell(f"{export} && {check}", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split()[1]: line.split()[0] for line in done.stdout.splitlines()[1:]}
+    assert rows == {"v1alpha1.wardle.example.com": "✓", "v1beta1.wardle.example.com": "✓"}
+    assert "note: using the front-proxy client certificate" in done.stderr
+
+
+async def wait_available_via_shell(export: str, home: Path) -> subprocess.CompletedProcess[str]:
+    deadline = time.monotonic() + 30
+    while True:
+        done = shell(f"{export} && kubectl get apiservices", home)
+        rows = [line.split() for line in done.stdout.splitlines()[1:]]
+        if done.returncode == 0 and rows and all(row[2] == "True" for row in rows):
+            return done
+        assert time.monotonic() < deadline, done.stdout + done.stderr
+        await asyncio.sleep(0.5)
+
+
+async def test_a_second_demo_on_a_busy_port_or_the_same_folder_touches_nothing(
+    demo: Demo, tmp_path: Path
+) -> None:
+    """The running demo keeps working: its manifests and kubeconfigs are left exactly as they were."""
+    watched = [demo.certs / "demo" / "apiservices" / "wardle.yaml", demo.certs / "demo.kubeconfig"]
+    before = [(p.read_bytes(), p.stat().st_mtime_ns) for p in watched]
+    for port, message in (
+        (demo.port, f"port {demo.port} on 127.0.0.1 is in use"),
+        (free_port(), "another aggregator demo (pid"),
+    ):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "aggregator",
+                "demo",
+                "--dir",
+                str(demo.certs),
+                "--secure-port",
+                str(port),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+        assert done.returncode == 1 and message in done.stderr, done.stderr
+        assert [(p.read_bytes(), p.stat().st_mtime_ns) for p in watched] == before
+    await wait_available(demo.kubectl(KUBECTLS[0], tmp_path))
+
+
+AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+WARDLE = ("v1alpha1.wardle.example.com", "v1beta1.wardle.example.com")
+
+
+class DemoProcess:
+    """A demo of its own, driven through its stdin and read from its stdout."""
+
+    def __init__(self, certs: Path, port: int, workdir: Path) -> None:
+        self.certs, self.port = certs, port
+        self.out, self.log = workdir / "demo.out", workdir / "demo.log"
+        with self.log.open("wb") as err_file, self.out.open("wb") as out_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "aggregator", "demo", "--dir", str(certs), "--secure-port", str(port)],
+                stdin=subprocess.PIPE,
+                stdout=out_file,
+                stderr=err_file,
+                cwd=REPO,
+            )
+
+    async def wait_for_output(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.out.read_text():
+            assert self.proc.poll() is None, self.out.read_text() + self.log.read_text()
+            assert time.monotonic() < deadline, f"no {text!r} in:\n" + self.out.read_text()
+            await asyncio.sleep(0.1)
+
+    def press_enter(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(timeout=30)
+
+    async def get(self, path: str, accept: str = "application/json") -> tuple[int, str]:
+        ctx = ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
+        ctx.load_cert_chain(str(self.certs / "admin.crt"), str(self.certs / "admin.key"))
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"https://127.0.0.1:{self.port}{path}", ssl=ctx, headers={"Accept": accept}) as resp,
+        ):
+            return resp.status, await resp.text()
+
+    async def freshness(self) -> dict[str, str]:
+        _, body = await self.get("/apis", AGGREGATED)
+        items = {i["metadata"]["name"]: i for i in json.loads(body)["items"]}
+        return {v["version"]: v.get("freshness", "Current") for v in items["wardle.example.com"]["versions"]}
+
+
+async def available(kubectl: Kubectl) -> dict[str, str]:
+    _, out, _ = await kubectl("get", "apiservices")
+    return {line.split()[0]: line.split()[2] for line in out.splitlines()[1:]}
+
+
+async def test_the_sample_dies_the_gateway_says_so_and_recovers(tmp_path: Path) -> None:
+    """The README's 'see a failure' walk-through, with manifests the user edited beforehand."""
+    certs = tmp_path / "certs"
+    subprocess.run(
+        [sys.executable, "-m", "aggregator", "certs", "init", "--dir", str(certs)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    sample_port = free_port()
+    docs = local_manifests((certs / "ca.crt").read_bytes(), sample_port)
+    docs[0]["metadata"]["labels"] = {"edited-by": "me"}
+    manifests = certs / "demo" / "apiservices" / "wardle.yaml"
+    manifests.parent.mkdir(parents=True)
+    manifests.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    edited = manifests.read_bytes()
+
+    demo = DemoProcess(certs, free_port(), tmp_path)
+    try:
+        await demo.wait_for_output("Press Ctrl-C")
+        assert f"kept {manifests}: it was changed after the demo wrote it" in demo.out.read_text()
+        assert manifests.read_bytes() == edited
+        assert "Press Enter here to start it again." in demo.out.read_text()
+        kubectl = Kubectl(KUBECTLS[0], certs / "demo.kubeconfig", tmp_path / "home")
+        await wait_available(kubectl)  # the sample listens where the user's manifests say
+
+        first_pid = int((certs / "demo" / "sample.pid").read_text())
+        os.kill(first_pid, signal.SIGKILL)
+        await demo.wait_for_output("the sample server exited (killed by SIGKILL); the gateway keeps serving")
+
+        # The first requests fail with the hop named, and have the gateway re-check at once. (Raw
+        # paths: kubectl's own discovery may already see the group Stale if a periodic check ran.)
+        refused = (
+            f"error trying to reach service: dial tcp 127.0.0.1:{sample_port}: connect: connection refused"
+        )
+        for path in (
+            "/apis/wardle.example.com/v1beta1/flunders",
+            "/apis/wardle.example.com/v1alpha1/fischers",
+        ):
+            code, _, err = await kubectl("get", "--raw", path, check=False)
+            assert code != 0, err
+            # ("service unavailable" if a periodic check got there first)
+            assert err.strip() in (
+                f"Error from server (ServiceUnavailable): {m}" for m in (refused, "service unavailable")
+            )
+        started = time.monotonic()
+        while (now := await available(kubectl)) != {name: "False" for name in WARDLE}:
+            assert time.monotonic() - started < 3, now
+            await asyncio.sleep(0.1)
+
+        deadline = time.monotonic() + 10
+        while (fresh := await demo.freshness()) != {"v1beta1": "Stale", "v1alpha1": "Stale"}:
+            assert time.monotonic() < deadline, fresh
+            await asyncio.sleep(0.1)
+        for binary in KUBECTLS:
+            stale = Kubectl(binary, kubectl.config, tmp_path / f"home-{Path(binary).name}")
+            # client-go leaves Stale groups out, silently: the rest is listed, exit 0, no error.
+            code, out, err = await stale("api-resources")
+            assert "flunders" not in out and "apiservices" in out and err == "", (binary, out, err)
+            code, _, err = await stale("get", "flunders", check=False)
+            assert err == 'error: the server doesn\'t have a resource type "flunders"\n', (binary, err)
+            # What says why: the group-version itself, and the APIService.
+            code, _, err = await stale("get", "--raw", "/apis/wardle.example.com/v1beta1", check=False)
+            assert err == "Error from server (ServiceUnavailable): service unavailable\n", (binary, err)
+
+        check = shell(
+            next(line.strip() for line in demo.out.read_text().splitlines() if " check --all " in line),
+            tmp_path,
+        )
+        assert check.returncode == 1
+        rows = {line.split()[1]: line.split() for line in check.stdout.splitlines()[1:]}
+        for name in WARDLE:
+            assert rows[name][0] == "✗" and "connect" in rows[name], check.stdout
+
+        status, metrics = await demo.get("/metrics", "text/plain")
+        assert status == 200
+        for name in WARDLE:
+            assert f'aggregator_unavailable_apiservice{{name="{name}"}} 1.0' in metrics
+        assert (
+            'aggregator_backend_errors_total{apiservice="v1beta1.wardle.example.com",kind="connect"}'
+            in metrics
+        )
+        assert demo.proc.poll() is None
+
+        # Enter: the sample is back on the same port, and everything with it.
+        demo.press_enter()
+        await demo.wait_for_output("wardle.example.com is available again", timeout=30)
+        assert int((certs / "demo" / "sample.pid").read_text()) != first_pid
+        assert await available(kubectl) == {name: "True" for name in WARDLE}
+        deadline = time.monotonic() + 10
+        while (fresh := await demo.freshness()) != {"v1beta1": "Current", "v1alpha1": "Current"}:
+            assert time.monotonic() < deadline, fresh
+            await asyncio.sleep(0.1)
+        await kubectl("get", "flunders,fischers")
+        assert manifests.read_bytes() == edited
+    finally:
+        code = demo.stop()
+    assert code == 0, demo.log.read_text()[-3000:]

@@ -4,6 +4,8 @@ There is no cluster here, so each check borrows a real source of truth instead:
 - schemas: the official `kubernetes` client's models, generated from upstream's OpenAPI
   (release-1.37). `from_dict` checks types and required fields; `unknown_fields` walks the
   document against each model's field map, as kube-apiserver's strict field validation does.
+  The Prometheus Operator's custom resources (the opt-in monitoring overlay) have no model there:
+  `CUSTOM_RESOURCES` transcribes the part of their CRD schemas the manifests can use.
 - which resources exist and whether they are namespaced: the REST paths in the same client's
   API classes (`/apis/<g>/<v>/namespaces/{namespace}/<plural>` means namespaced).
 - kubectl itself: `kubectl kustomize` builds, and `kubectl apply --dry-run=client` runs against
@@ -141,6 +143,9 @@ def plural_of(kind: str) -> str:
 
 def resource_for(obj: Obj) -> Resource:
     group, version = split_api_version(str(obj.get("apiVersion", "")))
+    custom = CUSTOM_RESOURCES.get((group, version, str(obj.get("kind", ""))))
+    if custom is not None:
+        return custom[0]
     key = (group, version, plural_of(str(obj.get("kind", ""))))
     resource = served_resources().get(key)
     assert resource is not None, (
@@ -193,6 +198,10 @@ def unknown_fields(value: Any, type_name: str, where: str = "") -> list[str]:
 
 def schema_errors(obj: Obj) -> list[str]:
     """Why kube-apiserver would reject `obj`'s shape (unknown fields, wrong types, missing fields)."""
+    group, version = split_api_version(str(obj.get("apiVersion", "")))
+    custom = CUSTOM_RESOURCES.get((group, version, str(obj.get("kind", ""))))
+    if custom is not None:
+        return custom_schema_errors(obj, custom[1])
     name = model_name(obj)
     model = getattr(_models(), name, None)
     if model is None:
@@ -200,6 +209,197 @@ def schema_errors(obj: Obj) -> list[str]:
     errors = [f"unknown field {path!r}" for path in unknown_fields(obj, name)]
     try:
         model.from_dict(obj)
+    except Exception as err:  # pydantic.ValidationError, ValueError: the message names the field
+        errors.append(str(err))
+    return errors
+
+
+# --- custom resources: the Prometheus Operator's (from their CRDs) -------------------------------
+#
+# Transcribed from the openAPIV3Schema of prometheus-operator's
+# example/prometheus-operator-crd/monitoring.coreos.com_{servicemonitors,prometheusrules}.yaml
+# (v0.84): the fields these manifests can reasonably use, their types, enums, duration pattern and
+# required fields. A field outside this subset is reported as unknown, as strict field validation
+# would for a field outside the full schema; extend the subset when a manifest needs more.
+#
+# A schema is a type name ("string", "boolean", "integer", "int-or-string", "duration"), an enum
+# ("enum", values), ("list", item), ("map", value) for additionalProperties, or an object
+# {"fields": {...}, "required": (...)}.
+
+Schema = Any
+_DURATION = re.compile(
+    r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+)
+
+
+def _object(fields: dict[str, Schema], *required: str) -> Schema:
+    return {"fields": fields, "required": required}
+
+
+_KEY_REF = _object({"key": "string", "name": "string", "optional": "boolean"}, "key")
+_SELECTOR = _object(
+    {
+        "matchLabels": ("map", "string"),
+        "matchExpressions": (
+            "list",
+            _object({"key": "string", "operator": "string", "values": ("list", "string")}, "key", "operator"),
+        ),
+    }
+)
+_RELABEL = _object(
+    {
+        "action": "string",
+        "modulus": "integer",
+        "regex": "string",
+        "replacement": "string",
+        "separator": "string",
+        "sourceLabels": ("list", "string"),
+        "targetLabel": "string",
+    }
+)
+_TLS = _object(
+    {
+        "ca": _object({"configMap": _KEY_REF, "secret": _KEY_REF}),
+        "caFile": "string",
+        "cert": _object({"configMap": _KEY_REF, "secret": _KEY_REF}),
+        "certFile": "string",
+        "keyFile": "string",
+        "keySecret": _KEY_REF,
+        "insecureSkipVerify": "boolean",
+        "serverName": "string",
+        "minVersion": ("enum", ("TLS10", "TLS11", "TLS12", "TLS13")),
+        "maxVersion": ("enum", ("TLS10", "TLS11", "TLS12", "TLS13")),
+    }
+)
+_ENDPOINT = _object(
+    {
+        "port": "string",
+        "targetPort": "int-or-string",
+        "path": "string",
+        "scheme": ("enum", ("http", "https")),
+        "interval": "duration",
+        "scrapeTimeout": "duration",
+        "honorLabels": "boolean",
+        "honorTimestamps": "boolean",
+        "followRedirects": "boolean",
+        "enableHttp2": "boolean",
+        "bearerTokenFile": "string",
+        "authorization": _object({"type": "string", "credentials": _KEY_REF}),
+        "tlsConfig": _TLS,
+        "params": ("map", ("list", "string")),
+        "relabelings": ("list", _RELABEL),
+        "metricRelabelings": ("list", _RELABEL),
+    }
+)
+_SERVICE_MONITOR_SPEC = _object(
+    {
+        "selector": _SELECTOR,
+        "namespaceSelector": _object({"any": "boolean", "matchNames": ("list", "string")}),
+        "endpoints": ("list", _ENDPOINT),
+        "jobLabel": "string",
+        "targetLabels": ("list", "string"),
+        "podTargetLabels": ("list", "string"),
+        "sampleLimit": "integer",
+        "targetLimit": "integer",
+    },
+    "endpoints",
+    "selector",
+)
+_RULE = _object(
+    {
+        "alert": "string",
+        "record": "string",
+        "expr": "int-or-string",
+        "for": "duration",
+        "keep_firing_for": "duration",
+        "labels": ("map", "string"),
+        "annotations": ("map", "string"),
+    },
+    "expr",
+)
+_PROMETHEUS_RULE_SPEC = _object(
+    {
+        "groups": (
+            "list",
+            _object(
+                {
+                    "name": "string",
+                    "interval": "duration",
+                    "limit": "integer",
+                    "labels": ("map", "string"),
+                    "query_offset": "duration",
+                    "partial_response_strategy": "string",
+                    "rules": ("list", _RULE),
+                },
+                "name",
+            ),
+        )
+    }
+)
+
+# (group, version, kind) -> (its REST resource, the schema of its spec)
+CUSTOM_RESOURCES: dict[tuple[str, str, str], tuple[Resource, Schema]] = {
+    ("monitoring.coreos.com", "v1", "ServiceMonitor"): (
+        Resource("monitoring.coreos.com", "v1", "servicemonitors", namespaced=True),
+        _SERVICE_MONITOR_SPEC,
+    ),
+    ("monitoring.coreos.com", "v1", "PrometheusRule"): (
+        Resource("monitoring.coreos.com", "v1", "prometheusrules", namespaced=True),
+        _PROMETHEUS_RULE_SPEC,
+    ),
+}
+
+
+def _check(value: Any, schema: Schema, where: str) -> list[str]:
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            return [f"{where}: expected an object"]
+        errors = [f"{where}.{key}: required" for key in schema["required"] if key not in value]
+        for key, item in value.items():
+            if key not in schema["fields"]:
+                errors.append(f"unknown field {f'{where}.{key}'.lstrip('.')!r}")
+            else:
+                errors.extend(_check(item, schema["fields"][key], f"{where}.{key}"))
+        return errors
+    if isinstance(schema, tuple):
+        kind, inner = schema
+        if kind == "enum":
+            return [] if value in inner else [f"{where}: {value!r} is not one of {list(inner)}"]
+        if kind == "list":
+            if not isinstance(value, list):
+                return [f"{where}: expected a list"]
+            return [e for i, item in enumerate(value) for e in _check(item, inner, f"{where}[{i}]")]
+        if not isinstance(value, dict):  # map
+            return [f"{where}: expected a map"]
+        return [e for k, item in value.items() for e in _check(item, inner, f"{where}.{k}")]
+    expected = {
+        "string": (str,),
+        "boolean": (bool,),
+        "integer": (int,),
+        "int-or-string": (int, str),
+        "duration": (str,),
+    }[schema]
+    if not isinstance(value, expected) or (schema == "integer" and isinstance(value, bool)):
+        return [f"{where}: expected {schema}, got {value!r}"]
+    if schema == "duration" and not _DURATION.match(value):
+        return [f"{where}: {value!r} is not a duration"]
+    return []
+
+
+def custom_schema_errors(obj: Obj, spec: Schema) -> list[str]:
+    """`schema_errors` for a custom resource: metadata against the ObjectMeta model, spec against
+    the transcribed CRD schema."""
+    errors = [
+        f"unknown field {key!r}" for key in obj if key not in ("apiVersion", "kind", "metadata", "spec")
+    ]
+    if "spec" in obj:
+        errors.extend(_check(obj["spec"], spec, "spec"))
+    else:
+        errors.append("spec: required")
+    metadata = obj.get("metadata", {})
+    errors.extend(f"unknown field {path!r}" for path in unknown_fields(metadata, "V1ObjectMeta", "metadata"))
+    try:
+        _models().V1ObjectMeta.from_dict(metadata)
     except Exception as err:  # pydantic.ValidationError, ValueError: the message names the field
         errors.append(str(err))
     return errors

@@ -7,8 +7,6 @@ from collections import defaultdict
 from importlib import resources
 from typing import Any
 
-import pytest
-
 from aggregator.discovery.aggregated import load_builtin_priorities
 
 
@@ -26,13 +24,18 @@ def test_the_table_names_the_upstream_files_it_was_read_from() -> None:
     assert source["generic"]["commit"] == "008b3652959ca58af8be3fb5b6ecfe9ae7638282"
     assert source["kube"]["file"] == "cmd/kube-apiserver/app/aggregator.go"
     assert source["kube"]["symbol"] == "apiVersionPriorities"
-    # No commit is claimed that was not read; the note says which copy it is instead.
-    assert source["kube"]["commit"] is None and "v1beta2 16200/15" in source["kube"]["note"]
+    # No kubernetes/kubernetes commit is claimed that was not read: the copy read is named instead.
+    assert source["kube"]["commit"] is None
+    read_from = source["kube"]["read_from"]
+    assert read_from["repository"] == "openshift/microshift"
+    assert read_from["commit"] == "8e16b12fda5b1dccc41a6de48b3e356cc7d5048b"
+    assert read_from["path"] == "deps/github.com/openshift/kubernetes/cmd/kube-apiserver/app/aggregator.go"
+    assert read_from["kubernetes"].startswith("v1.36.2 ")
 
 
 def test_size_and_pinned_entries() -> None:
     table = load_builtin_priorities()
-    assert len(table) == 49
+    assert len(table) == 51
     assert table["v1"] == (18000, 1)
     assert table["apps/v1"] == (17800, 15)
     assert table["certificates.k8s.io/v1beta1"] == (17300, 9)
@@ -41,17 +44,16 @@ def test_size_and_pinned_entries() -> None:
     assert table["resource.k8s.io/v1beta2"] == (16200, 15)
     assert table["resource.k8s.io/v1alpha3"] == (16200, 1)  # the kube map overrides the generic 15900/9
     assert table["storagemigration.k8s.io/v1beta1"] == (15800, 9)
+    assert table["scheduling.k8s.io/v1"] == (16600, 15)
+    assert table["scheduling.k8s.io/v1alpha2"] == (16600, 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the newest apiVersionPriorities readable at the last refresh predates resource.k8s.io/v1; "
-    "when a refresh adds it, drop this marker",
-)
-def test_resource_k8s_io_v1_is_listed() -> None:
+def test_dra_ga_outranks_its_betas() -> None:
+    """resource.k8s.io/v1 (DRA's GA version, 1.34) sorts with its group, ahead of every beta."""
     table = load_builtin_priorities()
-    assert "resource.k8s.io/v1" in table
-    assert table["resource.k8s.io/v1"][0] == 16200
+    assert table["resource.k8s.io/v1"] == (16200, 21)
+    dra = sorted((v for k, v in table.items() if k.startswith("resource.k8s.io/")), key=lambda p: -p[1])
+    assert dra == [(16200, 21), (16200, 15), (16200, 9), (16200, 1)]
 
 
 def test_every_version_of_a_group_shares_its_group_priority() -> None:

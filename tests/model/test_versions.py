@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 
@@ -109,3 +110,21 @@ def test_sorted_output_is_ordered(items: list[str]) -> None:
     assert sorted(ordered) == sorted(items)
     for first, second in itertools.pairwise(ordered):
         assert compare_kube_aware_versions(first, second) >= 0
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.from_regex(r"v[0-9]{1,3}((alpha|beta)[0-9]{1,3})?", fullmatch=True),
+            st.from_regex(r"v0*[0-9]{1,2}", fullmatch=True),
+            st.text(min_size=1, max_size=6),
+        ),
+        max_size=12,
+    )
+)
+def test_the_tuple_key_orders_exactly_as_the_go_comparison(versions: list[str]) -> None:
+    def descending(a: str, b: str) -> int:
+        order = compare_kube_aware_versions(b, a)
+        return order if order else (a > b) - (a < b)
+
+    assert sort_versions(versions) == sorted(versions, key=functools.cmp_to_key(descending))

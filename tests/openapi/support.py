@@ -2,8 +2,10 @@
 
 `OpenAPIBackend` is a FakeBackend (real TLS, front-proxy client certificate required) whose
 `/openapi/v3`, `/openapi/v3/<gv>` and `/openapi/v2` answer from documents a test sets, the way
-kube-openapi serves them (hash in the index, ETag + If-None-Match on v2); `status` forces an
-answer code per document ("v2", "v3") to simulate a server without OpenAPI or a broken one.
+kube-openapi serves them (hash in the index, a stale `?hash=` redirected to the current one, ETag +
+If-None-Match; `tests/support/fakeopenapi.py`); `status` forces an answer code per document ("v2",
+"v3") to simulate a server without OpenAPI or a broken one, `settle(n)` moves every document right
+after each of the next `n` index answers, and `redirects` sends a document's GET elsewhere.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tests.support.backend import (
     service_manifest,
     write_manifests,
 )
+from tests.support.fakeopenapi import group_version_response
 from tests.support.pki import PKI
 
 JSON = dict[str, Any]
@@ -83,6 +86,8 @@ class OpenAPIBackend:
     v2_etag: bool = True
     hashes: bool = True  # put ?hash= in the v3 index
     extra_index: dict[str, str] = field(default_factory=dict)  # more index keys -> serverRelativeURL
+    redirects: dict[str, str] = field(default_factory=dict)  # gv key -> Location of a 301
+    settling: int = 0
 
     def __post_init__(self) -> None:
         self.backend.routes["/openapi/v2"] = self._v2
@@ -92,6 +97,9 @@ class OpenAPIBackend:
     @property
     def port(self) -> int:
         return self.backend.port
+
+    def settle(self, index_reads: int) -> None:
+        self.settling = index_reads
 
     def requests(self, path: str) -> list[Any]:
         return [r for r in self.backend.received if r.raw_path.split("?")[0] == path]
@@ -122,18 +130,21 @@ class OpenAPIBackend:
                 url += f"?hash={sha512_upper(self._body(doc))}"
             paths[key] = {"serverRelativeURL": url}
         paths.update({k: {"serverRelativeURL": v} for k, v in self.extra_index.items()})
+        if self.settling > 0:  # the documents change right after this index was read
+            self.settling -= 1
+            for key, doc in self.v3.items():
+                self.v3[key] = {**doc, "info": {**doc.get("info", {}), "x-revision": self.settling}}
         return web.json_response({"paths": paths})
 
     async def _other(self, request: web.Request) -> web.StreamResponse:
         if request.path.startswith("/openapi/v3/"):
-            doc = self.v3.get(request.path.removeprefix("/openapi/v3/"))
+            key = request.path.removeprefix("/openapi/v3/")
+            if key in self.redirects:
+                return web.Response(status=301, headers={"Location": self.redirects[key]})
+            doc = self.v3.get(key)
             if doc is None:
                 return web.Response(status=404)
-            body = self._body(doc)
-            etag = f'"{sha512_upper(body)}"'
-            if request.headers.get("If-None-Match") == etag:
-                return web.Response(status=304, headers={"Etag": etag})
-            return web.Response(body=body, headers={"Content-Type": "application/json", "Etag": etag})
+            return group_version_response(request, key, self._body(doc), 0.0)
         return web.Response(status=404)
 
 

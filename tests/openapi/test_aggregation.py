@@ -341,3 +341,47 @@ async def test_a_backend_without_v3_is_served_converted_from_v2_at_the_normal_in
     backend.status = {"v3": 404, "v2": 404}  # no OpenAPI at all any more
     aggregation.refresher.poke(source_key)
     await until(lambda: key not in aggregation.v3.documents, what="the document dropped")
+
+
+async def test_backends_follow_the_same_hash_redirect_rule(
+    start_openapi_backend: StartBackend,
+    start_gateway: StartGateway,
+    pki: PKI,
+    apiservices_dir: Path,
+    backend_pki: BackendPKI,
+) -> None:
+    """A settling backend's 301 to its current hash re-reads its index; a 301 anywhere else is refused."""
+    settling = await start_openapi_backend("settling")
+    settling.v3 = {"apis/settling.example.com/v1": v3_document("settling.example.com", "v1", "Widget")}
+    settling.v2 = {"swagger": "2.0", "paths": v2_paths("settling.example.com", "v1", "Widget", "W")}
+    settling.settle(2)
+    hostile = await start_openapi_backend("hostile")
+    hostile.v3 = {"apis/hostile.example.com/v1": v3_document("hostile.example.com", "v1", "Widget")}
+    hostile.v2 = {"swagger": "2.0", "paths": v2_paths("hostile.example.com", "v1", "Widget", "W")}
+    hostile.redirects = {"apis/hostile.example.com/v1": "/openapi/v3/apis/apps/v1?hash=X"}
+    register(apiservices_dir, settling, backend_pki, "settling", [("settling.example.com", "v1", 1000, 15)])
+    register(apiservices_dir, hostile, backend_pki, "hostile", [("hostile.example.com", "v1", 1000, 15)])
+    server = await start_gateway()
+    aggregation = fast(server.gateway)
+    key = "apis/settling.example.com/v1"
+    await until(lambda: key in aggregation.v3.documents, what="the settling backend's document")
+    assert json.loads(aggregation.v3.documents[key].body) == settling.v3[key]  # its settled revision
+    statuses = [
+        r.raw_path.split("?")[0] for r in settling.backend.received if r.raw_path.startswith("/openapi/v3")
+    ]
+    # read, 301, read again, 301, read again, 200: one refresh, no failure
+    assert statuses[:6] == ["/openapi/v3", f"/openapi/v3/{key}"] * 3 and settling.settling == 0
+
+    source = next(s for s in aggregation.sources.values() if s.name.startswith("hostile/"))
+    await until(lambda: "refused" in source.last_error, what="the hostile redirect refused")
+    assert "redirect to '/openapi/v3/apis/apps/v1?hash=X' refused (never followed)" in source.last_error
+    assert hostile.requests("/openapi/v3/apis/apps/v1") == []
+    assert "apis/hostile.example.com/v1" not in aggregation.v3.documents
+    settling_source = next(s for s in aggregation.sources.values() if s.name.startswith("settling/"))
+    metrics = server.gateway.metrics.registry
+
+    def fetches(result: str) -> float:
+        labels = {"source": settling_source.name, "document": "v3", "result": result}
+        return metrics.get_sample_value("aggregator_openapi_fetches_total", labels) or 0.0
+
+    assert fetches("moved") == 2 and fetches("error") == 0  # two re-reads, never a failed download

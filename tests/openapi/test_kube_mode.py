@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
-from aiohttp import web
 
 from aggregator.kube.calls import GET_OPENAPI_V3_GROUP_VERSION, is_declared
 from aggregator.openapi.component import KUBE_APISERVER
+from aggregator.openapi.readiness import FirstDownload
 from tests.openapi.support import fast, sha512_upper, start_backend, v2_paths, v3_document
 from tests.support.backend import BackendPKI, service_manifest
-from tests.support.fakekube import GATEWAY_USER, FakeKube, apiservice, kube_options
+from tests.support.fakekube import GATEWAY_USER, FakeKube, Seen, apiservice, kube_options
+from tests.support.fakeopenapi import KubeOpenAPI
 from tests.support.fakereviews import FakeReviews
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
@@ -29,65 +32,37 @@ def body_of(doc: JSON) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-class KubeOpenAPI:
-    """kube-apiserver's OpenAPI on the fake: an index with hashes, per-GV documents, v2 with ETag."""
+def kube_openapi(fake: FakeKube) -> KubeOpenAPI:
+    """kube-apiserver's OpenAPI on the fake (kube-openapi's handlers): built-ins and its copy of the remote."""
+    kube_copy = v2_paths(REMOTE, "v1", "Widget", "com.example.KubeCopyOnly")
+    v2: JSON = {
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": "v1.32.0"},
+        "paths": {
+            **v2_paths("", "v1", "Pod", "io.k8s.api.core.v1.Pod"),
+            **v2_paths("apps", "v1", "Deployment", "io.k8s.api.apps.v1.Deployment"),
+            **kube_copy,
+        },
+        "definitions": {
+            "io.k8s.api.core.v1.Pod": {"properties": {"metadata": {"$ref": f"#/definitions/{OBJECT_META}"}}},
+            "io.k8s.api.apps.v1.Deployment": {"type": "object"},
+            OBJECT_META: {"description": "kube-apiserver's ObjectMeta", "type": "object"},
+            "com.example.KubeCopyOnly": {"type": "object"},
+        },
+        "securityDefinitions": {"BearerToken": {"in": "header", "name": "authorization", "type": "apiKey"}},
+        "security": [{"BearerToken": []}],
+    }
+    documents = {
+        "api/v1": v3_document("", "v1", "Pod"),
+        "apis/apps/v1": v3_document("apps", "v1", "Deployment"),
+        # kube-apiserver's own aggregator publishes the remote group-version too
+        f"apis/{REMOTE}/v1": v3_document(REMOTE, "v1", "Widget", "kube-apiserver's copy"),
+    }
+    return KubeOpenAPI(fake, documents, v2)
 
-    def __init__(self, fake: FakeKube) -> None:
-        self.fake = fake
-        self.v3: dict[str, JSON] = {
-            "api/v1": v3_document("", "v1", "Pod"),
-            "apis/apps/v1": v3_document("apps", "v1", "Deployment"),
-            # kube-apiserver's own aggregator publishes the remote group-version too
-            f"apis/{REMOTE}/v1": v3_document(REMOTE, "v1", "Widget", "kube-apiserver's copy"),
-        }
-        kube_copy = v2_paths(REMOTE, "v1", "Widget", "com.example.KubeCopyOnly")
-        self.v2: JSON = {
-            "swagger": "2.0",
-            "info": {"title": "Kubernetes", "version": "v1.32.0"},
-            "paths": {
-                **v2_paths("", "v1", "Pod", "io.k8s.api.core.v1.Pod"),
-                **v2_paths("apps", "v1", "Deployment", "io.k8s.api.apps.v1.Deployment"),
-                **kube_copy,
-            },
-            "definitions": {
-                "io.k8s.api.core.v1.Pod": {
-                    "properties": {"metadata": {"$ref": f"#/definitions/{OBJECT_META}"}}
-                },
-                "io.k8s.api.apps.v1.Deployment": {"type": "object"},
-                OBJECT_META: {"description": "kube-apiserver's ObjectMeta", "type": "object"},
-                "com.example.KubeCopyOnly": {"type": "object"},
-            },
-            "securityDefinitions": {
-                "BearerToken": {"in": "header", "name": "authorization", "type": "apiKey"}
-            },
-            "security": [{"BearerToken": []}],
-        }
-        fake.add_route("GET", "/openapi/v3", self._index)
-        fake.add_route("GET", "/openapi/v2", self._v2)
-        for key in self.v3:
-            fake.add_route("GET", f"/openapi/v3/{key}", self._document)
 
-    async def _index(self, _request: web.Request) -> web.Response:
-        paths = {
-            k: {"serverRelativeURL": f"/openapi/v3/{k}?hash={sha512_upper(body_of(d))}"}
-            for k, d in self.v3.items()
-        }
-        return web.json_response({"paths": paths})
-
-    async def _document(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=body_of(self.v3[request.path.removeprefix("/openapi/v3/")]), content_type="application/json"
-        )
-
-    async def _v2(self, request: web.Request) -> web.Response:
-        body = body_of(self.v2)
-        etag = f'"{sha512_upper(body)}"'
-        if request.headers.get("If-None-Match") == etag:
-            return web.Response(status=304, headers={"Etag": etag})
-        return web.Response(body=body, headers={"Etag": etag, "Content-Type": "application/json"})
-
-    def seen(self, path: str) -> list[Any]:
-        return [r for r in self.fake.requests if r.path == path]
+def seen(fake: FakeKube, path: str) -> list[Seen]:
+    return [r for r in fake.requests if r.path == path]
 
 
 def test_group_version_documents_are_one_declared_call() -> None:
@@ -104,7 +79,7 @@ async def test_kube_apiserver_documents_first_remote_group_versions_from_their_b
     tmp_path: Path,
 ) -> None:
     FakeReviews(fake_kube)
-    kube = KubeOpenAPI(fake_kube)
+    kube = kube_openapi(fake_kube)
     backend = await start_backend(backend_pki, pki, "remote")
     try:
         backend.v3 = {f"apis/{REMOTE}/v1": v3_document(REMOTE, "v1", "Widget", "the backend's own")}
@@ -133,13 +108,15 @@ async def test_kube_apiserver_documents_first_remote_group_versions_from_their_b
             )
             documents = aggregation.v3.documents
             assert sorted(documents) == ["api/v1", "apis/apps/v1", f"apis/{REMOTE}/v1"]
-            assert documents["api/v1"].body == body_of(kube.v3["api/v1"])
+            assert documents["api/v1"].body == body_of(kube.documents["api/v1"])
             assert documents[f"apis/{REMOTE}/v1"].body == body_of(backend.v3[f"apis/{REMOTE}/v1"])
             # kube-apiserver's copy of the remote group-version is never downloaded
-            assert kube.seen(f"/openapi/v3/apis/{REMOTE}/v1") == []
-            first = kube.seen("/openapi/v3/api/v1")
-            assert len(first) == 1 and first[0].query == {"hash": sha512_upper(body_of(kube.v3["api/v1"]))}
-            assert {r.user for r in kube.seen("/openapi/v2")} == {GATEWAY_USER}
+            assert seen(fake_kube, f"/openapi/v3/apis/{REMOTE}/v1") == []
+            first = seen(fake_kube, "/openapi/v3/api/v1")
+            assert len(first) == 1 and first[0].query == {
+                "hash": sha512_upper(body_of(kube.documents["api/v1"]))
+            }
+            assert {r.user for r in seen(fake_kube, "/openapi/v2")} == {GATEWAY_USER}
 
             v2 = aggregation.v2
             doc = json.loads(v2.json.body)
@@ -160,11 +137,11 @@ async def test_kube_apiserver_documents_first_remote_group_versions_from_their_b
             assert "com.example.KubeCopyOnly" not in doc["definitions"]  # only kube's copy used it
 
             # another refresh: nothing downloaded again, nothing re-merged
-            count = len(kube.seen("/openapi/v3"))
+            count = len(seen(fake_kube, "/openapi/v3"))
             aggregation.refresher.poke(KUBE_APISERVER)
-            await until(lambda: len(kube.seen("/openapi/v3")) > count, what="a second refresh")
-            await until(lambda: len(kube.seen("/openapi/v2")) > 1, what="a second v2 request")
-            assert len(kube.seen("/openapi/v3/api/v1")) == 1
+            await until(lambda: len(seen(fake_kube, "/openapi/v3")) > count, what="a second refresh")
+            await until(lambda: len(seen(fake_kube, "/openapi/v2")) > 1, what="a second v2 request")
+            assert len(seen(fake_kube, "/openapi/v3/api/v1")) == 1
             assert aggregation.v2 is v2
             conditional = [r for r in fake_kube.requests if r.path == "/openapi/v2"]
             assert len(conditional) >= 2
@@ -185,3 +162,111 @@ async def test_kube_apiserver_documents_first_remote_group_versions_from_their_b
             assert widgets == {"$ref": "#/definitions/com.example.KubeCopyOnly"}
     finally:
         await backend.backend.stop()
+
+
+# --- a kube-apiserver that is still settling --------------------------------------------------------------
+
+
+async def kube_gateway(fake_kube: FakeKube, pki: PKI) -> Any:
+    assert fake_kube.kubeconfig is not None
+    return running_gateway(kube_options(pki, fake_kube.kubeconfig))
+
+
+async def readyz(server: Any, pki: PKI) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(server.url + "/readyz?verbose", ssl=pki.client_context()) as resp,
+    ):
+        return resp.status, await resp.text()
+
+
+async def test_a_settling_kube_apiserver_is_read_again_and_published_without_a_failure(
+    fake_kube: FakeKube, pki: PKI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's case: hashes move between the index and the group-version GETs (kube-openapi 301s)."""
+    kube = kube_openapi(fake_kube)
+    kube.settle(2)  # the documents change right after each of the first two index reads
+    with caplog.at_level(logging.INFO, logger="aggregator.openapi"):
+        async with await kube_gateway(fake_kube, pki) as server:
+            aggregation = server.gateway.openapi
+            await until(lambda: len(aggregation.v3.documents) == 3, what="kube-apiserver's documents")
+            for key in kube.documents:
+                assert aggregation.v3.documents[key].body == kube.body(key)  # the settled revision
+            await until(lambda: aggregation.kube_ready() is None, what="kube-apiserver's v2 merged")
+            _, body = await readyz(server, pki)
+            assert "[+]kube-apiserver-openapi ok" in body
+    assert 301 in kube.statuses("/openapi/v3/apis/apps/v1")
+    # never followed: after a 301 for a document, the index is read before that document is asked again
+    sequence = [a for a in kube.answers if a.path.startswith("/openapi/v3")]
+    for i, answered in enumerate(sequence):
+        if answered.status == 301:
+            later = [a.path for a in sequence[i + 1 :] if a.path in (answered.path, "/openapi/v3")]
+            assert later[:1] == ["/openapi/v3"], sequence
+    failures = [
+        r for r in caplog.records if r.name.startswith("aggregator.openapi") and r.levelno >= logging.WARNING
+    ]
+    assert not failures, caplog.text
+
+
+async def test_readyz_waits_for_kube_apiservers_openapi_then_passes(fake_kube: FakeKube, pki: PKI) -> None:
+    kube = kube_openapi(fake_kube)
+    fake_kube.slow(30, verb="GET", resource="/openapi/v3/apis/apps/v1")
+    async with await kube_gateway(fake_kube, pki) as server:
+        await until(
+            lambda: kube.statuses("/openapi/v3") and seen(fake_kube, "/openapi/v3/apis/apps/v1"),
+            what="the download under way",
+        )
+        status, body = await readyz(server, pki)
+        assert status == 500 and "[-]kube-apiserver-openapi failed" in body
+        fake_kube.release()
+        await until(lambda: "apis/apps/v1" in server.gateway.openapi.v3.documents, what="apps/v1 published")
+        await until(lambda: server.gateway.openapi.kube_ready() is None, what="v2 merged")
+        status, body = await readyz(server, pki)
+        assert status == 200 and "[+]kube-apiserver-openapi ok" in body
+
+
+async def test_a_failed_first_download_is_retried_within_a_second_not_on_the_backoff(
+    fake_kube: FakeKube, pki: PKI
+) -> None:
+    kube = kube_openapi(fake_kube)
+    fake_kube.slow(30, verb="GET", resource="/openapi/v3")  # hold the first attempt to set the knobs
+    async with await kube_gateway(fake_kube, pki) as server:
+        aggregation = server.gateway.openapi
+        refresher = aggregation.refresher
+        refresher.backoff_initial = refresher.backoff_max = (
+            60.0  # what the retries would wait without the rule
+        )
+        await until(lambda: seen(fake_kube, "/openapi/v3"), what="the first index request")
+        kube.fail(2)
+        fake_kube.release()
+        took = await until(lambda: "apis/apps/v1" in aggregation.v3.documents, timeout=10, what="two retries")
+        assert kube.statuses("/openapi/v3")[:3] == [503, 503, 200] and took < 10
+        # once in, failures go back to the backoff: a refresh that fails now waits the 60 s
+        assert aggregation.first_download.retry_delay(aggregation.sources[KUBE_APISERVER], 60.0) is None
+
+
+async def test_readiness_stops_waiting_after_the_bound(
+    fake_kube: FakeKube, pki: PKI, caplog: pytest.LogCaptureFixture
+) -> None:
+    kube = kube_openapi(fake_kube)
+    kube.fail(10_000)  # kube-apiserver refuses its OpenAPI for good
+    now = [0.0]
+    async with await kube_gateway(fake_kube, pki) as server:
+        aggregation = server.gateway.openapi
+        aggregation.first_download = FirstDownload(bound=30.0, clock=lambda: now[0])
+        source = aggregation.sources[KUBE_APISERVER]
+        await until(lambda: source.failures >= 1, what="a failed download")
+        source.first_attempt = 0.0
+        status, body = await readyz(server, pki)
+        assert status == 500 and "[-]kube-apiserver-openapi failed" in body
+        reason = aggregation.kube_ready() or ""
+        assert reason.startswith(
+            "kube-apiserver's OpenAPI v3 not downloaded yet (v3: GET /openapi/v3: HTTP 503"
+        )
+        assert aggregation.first_download.retry_delay(source, 60.0) == 1.0
+        now[0] = 30.0
+        with caplog.at_level(logging.WARNING, logger="aggregator.openapi.readiness"):
+            status, body = await readyz(server, pki)
+        assert status == 200 and "[+]kube-apiserver-openapi ok" in body
+        assert aggregation.first_download.retry_delay(source, 60.0) is None  # back to the backoff
+        assert "readiness no longer waits for it" in caplog.text

@@ -424,7 +424,7 @@ async def test_insecure_skip_tls_verify_is_honoured_and_counted(
                 async with session.get(server.url + THINGS, ssl=pki.client_context()) as resp:
                     assert resp.status == 200
         gauge = server.gateway.metrics.registry.get_sample_value(
-            "aggregator_insecure_backends", {"name": APISERVICE}
+            "aggregator_insecure_backends", {"apiservice": APISERVICE}
         )
         assert gauge == 1.0
         warnings = [r for r in caplog.records if "insecureSkipTLSVerify" in r.getMessage()]

@@ -115,7 +115,7 @@ async def test_a_corrected_ca_bundle_takes_effect(
         )
         await wait_available(server)
         async with session.get(server.url + THINGS, ssl=ctx) as resp:
-            assert resp.status == 200
+            assert resp.status == 200, await resp.text()
 
 
 async def test_an_unparsable_ca_bundle_is_a_500_with_upstreams_message(

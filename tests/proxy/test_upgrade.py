@@ -8,6 +8,7 @@ redirects are never passed on).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from aggregator.server import GatewayServer
+from aggregator.wire.wsprotocol import BEARER_PROTOCOL_PREFIX
 from tests.conftest import StartGateway
 from tests.support.backend import (
     PREFIX,
@@ -31,6 +33,8 @@ from tests.support.backend import (
     parse_request_head,
     write_manifests,
 )
+from tests.support.fakekube import FakeKube
+from tests.support.fakereviews import FakeReviews
 from tests.support.fixtures import StartProxied
 from tests.support.pki import PKI
 
@@ -219,6 +223,65 @@ async def test_websocket_exec_round_trip(start_proxied: StartProxied) -> None:
     # The gateway keeps serving ordinary requests after a tunnel.
     async with proxied.request("GET", PREFIX + "/things") as resp:
         assert resp.status == 200
+
+
+WS_SECRET = "exec-s3cr3t-token-0123456789"
+
+
+def exec_echo_route(proxied: object) -> None:
+    async def exec_ws(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(protocols=("v5.channel.k8s.io", "v4.channel.k8s.io"))
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                await ws.send_bytes(b"\x01" + msg.data[1:].upper())
+        return ws
+
+    proxied.backend.routes[EXEC.split("?")[0]] = exec_ws  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("source", ["token-file", "tokenreview"])
+async def test_websocket_exec_with_a_subprotocol_token(
+    start_proxied: StartProxied, fake_kube: FakeKube, tmp_path: Path, source: str
+) -> None:
+    """A browser's exec: no client certificate, no Authorization, the token offered as a subprotocol.
+    The backend is told who the caller is and never sees the token."""
+    if source == "token-file":
+        tokens = tmp_path / "tokens.csv"
+        tokens.write_text(f'{WS_SECRET},erin,uid-e,"devs"\n')
+        proxied = await start_proxied(token_auth_file=str(tokens))
+    else:
+        FakeReviews(fake_kube).add_user(WS_SECRET, "erin", uid="uid-e", groups=("devs",))
+        proxied = await start_proxied(kubeconfig=str(fake_kube.kubeconfig))
+    exec_echo_route(proxied)
+    offered = BEARER_PROTOCOL_PREFIX + base64.urlsafe_b64encode(WS_SECRET.encode()).decode().rstrip("=")
+    async with proxied.session.ws_connect(
+        proxied.url + EXEC, protocols=(offered, "v5.channel.k8s.io"), ssl=proxied.pki.client_context(None)
+    ) as ws:
+        assert ws.protocol == "v5.channel.k8s.io"
+        await ws.send_bytes(b"\x00ls -l\n")
+        assert (await asyncio.wait_for(ws.receive(), 5)).data == b"\x01LS -L\n"
+    (seen,) = proxied.backend.seen_by("erin")
+    assert seen.all("X-Remote-User") == ["erin"]
+    assert seen.all("X-Remote-Group") == ["devs", "system:authenticated"]
+    assert seen.one("Sec-WebSocket-Protocol") == "v5.channel.k8s.io"
+    encoded = offered[len(BEARER_PROTOCOL_PREFIX) :]
+    for name, value in seen.headers:
+        assert WS_SECRET not in value and encoded not in value and "bearer" not in value.lower(), name
+
+
+async def test_a_subprotocol_token_is_dropped_whoever_the_caller_is(start_proxied: StartProxied) -> None:
+    """A client-certificate caller (a proxy passing a browser's handshake on) is authenticated by its
+    certificate; the token entry it carries still stops at the gateway (upstream would forward it)."""
+    proxied = await start_proxied()
+    exec_echo_route(proxied)
+    offered = BEARER_PROTOCOL_PREFIX + "c29tZS10b2tlbg"
+    async with proxied.session.ws_connect(
+        proxied.url + EXEC, protocols=("v5.channel.k8s.io", offered), ssl=proxied.pki.client_context()
+    ) as ws:
+        assert ws.protocol == "v5.channel.k8s.io"
+    (seen,) = proxied.backend.seen_by("admin")
+    assert seen.one("Sec-WebSocket-Protocol") == "v5.channel.k8s.io"
 
 
 async def test_refused_upgrade_is_relayed_and_the_connection_closed(raw_gateway: object, pki: PKI) -> None:

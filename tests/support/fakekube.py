@@ -21,7 +21,9 @@ What it does like the real one:
 Knobs for tests: `drop_watches()`, `expire_history()`, `send_bookmarks()`, `send_watch_error()`,
 `slow()`/`release()`, `counts` of requests by (verb, resource), `requests` seen (with the user),
 `add_route()` for other endpoints (TokenReview, SubjectAccessReview, discovery), `serve_json()`,
-`register()` for more resources, and `write_kubeconfig()`.
+`register()` for more resources, and `write_kubeconfig()`. `enforce(gate)` runs a gate on every
+authenticated request before it is served (`fakeauthz.py`: front-proxy identity, impersonation and
+authorization as kube-apiserver applies them); without one, every caller may do everything.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ from tests.support.pki import PKI
 
 # The authenticated caller of a request, for handlers added with `add_route`: `request[USER]`.
 USER = web.RequestKey("user", str)
+# Who the request runs as after front-proxy headers and impersonation (set by an `enforce()` gate).
+IDENTITY = web.RequestKey("identity", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Obj = dict[str, Any]
@@ -159,6 +163,23 @@ class Seen:
     user: str | None
     verb: str
     resource: str
+    identity: str | None = None  # who it ran as, when a gate is enforced
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """What kube-apiserver's RequestInfo says about a request: resource ones name their resource."""
+
+    verb: str
+    path: str
+    resource: FakeResource | None = None
+    subresource: str = ""
+    namespace: str = ""
+    name: str = ""
+
+
+# Run before a request is served: its answer (a refusal), or None to serve it.
+Gate = Callable[[web.Request, Attributes], web.StreamResponse | None]
 
 
 @dataclass(frozen=True)
@@ -241,6 +262,7 @@ class FakeKube:
         self._release = asyncio.Event()
         self._snapshots: dict[str, tuple[int, list[Obj]]] = {}
         self._runner: web.AppRunner | None = None
+        self._gate: Gate | None = None
         # A kubeconfig for the default gateway credentials (set by `running_fake_kube`).
         self.kubeconfig: Path | None = None
 
@@ -465,6 +487,10 @@ class FakeKube:
         """
         self._routes[(method.upper(), path)] = handler
 
+    def enforce(self, gate: Gate | None) -> None:
+        """Run `gate` on every authenticated request from now on (None: serve everyone)."""
+        self._gate = gate
+
     def serve_json(self, path: str, doc: Any, *, status_code: int = 200) -> None:
         """GET `path` returns `doc` as JSON (e.g. kube-apiserver's own `/apis` or `/version`)."""
 
@@ -505,22 +531,34 @@ class FakeKube:
         request[USER] = user
         query = dict(request.query)
         route = self._routes.get((request.method, request.path)) or self._routes.get(("*", request.path))
+        parsed = self._parse(request.path) if route is None else None
+        if parsed is not None:
+            res, namespace, name, sub = parsed
+            verb = _verb(request.method, name, query)
+            attributes = Attributes(verb, request.path, res, sub, namespace, name)
+        else:
+            attributes = Attributes(_non_resource_verb(request.method), request.path)
+        refusal = self._gate(request, attributes) if self._gate is not None else None
+        identity = request.get(IDENTITY)
         if route is not None:
             self.counts[(request.method, request.path)] += 1
             self.requests.append(
-                Seen(request.method, request.path, query, user, request.method, request.path)
+                Seen(request.method, request.path, query, user, request.method, request.path, identity)
             )
+            if refusal is not None:
+                return refusal
             await self._delay(request.method, request.path)
             return await route(request)
-        parsed = self._parse(request.path)
         if parsed is None:
-            self.requests.append(Seen(request.method, request.path, query, user, "", ""))
+            self.requests.append(Seen(request.method, request.path, query, user, "", "", identity))
+            if refusal is not None:
+                return refusal
             return status_response(404, "NotFound", "the server could not find the requested resource")
-        res, namespace, name, sub = parsed
-        verb = _verb(request.method, name, query)
         label = f"{res.resource}/{sub}" if sub else res.resource
         self.counts[(verb, label)] += 1
-        self.requests.append(Seen(request.method, request.path, query, user, verb, label))
+        self.requests.append(Seen(request.method, request.path, query, user, verb, label, identity))
+        if refusal is not None:
+            return refusal
         await self._delay(verb, label)
         if verb == "watch":
             return await self._watch(request, res, namespace, query)
@@ -773,6 +811,11 @@ def _verb(method: str, name: str, query: dict[str, str]) -> str:
     return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
         method, method.lower()
     )
+
+
+def _non_resource_verb(method: str) -> str:
+    """RequestInfo's verb for a non-resource path: the lower-cased HTTP method."""
+    return method.lower()
 
 
 def _as_item(obj: Obj) -> Obj:

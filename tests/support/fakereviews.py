@@ -34,6 +34,7 @@ class FakeReviews:
         self.fake = fake
         self.tokens: dict[str, dict[str, Any]] = {}
         self.token_errors: dict[str, str] = {}
+        self.token_audiences: dict[str, list[str]] = {}
         self.policy: Policy = allow_all
         self.token_reviews: list[Spec] = []
         self.access_reviews: list[Spec] = []
@@ -55,7 +56,9 @@ class FakeReviews:
         uid: str = "",
         groups: tuple[str, ...] = (),
         extra: dict[str, list[str]] | None = None,
+        audiences: list[str] | None = None,
     ) -> None:
+        """`audiences`: what the answer's `status.audiences` names (None: no audiences in the answer)."""
         user: dict[str, Any] = {"username": username}
         if uid:
             user["uid"] = uid
@@ -64,6 +67,8 @@ class FakeReviews:
         if extra:
             user["extra"] = extra
         self.tokens[token] = user
+        if audiences is not None:
+            self.token_audiences[token] = audiences
 
     def deny(self, user: str, reason: str = "", *, explicit: bool = False) -> None:
         """Everyone else stays allowed; `user` gets allowed=false (and denied=true if explicit)."""
@@ -127,6 +132,8 @@ class FakeReviews:
             status = {"authenticated": False, "error": self.token_errors[token]}
         else:
             status = {"authenticated": False}
+        if token in self.token_audiences:
+            status["audiences"] = self.token_audiences[token]
         return web.json_response(
             {"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1", "spec": spec, "status": status},
             status=201,

@@ -94,6 +94,37 @@ async def test_a_poke_during_a_run_runs_again_right_after() -> None:
         await loops.stop()
 
 
+async def test_poke_within_brings_a_later_run_forward_and_never_delays_one() -> None:
+    runs: list[tuple[str, float]] = []
+    gate = asyncio.Event()
+    gate.set()
+
+    async def work(key: str) -> bool:
+        runs.append((key, asyncio.get_running_loop().time()))
+        await gate.wait()
+        return True
+
+    loops = engine(work, interval=60.0)
+    loops.ensure("a")
+    loops.start()
+    try:
+        await until(lambda: len(runs) == 1, what="the first run")
+        asked = asyncio.get_running_loop().time()
+        loops.poke_within("a", 0.2)  # due in 60 s: now due in 0.2 s
+        loops.poke_within("a", 30.0)  # a later bound does not push it back
+        loops.poke_within("unknown", 0.0)
+        await until(lambda: len(runs) == 2, what="the run brought forward")
+        assert 0.19 <= runs[1][1] - asked < 1.0
+        gate.clear()
+        loops.poke("a")
+        await until(lambda: len(runs) == 3, what="a run in progress")
+        loops.poke_within("a", 30.0)  # during a run: right after it, as a poke
+        gate.set()
+        await until(lambda: len(runs) == 4, what="the run right after")
+    finally:
+        await loops.stop()
+
+
 async def test_at_most_concurrency_runs_at_a_time() -> None:
     running = 0
     peak = 0

@@ -1,0 +1,250 @@
+"""Benchmark: the gateway at 100, 1000 and 5000 APIServices (each with its own Service and EndpointSlice).
+
+Run from the repository root:  .venv/bin/python benchmarks/scale.py [--counts 100,1000,5000]
+
+For each count, a local-mode gateway (client CA and front-proxy CA configured) starts on a folder of
+manifests whose backends are one nginx over TLS (every Service points at it; a wildcard
+certificate covers every `<service>.bench.svc`). nginx answers every discovery GET with an
+APIResourceList and 404s OpenAPI, so every APIService is healthy. The script prints:
+- time to listening (the port accepts connections) and to ready (`/readyz` 200);
+- time until settled (every APIService Available, and the gateway's CPU below 20% over a second);
+- RSS once settled;
+- idle CPU over a window after settling (background probes and discovery refreshes only);
+- how long a new manifest written to the folder takes to appear in `/apis`.
+The gateway is pinned to CPU 0 and nginx to the others where the machine has two CPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import yaml
+from wrkbench import cpu_seconds, free_port, pinning, rss_bytes
+
+from aggregator.commands.certs import init_pki, issue_serving_cert, new_ca, write_pair
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+RESOURCE_LIST = '{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"x/v1","resources":[]}'
+PER_FILE = 100
+
+
+def nginx_conf(work: Path, port: int) -> str:
+    return f"""
+worker_processes 1;
+daemon off;
+pid {work}/nginx.pid;
+error_log {work}/nginx-error.log warn;
+worker_rlimit_nofile 30000;
+events {{ worker_connections 20000; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+    client_body_temp_path {work}/nginx-body;
+    ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_certificate {work}/backend.crt;
+    ssl_certificate_key {work}/backend.key;
+    server {{
+        listen 127.0.0.1:{port} ssl backlog=4096;
+        ssl_client_certificate {work}/pki/front-proxy-ca.crt;
+        ssl_verify_client on;
+        location /openapi/ {{ return 404; }}
+        location / {{ default_type application/json; return 200 '{RESOURCE_LIST}'; }}
+    }}
+}}
+"""
+
+
+def objects(index: int, port: int, ca_pem_b64: str) -> list[dict[str, object]]:
+    group, name = f"group{index:05d}.bench.example.com", f"svc{index:05d}"
+    return [
+        {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": f"v1.{group}"},
+            "spec": {
+                "group": group,
+                "version": "v1",
+                "service": {"namespace": "bench", "name": name, "port": port},
+                "caBundle": ca_pem_b64,
+                "groupPriorityMinimum": 1000 + index % 500,
+                "versionPriority": 15,
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"namespace": "bench", "name": name},
+            "spec": {"clusterIP": "127.0.0.1", "ports": [{"name": "https", "port": port}]},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {"namespace": "bench", "name": f"{name}-1", "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "ports": [{"name": "https", "port": port}],
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+        },
+    ]
+
+
+def write_folder(folder: Path, count: int, port: int, ca_pem_b64: str) -> None:
+    for start in range(0, count, PER_FILE):
+        docs = [d for i in range(start, min(count, start + PER_FILE)) for d in objects(i, port, ca_pem_b64)]
+        (folder / f"apiservices-{start:05d}.yaml").write_text(yaml.safe_dump_all(docs))
+
+
+class Client:
+    def __init__(self, base: str, pki: Path) -> None:
+        self.base = base
+        self.ctx = ssl.create_default_context()
+        self.ctx.check_hostname = False
+        self.ctx.verify_mode = ssl.CERT_NONE
+        self.ctx.load_cert_chain(pki / "admin.crt", pki / "admin.key")
+
+    def get(self, path: str, timeout: float = 30) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.base + path, context=self.ctx, timeout=timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+
+@contextlib.contextmanager
+def nginx(work: Path, port: int, cpus: str | None) -> Iterator[None]:
+    conf = work / "nginx.conf"
+    conf.write_text(nginx_conf(work, port))
+    proc = subprocess.Popen([*pinning(cpus), NGINX, "-c", str(conf), "-e", str(work / "nginx-error.log")])
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGQUIT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+
+
+def cpu_fraction(pid: int, seconds: float) -> float:
+    before, started = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / (time.monotonic() - started)
+
+
+def available_count(client: Client) -> int:
+    _, body = client.get("/apis/apiregistration.k8s.io/v1/apiservices", timeout=60)
+    items = json.loads(body)["items"]
+    return sum(
+        any(c["type"] == "Available" and c["status"] == "True" for c in i.get("status", {}).get("conditions", []))
+        for i in items
+    )
+
+
+def run(count: int, idle_window: float, server_cpu: str | None, other_cpus: str | None) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix=f"bench-scale-{count}-") as tmp:
+        work = Path(tmp)
+        pki = work / "pki"
+        init_pki(pki)
+        ca = new_ca("bench-backend-ca")
+        write_pair(work, "backend", issue_serving_cert(ca, ["*.bench.svc", "127.0.0.1"]))
+        ca_b64 = base64.b64encode(ca.cert_pem).decode()
+        folder = work / "apiservices"
+        folder.mkdir()
+        backend_port, port = free_port(), free_port()
+        write_folder(folder, count, backend_port, ca_b64)
+        cmd = [
+            *pinning(server_cpu), sys.executable, "-m", "aggregator", "serve",
+            "--apiservices-dir", str(folder), "--bind-address", "127.0.0.1", "--secure-port", str(port),
+            "--cert-dir", str(work / "certs"),
+            "--client-ca-file", str(pki / "client-ca.crt"),
+            "--requestheader-client-ca-file", str(pki / "front-proxy-ca.crt"),
+            "--requestheader-allowed-names", "front-proxy-client",
+            "--proxy-client-cert-file", str(pki / "front-proxy-client.crt"),
+            "--proxy-client-key-file", str(pki / "front-proxy-client.key"),
+        ]  # fmt: skip
+        with nginx(work, backend_port, other_cpus):
+            log = (work / "gateway.log").open("w")
+            started = time.monotonic()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.environ.get("BENCH_GATEWAY_SRC"))
+            client = Client(f"https://127.0.0.1:{port}", pki)
+            figures: dict[str, float] = {}
+            try:
+                while "listening" not in figures:
+                    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                        figures["listening"] = time.monotonic() - started
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"the gateway exited; see {work / 'gateway.log'}")
+                    time.sleep(0.05)
+                while "ready" not in figures:
+                    with contextlib.suppress(OSError):
+                        if client.get("/readyz", timeout=5)[0] == 200:
+                            figures["ready"] = time.monotonic() - started
+                    if time.monotonic() - started > 600:
+                        raise RuntimeError("not ready after 10 minutes")
+                    time.sleep(0.1)
+                while "settled" not in figures:
+                    if available_count(client) == count and cpu_fraction(proc.pid, 1.0) < 0.2:
+                        figures["settled"] = time.monotonic() - started
+                    elif time.monotonic() - started > 900:
+                        raise RuntimeError("not settled after 15 minutes")
+                figures["cpu_to_settle"] = cpu_seconds(proc.pid)
+                figures["rss_mib"] = rss_bytes(proc.pid) / 2**20
+                figures["idle_cpu_percent"] = 100 * cpu_fraction(proc.pid, idle_window)
+                # One more manifest: how long until /apis lists its group?
+                extra = objects(count, backend_port, ca_b64)
+                changed = time.monotonic()
+                (folder / "zz-new.yaml").write_text(yaml.safe_dump_all(extra))
+                group = b"group%05d.bench.example.com" % count
+                while group not in client.get("/apis")[1]:
+                    if time.monotonic() - changed > 30:
+                        raise RuntimeError("the new group never appeared in /apis")
+                    time.sleep(0.005)
+                figures["file_to_apis_ms"] = (time.monotonic() - changed) * 1000
+            finally:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(30)
+                if proc.poll() is None:
+                    proc.kill()
+                log.close()
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--counts", default="100,1000,5000")
+    parser.add_argument("--idle-window", type=float, default=30.0, help="seconds of idle CPU measurement")
+    args = parser.parse_args()
+    cpus = os.cpu_count() or 1
+    server_cpu, other_cpus = ("0", f"1-{cpus - 1}") if cpus >= 2 else (None, None)
+    print(f"{'APIServices':>11} {'listening':>10} {'ready':>8} {'settled':>8} {'CPU to settle':>14} "
+          f"{'RSS':>8} {'idle CPU':>9} {'file -> /apis':>14}")  # fmt: skip
+    for count in (int(c) for c in args.counts.split(",")):
+        f = run(count, args.idle_window, server_cpu, other_cpus)
+        print(
+            f"{count:>11} {f['listening']:>9.1f}s {f['ready']:>7.1f}s {f['settled']:>7.1f}s "
+            f"{f['cpu_to_settle']:>13.1f}s {f['rss_mib']:>5.0f} MiB {f['idle_cpu_percent']:>8.1f}% "
+            f"{f['file_to_apis_ms']:>11.0f} ms",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

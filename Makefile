@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/discovery.py
 	$(BIN)/python benchmarks/proxy.py
 	$(BIN)/python benchmarks/auth.py
+	$(BIN)/python benchmarks/slow_clients.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

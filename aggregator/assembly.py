@@ -46,6 +46,7 @@ from aggregator.availability.status import (
 from aggregator.backends.addresses import AddressResolver
 from aggregator.backends.client_cert import ProxyClientCertificate
 from aggregator.backends.headers import LiveIdentityPolicy
+from aggregator.backends.hops import new_instance
 from aggregator.backends.registry import BackendRegistry
 from aggregator.config import Options
 from aggregator.contracts import Component
@@ -59,6 +60,7 @@ from aggregator.openapi.routes import OpenAPIRoutes
 from aggregator.proxy.apiservices import APIServiceProxy
 from aggregator.proxy.delegate import FRONT_PROXY, Delegate
 from aggregator.proxy.forward import Forwarder
+from aggregator.proxy.loops import loop_gate
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
@@ -66,6 +68,7 @@ from aggregator.sources.store import Store
 from aggregator.web.accesslog import AccessLog, AccessLogPolicy
 from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.metrics import Metrics
+from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Pipeline
 from aggregator.web.responses import not_found
 from aggregator.web.routing import Route, RouteKind, Router
@@ -101,6 +104,8 @@ class Gateway:
     components: list[tuple[str, Component]]
     # Human-readable start-up facts ("client certificates (CA ...)", "authorization: ...").
     auth_summary: list[str] = field(default_factory=list)
+    # This gateway's loop mark on everything it sends (`backends/hops.py`).
+    hop: str = ""
     shutting_down: bool = False
 
     async def start(self) -> None:
@@ -161,8 +166,12 @@ def build_gateway(options: Options) -> Gateway:
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
 
     # 4. the backends; every identity header the front-proxy configuration names is stripped,
-    # including names the cluster's ConfigMap sets later
-    backends = build_backends(options, store, metrics, identity=_identity_policy(options, authenticator))
+    # including names the cluster's ConfigMap sets later; every request carries this gateway's
+    # loop mark, and any request arriving with one is refused (proxy loops)
+    hop = new_instance()
+    backends = build_backends(
+        options, store, metrics, identity=_identity_policy(options, authenticator), hop=hop
+    )
     client_certificate = backends.client_certificate
     components.append(("backends", backends))
 
@@ -190,6 +199,7 @@ def build_gateway(options: Options) -> Gateway:
             identity=_identity_policy(
                 options, authenticator, keep_impersonation=options.delegate_auth == FRONT_PROXY
             ),
+            hop=hop,
         )
         components.append(("delegate", delegate))
         fallback = delegate.route
@@ -232,9 +242,12 @@ def build_gateway(options: Options) -> Gateway:
         apiregistration.install(router)
     router.add_claim(proxy.claim)
 
-    # kube-apiserver's filter order: authentication, impersonation, authorization
+    # kube-apiserver's filter order: authentication, impersonation, authorization; before them,
+    # looped requests and paths a backend could read as another resource are refused
     access_log = AccessLog(AccessLogPolicy.parse(options.access_log, verbosity=options.verbosity))
     pipeline = Pipeline(router, metrics, access_log)
+    pipeline.add_gate(loop_gate(hop))
+    pipeline.add_gate(refuse_confusing_paths)
     pipeline.add_gate(authenticator.gate)
     pipeline.add_gate(Impersonator(authorizer).gate)
     pipeline.add_gate(authorizer.gate)
@@ -262,6 +275,7 @@ def build_gateway(options: Options) -> Gateway:
         pipeline=pipeline,
         components=components,
         auth_summary=authentication.summary + authorization.summary,
+        hop=hop,
     )
     health.add("ping", lambda: None)
     health.add("shutdown", gateway.shutdown_check, livez=False)
@@ -283,9 +297,15 @@ def build_gateway(options: Options) -> Gateway:
 
 
 def build_backends(
-    options: Options, store: Store, metrics: Metrics, *, identity: LiveIdentityPolicy | None = None
+    options: Options,
+    store: Store,
+    metrics: Metrics,
+    *,
+    identity: LiveIdentityPolicy | None = None,
+    hop: str | None = None,
 ) -> BackendRegistry:
-    """The backends as the options configure them (also what `aggregator check` dials with)."""
+    """The backends as the options configure them (also what `aggregator check` dials with: its
+    requests carry a loop mark too, so a check of an APIService served by a gateway says ProxyLoop)."""
     return BackendRegistry(
         store,
         metrics,
@@ -293,12 +313,13 @@ def build_backends(
             store,
             endpoint_routing=options.enable_aggregator_routing,
             allow_external_name=options.allow_external_name_services,
-            deny_cidrs=options.backend_deny_cidrs,
+            deny_cidrs=options.deny_cidrs,
         ),
         client_certificate=ProxyClientCertificate(
             options.proxy_client_cert_file, options.proxy_client_key_file
         ),
         identity=identity or flag_identity_policy(options),
+        hop=hop or new_instance(),
     )
 
 

@@ -19,7 +19,12 @@ from aggregator.web.accesslog import AccessLogError, AccessLogPolicy
 
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 DEFAULT_CERT_DIR = "apiserver.local.config/certificates"
+# --backend-deny-cidrs when unset. Both modes: link-local, where cloud metadata services live.
 DEFAULT_DENY_CIDRS = ("169.254.0.0/16", "fe80::/10")
+# Kube mode adds loopback: no real Service or endpoint points there (kube-apiserver's
+# ValidateEndpointIP refuses it in EndpointSlices), so a backend on 127.0.0.1 can only be a request
+# forgery towards the gateway's own pod. Local mode keeps it: its demo backends listen on loopback.
+KUBE_DEFAULT_DENY_CIDRS = (*DEFAULT_DENY_CIDRS, "127.0.0.0/8", "::1/128")
 DEFAULT_ALWAYS_ALLOW_PATHS = ("/healthz", "/readyz", "/livez")
 # client-go leaderelection.go `JitterFactor`: acquire retries wait RetryPeriod * [1, 2.2).
 JITTER_FACTOR = 1.2
@@ -73,7 +78,8 @@ class Options:
     # proxy
     enable_aggregator_routing: bool = False
     allow_external_name_services: bool = False
-    backend_deny_cidrs: list[str] = field(default_factory=lambda: list(DEFAULT_DENY_CIDRS))
+    # None: the mode's default (`deny_cidrs`)
+    backend_deny_cidrs: list[str] | None = None
     delegate_auth: str = "front-proxy"
     # authentication / authorization
     anonymous_auth: bool = False
@@ -128,6 +134,13 @@ class Options:
     @property
     def kube_mode(self) -> bool:
         return not self.local_mode
+
+    @property
+    def deny_cidrs(self) -> list[str]:
+        """`--backend-deny-cidrs`, or the mode's default when it is not given."""
+        if self.backend_deny_cidrs is not None:
+            return self.backend_deny_cidrs
+        return list(KUBE_DEFAULT_DENY_CIDRS if self.kube_mode else DEFAULT_DENY_CIDRS)
 
 
 def _csv(text: str) -> list[str]:
@@ -189,9 +202,10 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
     proxy.add_argument(
         "--backend-deny-cidrs",
         type=_csv,
-        default=list(DEFAULT_DENY_CIDRS),
-        help="backend addresses never dialed (default 169.254.0.0/16,fe80::/10: cloud metadata); "
-        "an empty value allows all.",
+        default=None,
+        help="backend addresses never dialed (default 169.254.0.0/16,fe80::/10: cloud metadata; kube "
+        "mode adds 127.0.0.0/8,::1/128); an empty value allows all but the unspecified addresses "
+        "(0.0.0.0/8, ::), which are never dialed.",
     )
     return proxy
 
@@ -562,7 +576,7 @@ def validate(opts: Options) -> None:
             "--apiservices-dir",
             "neither --apiservices-dir nor --kubeconfig is set and no in-cluster service account was found",
         )
-    for cidr in opts.backend_deny_cidrs:
+    for cidr in opts.deny_cidrs:
         try:
             ipaddress.ip_network(cidr, strict=False)
         except ValueError as err:

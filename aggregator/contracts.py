@@ -31,6 +31,10 @@ class Availability(Protocol):
 
     def is_available(self, name: str) -> bool: ...
 
+    def reason(self, name: str) -> str:
+        """The `Available` condition's reason (`ProxyLoop`...), "" when there is none."""
+        ...
+
 
 class Recheck(Protocol):
     """A request could not reach this APIService's backend: check its availability again now.

@@ -21,6 +21,7 @@ from aggregator.assembly import Gateway, build_gateway
 from aggregator.config import ConfigError, Options, tls_policy
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
+from aggregator.util._aiohttp import GatewayRequest, TimedServer, TimedSite
 from aggregator.util.logs import fields
 from aggregator.util.runtime import new_event_loop, wait_for_termination
 
@@ -29,6 +30,11 @@ log = logging.getLogger(__name__)
 # Request bodies the gateway reads itself (it streams everything it proxies).
 CLIENT_MAX_SIZE = 3 * 1024 * 1024
 LISTEN_BACKLOG = 1024
+# kube-apiserver's http.Server (k8s.io/apiserver pkg/server/secure_serving.go, no flags): a request
+# head must arrive within 32 s ("just shy of requestTimeoutUpperBound"), and a connection with no
+# request in flight is closed after 90 s ("matches http.DefaultTransport keep-alive timeout").
+READ_HEADER_TIMEOUT = 32.0
+IDLE_TIMEOUT = 90.0
 
 
 def _serving_hosts(options: Options) -> list[str]:
@@ -57,6 +63,8 @@ class GatewayServer:
             flag = "--tls-cert-file" if options.tls_cert_file else "--cert-dir"
             raise ConfigError(flag, str(err)) from err
         self.gateway = gateway or build_gateway(options)
+        self.read_header_timeout = READ_HEADER_TIMEOUT
+        self.idle_timeout = IDLE_TIMEOUT
         self.port = 0
         self._runner: web.ServerRunner | None = None
 
@@ -70,16 +78,17 @@ class GatewayServer:
         loop = asyncio.get_running_loop()
 
         def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.Request:
-            return web.Request(
+            return GatewayRequest(
                 message, payload, protocol, writer, task, loop, client_max_size=CLIENT_MAX_SIZE
             )
 
-        return web.Server(
-            self.gateway.pipeline.handle,  # type: ignore[arg-type]  # every request is a web.Request
+        return TimedServer(
+            self.gateway.pipeline.handle,
+            read_header_timeout=self.read_header_timeout,
             request_factory=make_request,
             handler_cancellation=True,
             access_log=None,
-            keepalive_timeout=75,
+            keepalive_timeout=self.idle_timeout,
             max_line_size=65536,
             max_field_size=65536,
         )
@@ -88,12 +97,13 @@ class GatewayServer:
         await self.gateway.start()
         self._runner = web.ServerRunner(self._low_level_server())
         await self._runner.setup()
-        site = web.TCPSite(
+        site = TimedSite(
             self._runner,
             self.options.bind_address,
             self.options.secure_port,
             ssl_context=self.serving.context,
             backlog=LISTEN_BACKLOG,
+            ssl_handshake_timeout=self.read_header_timeout,  # Go's tlsHandshakeTimeout
         )
         try:
             await site.start()

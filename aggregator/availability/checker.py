@@ -152,6 +152,15 @@ class AvailabilityChecker:
         svc = self.store.apiservice(name)
         return svc is not None and svc.available
 
+    def reason(self, name: str) -> str:
+        """The latest verdict's reason, or the object's own condition's before the first check."""
+        verdict = self._verdicts.get(name)
+        if verdict is not None:
+            return verdict.reason
+        svc = self.store.apiservice(name)
+        condition = _available_condition(svc.conditions) if svc is not None else None
+        return condition.reason if condition is not None else ""
+
     def verdict(self, name: str) -> Verdict | None:
         return self._verdicts.get(name)
 
@@ -311,7 +320,7 @@ class AvailabilityChecker:
             await self.record(report)
         finally:
             self._settled(name)
-        return report.verdict.reason == cond.FAILED_DISCOVERY_CHECK
+        return report.verdict.reason in cond.DISCOVERY_CHECK_REASONS
 
     def _settled(self, name: str) -> None:
         """`name` has had its first check (or is gone): readiness no longer waits for it."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from aggregator.backends import hops
 from aggregator.model.apiservice import (
     AVAILABLE,
     LOCAL_MESSAGE,
@@ -32,6 +33,15 @@ ENDPOINTS_ACCESS_ERROR = "EndpointsAccessError"
 ENDPOINTS_NOT_FOUND = "EndpointsNotFound"
 MISSING_ENDPOINTS = "MissingEndpoints"
 FAILED_DISCOVERY_CHECK = "FailedDiscoveryCheck"
+# Ours, not upstream's: failures of the discovery check that are a security refusal, not an outage,
+# get their own reasons so alerts and `kubectl get apiservices` tell them apart.
+FORBIDDEN_ENDPOINT = "ForbiddenEndpoint"  # the address is unspecified or in --backend-deny-cidrs
+REDIRECT_REJECTED = "RedirectRejected"  # the backend answered with a redirect (CVE-2022-3172)
+PROXY_LOOP = hops.PROXY_LOOP  # the backend is a gateway (this one, or another): a request loop
+# Every reason the discovery GET can end in (a failed one is retried sooner than the interval).
+DISCOVERY_CHECK_REASONS = frozenset(
+    {FAILED_DISCOVERY_CHECK, FORBIDDEN_ENDPOINT, REDIRECT_REJECTED, PROXY_LOOP}
+)
 # The counter's reason when an APIService has no Available condition at all (upstream's word).
 UNKNOWN_REASON = "UnknownReason"
 
@@ -128,8 +138,12 @@ def missing_endpoints(ref: ServiceReference, port_name: str, detail: Sequence[st
     )
 
 
-def failed_discovery_check(message: str, detail: Sequence[str]) -> Verdict:
-    return Verdict(FALSE, FAILED_DISCOVERY_CHECK, with_detail(message, detail))
+def failed_discovery_check(
+    message: str, detail: Sequence[str], *, reason: str = FAILED_DISCOVERY_CHECK
+) -> Verdict:
+    """Upstream's discovery-check failure; `reason` names a refusal (FORBIDDEN_ENDPOINT,
+    REDIRECT_REJECTED, PROXY_LOOP) where upstream would say FailedDiscoveryCheck."""
+    return Verdict(FALSE, reason, with_detail(message, detail))
 
 
 def go_quote(text: str) -> str:

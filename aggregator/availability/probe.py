@@ -31,6 +31,7 @@ from aggregator.availability.conditions import Verdict
 from aggregator.backends import tlsdiag
 from aggregator.backends.addresses import Target
 from aggregator.backends.errors import BackendError, Hop
+from aggregator.backends.hops import LOOP_STATUS
 from aggregator.backends.registry import BackendRegistry
 from aggregator.backends.tls import client_context
 from aggregator.model.apiservice import APIService, ServiceReference
@@ -325,7 +326,8 @@ class DiscoveryProbe:
             if done and tasks[0].result().ok:
                 return tasks[0].result(), 0
             tasks += [
-                asyncio.ensure_future(self.attempt(svc, path, deadline=deadline)) for _ in range(self.attempts - 1)
+                asyncio.ensure_future(self.attempt(svc, path, deadline=deadline))
+                for _ in range(self.attempts - 1)
             ]
             for next_done in asyncio.as_completed(tasks):
                 result = await next_done
@@ -372,7 +374,8 @@ class DiscoveryProbe:
         return f"client certificate: {leaf.subject.rfc4514_string()} (issuer {leaf.issuer.rfc4514_string()})"
 
     async def explain(self, svc: APIService, store: Store, attempt: Attempt) -> tuple[Verdict, list[Step]]:
-        """The FailedDiscoveryCheck verdict for a failed attempt, and its steps from `address` on."""
+        """The verdict for a failed attempt (FailedDiscoveryCheck, or the refusal it was:
+        ForbiddenEndpoint, RedirectRejected, ProxyLoop), and its steps from `address` on."""
         ref = svc.service
         assert ref is not None
         target, url, error = attempt.target, attempt.url, attempt.error
@@ -384,10 +387,17 @@ class DiscoveryProbe:
 
         if attempt.status is not None and target is not None:  # the backend answered, outside 2xx
             status = attempt.status
-            hop = Hop.REDIRECT.value if 300 <= status < 400 else HTTP_HOP
+            reason, hop, answer = cond.FAILED_DISCOVERY_CHECK, HTTP_HOP, []
+            if 300 <= status < 400:  # even a 304: this GET was not conditional
+                reason, hop, answer = (
+                    cond.REDIRECT_REJECTED,
+                    Hop.REDIRECT.value,
+                    ["redirects are not followed"],
+                )
+            elif status == LOOP_STATUS:
+                reason, answer = cond.PROXY_LOOP, ["the backend is an aggregator gateway: a proxy loop"]
             message = f"failing or missing response from {url}: bad status from {url}: {status}"
             status_text = _status_text(status)
-            answer = ["redirects are not followed"] if hop == Hop.REDIRECT.value else []
             answer.append(f"body: {cond.body_excerpt(attempt.body)}")
             detail = [f"hop: {hop}", dialed, f"status: {status_text}", *answer]
             steps += [
@@ -395,7 +405,7 @@ class DiscoveryProbe:
                 Step("tls", PASS, tls_summary(svc)),
                 Step(HTTP_HOP, FAIL, f"GET {discovery_path(svc)}: {status_text}", tuple(answer)),
             ]
-            return cond.failed_discovery_check(message, detail), steps
+            return cond.failed_discovery_check(message, detail, reason=reason), steps
 
         assert error is not None
         cause = error.cause
@@ -423,7 +433,8 @@ class DiscoveryProbe:
         detail = [f"hop: {hop.value}", dialed, *tls_lines]
         if hop is Hop.TIMEOUT:
             detail.append(f"no response within {self.timeout:g}s")
-        verdict = cond.failed_discovery_check(message, detail)
+        reason = cond.FORBIDDEN_ENDPOINT if hop is Hop.DENY_CIDR else cond.FAILED_DISCOVERY_CHECK
+        verdict = cond.failed_discovery_check(message, detail, reason=reason)
 
         if target is None and hop in (Hop.SERVICE, Hop.PORT, Hop.ENDPOINTS, Hop.DENY_CIDR, Hop.CONNECT):
             steps.append(Step("address", FAIL, cause, (f"hop: {hop.value}",)))

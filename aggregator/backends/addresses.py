@@ -9,7 +9,10 @@ the same way.
 Security (CVE-2020-8562, CVE-2021-25740): an ExternalName Service is refused unless
 `--allow-external-name-services`; its name is resolved once and the resulting IP is dialed (no
 second lookup a DNS server could answer differently); every address is checked against
-`--backend-deny-cidrs` before anything is dialed. The TLS verification name is always
+`--backend-deny-cidrs` before anything is dialed. An unspecified address (`0.0.0.0/8`, `::` and
+their IPv4-mapped forms) is refused whatever that flag says: connecting to it reaches the
+gateway's own host (Linux routes `0.0.0.0` to the loopback interface), so it would slip past a
+deny list naming only `127.0.0.0/8` and `::1`. The TLS verification name is always
 `<service>.<namespace>.svc`, whatever address is dialed.
 """
 
@@ -31,6 +34,10 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Lookup = Callable[[str], Awaitable[list[str]]]
 
 _ROUTABLE_TYPES = ("ClusterIP", "LoadBalancer", "NodePort")
+# Never dialed, whatever --backend-deny-cidrs says. RFC 6890 marks all of 0.0.0.0/8 as "this host
+# on this network", never a destination; `::` is IPv6's unspecified address. IPv4-mapped forms
+# (`::ffff:0.0.0.0`) are matched through `DenyList.match`.
+UNSPECIFIED = ("0.0.0.0/8", "::/128")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,21 +87,35 @@ def _family(address: str) -> str:
 
 
 class DenyList:
-    """`--backend-deny-cidrs`, with verdicts cached per address (the same few IPs repeat)."""
+    """The unspecified addresses and `--backend-deny-cidrs`, with verdicts cached per address (the
+    same few IPs repeat)."""
 
     def __init__(self, cidrs: Sequence[str]) -> None:
+        self.unspecified: tuple[IPNetwork, ...] = tuple(ipaddress.ip_network(c) for c in UNSPECIFIED)
         self.networks: tuple[IPNetwork, ...] = tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
-        self._verdicts: dict[str, IPNetwork | None] = {}
+        self._verdicts: dict[str, str | None] = {}
 
-    def match(self, address: str) -> IPNetwork | None:
-        """The denied network containing `address`, or None when it may be dialed."""
+    def match(self, address: str) -> str | None:
+        """Why `address` is never dialed (`is in --backend-deny-cidrs range 169.254.0.0/16`), or
+        None when it may be."""
         try:
             return self._verdicts[address]
         except KeyError:
             pass
         ip = ipaddress.ip_address(address)
         mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-        verdict = next((n for n in self.networks if ip in n or (mapped is not None and mapped in n)), None)
+
+        def first(networks: tuple[IPNetwork, ...]) -> IPNetwork | None:
+            return next((n for n in networks if ip in n or (mapped is not None and mapped in n)), None)
+
+        verdict: str | None = None
+        unspecified = first(self.unspecified)
+        if unspecified is not None:
+            verdict = f"unspecified ({unspecified}): dialing it reaches the gateway's own host, so it is never dialed"
+        else:
+            network = first(self.networks)
+            if network is not None:
+                verdict = f"in --backend-deny-cidrs range {network}"
         if len(self._verdicts) > 4096:
             self._verdicts.clear()
         self._verdicts[address] = verdict
@@ -169,11 +190,10 @@ class AddressResolver:
         for address in addresses:
             if self.deny.match(address) is None:
                 return Target(address, pending.port, pending.server_name)
-        network = self.deny.match(addresses[0])
         raise BackendError(
             Hop.DENY_CIDR,
-            f"address {addresses[0]} of service {pending.service} (ExternalName {pending.host}) is in "
-            f"--backend-deny-cidrs range {network}",
+            f"address {addresses[0]} of service {pending.service} (ExternalName {pending.host}) is "
+            f"{self.deny.match(addresses[0])}",
         )
 
     # --- upstream's two resolvers -------------------------------------------------------------------
@@ -251,11 +271,9 @@ class AddressResolver:
         return None
 
     def _checked(self, target: Target, ref: ServiceReference) -> Target:
-        network = self.deny.match(target.ip)
-        if network is not None:
+        denied = self.deny.match(target.ip)
+        if denied is not None:
             raise BackendError(
-                Hop.DENY_CIDR,
-                f"address {target.ip} of service {ref.namespace}/{ref.name} is in --backend-deny-cidrs "
-                f"range {network}",
+                Hop.DENY_CIDR, f"address {target.ip} of service {ref.namespace}/{ref.name} is {denied}"
             )
         return target

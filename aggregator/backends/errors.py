@@ -27,7 +27,7 @@ class Hop(enum.StrEnum):
     CONNECT = "connect"  # DNS, TCP connect, connection reset
     TLS = "tls"  # handshake or certificate verification
     TIMEOUT = "timeout"  # the request's deadline passed
-    REDIRECT = "redirect"  # a 3xx with Location (callers decide; fetch returns it)
+    REDIRECT = "redirect"  # a 3xx other than 304 (`wire/redirects.py`; fetch returns it, callers refuse it)
 
 
 class BackendError(Exception):

@@ -13,6 +13,11 @@ The configured names are the flags' and, in kube mode, those of the cluster's
 `extension-apiserver-authentication` ConfigMap, which change while the gateway runs:
 `LiveIdentityPolicy` follows them (k/k#119631: stripping only the default names let callers assert
 groups through custom ones).
+
+Names are compared with `_` read as `-` (`dashed`): a CGI or WSGI backend turns `X-Remote_User`,
+`X_Remote_User` and `X-Remote-User` into the same `HTTP_X_REMOTE_USER`, so a look-alike of any
+header the gateway controls (identity, hop-by-hop, `Host`, `X-Forwarded-*`) is dropped like the
+header itself. Go's servers keep `_` apart, which is why upstream never needed this.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Protocol
 
 from multidict import CIMultiDict
 
+from aggregator.backends.hops import HOP_HEADER
 from aggregator.model.userinfo import UserInfo
 from aggregator.wire.wsprotocol import BEARER_PROTOCOL_PREFIX, without_token_protocols
 
@@ -67,6 +73,11 @@ IMPERSONATE_EXTRA_PREFIX = "Impersonate-Extra-"
 _TOKEN_BYTES = frozenset((string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~").encode())
 # Bytes that would let a value smuggle a second header line (or be refused by the HTTP writer).
 _UNSAFE_VALUE = ("\r", "\n", "\x00")
+
+
+def dashed(name: str) -> str:
+    """A header name lower-cased with `_` read as `-`, as CGI and WSGI backends read it."""
+    return name.lower().replace("_", "-")
 
 
 def header_key_escape(key: str) -> str:
@@ -120,18 +131,18 @@ class IdentityHeaderPolicy:
         front proxy, which authorizes the impersonation itself as upstream does.
         """
         names = {*STANDARD_IDENTITY_NAMES}
-        names.update(h.strip().lower() for h in (*username_headers, *uid_headers, *group_headers))
+        names.update(dashed(h.strip()) for h in (*username_headers, *uid_headers, *group_headers))
         prefixes = {*STANDARD_IDENTITY_PREFIXES}
         if keep_impersonation:
             prefixes.discard("impersonate-")
-        prefixes.update(p.strip().lower() for p in extra_prefixes)
+        prefixes.update(dashed(p.strip()) for p in extra_prefixes)
         names.discard("")
         prefixes.discard("")
         return cls(frozenset(names), tuple(sorted(prefixes)))
 
     def is_identity(self, name: str) -> bool:
-        lowered = name.lower()
-        return lowered in self.names or lowered.startswith(self.prefixes)
+        key = dashed(name)
+        return key in self.names or key.startswith(self.prefixes)
 
     def extra_header(self, prefix: str, key: str) -> str:
         cache_key = (prefix, key)
@@ -230,8 +241,8 @@ def _safe(value: str) -> bool:
 
 
 def connection_tokens(values: Iterable[str]) -> frozenset[str]:
-    """Lower-cased header names listed in `Connection` values (`close`, `upgrade`, `x-foo`...)."""
-    return frozenset(t.strip().lower() for v in values for t in v.split(",") if t.strip())
+    """Header names listed in `Connection` values (`close`, `upgrade`, `x-foo`...), `dashed`."""
+    return frozenset(dashed(t.strip()) for v in values for t in v.split(",") if t.strip())
 
 
 def identity_headers(
@@ -309,6 +320,7 @@ def request_headers(
     upgrade: str | None = None,
     impersonate: bool = False,
     extra: Mapping[str, str] | None = None,
+    hop: str | None = None,
 ) -> CIMultiDict[str]:
     """The headers of the request sent to a backend.
 
@@ -316,14 +328,15 @@ def request_headers(
     delegate with its own credentials when the caller is unknown never happens; fetch always has
     one). `upgrade` is the protocol of a tunnelled upgrade: its `Upgrade` header survives with
     `Connection: Upgrade`. `extra` headers (the gateway's own `Authorization` for impersonation)
-    are added last.
+    are added last. `hop` is this gateway's loop mark (`hops.HOP_HEADER`); an inbound one never
+    passes.
     """
-    pairs = list(inbound)
-    hop = HOP_BY_HOP
+    # Each name once, `dashed`: a look-alike is dropped like the header it imitates (module docstring).
+    pairs = [(name, value, name.lower().replace("_", "-")) for name, value in inbound]  # `dashed`, inlined
+    hop_by_hop = HOP_BY_HOP
     dropped: frozenset[str] = frozenset()
     forwarded_for: list[str] = []
-    for name, value in pairs:
-        lowered = name.lower()
+    for _name, value, lowered in pairs:
         if lowered == "connection":
             dropped = dropped | connection_tokens((value,))
         elif lowered == "x-forwarded-for":
@@ -331,10 +344,9 @@ def request_headers(
     names = policy.names
     prefixes = policy.prefixes
     out: CIMultiDict[str] = CIMultiDict()
-    for name, value in pairs:
-        lowered = name.lower()
+    for name, value, lowered in pairs:
         if (
-            lowered in hop
+            lowered in hop_by_hop
             or lowered in names
             or lowered.startswith(prefixes)
             or lowered in dropped
@@ -374,6 +386,10 @@ def request_headers(
     if extra:
         for name, value in extra.items():
             out[name] = value
+    if hop:
+        out[HOP_HEADER] = hop
+    else:
+        out.popall(HOP_HEADER, None)
     return out
 
 

@@ -56,6 +56,7 @@ class BackendRegistry:
         resolver: AddressResolver,
         client_certificate: ProxyClientCertificate,
         identity: LiveIdentityPolicy,
+        hop: str,
     ) -> None:
         self.store = store
         self.metrics = metrics
@@ -63,6 +64,8 @@ class BackendRegistry:
         self.client_certificate = client_certificate
         # Which inbound headers carry identity (stripped before anything reaches a backend).
         self.identity = identity
+        # This gateway's loop mark, on every request to a backend (`hops.py`).
+        self.hop = hop
         self.discovery_timeout = DISCOVERY_TIMEOUT
         self._settings: dict[str, tuple[APIService, TLSSettings]] = {}  # APIService name -> its settings
         self._backends: dict[TLSSettings, Backend] = {}
@@ -203,7 +206,7 @@ class BackendRegistry:
         backend = self.backend_for(apiservice)
         if backend.error is not None or backend.context is None:
             raise BackendError(Hop.TRANSPORT, backend.error or "no TLS context")
-        out = request_headers(headers.items(), user, self.policy, authority=target.authority)
+        out = request_headers(headers.items(), user, self.policy, authority=target.authority, hop=self.hop)
         try:
             return await backend.get(address_of(target), path, out.items(), max_body=max_body)
         except BackendError as err:

@@ -1,8 +1,11 @@
 """TLS client contexts for backends: which CAs are trusted, which certificate is presented.
 
 Every backend context speaks TLS >= 1.2 and HTTP/1.1 only (upgrades need HTTP/1.1, and the lean
-client speaks nothing else). A context is built from `TLSSettings`; equal settings share one
-context and one connection pool.
+client speaks nothing else), and matches names against subject alternative names only: a
+certificate whose only name is its Common Name matches nothing, as Go has had it since 1.15
+(`x509: certificate relies on legacy Common Name field, use SANs instead`, the words `tlsdiag`
+reports). A context is built from `TLSSettings`; equal settings share one context and one
+connection pool.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def client_context(
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_alpn_protocols(["http/1.1"])
+    ctx.hostname_checks_common_name = False
     if insecure or not verify:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
@@ -56,7 +60,9 @@ def client_context(
 
 
 def harden(context: ssl.SSLContext) -> None:
-    """HTTP/1.1 only and TLS >= 1.2, whatever the library that built `context` set."""
+    """HTTP/1.1 only, TLS >= 1.2 and no Common Name matching, whatever the library that built
+    `context` set."""
     context.set_alpn_protocols(["http/1.1"])
+    context.hostname_checks_common_name = False
     if context.minimum_version < ssl.TLSVersion.TLSv1_2:
         context.minimum_version = ssl.TLSVersion.TLSv1_2

@@ -37,6 +37,7 @@ from aggregator.util.logs import fields
 from aggregator.util.loops import KeyedLoops
 from aggregator.web.metrics import Children, Metrics
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, DISCOVERY_VERSIONS
+from aggregator.wire.redirects import REDIRECT_MESSAGE, is_redirect
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +289,8 @@ class DiscoveryFetcher:
         resp = await backends.fetch(svc, "/apis", headers=headers, user=AGGREGATOR, timeout=self.timeout)
         if resp.status == 304 and state.resources is not None:
             return state.resources, state.etag, "not_modified"
+        if is_redirect(resp.status):
+            raise FetchError(f"GET /apis: {resp.status}: {REDIRECT_MESSAGE}")
         if resp.status == 503:
             ref = svc.service
             raise FetchError(
@@ -319,6 +322,8 @@ class DiscoveryFetcher:
         resp = await backends.fetch(
             svc, path, headers={"Accept": "application/json"}, user=LEGACY_USER, timeout=self.timeout
         )
+        if is_redirect(resp.status):
+            raise FetchError(f"GET {path}: {resp.status}: {REDIRECT_MESSAGE}")
         if resp.status != 200:
             raise FetchError(f"failed to download legacy discovery for {path}: {_body_excerpt(resp.body)}")
         try:

@@ -151,14 +151,19 @@ class ServerTrust:
         return self.base_url.startswith("https:")
 
     def new_context(self) -> ssl.SSLContext:
+        """Verifying as client-go does: the kubeconfig's CA (or the system roots), and names matched
+        against subject alternative names only (Go refuses Common-Name-only certificates since 1.15)."""
         if not self.verify:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
             return ctx
         if self.ca_pem:
-            return ssl.create_default_context(cadata=self.ca_pem.decode("ascii", "replace"))
-        return ssl.create_default_context()
+            ctx = ssl.create_default_context(cadata=self.ca_pem.decode("ascii", "replace"))
+        else:
+            ctx = ssl.create_default_context()
+        ctx.hostname_checks_common_name = False
+        return ctx
 
     def connect_kwargs(self, ctx: ssl.SSLContext) -> dict[str, Any]:
         """`ssl=` and `server_hostname=` for an aiohttp request to this server."""

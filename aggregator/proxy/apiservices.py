@@ -18,6 +18,7 @@ from aiohttp import web
 
 from aggregator.backends.addresses import Target
 from aggregator.backends.errors import BackendError
+from aggregator.backends.hops import LOOP_STATUS, PROXY_LOOP
 from aggregator.backends.registry import BackendRegistry
 from aggregator.contracts import Availability, Recheck
 from aggregator.model.apiservice import APIService
@@ -120,6 +121,10 @@ class APIServiceProxy:
         if not self.availability.is_available(name):
             if self.recheck is not None:
                 self.recheck.suspect(name)
+            if self.availability.reason(name) == PROXY_LOOP:
+                # Named, not upstream's bare 503: nothing the backend does will ever fix it.
+                message = f"proxy loop detected: the backend of APIService {name} is an aggregator gateway"
+                return forwarder.answer(request, name, LOOP_STATUS, message)
             return forwarder.answer(request, name, 503, "service unavailable")
         backend = self.backends.backend_for(svc)
         if backend.error is not None or backend.context is None:
@@ -144,7 +149,9 @@ class APIServiceProxy:
         ):
             dest = cached
         else:
-            dest = Destination(name, backend, target.ip, target.port, target.server_name, policy)
+            dest = Destination(
+                name, backend, target.ip, target.port, target.server_name, policy, hop=self.backends.hop
+            )
             if len(self._destinations) > 4096:
                 self._destinations.clear()
             self._destinations[name] = dest

@@ -60,14 +60,18 @@ class Delegate:
         forwarder: Forwarder,
         client_certificate: ProxyClientCertificate,
         identity: LiveIdentityPolicy,
+        hop: str,
     ) -> None:
         """`identity` must strip the header names kube-apiserver trusts from our certificate (the
-        flags' and the cluster ConfigMap's), and keep `Impersonate-*` in front-proxy mode only."""
+        flags' and the cluster ConfigMap's), and keep `Impersonate-*` in front-proxy mode only.
+        `hop` marks every delegated request: a loop through kube-apiserver's own aggregator back
+        to a gateway stops there (`backends/hops.py`)."""
         self.kube = kube
         self.mode = mode
         self.forwarder = forwarder
         self.client_certificate = client_certificate
         self.identity = identity
+        self.hop = hop
         self.route = Route(self.serve, RouteKind.DELEGATE, NAME, upgradable=True)
         self._backend: Backend | None = None
         self._key: tuple[object, ...] | None = None
@@ -158,6 +162,7 @@ class Delegate:
             base_path=url.raw_path.rstrip("/"),
             impersonate=self.mode == IMPERSONATE,
             pass_redirects=True,
+            hop=self.hop,
         )
         log.info(
             "delegating unserved paths to kube-apiserver",

@@ -24,6 +24,7 @@ class Destination:
     credentials: Mapping[str, str] | None = None  # the gateway's own Authorization, when impersonating
     # kube-apiserver's own redirects (e.g. service proxy paths) are passed on; a backend's never are.
     pass_redirects: bool = False
+    hop: str | None = None  # this gateway's loop mark (`backends/hops.py`)
 
     @property
     def address(self) -> Address:

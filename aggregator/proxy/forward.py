@@ -6,7 +6,7 @@ stream both ways and are never parsed: the request body is written to the backen
 come (a watch event reaches the caller when the backend sends it), `Content-Length` and
 `Content-Encoding` pass through untouched, and path and query reach the backend byte for byte. A
 client that goes away cancels the handler (the server runs with `handler_cancellation=True`),
-which closes the backend connection. A 3xx with a `Location` becomes a 502 (CVE-2022-3172);
+which closes the backend connection. A redirect becomes a 502 (CVE-2022-3172, `wire/redirects.py`);
 transport failures become 503 `error trying to reach service: <cause>`, and a connect or TLS
 failure asks availability to re-check that APIService at once (`contracts.Recheck`). Upgrade
 requests go to the tunnel. The gateway's own answers are Kubernetes Status objects.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 
 import aiohttp
 from aiohttp import web
@@ -37,10 +38,15 @@ from aggregator.util._aiohttp import HeadersWithBody
 from aggregator.util.logs import fields
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
+from aggregator.wire.redirects import (
+    NOT_MODIFIED,
+    REDIRECT_MESSAGE,
+    is_redirect,
+    without_redirect_headers,
+)
 
 log = logging.getLogger(__name__)
 
-REDIRECT_MESSAGE = "the backend attempted to redirect this request, which is not permitted"
 _LOG_EVERY = 10.0
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 
@@ -115,6 +121,7 @@ class Forwarder:
             forwarded_uri=forwarded_uri(raw_path),
             impersonate=dest.impersonate,
             extra=dest.credentials,
+            hop=dest.hop,
         )
         method = request.method
         has_body = request.body_exists
@@ -182,14 +189,17 @@ class Forwarder:
     ) -> web.StreamResponse:
         status = message.code
         upstream = message.headers
-        if 300 <= status < 400 and not pass_redirects and upstream.get("Location"):
+        if not pass_redirects and is_redirect(status):
             self.metrics.backend_errors.labels(name, Hop.REDIRECT.value).inc()
             log.warning(
                 "backend answered with a redirect; refused",
                 extra=fields(apiservice=name, status=status, method=request.method, path=request.path),
             )
             return self.answer(request, name, 502, REDIRECT_MESSAGE, verb)
-        headers = response_headers(upstream.items())
+        pairs: Iterable[tuple[str, str]] = upstream.items()
+        if status == NOT_MODIFIED and not pass_redirects:
+            pairs = without_redirect_headers(pairs)
+        headers = response_headers(pairs)
         cls = HeadersWithBody if not message.chunked and "Content-Length" in upstream else web.StreamResponse
         out = cls(status=status, reason=message.reason or None, headers=headers)
         self.count(name, verb, status)

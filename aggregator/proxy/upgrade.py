@@ -9,6 +9,12 @@ removed, and reads the backend's answer:
 - `>= 400`: relay the backend's answer, then close the client connection;
 - anything else: 503 `invalid upgrade response: status code N`, then close.
 
+A request body (`Content-Length`, or chunked) is sent to the backend before its answer is read,
+as upstream's `req.Write` does (`upgradeaware.go`, `dial`): announcing a length and never sending
+the bytes would leave the backend waiting for them. The body is re-framed as it was announced (the
+exact bytes for a length, chunks for chunked), so the backend sees where it ends exactly where the
+gateway did, and the whole exchange up to the answer's head has one deadline.
+
 The backend connection is never pooled and never reused, and the client connection is closed
 whenever no tunnel was established, so bytes a client pipelines behind a refused upgrade are
 never read as a second request (CVE-2018-1002105). Only `SPDY/3.1` and `websocket` are accepted
@@ -35,7 +41,7 @@ from aggregator.backends.headers import request_headers, response_headers
 from aggregator.contracts import Recheck
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.destination import Destination
-from aggregator.util._aiohttp import drain, take_over_connection
+from aggregator.util._aiohttp import StreamReader, drain, take_over_connection
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
 from aggregator.web.metrics import Metrics
@@ -124,6 +130,18 @@ async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[str, str]
     return await reader.read(ERROR_BODY_LIMIT)
 
 
+async def _send_body(body: StreamReader, writer: asyncio.StreamWriter, *, chunked: bool) -> None:
+    """The upgrade request's body, as announced: its exact bytes, or re-chunked."""
+    async for chunk in body.iter_any():
+        if chunked:
+            writer.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+        else:
+            writer.write(chunk)
+        await writer.drain()
+    if chunked:
+        writer.write(b"0\r\n\r\n")
+
+
 class _ClientBytes:
     """Stands in for aiohttp's payload parser: every client byte goes to the backend as is."""
 
@@ -181,7 +199,12 @@ class UpgradeTunnel:
             upgrade=protocol,
             impersonate=dest.impersonate,
             extra=dest.credentials,
+            hop=dest.hop,
         )
+        headers.popall("Expect", None)  # the body follows unasked, as on the forwarding path
+        chunked = request.body_exists and "Content-Length" not in headers
+        if chunked:
+            headers["Transfer-Encoding"] = "chunked"
         raw_path = request.raw_path if request.raw_path.startswith("/") else request.rel_url.raw_path_qs
         target = dest.base_path + raw_path
         head = f"{request.method} {target} HTTP/1.1\r\n" + "".join(
@@ -199,6 +222,8 @@ class UpgradeTunnel:
         try:
             writer.write(head.encode("latin-1") + b"\r\n")
             async with asyncio.timeout(RESPONSE_HEAD_TIMEOUT):
+                if request.body_exists:
+                    await _send_body(request.content, writer, chunked=chunked)
                 response_head = await reader.readuntil(b"\r\n\r\n")
             status, reason, response_fields = _parse_head(response_head)
             if status != 101:

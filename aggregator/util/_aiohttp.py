@@ -4,9 +4,11 @@ The proxy's hot path and its upgrade splice need a few things aiohttp does not p
 backend's answer with aiohttp's own C parser on a connection we manage (`ResponseHandler`),
 waiting for a paused transport to drain, sending a response's headers together with its first body
 bytes, and taking over a server connection's raw bytes after a `101` (the hook `WebSocketResponse`
-uses). aiohttp's minor version is pinned in pyproject.toml for these; `missing_internals()` is
-checked by tests/util/test_aiohttp_internals.py so an upgrade that breaks one fails loudly there,
-not in production.
+uses). The listener needs three more: a header-read timeout on its connections
+(`TimedServer`), which aiohttp does not have, a TLS handshake deadline (`TimedSite`), and responses
+without aiohttp's `Server` header (`GatewayRequest`). aiohttp's minor version is pinned in pyproject.toml for these;
+`missing_internals()` is checked by tests/util/test_aiohttp_internals.py so an upgrade that breaks
+one fails loudly there, not in production.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
-from aiohttp.http import RawResponseMessage
+from aiohttp.http import SERVER_SOFTWARE, RawResponseMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 __all__ = [
+    "GatewayRequest",
     "HeadersWithBody",
     "RawResponseMessage",
     "ResponseHandler",
     "StreamReader",
+    "TimedServer",
+    "TimedSite",
     "drain",
     "missing_internals",
     "response_protocol",
@@ -80,6 +85,146 @@ def take_over_connection(request: web.BaseRequest, sink: RawBytesSink) -> None:
     protocol.set_parser(sink)
 
 
+class GatewayRequest(web.Request):
+    """A request whose responses go out without aiohttp's `Server: Python/3.x aiohttp/3.x`.
+
+    kube-apiserver sends no `Server` header, and naming the exact versions helps nobody but an
+    attacker. aiohttp adds it with `setdefault` while preparing any response, then calls this hook
+    before writing the head; the one it added is recognised by identity (the very `SERVER_SOFTWARE`
+    object), so a `Server` header relayed from a backend (parsed from its bytes: another object,
+    even when an aiohttp backend sends the same text) is the backend's business and stays.
+    """
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        headers = response.headers
+        if headers.get("Server") is SERVER_SOFTWARE:
+            del headers["Server"]
+        await super()._prepare_hook(response)
+
+
+class TimedRequestHandler(RequestHandler):
+    """aiohttp's server connection with Go's `http.Server.ReadHeaderTimeout`.
+
+    aiohttp closes a connection waiting for a request only after its keep-alive timeout, counted
+    from the connection's start or the last response, and never while a request head trickles in.
+    Here a connection that has not completed a request head within `read_header_timeout` seconds
+    of its start (for its first request) or of the first byte of the next one is closed, as Go's
+    server does (`conn.readRequest`: the deadline is set before reading the head; a timeout ends
+    the connection without an answer). A completed head clears the deadline; the body, the
+    handler's time and an upgraded (taken over) connection are not bounded by it.
+    """
+
+    __slots__ = ("_header_handle", "_read_header_timeout")
+
+    def __init__(self, manager: web.Server, *, read_header_timeout: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._read_header_timeout = read_header_timeout
+        self._header_handle: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        heads = self._request_count
+        super().data_received(data)
+        if self._request_count != heads:
+            self._clear_header_deadline()
+        elif (
+            data
+            and self._header_handle is None
+            and not self._request_in_progress
+            and not self._messages
+            and self._payload_parser is None
+            and not self._upgraded
+        ):
+            self._arm_header_deadline()  # the first bytes of the next request head
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._clear_header_deadline()
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        if self._read_header_timeout > 0:
+            self._header_handle = self._loop.call_later(self._read_header_timeout, self._header_deadline)
+
+    def _clear_header_deadline(self) -> None:
+        if self._header_handle is not None:
+            self._header_handle.cancel()
+            self._header_handle = None
+
+    def _header_deadline(self) -> None:
+        self._header_handle = None
+        if self.transport is not None and not self._request_in_progress and not self._messages:
+            self.force_close()
+
+
+class TimedServer(web.Server):
+    """aiohttp's low-level server whose connections have a header-read timeout (`TimedRequestHandler`).
+
+    `handler_kwargs` go to each connection's handler, as `web.Server` passes them (keepalive_timeout,
+    max_line_size...); kept here so nothing depends on how `web.Server` stores them.
+    """
+
+    def __init__(
+        self,
+        handler: Any,
+        *,
+        read_header_timeout: float,
+        request_factory: Any = None,
+        handler_cancellation: bool = False,
+        **handler_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            handler,
+            request_factory=request_factory,
+            handler_cancellation=handler_cancellation,
+            **handler_kwargs,
+        )
+        self.read_header_timeout = read_header_timeout
+        self._handler_kwargs = handler_kwargs
+        self._event_loop = asyncio.get_running_loop()
+
+    def __call__(self) -> RequestHandler:
+        return TimedRequestHandler(
+            self, loop=self._event_loop, read_header_timeout=self.read_header_timeout, **self._handler_kwargs
+        )
+
+
+class TimedSite(web.TCPSite):
+    """`web.TCPSite` with a deadline on the TLS handshake.
+
+    Go bounds the handshake by the server's shortest read timeout (`http.Server.tlsHandshakeTimeout`:
+    kube-apiserver's 32 s ReadHeaderTimeout); asyncio's default is 60 s, and aiohttp's site has no
+    way to pass one. Only `start` differs from aiohttp's.
+    """
+
+    __slots__ = ("_handshake_timeout",)
+
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, *, ssl_handshake_timeout: float, **kwargs: Any
+    ) -> None:
+        super().__init__(runner, host, port, **kwargs)
+        self._handshake_timeout = ssl_handshake_timeout
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            server,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+            ssl_handshake_timeout=self._handshake_timeout if self._ssl_context is not None else None,
+        )
+        sockets = self._server.sockets
+        self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+
 def missing_internals() -> list[str]:
     """The internals above this aiohttp no longer has (empty when all is well)."""
     missing = []
@@ -90,7 +235,16 @@ def missing_internals() -> list[str]:
         (ResponseHandler, "_drain_helper"),
         (RequestHandler, "set_parser"),
         (RequestHandler, "_drain_helper"),
+        (RequestHandler, "_request_count"),
+        (RequestHandler, "_request_in_progress"),
+        (RequestHandler, "_messages"),
+        (RequestHandler, "_payload_parser"),
+        (RequestHandler, "_upgraded"),
+        (RequestHandler, "_loop"),
         (web.StreamResponse, "_send_headers_immediately"),
+        (web.BaseRequest, "_prepare_hook"),
+        *((web.TCPSite, n) for n in ("_host", "_port", "_bound_port", "_reuse_address", "_reuse_port")),
+        *((web.BaseSite, n) for n in ("_runner", "_ssl_context", "_backlog", "_server")),
     ):
         if not hasattr(owner, name):
             missing.append(f"{owner.__module__}.{owner.__qualname__}.{name}")

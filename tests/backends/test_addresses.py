@@ -4,15 +4,38 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
 
+import aiohttp
 import pytest
 
 from aggregator.backends.addresses import AddressResolver, PendingLookup, Target
 from aggregator.backends.errors import BackendError, Hop
-from aggregator.config import DEFAULT_DENY_CIDRS
+from aggregator.config import DEFAULT_DENY_CIDRS, Options
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice, Service, ServicePort
 from aggregator.sources.store import Store
+from tests.conftest import StartGateway
+from tests.support.backend import (
+    APISERVICE,
+    PREFIX,
+    SERVER_NAME,
+    BackendPKI,
+    FakeBackend,
+    apiservice_manifest,
+    endpointslice_manifest,
+    force_available,
+    service_manifest,
+    status_of,
+    write_manifests,
+)
+from tests.support.fakekube import FakeKube, kube_options
+from tests.support.gateway import running_gateway
+from tests.support.pki import PKI
+from tests.support.polling import until
+
+THINGS = f"{PREFIX}/namespaces/default/things"
 
 
 def apiservice(port: int = 443) -> APIService:
@@ -118,7 +141,9 @@ def test_cluster_resolution_failures_name_the_hop(svc: Service | None, hop: Hop,
 
 
 def test_empty_deny_list_allows_link_local() -> None:
-    target = AddressResolver(store_with(service(cluster_ip="169.254.1.1")), deny_cidrs=[]).resolve_now(apiservice())
+    target = AddressResolver(store_with(service(cluster_ip="169.254.1.1")), deny_cidrs=[]).resolve_now(
+        apiservice()
+    )
     assert isinstance(target, Target)
 
 
@@ -244,3 +269,139 @@ def test_endpoint_routing_refuses_external_name_and_denied_endpoints() -> None:
     store = store_with(service(), endpoint_slice("a", [("169.254.169.254", True)]))
     err = failure(AddressResolver(store, endpoint_routing=True, deny_cidrs=DEFAULT_DENY_CIDRS))
     assert err.hop is Hop.DENY_CIDR
+
+
+# --- over real TLS: unspecified addresses and the deny lists, against a running gateway -------------
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "0.1.2.3", "::", "::ffff:0.0.0.0", "::ffff:0.0.0.1"])
+def test_unspecified_addresses_are_refused_whatever_the_deny_list(address: str) -> None:
+    err = failure(AddressResolver(store_with(service(cluster_ip=address)), deny_cidrs=[]))
+    assert err.hop is Hop.DENY_CIDR
+    assert err.cause.startswith(f"address {address} of service demo/api is unspecified (")
+    assert err.cause.endswith("dialing it reaches the gateway's own host, so it is never dialed")
+
+
+def test_ipv4_mapped_loopback_is_caught_by_a_loopback_deny_list() -> None:
+    store = store_with(service(cluster_ip="::ffff:127.0.0.1"))
+    assert isinstance(AddressResolver(store, deny_cidrs=[]).resolve_now(apiservice()), Target)
+    err = failure(AddressResolver(store, deny_cidrs=["127.0.0.0/8", "::1/128"]))
+    assert (
+        err.cause
+        == "address ::ffff:127.0.0.1 of service demo/api is in --backend-deny-cidrs range 127.0.0.0/8"
+    )
+
+
+# The attack: a deny list that names loopback, and an address that reaches loopback anyway.
+LOOPBACK_DENIED = ["127.0.0.0/8", "::1/128"]
+
+
+@pytest.fixture
+async def backend_v6(backend_pki: BackendPKI, pki: PKI) -> AsyncIterator[FakeBackend]:
+    """A backend on ::1, which a dial of `::` reaches."""
+    cert, key = backend_pki.serving("api-v6", [SERVER_NAME])
+    fake = FakeBackend(cert, key, pki.path("front-proxy-ca.crt"), host="::1")
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.mark.parametrize(
+    ("way", "address"),
+    [
+        ("cluster-ip", "0.0.0.0"),
+        ("cluster-ip", "::ffff:0.0.0.0"),
+        ("cluster-ip", "::"),
+        ("endpoint", "0.0.0.0"),
+        ("external-name", "0.0.0.0"),
+        ("external-name", "::"),
+    ],
+)
+@pytest.mark.parametrize("deny", [LOOPBACK_DENIED, []], ids=["loopback-denied", "empty-deny-list"])
+async def test_unspecified_backend_addresses_are_never_dialed(
+    start_gateway: StartGateway,
+    backend: FakeBackend,
+    backend_v6: FakeBackend,
+    backend_pki: BackendPKI,
+    pki: PKI,
+    apiservices_dir: Path,
+    way: str,
+    address: str,
+    deny: list[str],
+) -> None:
+    """Service clusterIP, EndpointSlice address (--enable-aggregator-routing) or ExternalName answer:
+    an unspecified address would reach the gateway's own host (here: the backend on loopback)."""
+    target = backend_v6 if ":" in address and "ffff" not in address else backend
+    port = target.port
+    if way == "external-name":
+        svc = service_manifest(port=port, type_="ExternalName", external_name="evil.example.test")
+    else:
+        svc = service_manifest(port=port, cluster_ip=address if way == "cluster-ip" else "10.96.0.10")
+    slice_address = address if way == "endpoint" else "10.1.0.5"
+    write_manifests(
+        apiservices_dir,
+        "demo",
+        apiservice_manifest(port=port, ca_pem=backend_pki.ca.cert_pem),
+        svc,
+        endpointslice_manifest("api-1", [(slice_address, True)], port=port),
+    )
+    server = await start_gateway(
+        backend_deny_cidrs=deny,
+        enable_aggregator_routing=way == "endpoint",
+        allow_external_name_services=way == "external-name",
+    )
+
+    async def lookup(_host: str) -> list[str]:
+        return [address]
+
+    server.gateway.backends.resolver.lookup = lookup
+    server.gateway.availability.poke(APISERVICE)
+    checker = server.gateway.availability
+    await until(lambda: getattr(checker.verdict(APISERVICE), "reason", "") == "ForbiddenEndpoint")
+    verdict = checker.verdict(APISERVICE)
+    assert verdict is not None and verdict.status == "False"
+    assert f"address {address} of service demo/api" in verdict.message
+    assert "is unspecified (" in verdict.message and "[hop: deny-cidr" in verdict.message
+
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + THINGS, ssl=pki.client_context()) as resp:
+            assert resp.status == 503
+            assert status_of(await resp.read())["message"] == "service unavailable"
+        force_available(server)  # the proxy's own check, without the availability verdict in front
+        async with session.get(server.url + THINGS, ssl=pki.client_context()) as resp:
+            assert resp.status == 503
+            assert status_of(await resp.read())["message"] == "service unavailable"
+    # Nothing reached the backend: no probe, no discovery or OpenAPI fetch, no proxied request.
+    assert target.received == []
+
+
+async def test_kube_mode_denies_loopback_by_default_and_local_mode_does_not(
+    pki: PKI, fake_kube: FakeKube, backend: FakeBackend, backend_pki: BackendPKI, tmp_path: Path
+) -> None:
+    assert fake_kube.kubeconfig is not None
+    assert Options(apiservices_dir=str(tmp_path)).deny_cidrs == list(DEFAULT_DENY_CIDRS)
+    assert Options(kubeconfig="k").deny_cidrs == [*DEFAULT_DENY_CIDRS, "127.0.0.0/8", "::1/128"]
+    assert Options(kubeconfig="k", backend_deny_cidrs=[]).deny_cidrs == []
+
+    apiservice = apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem)
+    del apiservice["status"]
+    fake_kube.add_object("apiservices", apiservice)
+    fake_kube.add_object("services", service_manifest(port=backend.port))  # cluster IP 127.0.0.1
+    fake_kube.add_object(
+        "endpointslices", endpointslice_manifest("api-1", [("127.0.0.1", True)], port=backend.port)
+    )
+    options = kube_options(pki, fake_kube.kubeconfig, backend_deny_cidrs=None)
+    async with running_gateway(options) as server:
+        checker = server.gateway.availability
+        await until(lambda: getattr(checker.verdict(APISERVICE), "reason", "") == "ForbiddenEndpoint")
+        verdict = checker.verdict(APISERVICE)
+        assert verdict is not None
+        assert "address 127.0.0.1 of service demo/api is in --backend-deny-cidrs range 127.0.0.0/8" in (
+            verdict.message
+        )
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(server.url + THINGS, ssl=pki.client_context()) as resp,
+        ):
+            assert resp.status == 503
+    assert backend.received == []

@@ -38,12 +38,19 @@ def any_case(draw: st.DrawFn, name: str) -> str:
 
 
 @st.composite
+def underscored(draw: st.DrawFn, name: str) -> str:
+    """`name` with some of its `-` written `_` (`X-Remote_User`): one header to a CGI or WSGI backend."""
+    flips = draw(st.lists(st.booleans(), min_size=len(name), max_size=len(name)))
+    return "".join("_" if c == "-" and f else c for c, f in zip(name, flips, strict=True))
+
+
+@st.composite
 def identity_name(draw: st.DrawFn, custom: tuple[list[str], list[str]]) -> str:
     names, prefixes = custom
     if draw(st.booleans()):
-        return draw(any_case(draw(st.sampled_from(IDENTITY + names))))
+        return draw(underscored(draw(any_case(draw(st.sampled_from(IDENTITY + names))))))
     prefix = draw(st.sampled_from(IDENTITY_PREFIXES + prefixes))
-    return draw(any_case(prefix)) + draw(token)
+    return draw(underscored(draw(any_case(prefix)))) + draw(token)
 
 
 custom_config = st.tuples(
@@ -83,7 +90,10 @@ def test_inbound_identity_never_survives(
 
 @settings(max_examples=200, deadline=None)
 @given(
-    inbound=st.lists(st.tuples(st.sampled_from(sorted(HOP_BY_HOP)).flatmap(any_case), value), max_size=10),
+    inbound=st.lists(
+        st.tuples(st.sampled_from(sorted(HOP_BY_HOP)).flatmap(any_case).flatmap(underscored), value),
+        max_size=10,
+    ),
     extra=token,
 )
 def test_hop_by_hop_and_connection_named_headers_are_dropped(
@@ -92,7 +102,7 @@ def test_hop_by_hop_and_connection_named_headers_are_dropped(
     headers = [*inbound, ("Connection", f"close, {extra}"), (extra.upper(), "hop"), ("Keep", "me")]
     out = request_headers(headers, None, authority="h:1")
     assert extra.lower() not in {k.lower() for k in out}
-    assert not any(k.lower() in HOP_BY_HOP for k in out)
+    assert not any(k.lower().replace("_", "-") in HOP_BY_HOP for k in out)
     assert out["Keep"] == "me"
 
 
@@ -281,3 +291,30 @@ def test_live_policy_follows_the_configuration_in_force() -> None:
     keep = LiveIdentityPolicy(keep_impersonation=True)
     keep.follow(lambda: in_force[0])
     assert not keep.current().is_identity("Impersonate-User")
+
+
+def test_look_alikes_of_every_header_the_gateway_sets_are_dropped() -> None:
+    """What a WSGI backend would read as the gateway's own headers (HTTP_X_FORWARDED_FOR, HTTP_HOST...)."""
+    policy = IdentityHeaderPolicy.build(username_headers=["X-Auth_User"], extra_prefixes=["X_Auth-Extra_"])
+    inbound = [
+        ("X-Remote_User", "SPOOF"),
+        ("X_Remote_User", "SPOOF"),
+        ("x_remote_group", "SPOOF"),
+        ("X-Remote-Extra_Scopes", "SPOOF"),
+        ("X_Auth_User", "SPOOF"),  # the configured name, its look-alike
+        ("X-Auth-User", "SPOOF"),
+        ("x-auth-extra-team", "SPOOF"),
+        ("Impersonate_User", "SPOOF"),
+        ("X_Forwarded_Host", "SPOOF"),
+        ("X_Forwarded_Uri", "SPOOF"),
+        ("X_Forwarded_Proto", "SPOOF"),
+        ("Transfer_Encoding", "SPOOF"),
+        ("Connection", "x_secret"),
+        ("X-Secret", "SPOOF"),
+        ("X-Custom_Header", "kept"),
+    ]
+    out = request_headers(inbound, UserInfo("alice"), policy, authority="h:1", forwarded_uri="/x")
+    assert "SPOOF" not in out.values()
+    assert out["X-Custom_Header"] == "kept"
+    assert out["X-Remote-User"] == "alice"
+    assert policy.is_identity("x_auth_user") and policy.is_identity("X-Auth-Extra-Team")

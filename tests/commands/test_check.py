@@ -253,8 +253,14 @@ async def test_objects_from_kube_apiserver(
     ):
         fake_kube.add_object(resource, doc)
     assert fake_kube.kubeconfig is not None
+    # The fake cluster's backend listens on loopback, which kube mode denies unless told otherwise.
     code, out, err = await run_inline(
-        APISERVICE, "--kubeconfig", str(fake_kube.kubeconfig), *proxy_flags(pki)
+        APISERVICE,
+        "--kubeconfig",
+        str(fake_kube.kubeconfig),
+        "--backend-deny-cidrs",
+        "169.254.0.0/16",
+        *proxy_flags(pki),
     )
     assert code == 0, out + err
     assert "Available: True" in out
@@ -344,7 +350,9 @@ async def test_kubeconfig_from_the_environment(
     ):
         fake_kube.add_object(resource, doc)
     listed = os.pathsep.join([str(tmp_path / "missing"), str(fake_kube.kubeconfig)])
-    code, out, err = await run_cli(APISERVICE, *proxy_flags(pki), env={"KUBECONFIG": listed})
+    # The fake cluster's backend listens on loopback, which kube mode denies unless told otherwise.
+    deny = ["--backend-deny-cidrs", "169.254.0.0/16"]
+    code, out, err = await run_cli(APISERVICE, *deny, *proxy_flags(pki), env={"KUBECONFIG": listed})
     assert code == 0, out + err
     assert f"note: using the kubeconfig {fake_kube.kubeconfig}" in err
     assert fake_kube.counts[("list", "services")] == 1

@@ -69,8 +69,11 @@ async def test_front_proxy_asserted_user_is_forwarded(start_proxied: StartProxie
 
 
 def case_variants(name: str) -> list[str]:
+    """Every letter case, and the `_` look-alikes a CGI or WSGI backend reads as the same header."""
     mixed = "".join(c.upper() if i % 2 else c.lower() for i, c in enumerate(name))
-    return [name, name.lower(), name.upper(), name.swapcase(), mixed]
+    cases = [name, name.lower(), name.upper(), name.swapcase(), mixed]
+    first_dash = name.replace("-", "_", 1)
+    return [*cases, name.replace("-", "_"), first_dash, first_dash.swapcase()]
 
 
 SPOOFED = [
@@ -315,6 +318,9 @@ async def test_unavailable_apiservice_is_503(
     class NeverAvailable:
         def is_available(self, name: str) -> bool:
             return False
+
+        def reason(self, name: str) -> str:
+            return "FailedDiscoveryCheck"
 
     proxied.server.gateway.proxy.availability = NeverAvailable()
     async with proxied.request("GET", THINGS) as resp:

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
+from aggregator.backends.hops import HOP_HEADER
 from aggregator.server import GatewayServer
 from tests.support.fakekube import GATEWAY_USER, USER, FakeKube, apiservice, kube_options
 from tests.support.gateway import running_gateway
@@ -238,3 +239,24 @@ async def test_the_impersonation_gate_leaves_kube_apiservers_paths_to_it(
     else:
         assert status == 403
         assert "cannot be nested" in doc["message"]
+
+
+async def test_delegated_requests_carry_the_loop_mark(
+    start_kube: StartKube, fake_kube: FakeKube, pki: PKI
+) -> None:
+    """A loop through kube-apiserver's own aggregator (an APIService there served by the gateway)
+    comes back with the mark, which kube-apiserver's proxy passes on, and is refused there."""
+    marks: list[list[str]] = []
+
+    async def record(request: web.Request) -> web.StreamResponse:
+        marks.append(request.headers.getall(HOP_HEADER, []))
+        return web.json_response(echo(request))
+
+    fake_kube.add_route("GET", "/version", record)
+    server = await start_kube()
+    status, _ = await get(server, pki, "/version", headers={HOP_HEADER: "another-gateway"})
+    assert status == 508  # already forwarded once: refused before anything is delegated
+    assert marks == []
+    status, _ = await get(server, pki, "/version")
+    assert status == 200
+    assert marks == [[server.gateway.hop]]

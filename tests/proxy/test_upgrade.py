@@ -157,6 +157,11 @@ async def test_spdy_upgrade_is_spliced_with_identity_set_and_spoofs_removed(
         ("X-Auth-Groups", "system:masters"),
         ("X-Auth-Extra-Scopes", "*"),
         ("Authorization", "Bearer stolen"),
+        # Look-alikes a CGI or WSGI backend reads as the same headers.
+        ("X-Remote_User", "look-alike"),
+        ("X_Remote_Group", "look-alike"),
+        ("X_Auth_User", "look-alike"),
+        ("X-Auth-Extra_Scopes", "look-alike"),
     ]
     writer.write(request_bytes("POST", EXEC, SPDY_HEADERS + spoofed))
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
@@ -181,6 +186,7 @@ async def test_spdy_upgrade_is_spliced_with_identity_set_and_spoofs_removed(
     assert seen.one("X-Forwarded-For") == "127.0.0.1"
     for name in ("x-auth-user", "x-auth-groups", "x-auth-extra-scopes", "authorization"):
         assert seen.all(name) == []
+    assert [k for k, v in seen.headers if v == "look-alike"] == []
     assert [v for k, v in seen.headers if k.lower().startswith("x-remote-extra-scopes")] == []
 
 
@@ -379,3 +385,59 @@ async def test_upgrade_without_credentials_is_401(raw_gateway: object, pki: PKI)
 
 def test_parse_request_head_helper() -> None:
     assert parse_request_head(b"GET /x HTTP/1.1\r\nA: b\r\n\r\n") == ("GET", "/x", [("A", "b")])
+
+
+async def read_body(reader: asyncio.StreamReader, req: Received) -> bytes:
+    """The request body as a strict HTTP/1.1 server frames it: Content-Length, or chunked."""
+    length = req.one("Content-Length")
+    if length is not None:
+        return await reader.readexactly(int(length))
+    if (req.one("Transfer-Encoding") or "").lower() == "chunked":
+        body = b""
+        while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
+        await reader.readexactly(2)
+        return body
+    return b""
+
+
+@pytest.mark.parametrize(
+    ("upgrade", "framing"),
+    [("SPDY/3.1", "length"), ("SPDY/3.1", "chunked"), ("websocket", "length")],
+)
+async def test_an_upgrade_request_body_reaches_the_backend_before_its_answer(
+    raw_gateway: object, pki: PKI, upgrade: str, framing: str
+) -> None:
+    """Upstream writes the whole request, body included, before reading the answer (`req.Write`);
+    a body announced and never forwarded would hold the backend until the 60 s timeout."""
+    bodies: list[bytes] = []
+
+    async def read_then_switch(
+        raw: RawBackend, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, req: Received
+    ) -> None:
+        bodies.append(await read_body(reader, req))
+        await switch_and_echo(raw, reader, writer, req)
+
+    server, raw = await raw_gateway(read_then_switch)  # type: ignore[operator]
+    reader, writer = await open_client(server, pki)
+    headers = [("Connection", "Upgrade"), ("Upgrade", upgrade)]
+    if upgrade == "websocket":
+        headers += [("Sec-WebSocket-Version", "13"), ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")]
+    if framing == "length":
+        payload = request_bytes("POST", EXEC, [*headers, ("Content-Length", "11")]) + b"hello world"
+    else:
+        payload = request_bytes("POST", EXEC, [*headers, ("Transfer-Encoding", "chunked")])
+        payload += b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    writer.write(payload)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)  # not the 60 s timeout
+    assert head.startswith(b"HTTP/1.1 101 ")
+    writer.write(b"tunnel bytes")
+    assert await asyncio.wait_for(reader.readexactly(12), 5) == b"TUNNEL BYTES"
+    writer.close()
+    assert bodies == [b"hello world"]
+    (seen,) = raw.seen_by("admin")
+    if framing == "length":
+        assert seen.one("Content-Length") == "11" and seen.one("Transfer-Encoding") is None
+    else:
+        assert seen.one("Transfer-Encoding") == "chunked" and seen.one("Content-Length") is None

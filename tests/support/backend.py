@@ -96,6 +96,7 @@ class FakeBackend:
     default: Handler = echo
     port: int = 0
     connections: int = 0
+    host: str = "127.0.0.1"  # where it listens ("::1" for IPv6 tests)
     _runner: web.AppRunner | None = None
 
     def seen_by(self, user: str) -> list[Received]:
@@ -135,7 +136,7 @@ class FakeBackend:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.context())
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.context())
         await site.start()
         server = site._server
         assert server is not None
@@ -248,6 +249,9 @@ class AlwaysAvailable:
 
     def is_available(self, name: str) -> bool:
         return True
+
+    def reason(self, name: str) -> str:
+        return "Passed"
 
 
 def force_available(server: Any) -> None:

@@ -53,7 +53,7 @@ from aggregator.commands.certs import (
     write_kubeconfig,
     write_pair,
 )
-from aggregator.config import Options, validate
+from aggregator.config import DEFAULT_DENY_CIDRS, Options, validate
 from tests.support.pki import PKI
 
 # The authenticated caller of a request, for handlers added with `add_route`: `request[USER]`.
@@ -874,6 +874,8 @@ def kube_options(pki: PKI, kubeconfig: Path | str, **overrides: Any) -> Options:
         kubeconfig=str(kubeconfig),
         # The fake serves no extension-apiserver-authentication ConfigMap unless a test adds one.
         authentication_skip_lookup=True,
+        # The fake cluster's backends listen on loopback, which kube mode denies by default.
+        backend_deny_cidrs=list(DEFAULT_DENY_CIDRS),
     )
     options = dataclasses.replace(base, **overrides)
     validate(options)

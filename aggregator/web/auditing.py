@@ -22,6 +22,7 @@ import logging
 
 from aiohttp import web
 
+from aggregator.audit.body import BodyCapture
 from aggregator.audit.recorder import AUDIT_ID_RESPONSE_HEADER, Auditor, AuditRequest, audit_id
 from aggregator.auth.requestinfo import RequestInfoError, request_info
 from aggregator.web.context import get_authorization, get_requester, get_user
@@ -111,3 +112,15 @@ class AuditLog:
     async def stop(self) -> None:
         if not await asyncio.to_thread(self.auditor.stop):
             log.warning("the audit log writer did not finish in time; queued events may be lost")
+
+
+def request_body_tap(request: web.Request) -> BodyCapture | None:
+    """The audit's copy of the request body, when the policy's level records it (Request and above)."""
+    record = request.get(RECORD)
+    return record.request_capture() if record is not None else None
+
+
+def response_body_tap(request: web.Request, content_type: str, content_encoding: str) -> BodyCapture | None:
+    """The audit's copy of the response body, at level RequestResponse."""
+    record = request.get(RECORD)
+    return record.response_capture(content_type, content_encoding) if record is not None else None

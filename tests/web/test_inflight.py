@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
@@ -21,6 +22,8 @@ from tests.support.pki import PKI
 from tests.support.polling import until
 
 THINGS = f"{PREFIX}/namespaces/default/things"
+# A broken gateway fails the test instead of hanging it.
+LIMIT = aiohttp.ClientTimeout(total=10)
 TOO_MANY = b"Too many requests, please try again later.\n"
 
 
@@ -45,7 +48,7 @@ class Holding:
 
 
 async def _call(proxied: Proxied, method: str, path: str, cert: str) -> tuple[int, bytes, Any]:
-    async with proxied.request(method, path, cert=cert) as resp:
+    async with proxied.request(method, path, cert=cert, timeout=LIMIT) as resp:
         return resp.status, await resp.read(), resp.headers
 
 

@@ -16,6 +16,8 @@ from tests.support.fixtures import StartProxied
 from tests.support.polling import until
 
 THINGS = f"{PREFIX}/namespaces/default/things"
+# A broken gateway fails the test instead of hanging it.
+LIMIT = aiohttp.ClientTimeout(total=10)
 
 
 async def _never(request: web.Request) -> web.StreamResponse:
@@ -30,7 +32,7 @@ def _event(n: int) -> bytes:
 async def test_a_slow_backend_past_the_request_timeout_is_504(start_proxied: StartProxied) -> None:
     proxied = await start_proxied(request_timeout=0.3)
     proxied.backend.routes[THINGS] = _never
-    async with proxied.request("GET", THINGS) as resp:
+    async with proxied.request("GET", THINGS, timeout=LIMIT) as resp:
         assert resp.status == 504
         assert await resp.read() == TIMEOUT_BODY
         assert resp.headers["Content-Type"] == "text/plain; charset=utf-8"
@@ -62,7 +64,7 @@ async def test_a_shorter_timeout_query_applies(start_proxied: StartProxied) -> N
     proxied = await start_proxied()  # --request-timeout 60s
     proxied.backend.routes[THINGS] = _never
     started = time.monotonic()
-    async with proxied.request("GET", THINGS + "?timeout=300ms") as resp:
+    async with proxied.request("GET", THINGS + "?timeout=300ms", timeout=LIMIT) as resp:
         assert resp.status == 504
         assert await resp.read() == TIMEOUT_BODY
     assert time.monotonic() - started >= 0.3
@@ -92,7 +94,7 @@ async def test_an_answer_already_started_is_cut_at_the_deadline(start_proxied: S
         return out
 
     proxied.backend.routes[THINGS] = slow_body
-    async with proxied.request("GET", THINGS) as resp:
+    async with proxied.request("GET", THINGS, timeout=LIMIT) as resp:
         assert resp.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
             await resp.read()
@@ -112,7 +114,7 @@ async def test_a_watch_is_not_cut_by_the_request_timeout(start_proxied: StartPro
         return out
 
     proxied.backend.routes[THINGS] = watch
-    async with proxied.request("GET", THINGS + "?watch=true") as resp:
+    async with proxied.request("GET", THINGS + "?watch=true", timeout=LIMIT) as resp:
         assert resp.status == 200
         assert await resp.content.readline() == _event(1)
         opened = time.monotonic()
@@ -140,7 +142,7 @@ async def test_a_watch_without_timeout_seconds_ends_cleanly_after_min_request_ti
 
     proxied.backend.routes[THINGS] = watch
     started = time.monotonic()
-    async with proxied.request("GET", THINGS + "?watch=1") as resp:
+    async with proxied.request("GET", THINGS + "?watch=1", timeout=LIMIT) as resp:
         assert resp.status == 200
         # the chunked answer ends properly (no ClientPayloadError): client-go simply re-watches
         assert await resp.read() == _event(1)

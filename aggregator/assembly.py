@@ -69,6 +69,7 @@ from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
 from aggregator.web.accesslog import AccessLog, AccessLogPolicy
 from aggregator.web.auditing import AuditLog, RequestAuditing
+from aggregator.web.certexpiry import PROXY_CLIENT, CertificateExpiry
 from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.inflight import MaxInFlight
 from aggregator.web.instrumentation import RequestInstrumentation
@@ -187,6 +188,7 @@ def build_gateway(options: Options) -> Gateway:
     )
     client_certificate = backends.client_certificate
     components.append(("backends", backends))
+    _report_expiry(metrics.certificate_expiry, client_certificate)
 
     # 5. availability, before the proxy that asks it; with --write-apiservice-status in kube mode a
     # Lease elects the one replica that writes (started before the checker, so it stops after it
@@ -381,6 +383,17 @@ def _identity_policy(
     policy = flag_identity_policy(options, keep_impersonation=keep_impersonation)
     policy.follow(authenticator.requestheader)
     return policy
+
+
+def _report_expiry(expiry: CertificateExpiry, certificate: ProxyClientCertificate) -> None:
+    """`aggregator_certificate_expiration_seconds{certificate="proxy-client"}`, now and on every reload."""
+
+    def report() -> None:
+        if certificate.pair is not None and certificate.cert_file:
+            expiry.set_certificates(PROXY_CLIENT, certificate.cert_file, [certificate.pair.leaf])
+
+    report()
+    certificate.add_listener(report)
 
 
 def _status_sink(

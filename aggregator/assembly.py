@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from aggregator.apiregistration.api import APIRegistration
+from aggregator.audit.factory import build_auditor
+from aggregator.audit.recorder import Auditor
 from aggregator.auth.authn import Authenticator
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
@@ -66,12 +68,17 @@ from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
 from aggregator.web.accesslog import AccessLog, AccessLogPolicy
+from aggregator.web.auditing import AuditLog, RequestAuditing
+from aggregator.web.certexpiry import PROXY_CLIENT, CertificateExpiry
 from aggregator.web.health import ENDPOINTS, HealthChecks
+from aggregator.web.inflight import MaxInFlight
+from aggregator.web.instrumentation import RequestInstrumentation
 from aggregator.web.metrics import Metrics
 from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Pipeline
 from aggregator.web.responses import not_found
 from aggregator.web.routing import Route, RouteKind, Router
+from aggregator.web.timeout import RequestTimeouts
 from aggregator.web.version import serve_version
 
 log = logging.getLogger(__name__)
@@ -100,6 +107,9 @@ class Gateway:
     elector: LeaderElector | None
     router: Router
     pipeline: Pipeline
+    limits: MaxInFlight
+    timeouts: RequestTimeouts
+    auditor: Auditor | None
     # (name, component) in start order; stopped in reverse.
     components: list[tuple[str, Component]]
     # Human-readable start-up facts ("client certificates (CA ...)", "authorization: ...").
@@ -145,6 +155,10 @@ def build_gateway(options: Options) -> Gateway:
     health = HealthChecks()
     store = Store()
     components: list[tuple[str, Component]] = []
+    # The audit log starts first and stops last: every request's final event is written.
+    auditor = build_auditor(options, metrics)
+    if auditor is not None:
+        components.append(("audit-log", AuditLog(auditor)))
 
     # 2. kube-apiserver and the object source
     kube = client_for_options(options)
@@ -174,6 +188,7 @@ def build_gateway(options: Options) -> Gateway:
     )
     client_certificate = backends.client_certificate
     components.append(("backends", backends))
+    _report_expiry(metrics.certificate_expiry, client_certificate)
 
     # 5. availability, before the proxy that asks it; with --write-apiservice-status in kube mode a
     # Lease elects the one replica that writes (started before the checker, so it stops after it
@@ -242,16 +257,39 @@ def build_gateway(options: Options) -> Gateway:
         apiregistration.install(router)
     router.add_claim(proxy.claim)
 
-    # kube-apiserver's filter order: authentication, impersonation, authorization; before them,
-    # looped requests and paths a backend could read as another resource are refused
+    # kube-apiserver's filter order (server/config.go DefaultBuildHandlerChain): the request
+    # deadline around everything, then authentication, audit, impersonation, max-in-flight (after
+    # impersonation: system:masters is the impersonated user's group), authorization; before
+    # them, looped requests and paths a backend could read as another resource are refused
     access_log = AccessLog(AccessLogPolicy.parse(options.access_log, verbosity=options.verbosity))
-    pipeline = Pipeline(router, metrics, access_log)
+    timeouts = RequestTimeouts(
+        metrics.apiserver,
+        request_timeout=options.request_timeout,
+        min_request_timeout=options.min_request_timeout,
+    )
+    limits = MaxInFlight(
+        metrics.apiserver,
+        read_only=options.max_requests_inflight,
+        mutating=options.max_mutating_requests_inflight,
+    )
+    instrumentation = RequestInstrumentation(metrics.apiserver)
+    pipeline = Pipeline(router, metrics, access_log, timeouts=timeouts)
     pipeline.add_gate(loop_gate(hop))
     pipeline.add_gate(refuse_confusing_paths)
     pipeline.add_gate(authenticator.gate)
+    auditing = RequestAuditing(auditor) if auditor is not None else None
+    if auditing is not None:
+        pipeline.add_gate(auditing.gate)
     pipeline.add_gate(Impersonator(authorizer).gate)
+    pipeline.add_gate(limits.gate)
     pipeline.add_gate(authorizer.gate)
     pipeline.add_gate(upgrade_gate(metrics))
+    pipeline.add_gate(instrumentation.gate)  # last: the request reaches its handler
+    pipeline.on_finish(lambda request, _route, _response, _error: limits.finished(request))
+    pipeline.on_finish(lambda request, route, response, _error: instrumentation.finished(request, route, response))
+    if auditing is not None:
+        pipeline.on_response_head(auditing.head_going_out)
+        pipeline.on_finish(lambda request, _route, response, error: auditing.finished(request, response, error))
 
     gateway = Gateway(
         options=options,
@@ -273,6 +311,9 @@ def build_gateway(options: Options) -> Gateway:
         elector=elector,
         router=router,
         pipeline=pipeline,
+        limits=limits,
+        timeouts=timeouts,
+        auditor=auditor,
         components=components,
         auth_summary=authentication.summary + authorization.summary,
         hop=hop,
@@ -342,6 +383,17 @@ def _identity_policy(
     policy = flag_identity_policy(options, keep_impersonation=keep_impersonation)
     policy.follow(authenticator.requestheader)
     return policy
+
+
+def _report_expiry(expiry: CertificateExpiry, certificate: ProxyClientCertificate) -> None:
+    """`aggregator_certificate_expiration_seconds{certificate="proxy-client"}`, now and on every reload."""
+
+    def report() -> None:
+        if certificate.pair is not None and certificate.cert_file:
+            expiry.set_certificates(PROXY_CLIENT, certificate.cert_file, [certificate.pair.leaf])
+
+    report()
+    certificate.add_listener(report)
 
 
 def _status_sink(

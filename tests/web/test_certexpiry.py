@@ -9,12 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from aggregator.backends.client_cert import ProxyClientCertificate
 from aggregator.commands.certs import issue_client_cert, new_ca, write_cert, write_pair
 from aggregator.tls.pem import PEMError
 from aggregator.tls.verify import CAFile
 from aggregator.web.certexpiry import CLIENT_CA, PROXY_CLIENT, SERVING, CertificateExpiry
+from tests.conftest import StartGateway
+from tests.support.pki import PKI
 
 
 def test_the_value_is_the_earliest_not_after_in_the_file() -> None:
@@ -74,3 +77,16 @@ def test_the_proxy_client_certificate_reports_through_its_listener(tmp_path: Pat
     write_pair(tmp_path, "proxy", renewed)
     proxy.reload()
     assert expiry.value(PROXY_CLIENT) == (cert_file, renewed.cert.not_valid_after_utc.timestamp())
+
+
+async def test_the_running_gateway_reports_its_proxy_client_certificate(
+    start_gateway: StartGateway, pki: PKI
+) -> None:
+    server = await start_gateway()
+    cert_file = pki.path("front-proxy-client.crt")
+    with open(cert_file, "rb") as handle:
+        leaf = x509.load_pem_x509_certificate(handle.read())
+    value = server.gateway.metrics.registry.get_sample_value(
+        "aggregator_certificate_expiration_seconds", {"certificate": "proxy-client", "source": cert_file}
+    )
+    assert value == leaf.not_valid_after_utc.timestamp()

@@ -67,9 +67,17 @@ from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
+from aggregator.tls.verify import CAPool
 from aggregator.web.accesslog import AccessLog, AccessLogPolicy
 from aggregator.web.auditing import AuditLog, RequestAuditing
-from aggregator.web.certexpiry import PROXY_CLIENT, CertificateExpiry
+from aggregator.web.certexpiry import (
+    AUTHENTICATION_CONFIGMAP,
+    CLIENT_CA,
+    PROXY_CLIENT,
+    REQUESTHEADER_CLIENT_CA,
+    CertificateExpiry,
+    CertificateSource,
+)
 from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.inflight import MaxInFlight
 from aggregator.web.instrumentation import RequestInstrumentation
@@ -189,6 +197,7 @@ def build_gateway(options: Options) -> Gateway:
     client_certificate = backends.client_certificate
     components.append(("backends", backends))
     _report_expiry(metrics.certificate_expiry, client_certificate)
+    _follow_ca_expiry(metrics.certificate_expiry, authenticator)
 
     # 5. availability, before the proxy that asks it; with --write-apiservice-status in kube mode a
     # Lease elects the one replica that writes (started before the checker, so it stops after it
@@ -394,6 +403,24 @@ def _report_expiry(expiry: CertificateExpiry, certificate: ProxyClientCertificat
 
     report()
     certificate.add_listener(report)
+
+
+def _follow_ca_expiry(expiry: CertificateExpiry, authenticator: Authenticator) -> None:
+    """`aggregator_certificate_expiration_seconds` for the client CAs the authenticator trusts now
+    (a flag's file, re-read on change, or kube mode's ConfigMap)."""
+
+    def pool_source(pool: CAPool | None) -> CertificateSource | None:
+        if pool is None:
+            return None
+        source = AUTHENTICATION_CONFIGMAP if pool.source.startswith("configmap ") else pool.source
+        return source, pool.anchors
+
+    def requestheader() -> CertificateSource | None:
+        config = authenticator.requestheader()
+        return pool_source(config.pool if config is not None else None)
+
+    expiry.follow(CLIENT_CA, lambda: pool_source(authenticator.client_ca()))
+    expiry.follow(REQUESTHEADER_CLIENT_CA, requestheader)
 
 
 def _status_sink(

@@ -24,6 +24,7 @@ from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.util._aiohttp import GatewayRequest, TimedServer, TimedSite
 from aggregator.util.logs import fields
 from aggregator.util.runtime import new_event_loop, wait_for_termination
+from aggregator.web.certexpiry import SERVING
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class GatewayServer:
             flag = "--tls-cert-file" if options.tls_cert_file else "--cert-dir"
             raise ConfigError(flag, str(err)) from err
         self.gateway = gateway or build_gateway(options)
+        self.gateway.metrics.certificate_expiry.follow(
+            SERVING, lambda: (self.serving.cert_file, [self.serving.current.leaf])
+        )
         self.read_header_timeout = READ_HEADER_TIMEOUT
         self.idle_timeout = IDLE_TIMEOUT
         self.port = 0

@@ -72,6 +72,16 @@ class RequestInstrumentation:
         component = component_of(route)
         if component is not None:
             self.metrics.observe(MonitoredRequest.of(request), code, seconds, size, component=component)
+        elif state.instrumented_as is not None:
+            subresource, handler_component = state.instrumented_as
+            self.metrics.observe_handler(
+                MonitoredRequest.of(request),
+                code,
+                seconds,
+                size,
+                subresource=subresource,
+                component=handler_component,
+            )
         elif request.path in _HEALTH_PATHS and request.path == f"/{route.name}":
             self.metrics.observe_handler(
                 MonitoredRequest.of(request), code, seconds, size, subresource=request.path, component=""

@@ -39,6 +39,9 @@ class RequestState:
     status: int | None = None
     # Set by the last gate: every gate let the request through and its handler runs.
     handled: bool = False
+    # Set by a handler upstream wraps in `metrics.InstrumentHandlerFunc` with fixed labels
+    # (aggregated discovery, OpenAPI v3): the (subresource, component) it is counted under.
+    instrumented_as: tuple[str, str] | None = None
 
     def head_going_out(self, request: web.Request, status: int, response: web.StreamResponse | None) -> None:
         if self.status is not None:
@@ -85,3 +88,11 @@ def raw_head_sent(request: web.Request, status: int) -> None:
     state = request.get(STATE)
     if state is not None:
         state.head_going_out(request, status, None)
+
+
+def instrument_as(request: web.Request, subresource: str, component: str) -> None:
+    """Count this request in `apiserver_request_total` as upstream's fixed-label handler wrapper
+    does (`InstrumentHandlerFunc("GET", "", "", "", subresource, "", component)`)."""
+    state = request.get(STATE)
+    if state is not None:
+        state.instrumented_as = (subresource, component)

@@ -8,6 +8,7 @@ import asyncio
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.discovery.fakes import AGG_TYPE
 from tests.support.backend import GROUP, PREFIX, VERSION
 from tests.support.fixtures import Proxied, StartProxied
 from tests.support.polling import until
@@ -105,3 +106,34 @@ async def test_a_watch_counts_as_long_running_while_it_runs(start_proxied: Start
         lambda: sample("apiserver_longrunning_requests", dict(gauge)) == 0,
         what="the watch to leave the gauge",
     )
+
+
+def fixed(subresource: str, component: str, code: str = "200") -> tuple[tuple[str, str], ...]:
+    """The labels of a handler upstream wraps in `InstrumentHandlerFunc` with fixed labels."""
+    return labels(
+        verb="GET", dry_run="", group="", version="", resource="", subresource=subresource,
+        scope="", component=component, code=code,
+    )  # fmt: skip
+
+
+async def test_aggregated_discovery_and_openapi_v3_count_as_upstream_instruments_them(
+    start_proxied: StartProxied,
+) -> None:
+    """aggregated.NewResourceManager("apis") counts only the aggregated document (a legacy /apis is
+    not instrumented); kube-aggregator's OpenAPI v3 handlers count under `openapi/v3` and
+    `openapi/v3/` with no component."""
+    proxied = await start_proxied()
+    async with proxied.request("GET", "/apis", headers={"Accept": AGG_TYPE}) as resp:
+        assert resp.status == 200 and "apidiscovery.k8s.io" in resp.headers["Content-Type"]
+    async with proxied.request("GET", "/apis") as resp:
+        assert resp.status == 200 and "apidiscovery.k8s.io" not in resp.headers["Content-Type"]
+    async with proxied.request("GET", "/openapi/v3") as resp:
+        assert resp.status == 200
+        paths = (await resp.json())["paths"]
+    first = sorted(paths)[0]  # local mode: at least apiregistration.k8s.io's document
+    async with proxied.request("GET", paths[first]["serverRelativeURL"]) as resp:
+        assert resp.status == 200
+    counted = await scrape(proxied, "apiserver_request_total")
+    assert counted[fixed("apis", "apiserver")] == 1  # the legacy request is not among them
+    assert counted[fixed("openapi/v3", "")] == 1
+    assert counted[fixed("openapi/v3/", "")] == 1

@@ -1,0 +1,151 @@
+"""`aggregator serve --workers N` end to end: several processes answer the port, the control
+process alone makes background requests, a dead worker is replaced, SIGTERM drains the group."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+from pathlib import Path
+
+from tests.support.backend import (
+    APISERVICE,
+    PREFIX,
+    BackendPKI,
+    FakeBackend,
+    apiservice_manifest,
+    backend_service,
+    write_manifests,
+)
+from tests.support.pki import PKI
+from tests.support.polling import until
+from tests.workers.group import running_group, until_async
+
+AGGREGATOR_USER = "system:kube-aggregator"
+
+
+def _register(folder: Path, backend: FakeBackend, backend_pki: BackendPKI) -> None:
+    write_manifests(
+        folder,
+        "demo",
+        apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem),
+        *backend_service(backend.port),
+    )
+
+
+async def test_two_workers_answer_the_port_and_metrics_cover_both(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path
+) -> None:
+    async with running_group(pki, apiservices_dir, tmp_path / "serve.log", "--workers", "2") as group:
+        pids: set[int] = set()
+        requests = 0
+        while len(pids) < 2:
+            pids.add(await group.worker_pid())
+            requests += 1
+            assert requests < 200, f"every fresh connection went to {pids}"
+        assert group.process.pid not in pids  # the control process does not serve the port
+        status, body = await group.get("/metrics")
+        assert status == 200
+        text = body.decode()
+        # Counters are the group's: every /livez request above, whichever worker served it.
+        own = sum(
+            float(m.group(1))
+            for m in re.finditer(r'^aggregator_requests_total\{code="200",route="own"\} (\S+)$', text, re.M)
+        )
+        assert own >= requests + 1  # + the readiness probe that saw the group ready
+        for worker in ("control", "0", "1"):
+            assert f'process_resident_memory_bytes{{worker="{worker}"}}' in text
+        assert "aggregator_workers 2.0" in text
+
+
+async def test_background_requests_are_the_same_with_one_and_two_workers(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path, backend: FakeBackend, backend_pki: BackendPKI
+) -> None:
+    """Probes, discovery and OpenAPI fetches come from the control process once, however many
+    workers serve: one backend's background requests over the same window are equal."""
+    _register(apiservices_dir, backend, backend_pki)
+    counts: list[int] = []
+    for workers in ("1", "2"):
+        backend.received.clear()
+        async with running_group(
+            pki, apiservices_dir, tmp_path / f"serve-{workers}.log", "--workers", workers
+        ):
+            await until(lambda: backend.seen_by(AGGREGATOR_USER), what="the first background request")
+            await asyncio.sleep(3.0)  # the fixed window: start-up checks and fetches, then quiet
+            counts.append(len(backend.seen_by(AGGREGATOR_USER)))
+    assert counts[0] > 0
+    assert abs(counts[0] - counts[1]) <= 1, counts
+
+
+async def test_requests_are_proxied_through_every_worker(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path, backend: FakeBackend, backend_pki: BackendPKI
+) -> None:
+    _register(apiservices_dir, backend, backend_pki)
+    async with running_group(pki, apiservices_dir, tmp_path / "serve.log", "--workers", "2") as group:
+        pids: set[int] = set()
+        while len(pids) < 2:
+            pids.add(await group.worker_pid())
+            status, _ = await group.get(f"{PREFIX}/namespaces/default/things")
+            assert status == 200
+            assert len(group.seen) < 200
+        # discovery rendered by the control, served by the workers, with its ETag
+        accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+        status, body = await group.get("/apis", headers={"Accept": accept})
+        assert status == 200 and b"demo.example.com" in body
+        status, body = await group.get("/openapi/v3")
+        assert status == 200
+        status, body = await group.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}")
+        assert status == 200 and b'"Available"' in body
+
+
+async def test_a_killed_worker_is_replaced_while_the_port_keeps_answering(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path
+) -> None:
+    async with running_group(pki, apiservices_dir, tmp_path / "serve.log", "--workers", "2") as group:
+        pids: set[int] = set()
+        while len(pids) < 2:
+            pids.add(await group.worker_pid())
+            assert len(group.seen) < 200
+        victim = min(pids)
+        os.kill(victim, signal.SIGKILL)
+        after = len(group.seen)
+        await until(lambda: "killed by SIGKILL" in group.log(), what="the supervisor to notice")
+
+        async def replaced() -> bool:
+            # Every fresh connection is answered while the worker is away and after.
+            return await group.worker_pid() not in pids
+
+        await until_async(replaced, 30.0, "a new worker to answer")
+        assert victim not in group.seen[after:]
+        log = group.log()
+        assert "worker died; starting it again" in log
+        status, body = await group.get("/metrics")
+        assert 'aggregator_worker_restarts_total{worker="' in body.decode()
+
+
+async def test_sigterm_drains_every_worker_and_exits_0(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path
+) -> None:
+    log_path = tmp_path / "serve.log"
+    async with running_group(
+        pki, apiservices_dir, log_path, "--workers", "2", "--shutdown-delay-duration", "2s"
+    ) as group:
+        group.process.send_signal(signal.SIGTERM)
+
+        async def not_ready() -> bool:
+            status, _ = await group.get("/readyz")
+            return status == 500
+
+        # readyz fails at once on every worker while the listener stays open for the delay
+        await until_async(not_ready, 10.0, "readyz to fail")
+        for _ in range(6):
+            status, _ = await group.get("/readyz")
+            assert status == 500
+            status, _ = await group.get("/livez")
+            assert status == 200
+        async with asyncio.timeout(30):
+            assert await group.process.wait() == 0
+    log = log_path.read_text()
+    assert "Traceback" not in log
+    assert log.count("shutting down") >= 3  # the control and both workers

@@ -32,4 +32,4 @@ def test_counters_and_in_flight_sum_process_gauges_are_labelled_facts_come_from_
     assert "demo_duration_seconds_count 3.0" in text  # one observation per process
     assert "demo_duration_seconds_sum 3.5" in text
     assert 'demo_duration_seconds_bucket{le="1.0"} 1.0' in text  # 1.5 and 2.0 are above the bucket
-    assert text.count("# TYPE demo_requests counter") == 1
+    assert text.count("# TYPE demo_requests_total counter") == 1

@@ -98,6 +98,9 @@ class Publisher:
         self._collecting: dict[int, asyncio.Future[list[Metric]]] = {}
         self._tasks = TaskSet("publisher")
         store.add_listener(self._on_event)
+        # A flip goes out at once, before the status write it causes (the store event): a worker
+        # never routes by a verdict older than the condition it shows.
+        availability.add_listener(self._on_flip)
 
     def checks(self) -> tuple[HealthCheck, ...]:
         """The control's health checks each worker mirrors by name."""
@@ -204,6 +207,22 @@ class Publisher:
         for channel in self._channels.values():
             channel.send(change)
 
+    def _on_flip(self, name: str) -> None:
+        verdict = self.availability.verdict(name)
+        p = self._published
+        if verdict is None:
+            if p.verdicts.pop(name, None) is None:
+                return
+            state = State(synced=p.synced, verdicts={name: None})
+        else:
+            view = (verdict.available, verdict.reason)
+            if p.verdicts.get(name) == view:
+                return
+            p.verdicts[name] = view
+            state = State(synced=p.synced, verdicts={name: view})
+        for channel in self._channels.values():
+            channel.send(state)
+
     def _snapshot(self) -> State:
         p = self._published
         objects = [obj for kind in Kind for obj in self.store.objects(kind)]
@@ -236,7 +255,7 @@ class Publisher:
             if p.verdicts.get(name) != view:
                 state.verdicts[name] = view
         if state.verdicts:
-            p.verdicts, changed = verdicts, True
+            p.verdicts, changed = dict(verdicts), True
         health = self._health()
         if health != p.health:
             p.health = state.health = health

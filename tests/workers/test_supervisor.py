@@ -4,11 +4,13 @@ process alone makes background requests, a dead worker is replaced, SIGTERM drai
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
 from pathlib import Path
 
+from aggregator.commands.certs import issue_serving_cert, write_pair
 from tests.support.backend import (
     APISERVICE,
     PREFIX,
@@ -20,7 +22,7 @@ from tests.support.backend import (
 )
 from tests.support.pki import PKI
 from tests.support.polling import until
-from tests.workers.group import running_group, until_async
+from tests.workers.group import PID_NOTE, running_group, until_async
 
 AGGREGATOR_USER = "system:kube-aggregator"
 
@@ -151,3 +153,69 @@ async def test_sigterm_drains_every_worker_and_exits_0(
     log = log_path.read_text()
     assert "Traceback" not in log
     assert log.count("shutting down") >= 3  # the control and both workers
+
+
+async def _served_certificate_and_pid(group_port: int, pki: PKI) -> tuple[bytes, int]:
+    """On a fresh connection: the serving certificate (DER) and the pid of the worker behind it."""
+    context = pki.client_context("admin")
+    reader, writer = await asyncio.open_connection("127.0.0.1", group_port, ssl=context)
+    try:
+        ssl_object = writer.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True)
+        writer.write(b"GET /livez?verbose HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n")
+        body = await reader.read()
+    finally:
+        writer.close()
+    match = PID_NOTE.search(body.decode(errors="replace"))
+    assert match is not None, body
+    return der, int(match.group(3))
+
+
+async def test_every_worker_serves_a_rotated_certificate(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path
+) -> None:
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    write_pair(serving, "tls", issue_serving_cert(pki.ca, ["127.0.0.1", "gateway.test"]))
+    files = (str(serving / "tls.crt"), str(serving / "tls.key"))
+    async with running_group(
+        pki, apiservices_dir, tmp_path / "serve.log", "--workers", "2", serving=files
+    ) as group:
+        old = {
+            pid: der for der, pid in [await _served_certificate_and_pid(group.port, pki) for _ in range(20)]
+        }
+        write_pair(serving, "tls", issue_serving_cert(pki.ca, ["127.0.0.1", "gateway.test"]))
+        rotated: dict[int, bytes] = {}
+
+        async def both_rotated() -> bool:
+            der, pid = await _served_certificate_and_pid(group.port, pki)
+            if der not in old.values():
+                rotated[pid] = der
+            return len(rotated) == 2
+
+        await until_async(both_rotated, 30.0, "both workers to serve the new certificate")
+        assert len(set(rotated.values())) == 1
+
+
+async def test_a_failed_proxied_request_has_the_control_recheck_at_once(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path, backend: FakeBackend, backend_pki: BackendPKI
+) -> None:
+    """The fast re-probe crosses processes: a worker's failed request is a message to the control,
+    whose verdict (False within seconds, not at the 30 s resync) comes back to every worker."""
+    _register(apiservices_dir, backend, backend_pki)
+    async with running_group(pki, apiservices_dir, tmp_path / "serve.log", "--workers", "2") as group:
+        status, _ = await group.get(f"{PREFIX}/namespaces/default/things")
+        assert status == 200
+        await backend.stop()
+        status, body = await group.get(f"{PREFIX}/namespaces/default/things")
+        assert status == 503, body
+
+        async def unavailable() -> bool:
+            _, body = await group.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}")
+            conditions = json.loads(body)["status"]["conditions"]
+            return any(c["type"] == "Available" and c["status"] == "False" for c in conditions)
+
+        await until_async(unavailable, 10.0, "the APIService to be found unavailable")
+        for _ in range(4):  # every worker now refuses it from the control's verdict
+            status, body = await group.get(f"{PREFIX}/namespaces/default/things")
+            assert status == 503 and b"service unavailable" in body, body

@@ -95,7 +95,8 @@ class Publisher:
         self._channels: dict[int, Channel] = {}
         self._published = _Published()
         self._ids = itertools.count(1)
-        self._collecting: dict[int, asyncio.Future[list[Metric]]] = {}
+        # Scrapes waiting for a worker's figures: collect id -> (worker index, its answer).
+        self._collecting: dict[int, tuple[int, asyncio.Future[list[Metric]]]] = {}
         self._tasks = TaskSet("publisher")
         store.add_listener(self._on_event)
         # A flip goes out at once, before the status write it causes (the store event): a worker
@@ -152,14 +153,17 @@ class Publisher:
             if self._channels.get(index) is channel:
                 del self._channels[index]
             channel.close()
+            for worker, future in self._collecting.values():
+                if worker == index and not future.done():
+                    future.cancel()  # a scrape does not wait for a worker that died
 
     def _handle(self, index: int, channel: Channel, message: object) -> None:
         if isinstance(message, Suspect):
             self.availability.suspect(message.name)
         elif isinstance(message, Collected):
-            future = self._collecting.get(message.id)
-            if future is not None and not future.done():
-                future.set_result(message.families)
+            waiting = self._collecting.get(message.id)
+            if waiting is not None and not waiting[1].done():
+                waiting[1].set_result(message.families)
         elif isinstance(message, Scrape):
             self._tasks.spawn(self._answer_scrape(channel, message.id), name=f"scrape-{index}")
         else:
@@ -177,7 +181,7 @@ class Publisher:
         for index, channel in sorted(self._channels.items()):
             collect = next(self._ids)
             future: asyncio.Future[list[Metric]] = loop.create_future()
-            self._collecting[collect] = future
+            self._collecting[collect] = (index, future)
             channel.send(Collect(collect))
             waits.append((index, collect, future))
         sources: list[tuple[str, list[Metric]]] = [(merging.CONTROL, self.collectors())]

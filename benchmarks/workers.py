@@ -10,6 +10,9 @@ every worker count shares CPU 0, so requests/s cannot scale there and the figure
 CPU per request: the group's CPU time (utime+stime of every process) and the workers' alone,
 divided by the requests served. It must not rise with N.
 
+`--unpinned` leaves every process free to use every CPU: on 2 CPUs, 2 workers can then each get a
+core while wrk and nginx compete for the same two.
+
 Memory: `scale.py`'s 1000 APIServices (one nginx serving every group's discovery and OpenAPI),
 with --workers 2 and --workers 3 once every APIService is Available: the group's PSS (shared
 pages split between the processes that map them) at each count; the difference is the memory one
@@ -82,9 +85,11 @@ class Throughput:
         )
 
 
-def throughput(workers: int, seconds: int, connections: int, threads: int) -> Throughput:
+def throughput(
+    workers: int, seconds: int, connections: int, threads: int, *, pinned: bool = True
+) -> Throughput:
     cpus = os.cpu_count() or 1
-    server_cpus, client_cpus = split_cpus(workers, cpus)
+    server_cpus, client_cpus = split_cpus(workers, cpus) if pinned else (None, None)
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
         work = Path(tmp)
         init_pki(work / "pki")
@@ -93,7 +98,9 @@ def throughput(workers: int, seconds: int, connections: int, threads: int) -> Th
         ports = Ports(*(free_port() for _ in range(6)))
         folder = work / "apiservices"
         folder.mkdir()
-        (folder / "bench.yaml").write_text(yaml.safe_dump_all(registration(ports.backend, backend_ca.cert_pem)))
+        (folder / "bench.yaml").write_text(
+            yaml.safe_dump_all(registration(ports.backend, backend_ca.cert_pem))
+        )
         pki = work / "pki"
         args = [
             "--client-ca-file", str(pki / "client-ca.crt"),
@@ -118,7 +125,9 @@ def throughput(workers: int, seconds: int, connections: int, threads: int) -> Th
             spent = {pid: cpu_seconds(pid) - t for pid, t in before.items()}
     requests = result.requests_per_second * seconds or 1.0
     worker_cpu = sum(spent[p] for p in worker_pids) if worker_pids else spent[control]
-    return Throughput(workers, result, sum(spent.values()) / requests * 1e6, worker_cpu / requests * 1e6, server_cpus)
+    return Throughput(
+        workers, result, sum(spent.values()) / requests * 1e6, worker_cpu / requests * 1e6, server_cpus
+    )
 
 
 def group_memory(workers: int, count: int) -> tuple[int, list[int]]:
@@ -180,10 +189,18 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--counts", default="1,2,4", help="worker counts to measure")
     parser.add_argument("--apiservices", type=int, default=1000, help="for the memory figure (0: skip it)")
+    parser.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="no taskset: the workers may use every CPU (beside wrk and nginx), so on a small machine "
+        "each of 2 workers can get a core of its own",
+    )
     args = parser.parse_args()
     cpus = os.cpu_count() or 1
     results = [
-        throughput(int(n), args.seconds, args.connections, args.threads) for n in args.counts.split(",")
+        throughput(int(n), args.seconds, args.connections, args.threads, pinned=not args.unpinned)
+        for n in args.counts.split(",")
+        if n
     ]
     print(
         f"\nGET {PATH} ({len(DOCUMENT)} bytes) with the admin client certificate over keep-alive TLS, "
@@ -191,15 +208,17 @@ def main() -> int:
     )
     for result in results:
         print(result.line())
-    base = results[0]
     for result in results[1:]:
+        base = results[0]
         print(
             f"--workers {result.workers} vs {base.workers}: "
             f"{result.wrk.requests_per_second / base.wrk.requests_per_second:.2f}x requests/s, "
             f"{result.workers_us / base.workers_us:.2f}x the workers' CPU per request"
         )
-    if cpus < 3:
-        print(f"({cpus} CPUs: every worker count ran on CPU 0 beside wrk's CPU; requests/s cannot scale here)")
+    if cpus < 3 and not args.unpinned:
+        print(
+            f"({cpus} CPUs: every worker count ran on CPU 0 beside wrk's CPU; requests/s cannot scale here)"
+        )
     if args.apiservices:
         two, _ = group_memory(2, args.apiservices)
         three, uss_three = group_memory(3, args.apiservices)

@@ -58,6 +58,31 @@ SCRAPE_TIMEOUT = 5.0
 CHANNEL_CHECK = "control-process"
 
 
+_UNPARSED: dict[str, Any] = {}
+
+
+class _Received(Rendered):
+    """A document rendered by the control: the compact JSON and ETag as received; the parsed
+    document (for the indented JSON and YAML forms only) is built on first use, so a worker does
+    not hold a second, dict-shaped copy of a large `/apis` nobody asks for in those forms."""
+
+    __slots__ = ()
+
+    def _parse(self) -> None:
+        if self._document is _UNPARSED:
+            self._document = json.loads(self.json)
+
+    @property
+    def pretty(self) -> bytes:
+        self._parse()
+        return Rendered.pretty.fget(self)  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def yaml(self) -> bytes:
+        self._parse()
+        return Rendered.yaml.fget(self)  # type: ignore[attr-defined,no-any-return]
+
+
 def _available(conditions: tuple[Condition, ...]) -> bool:
     return any(c.type == "Available" and c.status == "True" for c in conditions)
 
@@ -173,11 +198,7 @@ class Replica:
         self.first_state.set()
 
     def _apply_discovery(self, docs: AggregatedDocs) -> None:
-        rendered: dict[str, Rendered] = {}
-        for version, body, etag in docs.documents:
-            document: dict[str, Any] = json.loads(body)  # for the pretty and YAML forms, if asked
-            rendered[version] = Rendered(document, body, etag)
-        self._aggregated = rendered
+        self._aggregated = {version: _Received(_UNPARSED, body, etag) for version, body, etag in docs.documents}
         self._legacy_only = docs.legacy_only
         if self._routes is not None:
             self._routes.aggregated = None if docs.legacy_only else self

@@ -95,6 +95,8 @@ async def test_requests_are_proxied_through_every_worker(
         accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
         status, body = await group.get("/apis", headers={"Accept": accept})
         assert status == 200 and b"demo.example.com" in body
+        status, pretty = await group.get("/apis?pretty=true", headers={"Accept": accept})
+        assert status == 200 and json.loads(pretty) == json.loads(body) and pretty.startswith(b'{\n  "kind"')
         status, body = await group.get("/openapi/v3")
         assert status == 200
         status, body = await group.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}")

@@ -120,6 +120,8 @@ class Options:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     # Seconds; an int on the command line, as upstream's flag (tests may use fractions).
     min_request_timeout: float = DEFAULT_MIN_REQUEST_TIMEOUT
+    # processes serving the port (None: the CPUs this process may use, `workers/cpus.py`)
+    workers: int | None = None
     # audit
     audit_log_path: str | None = None
     audit_log_maxage: int = DEFAULT_AUDIT_LOG_MAXAGE
@@ -263,6 +265,14 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         type=_duration,
         default=0.0,
         help="on SIGTERM, fail /readyz and keep serving this long before closing (default 0s).",
+    )
+    serving.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes serving the port (SO_REUSEPORT), fed by one control process that alone "
+        "watches, probes and fetches; 1 is a single process with no supervisor (default: the CPUs "
+        "this process may use, from its CPU affinity and cgroup CPU quota).",
     )
 
     add_limit_flags(parser)
@@ -593,6 +603,8 @@ def validate(opts: Options) -> None:
         ipaddress.ip_address(opts.bind_address)
     except ValueError as err:
         raise ConfigError("--bind-address", f"{opts.bind_address!r} is not an IP address") from err
+    if opts.workers is not None and opts.workers < 1:
+        raise ConfigError("--workers", f"{opts.workers} is not a valid worker count (1 or more)")
     tls_policy(opts)
     try:
         AccessLogPolicy.parse(opts.access_log, verbosity=opts.verbosity)

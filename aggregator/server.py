@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from aggregator import __version__
-from aggregator.assembly import Gateway, build_gateway
+from aggregator.assembly import Gateway, WorkerGateway, build_gateway
 from aggregator.config import ConfigError, Options, tls_policy
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
@@ -45,28 +45,35 @@ def _serving_hosts(options: Options) -> list[str]:
     return hosts
 
 
+def serving_certificate(options: Options) -> ServingCertificate:
+    """The serving pair the flags name (or one generated in --cert-dir), hot-reloaded once started."""
+    cert_file, key_file, generated = resolve_serving_files(
+        options.tls_cert_file, options.tls_private_key_file, options.cert_dir, _serving_hosts(options)
+    )
+    if generated:
+        log.info("generated a self-signed serving certificate", extra=fields(cert_file=cert_file))
+    client_cas = [f for f in (options.client_ca_file, options.requestheader_client_ca_file) if f]
+    try:
+        return ServingCertificate(cert_file, key_file, client_ca_files=client_cas, policy=tls_policy(options))
+    except PEMError as err:
+        flag = "--tls-cert-file" if options.tls_cert_file else "--cert-dir"
+        raise ConfigError(flag, str(err)) from err
+
+
 class GatewayServer:
     """A gateway listening on its TLS port: what `serve` runs, and what tests start in-process."""
 
-    def __init__(self, options: Options, gateway: Gateway | None = None) -> None:
+    def __init__(
+        self, options: Options, gateway: Gateway | WorkerGateway | None = None, *, reuse_port: bool = False
+    ) -> None:
         self.options = options
-        cert_file, key_file, generated = resolve_serving_files(
-            options.tls_cert_file, options.tls_private_key_file, options.cert_dir, _serving_hosts(options)
-        )
-        if generated:
-            log.info("generated a self-signed serving certificate", extra=fields(cert_file=cert_file))
-        client_cas = [f for f in (options.client_ca_file, options.requestheader_client_ca_file) if f]
-        try:
-            self.serving = ServingCertificate(
-                cert_file, key_file, client_ca_files=client_cas, policy=tls_policy(options)
-            )
-        except PEMError as err:
-            flag = "--tls-cert-file" if options.tls_cert_file else "--cert-dir"
-            raise ConfigError(flag, str(err)) from err
+        self.serving = serving_certificate(options)
         self.gateway = gateway or build_gateway(options)
         self.gateway.metrics.certificate_expiry.follow(
             SERVING, lambda: (self.serving.cert_file, [self.serving.current.leaf])
         )
+        # `--workers N`: every worker listens on the same port; the kernel spreads connections.
+        self.reuse_port = reuse_port
         self.read_header_timeout = READ_HEADER_TIMEOUT
         self.idle_timeout = IDLE_TIMEOUT
         self.port = 0
@@ -107,6 +114,7 @@ class GatewayServer:
             self.options.secure_port,
             ssl_context=self.serving.context,
             backlog=LISTEN_BACKLOG,
+            reuse_port=self.reuse_port or None,
             ssl_handshake_timeout=self.read_header_timeout,  # Go's tlsHandshakeTimeout
         )
         try:

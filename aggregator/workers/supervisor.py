@@ -209,8 +209,9 @@ class Supervisor:
 
 async def supervise(options: Options, count: int) -> int:
     """Run the control and `count` workers until SIGTERM or SIGINT; the process exit code."""
+    # refused (or generated, once) before the port and before any worker, as a single process does
+    serving = serving_certificate(options)
     options = replace(options, secure_port=reserve_port(options), workers=count)
-    serving = serving_certificate(options)  # refused (or generated, once) before any worker starts
     control = build_gateway(options)
     # The group's metrics take gauges from the control: it follows the serving pair too.
     control.metrics.certificate_expiry.follow(SERVING, lambda: (serving.cert_file, [serving.current.leaf]))

@@ -67,6 +67,7 @@ from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
 from aggregator.web.accesslog import AccessLog, AccessLogPolicy
 from aggregator.web.health import ENDPOINTS, HealthChecks
+from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Pipeline
@@ -100,6 +101,7 @@ class Gateway:
     elector: LeaderElector | None
     router: Router
     pipeline: Pipeline
+    in_flight: InFlight
     # (name, component) in start order; stopped in reverse.
     components: list[tuple[str, Component]]
     # Human-readable start-up facts ("client certificates (CA ...)", "authorization: ...").
@@ -186,7 +188,14 @@ def build_gateway(options: Options) -> Gateway:
     availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink)
 
     # 6. what serves requests; a request that cannot reach its backend has availability re-check it
-    forwarder = Forwarder(metrics, UpgradeTunnel(metrics, recheck=availability), recheck=availability)
+    # (requests in flight are counted for a graceful shutdown, which ends watches and tunnels)
+    in_flight = InFlight()
+    forwarder = Forwarder(
+        metrics,
+        UpgradeTunnel(metrics, recheck=availability, in_flight=in_flight),
+        recheck=availability,
+        in_flight=in_flight,
+    )
     delegate: Delegate | None = None
     fallback = Route(_not_found, RouteKind.OWN, "not-found")
     if options.kube_mode and kube is not None:
@@ -273,6 +282,7 @@ def build_gateway(options: Options) -> Gateway:
         elector=elector,
         router=router,
         pipeline=pipeline,
+        in_flight=in_flight,
         components=components,
         auth_summary=authentication.summary + authorization.summary,
         hop=hop,

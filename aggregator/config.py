@@ -109,6 +109,7 @@ class Options:
     leader_elect_resource_namespace: str = ""
     # lifecycle
     shutdown_delay_duration: float = 0.0
+    shutdown_watch_termination_grace_period: float = 0.0
     # audit
     audit_log_path: str | None = None
     audit_log_maxage: int = DEFAULT_AUDIT_LOG_MAXAGE
@@ -252,6 +253,14 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         type=_duration,
         default=0.0,
         help="on SIGTERM, fail /readyz and keep serving this long before closing (default 0s).",
+    )
+    serving.add_argument(
+        "--shutdown-watch-termination-grace-period",
+        type=_duration,
+        default=0.0,
+        help="once the listener has closed, the longest watches and exec/attach/port-forward tunnels "
+        "are given to end; they are ended at 200 per second or faster, so all within this period "
+        "(default 0s: all at once).",
     )
 
     authn = parser.add_argument_group("authentication")
@@ -599,6 +608,10 @@ def validate(opts: Options) -> None:
             "is required in kube mode with --delegate-auth=front-proxy (kube-apiserver trusts X-Remote-* "
             "only from a front-proxy certificate)",
         )
+    if opts.shutdown_delay_duration < 0:
+        raise ConfigError("--shutdown-delay-duration", "can not be negative value")
+    if opts.shutdown_watch_termination_grace_period < 0:
+        raise ConfigError("--shutdown-watch-termination-grace-period", "can not be a negative value")
     for flag, ttl in (
         ("--authentication-token-webhook-cache-ttl", opts.authentication_token_webhook_cache_ttl),
         ("--authorization-webhook-cache-authorized-ttl", opts.authorization_webhook_cache_authorized_ttl),

@@ -45,6 +45,7 @@ from aggregator.availability.status import (
 )
 from aggregator.backends.addresses import AddressResolver
 from aggregator.backends.client_cert import ProxyClientCertificate
+from aggregator.backends.frontproxy import MissingClientCertificateWarning
 from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.backends.hops import new_instance
 from aggregator.backends.registry import BackendRegistry
@@ -176,6 +177,8 @@ def build_gateway(options: Options) -> Gateway:
     )
     client_certificate = backends.client_certificate
     components.append(("backends", backends))
+    if options.proxy_client_cert_file is None:
+        components.append(("front-proxy-warning", MissingClientCertificateWarning(store)))
 
     # 5. availability, before the proxy that asks it; with --write-apiservice-status in kube mode a
     # Lease elects the one replica that writes (started before the checker, so it stops after it

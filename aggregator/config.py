@@ -43,6 +43,15 @@ DEFAULT_AUDIT_LOG_MAXSIZE = 100
 DEFAULT_AUDIT_LOG_BUFFER_SIZE = 10000
 
 
+# Flags that only mean something in kube mode: given explicitly with --apiservices-dir, refused
+# (Options field -> flag).
+KUBE_MODE_FLAGS = {
+    "delegate_auth": "--delegate-auth",
+    "write_apiservice_status": "--write-apiservice-status",
+    "leader_elect": "--leader-elect",
+}
+
+
 class ConfigError(Exception):
     """A flag combination that cannot work. `str()` is the one line shown before exiting with code 2."""
 
@@ -117,6 +126,8 @@ class Options:
     audit_log_maxsize: int = DEFAULT_AUDIT_LOG_MAXSIZE
     audit_log_batch_buffer_size: int = DEFAULT_AUDIT_LOG_BUFFER_SIZE
     audit_policy_file: str | None = None
+    # The KUBE_MODE_FLAGS given on the command line (their defaults cannot tell).
+    explicit_flags: frozenset[str] = frozenset()
 
     @property
     def in_cluster(self) -> bool:
@@ -373,7 +384,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument(
         "--delegate-auth",
         choices=["front-proxy", "impersonate"],
-        default="front-proxy",
+        default=argparse.SUPPRESS,  # front-proxy (Options); absent unless given: KUBE_MODE_FLAGS
         help="how the caller's identity reaches kube-apiserver: front-proxy headers with "
         "--proxy-client-cert-file (default), or impersonation with the gateway's own credentials.",
     )
@@ -382,6 +393,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     status.add_argument(
         "--write-apiservice-status",
         action="store_true",
+        default=argparse.SUPPRESS,  # false (Options); absent unless given: KUBE_MODE_FLAGS
         help="kube mode: write each APIService's Available condition to its status (off by default: "
         "kube-apiserver's own aggregator writes it too). Only when the status or reason differs from "
         "the stored one, and with --leader-elect only from the replica holding the lease.",
@@ -417,7 +429,7 @@ def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
         type=_bool,
         nargs="?",
         const=True,
-        default=True,
+        default=argparse.SUPPRESS,  # true (Options); absent unless given: KUBE_MODE_FLAGS
         help="with --write-apiservice-status, elect one replica through a coordination.k8s.io Lease and "
         "write status only from it, so every replica can run with the flag (default true). With "
         "--leader-elect=false every replica that has the flag writes.",
@@ -511,6 +523,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     for name in vars(opts):
         if hasattr(args, name):
             setattr(opts, name, getattr(args, name))
+    opts.explicit_flags = frozenset(name for name in KUBE_MODE_FLAGS if hasattr(args, name))
     return opts
 
 
@@ -584,6 +597,11 @@ def validate(opts: Options) -> None:
         raise ConfigError(
             "--apiservices-dir",
             "neither --apiservices-dir nor --kubeconfig is set and no in-cluster service account was found",
+        )
+    kube_only = sorted(opts.explicit_flags & KUBE_MODE_FLAGS.keys()) if opts.local_mode else []
+    if kube_only:
+        raise ConfigError(
+            KUBE_MODE_FLAGS[kube_only[0]], "only applies in kube mode; it means nothing with --apiservices-dir"
         )
     for cidr in opts.deny_cidrs:
         try:

@@ -329,3 +329,29 @@ def wait_for_line(log_path: Path, text: str) -> None:
     while text not in log_path.read_text():
         assert time.monotonic() < deadline, log_path.read_text()
         time.sleep(0.05)
+
+
+def test_generated_serving_certificate_is_announced_only_when_generated(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from aggregator.server import GatewayServer
+    from tests.support.gateway import local_options
+
+    caplog.set_level(logging.INFO, logger="aggregator.server")
+    options = local_options(
+        pki,
+        str(apiservices_dir),
+        tls_cert_file=None,
+        tls_private_key_file=None,
+        cert_dir=str(tmp_path / "generated"),
+    )
+
+    def announced() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "self-signed" in r.getMessage()]
+
+    GatewayServer(options)
+    assert announced() == ["generated a self-signed serving certificate"]
+    first = (tmp_path / "generated" / "apiserver.crt").read_bytes()
+    GatewayServer(options)  # a restart reuses the pair: nothing was generated
+    assert announced() == ["generated a self-signed serving certificate"]
+    assert (tmp_path / "generated" / "apiserver.crt").read_bytes() == first

@@ -29,6 +29,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/proxy.py
 	$(BIN)/python benchmarks/auth.py
 	$(BIN)/python benchmarks/slow_clients.py
+	$(BIN)/python benchmarks/watches.py
+	$(BIN)/python benchmarks/scale.py --counts 100,1000
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from aggregator.apiregistration.api import APIRegistration
+from aggregator.audit.factory import build_auditor
+from aggregator.audit.recorder import Auditor
+from aggregator.auth.authconfigmap import AuthConfigMap
 from aggregator.auth.authn import Authenticator
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
@@ -50,8 +53,10 @@ from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.backends.hops import new_instance
 from aggregator.backends.registry import BackendRegistry
 from aggregator.config import Options
-from aggregator.contracts import Component
+from aggregator.contracts import Component, Recheck
 from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
+from aggregator.discovery.legacy import LegacyDiscovery
+from aggregator.discovery.routes import DiscoveryRoutes
 from aggregator.kube.client import KubeClient, client_for_options
 from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
 from aggregator.leaderelection import LeaderElector, elector_for_options
@@ -66,15 +71,30 @@ from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
+from aggregator.tls.verify import CAPool
 from aggregator.web.accesslog import AccessLog, AccessLogPolicy
+from aggregator.web.auditing import AuditLog, RequestAuditing
+from aggregator.web.certexpiry import (
+    AUTHENTICATION_CONFIGMAP,
+    CLIENT_CA,
+    PROXY_CLIENT,
+    REQUESTHEADER_CLIENT_CA,
+    CertificateExpiry,
+    CertificateSource,
+)
 from aggregator.web.health import ENDPOINTS, HealthChecks
+from aggregator.web.inflight import MaxInFlight
+from aggregator.web.instrumentation import RequestInstrumentation
 from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Pipeline
 from aggregator.web.responses import not_found
 from aggregator.web.routing import Route, RouteKind, Router
+from aggregator.web.timeout import RequestTimeouts
 from aggregator.web.version import serve_version
+from aggregator.workers.replica import CHANNEL_CHECK as CONTROL_CHECK
+from aggregator.workers.replica import Replica
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +122,9 @@ class Gateway:
     elector: LeaderElector | None
     router: Router
     pipeline: Pipeline
+    limits: MaxInFlight
+    timeouts: RequestTimeouts
+    auditor: Auditor | None
     in_flight: InFlight
     # (name, component) in start order; stopped in reverse.
     components: list[tuple[str, Component]]
@@ -109,17 +132,12 @@ class Gateway:
     auth_summary: list[str] = field(default_factory=list)
     # This gateway's loop mark on everything it sends (`backends/hops.py`).
     hop: str = ""
+    # kube mode: the cluster's authentication ConfigMap being watched (worker processes get copies)
+    cluster_auth: AuthConfigMap | None = None
     shutting_down: bool = False
 
     async def start(self) -> None:
-        started: list[tuple[str, Component]] = []
-        try:
-            for name, component in self.components:
-                await component.start()
-                started.append((name, component))
-        except BaseException:
-            await _stop_all(started)
-            raise
+        await _start_all(self.components)
 
     async def stop(self) -> None:
         await _stop_all(self.components)
@@ -127,6 +145,56 @@ class Gateway:
     def shutdown_check(self) -> str | None:
         """readyz `shutdown`: fails as soon as the process is asked to stop."""
         return "the gateway is shutting down" if self.shutting_down else None
+
+
+@dataclass(eq=False)
+class WorkerGateway:
+    """One worker process of `--workers N`: the request path only (`build_worker_gateway`)."""
+
+    options: Options
+    metrics: Metrics
+    health: HealthChecks
+    replica: Replica
+    kube: KubeClient | None
+    authenticator: Authenticator
+    authorizer: Authorizer
+    backends: BackendRegistry
+    delegate: Delegate | None
+    proxy: APIServiceProxy
+    router: Router
+    pipeline: Pipeline
+    limits: MaxInFlight
+    timeouts: RequestTimeouts
+    in_flight: InFlight
+    components: list[tuple[str, Component]]
+    auth_summary: list[str] = field(default_factory=list)
+    hop: str = ""
+    shutting_down: bool = False
+
+    @property
+    def store(self) -> Store:
+        return self.replica.store
+
+    async def start(self) -> None:
+        await _start_all(self.components)
+
+    async def stop(self) -> None:
+        await _stop_all(self.components)
+
+    def shutdown_check(self) -> str | None:
+        """readyz `shutdown`: fails as soon as the process is asked to stop."""
+        return "the gateway is shutting down" if self.shutting_down else None
+
+
+async def _start_all(components: list[tuple[str, Component]]) -> None:
+    started: list[tuple[str, Component]] = []
+    try:
+        for name, component in components:
+            await component.start()
+            started.append((name, component))
+    except BaseException:
+        await _stop_all(started)
+        raise
 
 
 async def _stop_all(components: list[tuple[str, Component]]) -> None:
@@ -148,6 +216,10 @@ def build_gateway(options: Options) -> Gateway:
     health = HealthChecks()
     store = Store()
     components: list[tuple[str, Component]] = []
+    # The audit log starts first and stops last: every request's final event is written.
+    auditor = build_auditor(options, metrics)
+    if auditor is not None:
+        components.append(("audit-log", AuditLog(auditor)))
 
     # 2. kube-apiserver and the object source
     kube = client_for_options(options)
@@ -175,8 +247,9 @@ def build_gateway(options: Options) -> Gateway:
     backends = build_backends(
         options, store, metrics, identity=_identity_policy(options, authenticator), hop=hop
     )
-    client_certificate = backends.client_certificate
     components.append(("backends", backends))
+    _report_expiry(metrics.certificate_expiry, backends.client_certificate)
+    _follow_ca_expiry(metrics.certificate_expiry, authenticator)
     if options.proxy_client_cert_file is None:
         components.append(("front-proxy-warning", MissingClientCertificateWarning(store)))
 
@@ -193,28 +266,10 @@ def build_gateway(options: Options) -> Gateway:
     # 6. what serves requests; a request that cannot reach its backend has availability re-check it
     # (requests in flight are counted for a graceful shutdown, which ends watches and tunnels)
     in_flight = InFlight()
-    forwarder = Forwarder(
-        metrics,
-        UpgradeTunnel(metrics, recheck=availability, in_flight=in_flight),
-        recheck=availability,
-        in_flight=in_flight,
-    )
-    delegate: Delegate | None = None
-    fallback = Route(_not_found, RouteKind.OWN, "not-found")
-    if options.kube_mode and kube is not None:
-        # Everything the gateway does not serve goes to kube-apiserver (local mode keeps the 404).
-        delegate = Delegate(
-            kube,
-            mode=options.delegate_auth,
-            forwarder=forwarder,
-            client_certificate=client_certificate,
-            identity=_identity_policy(
-                options, authenticator, keep_impersonation=options.delegate_auth == FRONT_PROXY
-            ),
-            hop=hop,
-        )
+    forwarder = _forwarder(metrics, availability, in_flight)
+    delegate, fallback = _fallback(options, kube, forwarder, backends, authenticator, hop)
+    if delegate is not None:
         components.append(("delegate", delegate))
-        fallback = delegate.route
     proxy = APIServiceProxy(
         store,
         availability=availability,
@@ -240,30 +295,15 @@ def build_gateway(options: Options) -> Gateway:
     components += [("discovery", discovery), ("openapi", openapi), ("availability", availability)]
 
     # 7. routes, gates, health
-    router = Router(fallback)
-    for endpoint in ENDPOINTS:
-        route = Route(health.handler(endpoint), RouteKind.OWN, endpoint, public=True)
-        router.add_exact(f"/{endpoint}", route)
-        router.add_prefix(f"/{endpoint}/", route)
-    router.add_exact("/metrics", Route(metrics.handle, RouteKind.OWN, "metrics"))
-    if options.local_mode:
-        router.add_exact("/version", Route(serve_version, RouteKind.OWN, "version"))
+    router = _own_routes(options, fallback, health, Route(metrics.handle, RouteKind.OWN, "metrics"))
     discovery.routes.install(router)
     OpenAPIRoutes(openapi).install(router)
     if apiregistration is not None:
         apiregistration.install(router)
     router.add_claim(proxy.claim)
 
-    # kube-apiserver's filter order: authentication, impersonation, authorization; before them,
-    # looped requests and paths a backend could read as another resource are refused
-    access_log = AccessLog(AccessLogPolicy.parse(options.access_log, verbosity=options.verbosity))
-    pipeline = Pipeline(router, metrics, access_log)
-    pipeline.add_gate(loop_gate(hop))
-    pipeline.add_gate(refuse_confusing_paths)
-    pipeline.add_gate(authenticator.gate)
-    pipeline.add_gate(Impersonator(authorizer).gate)
-    pipeline.add_gate(authorizer.gate)
-    pipeline.add_gate(upgrade_gate(metrics))
+    chain = _pipeline(options, router, metrics, hop, authenticator, authorizer, auditor)
+    pipeline, limits, timeouts = chain.pipeline, chain.limits, chain.timeouts
 
     gateway = Gateway(
         options=options,
@@ -285,10 +325,14 @@ def build_gateway(options: Options) -> Gateway:
         elector=elector,
         router=router,
         pipeline=pipeline,
+        limits=limits,
+        timeouts=timeouts,
+        auditor=auditor,
         in_flight=in_flight,
         components=components,
         auth_summary=authentication.summary + authorization.summary,
         hop=hop,
+        cluster_auth=authentication.cluster,
     )
     health.add("ping", lambda: None)
     health.add("shutdown", gateway.shutdown_check, livez=False)
@@ -306,6 +350,192 @@ def build_gateway(options: Options) -> Gateway:
         # Never fails for a follower: who leads shows in `/readyz?verbose`, not in readiness.
         health.add(LEADER_CHECK, elector.check)
         health.add_notes("readyz", elector.notes)
+    return gateway
+
+
+def _forwarder(metrics: Metrics, recheck: Recheck, in_flight: InFlight) -> Forwarder:
+    """The proxy's hot path and its upgrade tunnel; shutdown ends their long-running answers."""
+    tunnel = UpgradeTunnel(metrics, recheck=recheck, in_flight=in_flight)
+    return Forwarder(metrics, tunnel, recheck=recheck, in_flight=in_flight)
+
+
+def _fallback(
+    options: Options,
+    kube: KubeClient | None,
+    forwarder: Forwarder,
+    backends: BackendRegistry,
+    authenticator: Authenticator,
+    hop: str,
+) -> tuple[Delegate | None, Route]:
+    """Everything the gateway does not serve goes to kube-apiserver (local mode keeps the 404)."""
+    if not (options.kube_mode and kube is not None):
+        return None, Route(_not_found, RouteKind.OWN, "not-found")
+    delegate = Delegate(
+        kube,
+        mode=options.delegate_auth,
+        forwarder=forwarder,
+        client_certificate=backends.client_certificate,
+        identity=_identity_policy(
+            options, authenticator, keep_impersonation=options.delegate_auth == FRONT_PROXY
+        ),
+        hop=hop,
+    )
+    return delegate, delegate.route
+
+
+def _own_routes(options: Options, fallback: Route, health: HealthChecks, metrics: Route) -> Router:
+    """The router with the gateway's own endpoints: health, metrics, and local mode's /version."""
+    router = Router(fallback)
+    for endpoint in ENDPOINTS:
+        route = Route(health.handler(endpoint), RouteKind.OWN, endpoint, public=True)
+        router.add_exact(f"/{endpoint}", route)
+        router.add_prefix(f"/{endpoint}/", route)
+    router.add_exact("/metrics", metrics)
+    if options.local_mode:
+        router.add_exact("/version", Route(serve_version, RouteKind.OWN, "version"))
+    return router
+
+
+@dataclass(frozen=True)
+class RequestChain:
+    """The pipeline with the filters tests and the runner reach: limits and deadlines."""
+
+    pipeline: Pipeline
+    limits: MaxInFlight
+    timeouts: RequestTimeouts
+
+
+def _pipeline(
+    options: Options,
+    router: Router,
+    metrics: Metrics,
+    hop: str,
+    authenticator: Authenticator,
+    authorizer: Authorizer,
+    auditor: Auditor | None,
+) -> RequestChain:
+    """kube-apiserver's filter order (server/config.go DefaultBuildHandlerChain): the request
+    deadline around everything, then authentication, audit, impersonation, max-in-flight (after
+    impersonation: system:masters is the impersonated user's group), authorization; before them,
+    looped requests and paths a backend could read as another resource are refused."""
+    access_log = AccessLog(AccessLogPolicy.parse(options.access_log, verbosity=options.verbosity))
+    timeouts = RequestTimeouts(
+        metrics.apiserver,
+        request_timeout=options.request_timeout,
+        min_request_timeout=options.min_request_timeout,
+    )
+    limits = MaxInFlight(
+        metrics.apiserver,
+        read_only=options.max_requests_inflight,
+        mutating=options.max_mutating_requests_inflight,
+    )
+    instrumentation = RequestInstrumentation(metrics.apiserver)
+    pipeline = Pipeline(router, metrics, access_log, timeouts=timeouts)
+    pipeline.add_gate(loop_gate(hop))
+    pipeline.add_gate(refuse_confusing_paths)
+    pipeline.add_gate(authenticator.gate)
+    auditing = RequestAuditing(auditor) if auditor is not None else None
+    if auditing is not None:
+        pipeline.add_gate(auditing.gate)
+    pipeline.add_gate(Impersonator(authorizer).gate)
+    pipeline.add_gate(limits.gate)
+    pipeline.add_gate(authorizer.gate)
+    pipeline.add_gate(upgrade_gate(metrics))
+    pipeline.add_gate(instrumentation.gate)  # last: the request reaches its handler
+    pipeline.on_finish(lambda request, _route, _response, _error: limits.finished(request))
+    pipeline.on_finish(lambda request, route, response, _error: instrumentation.finished(request, route, response))
+    if auditing is not None:
+        pipeline.on_response_head(auditing.head_going_out)
+        pipeline.on_finish(lambda request, _route, response, error: auditing.finished(request, response, error))
+    return RequestChain(pipeline, limits, timeouts)
+
+
+def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
+    """One worker process of `--workers N`: the same request path as `build_gateway`, with no
+    object source, availability checks, discovery or OpenAPI fetches and no leader election;
+    what those produce comes from the control process through `replica` (`workers/`)."""
+    metrics = Metrics()
+    health = HealthChecks()
+    store = replica.store
+    components: list[tuple[str, Component]] = []
+    kube = client_for_options(options)
+    if kube is not None:
+        components.append(("kube-client", kube))
+
+    # The audit policy applies here; the control process writes the log (one owner of rotation).
+    auditor = build_auditor(options, metrics, sink=replica.audit_sink())
+    if auditor is not None:
+        components.append(("audit-log", AuditLog(auditor)))
+
+    # Caches stay per worker; the cluster's ConfigMap is the control's copy.
+    authentication = build_authentication(options, kube=kube, metrics=metrics, watch_cluster=False)
+    authorization = build_authorization(options, kube=kube, metrics=metrics)
+    components += authentication.components + authorization.components
+    authenticator, authorizer = authentication.authenticator, authorization.authorizer
+    replica.bind_cluster_auth(authentication.cluster)
+
+    # The group's one loop mark: a probe the control sends through any worker is a loop.
+    hop = replica.hello.hop
+    backends = build_backends(
+        options, store, metrics, identity=_identity_policy(options, authenticator), hop=hop
+    )
+    components.append(("backends", backends))
+
+    # A request that cannot reach its backend asks the control to re-check it.
+    in_flight = InFlight()
+    forwarder = _forwarder(metrics, replica, in_flight)
+    delegate, fallback = _fallback(options, kube, forwarder, backends, authenticator, hop)
+    if delegate is not None:
+        components.append(("delegate", delegate))
+    proxy = APIServiceProxy(
+        store,
+        availability=replica,
+        backends=backends,
+        forwarder=forwarder,
+        fallback=fallback.handler,
+        recheck=replica,
+    )
+    discovery = DiscoveryRoutes(LegacyDiscovery(store), None, fallback.handler)
+    replica.bind_discovery(discovery)
+    replica.bind_metrics(lambda: list(metrics.registry.collect()))
+
+    router = _own_routes(options, fallback, health, Route(replica.serve_metrics, RouteKind.OWN, "metrics"))
+    discovery.install(router)
+    OpenAPIRoutes(replica).install(router)
+    if options.local_mode:
+        APIRegistration(store).install(router)
+    router.add_claim(proxy.claim)
+    chain = _pipeline(options, router, metrics, hop, authenticator, authorizer, auditor)
+
+    gateway = WorkerGateway(
+        options=options,
+        metrics=metrics,
+        health=health,
+        replica=replica,
+        kube=kube,
+        authenticator=authenticator,
+        authorizer=authorizer,
+        backends=backends,
+        delegate=delegate,
+        proxy=proxy,
+        router=router,
+        pipeline=chain.pipeline,
+        limits=chain.limits,
+        timeouts=chain.timeouts,
+        in_flight=in_flight,
+        components=components,
+        auth_summary=authentication.summary + authorization.summary,
+        hop=hop,
+    )
+    health.add("ping", lambda: None)
+    health.add("shutdown", gateway.shutdown_check, livez=False)
+    health.add(CONTROL_CHECK, replica.channel_check, livez=False)
+    # The control's checks by name (store synced, first availability round, kube-apiserver's
+    # discovery and OpenAPI, leader election), as it last reported them.
+    for check in replica.hello.checks:
+        health.add(check.name, replica.check(check.name), livez=check.livez, readyz=check.readyz)
+    for endpoint in ENDPOINTS:
+        health.add_notes(endpoint, replica.notes(endpoint))
     return gateway
 
 
@@ -355,6 +585,35 @@ def _identity_policy(
     policy = flag_identity_policy(options, keep_impersonation=keep_impersonation)
     policy.follow(authenticator.requestheader)
     return policy
+
+
+def _report_expiry(expiry: CertificateExpiry, certificate: ProxyClientCertificate) -> None:
+    """`aggregator_certificate_expiration_seconds{certificate="proxy-client"}`, now and on every reload."""
+
+    def report() -> None:
+        if certificate.pair is not None and certificate.cert_file:
+            expiry.set_certificates(PROXY_CLIENT, certificate.cert_file, [certificate.pair.leaf])
+
+    report()
+    certificate.add_listener(report)
+
+
+def _follow_ca_expiry(expiry: CertificateExpiry, authenticator: Authenticator) -> None:
+    """`aggregator_certificate_expiration_seconds` for the client CAs the authenticator trusts now
+    (a flag's file, re-read on change, or kube mode's ConfigMap)."""
+
+    def pool_source(pool: CAPool | None) -> CertificateSource | None:
+        if pool is None:
+            return None
+        source = AUTHENTICATION_CONFIGMAP if pool.source.startswith("configmap ") else pool.source
+        return source, pool.anchors
+
+    def requestheader() -> CertificateSource | None:
+        config = authenticator.requestheader()
+        return pool_source(config.pool if config is not None else None)
+
+    expiry.follow(CLIENT_CA, lambda: pool_source(authenticator.client_ca()))
+    expiry.follow(REQUESTHEADER_CLIENT_CA, requestheader)
 
 
 def _status_sink(

@@ -41,6 +41,11 @@ DEFAULT_AUDIT_LOG_MAXAGE = 366
 DEFAULT_AUDIT_LOG_MAXBACKUP = 100
 DEFAULT_AUDIT_LOG_MAXSIZE = 100
 DEFAULT_AUDIT_LOG_BUFFER_SIZE = 10000
+# kube-apiserver's request limits and timeouts (k8s.io/apiserver pkg/server/config.go NewConfig).
+DEFAULT_MAX_REQUESTS_INFLIGHT = 400
+DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT = 200
+DEFAULT_REQUEST_TIMEOUT = 60.0
+DEFAULT_MIN_REQUEST_TIMEOUT = 1800
 
 
 # Flags that only mean something in kube mode: given explicitly with --apiservices-dir, refused
@@ -119,6 +124,14 @@ class Options:
     # lifecycle
     shutdown_delay_duration: float = 0.0
     shutdown_watch_termination_grace_period: float = 0.0
+    # limits and timeouts
+    max_requests_inflight: int = DEFAULT_MAX_REQUESTS_INFLIGHT
+    max_mutating_requests_inflight: int = DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    # Seconds; an int on the command line, as upstream's flag (tests may use fractions).
+    min_request_timeout: float = DEFAULT_MIN_REQUEST_TIMEOUT
+    # processes serving the port (None: the CPUs this process may use, `workers/cpus.py`)
+    workers: int | None = None
     # audit
     audit_log_path: str | None = None
     audit_log_maxage: int = DEFAULT_AUDIT_LOG_MAXAGE
@@ -273,6 +286,16 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "are given to end; they are ended at 200 per second or faster, so all within this period "
         "(default 0s: all at once).",
     )
+    serving.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes serving the port (SO_REUSEPORT), fed by one control process that alone "
+        "watches, probes and fetches; 1 is a single process with no supervisor (default: the CPUs "
+        "this process may use, from its CPU affinity and cgroup CPU quota).",
+    )
+
+    add_limit_flags(parser)
 
     authn = parser.add_argument_group("authentication")
     authn.add_argument(
@@ -418,6 +441,41 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="which requests get an access-log line: off, errors (5xx and clients that went away), "
         "sampled[:N] (one in N, default 100, plus errors) or all (default: errors, all with -v 3).",
+    )
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """kube-apiserver's max-in-flight and timeout flags (`ServerRunOptions.AddUniversalFlags`)."""
+    group = parser.add_argument_group("limits and timeouts")
+    group.add_argument(
+        "--max-requests-inflight",
+        type=int,
+        default=DEFAULT_MAX_REQUESTS_INFLIGHT,
+        help="the most non-mutating requests (get, list) executing at once; more get 429 with "
+        "Retry-After: 1. Watches and other long-running requests, and system:masters, are never "
+        f"limited. 0 disables the limit (default {DEFAULT_MAX_REQUESTS_INFLIGHT}).",
+    )
+    group.add_argument(
+        "--max-mutating-requests-inflight",
+        type=int,
+        default=DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT,
+        help="the most mutating requests (create, update, patch, delete...) executing at once; 0 "
+        f"disables the limit (default {DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT}).",
+    )
+    group.add_argument(
+        "--request-timeout",
+        type=_duration,
+        default=DEFAULT_REQUEST_TIMEOUT,
+        help="how long a non-long-running request may take before it is answered 504 (a shorter "
+        "?timeout= in the request applies instead); 0 disables it (default 1m0s).",
+    )
+    group.add_argument(
+        "--min-request-timeout",
+        type=int,
+        default=DEFAULT_MIN_REQUEST_TIMEOUT,
+        help="a watch without timeoutSeconds is ended after a random time between this many seconds "
+        "and twice as many, so clients re-watch spread out; 0: never (default "
+        f"{DEFAULT_MIN_REQUEST_TIMEOUT}).",
     )
 
 
@@ -567,6 +625,8 @@ def validate(opts: Options) -> None:
         ipaddress.ip_address(opts.bind_address)
     except ValueError as err:
         raise ConfigError("--bind-address", f"{opts.bind_address!r} is not an IP address") from err
+    if opts.workers is not None and opts.workers < 1:
+        raise ConfigError("--workers", f"{opts.workers} is not a valid worker count (1 or more)")
     tls_policy(opts)
     try:
         AccessLogPolicy.parse(opts.access_log, verbosity=opts.verbosity)
@@ -645,6 +705,19 @@ def validate(opts: Options) -> None:
                 "--authorization-always-allow-paths", f"{entry!r}: '*' is only allowed at the end"
             )
     _check_audit(opts)
+    _check_limits(opts)
+
+
+def _check_limits(opts: Options) -> None:
+    """`ServerRunOptions.Validate`'s wording."""
+    for flag, value in (
+        ("--max-requests-inflight", opts.max_requests_inflight),
+        ("--max-mutating-requests-inflight", opts.max_mutating_requests_inflight),
+        ("--request-timeout", opts.request_timeout),
+        ("--min-request-timeout", opts.min_request_timeout),
+    ):
+        if value < 0:
+            raise ConfigError(flag, "can not be negative value")
 
 
 def _validate_leader_election(opts: Options) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from aggregator import __version__
-from aggregator.assembly import Gateway, build_gateway
+from aggregator.assembly import Gateway, WorkerGateway, build_gateway
 from aggregator.auth.requestinfo import RequestInfoError, request_info
 from aggregator.config import ConfigError, Options, tls_policy
 from aggregator.proxy.upgrade import is_upgrade_request
@@ -27,6 +27,7 @@ from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.util._aiohttp import GatewayRequest, TimedServer, TimedSite, close_connections
 from aggregator.util.logs import fields
 from aggregator.util.runtime import TerminationSignals, new_event_loop
+from aggregator.web.certexpiry import SERVING
 from aggregator.web.requestlabels import is_long_running
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,6 @@ LISTEN_BACKLOG = 1024
 # request in flight is closed after 90 s ("matches http.DefaultTransport keep-alive timeout").
 READ_HEADER_TIMEOUT = 32.0
 IDLE_TIMEOUT = 90.0
-# kube-apiserver's --request-timeout default: how long ordinary requests in flight may drain.
-REQUEST_TIMEOUT = 60.0
 # What outlives its drain bound is cut: aiohttp's RequestHandler.shutdown waits this long for a
 # handler, cancels it, and waits as long again.
 CLOSE_TIMEOUT = 1.0
@@ -63,25 +62,35 @@ def _serving_hosts(options: Options) -> list[str]:
     return hosts
 
 
+def serving_certificate(options: Options) -> ServingCertificate:
+    """The serving pair the flags name (or one generated in --cert-dir), hot-reloaded once started."""
+    cert_file, key_file, generated = resolve_serving_files(
+        options.tls_cert_file, options.tls_private_key_file, options.cert_dir, _serving_hosts(options)
+    )
+    if generated:
+        log.info("generated a self-signed serving certificate", extra=fields(cert_file=cert_file))
+    client_cas = [f for f in (options.client_ca_file, options.requestheader_client_ca_file) if f]
+    try:
+        return ServingCertificate(cert_file, key_file, client_ca_files=client_cas, policy=tls_policy(options))
+    except PEMError as err:
+        flag = "--tls-cert-file" if options.tls_cert_file else "--cert-dir"
+        raise ConfigError(flag, str(err)) from err
+
+
 class GatewayServer:
     """A gateway listening on its TLS port: what `serve` runs, and what tests start in-process."""
 
-    def __init__(self, options: Options, gateway: Gateway | None = None) -> None:
+    def __init__(
+        self, options: Options, gateway: Gateway | WorkerGateway | None = None, *, reuse_port: bool = False
+    ) -> None:
         self.options = options
-        cert_file, key_file, generated = resolve_serving_files(
-            options.tls_cert_file, options.tls_private_key_file, options.cert_dir, _serving_hosts(options)
-        )
-        if generated:
-            log.info("generated a self-signed serving certificate", extra=fields(cert_file=cert_file))
-        client_cas = [f for f in (options.client_ca_file, options.requestheader_client_ca_file) if f]
-        try:
-            self.serving = ServingCertificate(
-                cert_file, key_file, client_ca_files=client_cas, policy=tls_policy(options)
-            )
-        except PEMError as err:
-            flag = "--tls-cert-file" if options.tls_cert_file else "--cert-dir"
-            raise ConfigError(flag, str(err)) from err
+        self.serving = serving_certificate(options)
         self.gateway = gateway or build_gateway(options)
+        self.gateway.metrics.certificate_expiry.follow(
+            SERVING, lambda: (self.serving.cert_file, [self.serving.current.leaf])
+        )
+        # `--workers N`: every worker listens on the same port; the kernel spreads connections.
+        self.reuse_port = reuse_port
         self.read_header_timeout = READ_HEADER_TIMEOUT
         self.idle_timeout = IDLE_TIMEOUT
         self.port = 0
@@ -124,6 +133,7 @@ class GatewayServer:
             self.options.secure_port,
             ssl_context=self.serving.context,
             backlog=LISTEN_BACKLOG,
+            reuse_port=self.reuse_port or None,
             ssl_handshake_timeout=self.read_header_timeout,  # Go's tlsHandshakeTimeout
         )
         try:
@@ -174,9 +184,11 @@ class GatewayServer:
             self._runner = None
         await self.gateway.stop()
 
-    async def stop(self, *, request_grace: float = REQUEST_TIMEOUT) -> None:
-        """Stop now: no delay, long-running requests ended at once, ordinary ones drained."""
-        await shut_down(self, delay=0.0, watch_grace=0.0, request_grace=request_grace)
+    async def stop(self, *, request_grace: float | None = None) -> None:
+        """Stop now: no delay, long-running requests ended at once, ordinary ones drained (for
+        --request-timeout unless `request_grace` says otherwise)."""
+        grace = self.options.request_timeout if request_grace is None else request_grace
+        await shut_down(self, delay=0.0, watch_grace=0.0, request_grace=grace)
 
 
 async def shut_down(server: GatewayServer, *, delay: float, watch_grace: float, request_grace: float) -> None:
@@ -213,7 +225,7 @@ async def shut_down(server: GatewayServer, *, delay: float, watch_grace: float, 
 def shutdown_bound(options: Options) -> float:
     """The longest `shut_down` takes with these options, before the components stop (a second or
     so): what a Deployment's terminationGracePeriodSeconds must exceed."""
-    drain = max(REQUEST_TIMEOUT, options.shutdown_watch_termination_grace_period)
+    drain = max(options.request_timeout, options.shutdown_watch_termination_grace_period)
     return options.shutdown_delay_duration + drain + 2 * CLOSE_TIMEOUT
 
 
@@ -230,7 +242,7 @@ async def serve(options: Options) -> int:
             server,
             delay=options.shutdown_delay_duration,
             watch_grace=options.shutdown_watch_termination_grace_period,
-            request_grace=REQUEST_TIMEOUT,
+            request_grace=options.request_timeout,
         )
     )
     second = asyncio.ensure_future(signals.second())

@@ -177,9 +177,17 @@ async def get_status(session: aiohttp.ClientSession, url: str, pki: PKI) -> tupl
         return None
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_sigterm_fails_readyz_then_ends_watches_and_tunnels_and_exits_0(
-    backend: FakeBackend, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path, tmp_path: Path
+    backend: FakeBackend,
+    backend_pki: BackendPKI,
+    pki: PKI,
+    apiservices_dir: Path,
+    tmp_path: Path,
+    workers: int,
 ) -> None:
+    """A single process, and `--workers 2` (each worker runs the same shutdown, the supervisor
+    waits for them): the same sequence seen from outside."""
     tunnel_closed_at_backend = asyncio.Event()
     backend.routes[WATCH_PATH] = endless_watch
     backend.routes[EXEC_PATH] = websocket_echo(tunnel_closed_at_backend)
@@ -197,6 +205,7 @@ async def test_sigterm_fails_readyz_then_ends_watches_and_tunnels_and_exits_0(
         log_path,
         "--shutdown-delay-duration=2s",
         "--shutdown-watch-termination-grace-period=2s",
+        f"--workers={workers}",
     )
     url = f"https://127.0.0.1:{port}"
     try:
@@ -296,7 +305,9 @@ def test_sigint_stops_cleanly_and_a_second_signal_during_the_delay_exits_1(
         ([signal.SIGTERM, signal.SIGTERM], "60s", 1),
     ):
         port, log_path = free_port(), tmp_path / f"serve-{expected}.log"
-        proc = gateway_process(pki, apiservices_dir, port, log_path, f"--shutdown-delay-duration={delay}")
+        proc = gateway_process(
+            pki, apiservices_dir, port, log_path, f"--shutdown-delay-duration={delay}", "--workers=1"
+        )
         try:
             wait_for_port(proc, port, log_path)
             for sig in signals:

@@ -33,16 +33,23 @@ def open_sink(path: str, *, max_size_mb: int, max_backups: int, max_age_days: in
     )
 
 
-def build_auditor(opts: Options, metrics: AuditMetrics) -> Auditor | None:
+def build_auditor(opts: Options, metrics: AuditMetrics, *, sink: LineSink | None = None) -> Auditor | None:
     """The gateway's Auditor (not started), or None when the flags audit nothing. Raises
-    ConfigError (exit code 2, one line) for a bad policy file or an unwritable log path."""
+    ConfigError (exit code 2, one line) for a bad policy file or an unwritable log path. `sink`
+    replaces the log file (a `--workers` worker hands its lines to the control process; the
+    start-up lines are then the control's to log)."""
+    quiet = sink is not None
     if not opts.audit_log_path:
+        if quiet:
+            return None
         if opts.audit_policy_file:
             log.warning(
                 "--audit-policy-file is set without --audit-log-path: no audit events will be written"
             )
         return None
     if not opts.audit_policy_file:
+        if quiet:
+            return None
         log.warning(
             "--audit-log-path is set without --audit-policy-file: no audit events will be recorded "
             "(as kube-apiserver)",
@@ -53,6 +60,12 @@ def build_auditor(opts: Options, metrics: AuditMetrics) -> Auditor | None:
         policy = load_policy_file(opts.audit_policy_file)
     except PolicyError as err:
         raise ConfigError("--audit-policy-file", str(err)) from err
+    if sink is not None:
+        return Auditor(
+            policy,
+            BufferedWriter(sink, metrics.audit_errors, buffer_size=opts.audit_log_batch_buffer_size),
+            metrics,
+        )
     try:
         sink = open_sink(
             opts.audit_log_path,

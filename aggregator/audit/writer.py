@@ -71,8 +71,10 @@ class BufferedWriter:
         self._dropped = _Throttled("audit buffer queue blocked: events dropped")
         self._failed = _Throttled("audit log write failed: events lost")
 
-    def submit(self, event: Event) -> bool:
-        """Enqueue without waiting; False (and counted) when the event was dropped."""
+    def submit(self, event: Event | bytes) -> bool:
+        """Enqueue without waiting; False (and counted) when the event was dropped. Bytes are an
+        event another process already encoded (`--workers N`: workers audit, the control process
+        alone writes the file, so rotation has one owner)."""
         if self._closed:
             self._buffer_errors.inc()
             return False
@@ -126,14 +128,14 @@ class BufferedWriter:
             try:
                 if item is _STOP:
                     return
-                assert isinstance(item, Event)
+                assert isinstance(item, (Event, bytes))
                 self._write(item)
             finally:
                 self._queue.task_done()
 
-    def _write(self, event: Event) -> None:
+    def _write(self, event: Event | bytes) -> None:
         try:
-            line = self._encode(event)
+            line = event if isinstance(event, bytes) else self._encode(event)
             self._sink.write(line)
         except Exception as err:  # a bad event or a full disk must not end the writer
             self._log_errors.inc()

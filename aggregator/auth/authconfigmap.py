@@ -160,6 +160,10 @@ class AuthConfigMap:
                     extra=fields(reason=str(err)),
                 )
                 return
+        self.use(config)
+
+    def use(self, config: ClusterAuthentication) -> None:
+        """Use this parsed version (also how a worker process takes the control process's copy)."""
         try:
             client_ca = self._pool(config.client_ca_pem, "client-ca-file", self._client_ca)
             requestheader_ca = self._pool(

@@ -44,7 +44,7 @@ from aggregator.model.selectors import (
 from aggregator.model.status import forbidden_details, forbidden_message
 from aggregator.model.userinfo import UserInfo
 from aggregator.util.logs import fields
-from aggregator.web.context import get_user
+from aggregator.web.context import get_user, set_authorization
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
 from aggregator.web.routing import Route, RouteKind
@@ -373,6 +373,7 @@ class Authorizer:
         if (self.reviewer is None and self.allow_all) or not self.always_allow_groups.isdisjoint(user.groups):
             # Allowed whatever the request is: no RequestInfo to build (the hot path of
             # system:masters callers and of local mode without a kubeconfig).
+            set_authorization(request, True, "")
             return None
         try:
             info = request_info(request)
@@ -389,9 +390,11 @@ class Authorizer:
                 )
                 return internal_error(request, str(err))
         if verdict.decision is Decision.ALLOW:
+            set_authorization(request, True, verdict.reason)
             return None
         if verdict.error:
             return internal_error(request, verdict.error)
+        set_authorization(request, False, verdict.reason)
         log.debug(
             "Forbidden",
             extra=fields(method=request.method, path=request.path, user=user.name, reason=verdict.reason),

@@ -43,6 +43,8 @@ class Authentication:
     authenticator: Authenticator
     components: list[tuple[str, Component]] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
+    # kube mode: the cluster's authentication ConfigMap, when the flags leave a CA to it
+    cluster: AuthConfigMap | None = None
 
 
 @dataclass
@@ -52,14 +54,19 @@ class Authorization:
     summary: list[str] = field(default_factory=list)
 
 
-def build_authentication(options: Options, *, kube: KubeClient | None, metrics: Metrics) -> Authentication:
+def build_authentication(
+    options: Options, *, kube: KubeClient | None, metrics: Metrics, watch_cluster: bool = True
+) -> Authentication:
+    """`watch_cluster=False` (a worker process): the ConfigMap is not watched here but fed with
+    the control process's copy (`AuthConfigMap.use`)."""
     files = CAFiles(options)
     components: list[tuple[str, Component]] = [("ca-files", files)]
     client_ca: Callable[[], CAPool | None] = files.client_ca_pool
     requestheader: Callable[[], RequestHeaderConfig | None] = files.requestheader_config
     cluster = _cluster_configmap(options, kube, files)
     if cluster is not None:
-        components.append(("authentication-configmap", cluster))
+        if watch_cluster:
+            components.append(("authentication-configmap", cluster))
         if cluster.want_client_ca:
             client_ca = cluster.client_ca_pool
         if cluster.want_requestheader:
@@ -102,7 +109,7 @@ def build_authentication(options: Options, *, kube: KubeClient | None, metrics: 
     if not summary:
         _warn_no_authenticator(options)
     summary.append("anonymous" if options.anonymous_auth else "anonymous only on health paths")
-    return Authentication(authenticator, components, summary)
+    return Authentication(authenticator, components, summary, cluster)
 
 
 def _warn_no_authenticator(options: Options) -> None:

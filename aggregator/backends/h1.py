@@ -22,6 +22,7 @@ import collections
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
 from aggregator.util._aiohttp import (
     RawResponseMessage,
@@ -56,6 +57,14 @@ def serialize_head(method: str, target: str, headers: Iterable[tuple[str, str]])
     return "".join(parts).encode("utf-8", "surrogateescape")
 
 
+class BodyTap(Protocol):
+    """Sees every chunk of a request body as it is sent (the audit's bounded copy)."""
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    def finish(self) -> None: ...
+
+
 class Exchange:
     """One request on one connection: send, read the answer, give the connection back."""
 
@@ -70,7 +79,15 @@ class Exchange:
         self.message: RawResponseMessage | None = None
         self.payload: StreamReader | None = None
 
-    def send(self, head: bytes, body: StreamReader | None, *, chunked: bool, head_only: bool) -> None:
+    def send(
+        self,
+        head: bytes,
+        body: StreamReader | None,
+        *,
+        chunked: bool,
+        head_only: bool,
+        tap: BodyTap | None = None,
+    ) -> None:
         protocol = self.protocol
         prepare_response(protocol, head_only=head_only, read_bufsize=READ_BUFSIZE, max_line=MAX_LINE)
         transport = protocol.transport
@@ -78,15 +95,17 @@ class Exchange:
         transport.write(head)
         if body is not None:
             # Kept on the exchange and cancelled by `finish`: the body never outlives the exchange.
-            self._writer = asyncio.get_running_loop().create_task(self._send_body(body, chunked))
+            self._writer = asyncio.get_running_loop().create_task(self._send_body(body, chunked, tap))
 
-    async def _send_body(self, body: StreamReader, chunked: bool) -> None:
+    async def _send_body(self, body: StreamReader, chunked: bool, tap: BodyTap | None) -> None:
         protocol = self.protocol
         try:
             async for chunk in body.iter_any():
                 transport = protocol.transport
                 if transport is None:
                     return
+                if tap is not None:
+                    tap.feed(chunk)
                 if chunked:
                     transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
                 else:
@@ -94,6 +113,8 @@ class Exchange:
                 await drain(protocol)
             if chunked and protocol.transport is not None:
                 protocol.transport.write(b"0\r\n\r\n")
+            if tap is not None:
+                tap.finish()
         except asyncio.CancelledError:
             raise
         except Exception:

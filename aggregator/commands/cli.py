@@ -116,12 +116,17 @@ def _certs_init(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from aggregator.server import run
+    from aggregator.workers.cpus import usable_cpus
+    from aggregator.workers.supervisor import run as run_workers
 
     options = options_from_args(args)
     stop_logging = None
     try:
         validate(options)
         stop_logging = configure_logging(options.log_format, options.verbosity)
+        workers = options.workers if options.workers is not None else usable_cpus()
+        if workers > 1:
+            return run_workers(options, workers)
         return run(options)
     except ConfigError as err:
         if stop_logging is not None:

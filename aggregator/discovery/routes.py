@@ -13,6 +13,8 @@ from typing import Protocol
 from aiohttp import web
 
 from aggregator.discovery.legacy import LegacyDiscovery
+from aggregator.web.lifecycle import instrument_as
+from aggregator.web.requestmetrics import APISERVER
 from aggregator.web.routing import Handler, Route, RouteKind, Router
 from aggregator.wire.negotiation import MediaType, Negotiator, discovery_restriction
 
@@ -54,6 +56,8 @@ class DiscoveryRoutes:
         if self.aggregated is not None:
             media = self._aggregated_negotiator(request.headers.get("Accept", ""))
             if media is not None and media.aggregated_version is not None:
+                # aggregated.NewResourceManager("apis") instruments only the aggregated document
+                instrument_as(request, "apis", APISERVER)
                 return self.aggregated.serve(request, media)
         return self.legacy.serve_group_list(request)
 

@@ -27,6 +27,7 @@ from aggregator.openapi.documents import Document, http_date
 from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from aggregator.openapi.gnostic import MEDIA_TYPE as PROTOBUF_MEDIA_TYPE
 from aggregator.openapi.sources import V2_PATH, V3_ROOT
+from aggregator.web.lifecycle import instrument_as
 from aggregator.web.routing import Route, RouteKind, Router
 from aggregator.wire.negotiation import parse_accept
 from aggregator.wire.rendered import if_none_match
@@ -126,8 +127,11 @@ class OpenAPIRoutes:
         path = request.path
         if path == V2_PATH:
             return self.serve_v2(request)
+        # kube-aggregator's openapiv3 handlers are instrumented with fixed labels, no component
         if path == V3_ROOT:
+            instrument_as(request, "openapi/v3", "")
             return self.serve_v3_index(request)
+        instrument_as(request, "openapi/v3/", "")
         return self.serve_v3_document(request, path[len(V3_ROOT) + 1 :])
 
     def serve_v2(self, request: web.Request) -> web.Response:

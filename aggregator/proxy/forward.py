@@ -36,6 +36,7 @@ from aggregator.proxy.destination import Destination
 from aggregator.proxy.upgrade import UpgradeTunnel, is_upgrade_request, upgrade_refusal
 from aggregator.util._aiohttp import HeadersWithBody
 from aggregator.util.logs import fields
+from aggregator.web.auditing import request_body_tap, response_body_tap
 from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
@@ -169,7 +170,11 @@ class Forwarder:
             exchange = await backend.pool.exchange(dest.host, dest.port, dest.server_name)
             try:
                 exchange.send(
-                    head, request.content if has_body else None, chunked=chunked, head_only=method == "HEAD"
+                    head,
+                    request.content if has_body else None,
+                    chunked=chunked,
+                    head_only=method == "HEAD",
+                    tap=request_body_tap(request) if has_body else None,
                 )
                 message, payload = await exchange.response()
                 return exchange, message, payload
@@ -213,6 +218,7 @@ class Forwarder:
         cls = HeadersWithBody if not message.chunked and "Content-Length" in upstream else web.StreamResponse
         out = cls(status=status, reason=message.reason or None, headers=headers)
         self.count(name, verb, status)
+        tap = response_body_tap(request, headers.get("Content-Type", ""), headers.get("Content-Encoding", ""))
         await out.prepare(request)
         # A long-running answer (a watch) stops early when the gateway shuts down: it then ends
         # as if the backend had finished it (a chunked one with its last chunk), and client-go
@@ -241,6 +247,10 @@ class Forwarder:
                     break
                 # A client that went away raises ConnectionResetError here; the pipeline lets it through.
                 await out.write(chunk)
+                if tap is not None:
+                    tap.feed(chunk)
+        if tap is not None:
+            tap.finish()
         await out.write_eof()
         if ending.ended and not out.chunked and request.transport is not None:
             request.transport.close()  # only a connection's end can end a body without chunks

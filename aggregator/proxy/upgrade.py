@@ -44,6 +44,7 @@ from aggregator.proxy.destination import Destination
 from aggregator.util._aiohttp import StreamReader, drain, take_over_connection
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
+from aggregator.web.lifecycle import raw_head_sent
 from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
@@ -297,6 +298,7 @@ class UpgradeTunnel:
         tasks = TaskSet("upgrade")
         # Take the client's bytes before it can send any: it waits for the 101 first.
         take_over_connection(request, _ClientBytes(writer, transport, client_done, tasks))
+        raw_head_sent(request, 101)  # the audit's ResponseStarted, as upstream's Hijack fakes it
         transport.write(response_head)
         pump = tasks.spawn(self._backend_to_client(reader, transport, protocol), name="backend-to-client")
         try:

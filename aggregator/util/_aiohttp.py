@@ -14,6 +14,7 @@ one fails loudly there, not in production.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -23,6 +24,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 __all__ = [
+    "ON_RESPONSE_HEAD",
     "GatewayRequest",
     "HeadersWithBody",
     "RawResponseMessage",
@@ -86,8 +88,14 @@ def take_over_connection(request: web.BaseRequest, sink: RawBytesSink) -> None:
     protocol.set_parser(sink)
 
 
+# Called with a response just before its head is written (every response, streamed or not): the
+# pipeline's one look at the status line going out (`web/lifecycle.py`).
+ON_RESPONSE_HEAD = web.RequestKey[Callable[[web.StreamResponse], None]]("aggregator.on_response_head")
+
+
 class GatewayRequest(web.Request):
-    """A request whose responses go out without aiohttp's `Server: Python/3.x aiohttp/3.x`.
+    """A request whose responses go out without aiohttp's `Server: Python/3.x aiohttp/3.x`, and
+    which tells the pipeline (`ON_RESPONSE_HEAD`) when a response head is about to be written.
 
     kube-apiserver sends no `Server` header, and naming the exact versions helps nobody but an
     attacker. aiohttp adds it with `setdefault` while preparing any response, then calls this hook
@@ -100,6 +108,9 @@ class GatewayRequest(web.Request):
         headers = response.headers
         if headers.get("Server") is SERVER_SOFTWARE:
             del headers["Server"]
+        hook = self.get(ON_RESPONSE_HEAD)
+        if hook is not None:
+            hook(response)
         await super()._prepare_hook(response)
 
 

@@ -18,12 +18,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 async def wait_for_termination() -> None:
-    """Return when the process receives SIGTERM or SIGINT."""
-    signals = TerminationSignals()
-    try:
-        await signals.first()
-    finally:
-        signals.close()
+    """Return when the process receives SIGTERM or SIGINT; later ones are ignored (a worker gets
+    Ctrl-C's SIGINT and its supervisor's SIGTERM: both mean the one graceful stop)."""
+    await TerminationSignals().first()
 
 
 class TerminationSignals:

@@ -20,7 +20,7 @@ kube-apiserver's ConfigMap).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from cryptography import x509
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -32,6 +32,9 @@ PROXY_CLIENT = "proxy-client"  # --proxy-client-cert-file
 CLIENT_CA = "client-ca"  # --client-ca-file, or the ConfigMap's client-ca-file
 REQUESTHEADER_CLIENT_CA = "requestheader-client-ca"  # --requestheader-client-ca-file, or the ConfigMap's
 AUTHENTICATION_CONFIGMAP = "configmap/kube-system/extension-apiserver-authentication"
+
+# Where a certificate was read from, and the certificates read (the earliest notAfter counts).
+CertificateSource = tuple[str, Sequence[x509.Certificate]]
 
 
 def earliest_not_after(certificates: Iterable[x509.Certificate]) -> float:
@@ -51,6 +54,12 @@ class CertificateExpiry:
 
     def __init__(self) -> None:
         self._values: dict[str, tuple[str, float]] = {}
+        self._sources: dict[str, Callable[[], CertificateSource | None]] = {}
+
+    def follow(self, certificate: str, read: Callable[[], CertificateSource | None]) -> None:
+        """Read `certificate` from its holder at every scrape (CA pools swapped by a file reload or
+        the cluster's ConfigMap, the serving pair): the series always shows what is in use now."""
+        self._sources[certificate] = read
 
     def set(self, certificate: str, source: str, not_after: float) -> None:
         self._values[certificate] = (source, not_after)
@@ -68,10 +77,18 @@ class CertificateExpiry:
         self._values.pop(certificate, None)
 
     def value(self, certificate: str) -> tuple[str, float] | None:
-        return self._values.get(certificate)
+        return self._current().get(certificate)
+
+    def _current(self) -> dict[str, tuple[str, float]]:
+        values = dict(self._values)
+        for certificate, read in self._sources.items():
+            found = read()
+            if found is not None and found[1]:
+                values[certificate] = (found[0], earliest_not_after(found[1]))
+        return values
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(self.NAME, self.HELP, labels=["certificate", "source"])
-        for certificate, (source, not_after) in sorted(self._values.items()):
+        for certificate, (source, not_after) in sorted(self._current().items()):
             family.add_metric([certificate, source], not_after)
         yield family

@@ -37,3 +37,16 @@ def set_route(request: web.Request, route: Route) -> None:
 
 def get_route(request: web.Request) -> Route:
     return request[ROUTE]
+
+
+AUTHORIZATION = web.RequestKey[tuple[bool, str]]("aggregator.authorization")
+
+
+def set_authorization(request: web.Request, allowed: bool, reason: str) -> None:
+    """The gateway's authorization decision and its reason (the audit's `authorization.k8s.io/*`
+    annotations, which kube-apiserver's `WithAuthorization` adds)."""
+    request[AUTHORIZATION] = (allowed, reason)
+
+
+def get_authorization(request: web.Request) -> tuple[bool, str] | None:
+    return request.get(AUTHORIZATION)

@@ -48,6 +48,10 @@ class HealthChecks:
     def add_notes(self, endpoint: str, notes: Notes) -> None:
         self._notes[endpoint].append(notes)
 
+    def notes(self, endpoint: str) -> list[str]:
+        """The extra verbose lines of `endpoint` now (a worker process shows its control's)."""
+        return [line for notes in self._notes[endpoint] for line in notes()]
+
     def checks_for(self, endpoint: str) -> list[_Registered]:
         return [c for c in self._checks if endpoint in c.endpoints]
 

@@ -9,6 +9,10 @@ from aiohttp import web
 from aggregator.model.status import NOT_FOUND_MESSAGE, status_body
 from aggregator.wire.jsonenc import encode_object
 
+# The Status a response carries, kept beside it for the audit's `responseStatus` (upstream's
+# `LogResponseObject` records the Status its handlers write, not its bytes).
+STATUS = web.ResponseKey[dict[str, Any]]("aggregator.status")
+
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _PRETTY_AGENTS = ("curl", "Wget", "Mozilla/5.0")
 
@@ -38,7 +42,9 @@ def status_response(
     headers: dict[str, str] | None = None,
 ) -> web.Response:
     """A Kubernetes Status with the matching HTTP code."""
-    response = json_response(request, status_body(code, message, reason=reason, details=details), status=code)
+    body = status_body(code, message, reason=reason, details=details)
+    response = json_response(request, body, status=code)
+    response[STATUS] = body
     if headers:
         response.headers.update(headers)
     return response

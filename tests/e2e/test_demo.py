@@ -416,7 +416,7 @@ async def test_the_sample_dies_the_gateway_says_so_and_recovers(tmp_path: Path) 
             )
         started = time.monotonic()
         while (now := await available(kubectl)) != {name: "False" for name in WARDLE}:
-            assert time.monotonic() - started < 3, now
+            assert time.monotonic() - started < 20, now  # the periodic check is 30 s away
             await asyncio.sleep(0.1)
 
         deadline = time.monotonic() + 10

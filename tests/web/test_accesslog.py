@@ -79,7 +79,7 @@ def test_a_stalled_stderr_never_blocks_a_log_call(monkeypatch: pytest.MonkeyPatc
         line = "x" * 1000
         for _ in range(2000):  # about 2 MB: far more than a pipe holds while nobody reads it
             logging.getLogger("test.stalled").info(line)
-        assert time.monotonic() - started < 2.0, "log calls waited for the writer"
+        assert time.monotonic() - started < 10, "log calls waited for the writer"
     finally:
 
         def drain() -> None:

@@ -1,0 +1,105 @@
+"""`--max-requests-inflight` and `--max-mutating-requests-inflight`: kube-apiserver's
+`WithMaxInFlightLimit` (k8s.io/apiserver pkg/server/filters/maxinflight.go), without APF.
+
+Two counters, one per request kind (`readOnly`: get, list, watch; `mutating`: everything else),
+the very ones `apiserver_current_inflight_requests` publishes (`InflightWatermark`). A request
+under its kind's limit is counted and goes on at once: nothing ever waits here. Past the limit it
+gets upstream's answer, `429` with `Retry-After: 1` and the plain-text body of
+`priority-and-fairness.go tooManyRequests` (`http.Error`: not a Status), and counts in
+`apiserver_request_total{code="429"}` and `apiserver_request_terminations_total`.
+
+As upstream: long-running requests (watches, exec, attach, port-forward, proxy, log) are never
+counted; a member of `system:masters` past the limit is served (uncounted); the gate sits after
+impersonation, so that group is the impersonated user's; a limit of 0 lifts that kind's limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiohttp import web
+
+from aggregator.auth.requestinfo import RequestInfoError, request_info
+from aggregator.model.userinfo import MASTERS_GROUP
+from aggregator.util.logs import fields
+from aggregator.web.context import get_user
+from aggregator.web.lifecycle import get_state
+from aggregator.web.requestlabels import MUTATING_KIND, READ_ONLY_KIND, request_kind
+from aggregator.web.requestmetrics import APISERVER, MonitoredRequest, RequestMetrics
+from aggregator.web.routing import Route
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER = "1"  # maxinflight.go retryAfter
+TOO_MANY_REQUESTS = "Too many requests, please try again later."
+_COUNTED = web.RequestKey("aggregator.inflight_kind", str)
+_LOG_EVERY = 10.0
+
+
+def too_many_requests() -> web.Response:
+    """`tooManyRequests`: `Retry-After`, then Go's `http.Error` (text, nosniff, a trailing newline)."""
+    return web.Response(
+        status=429,
+        body=(TOO_MANY_REQUESTS + "\n").encode(),
+        headers={
+            "Retry-After": RETRY_AFTER,
+            "Content-Type": "text/plain; charset=utf-8",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+class MaxInFlight:
+    """The gate (after impersonation, before authorization) and the release at the request's end."""
+
+    def __init__(self, metrics: RequestMetrics, *, read_only: int, mutating: int) -> None:
+        self.metrics = metrics
+        self.limits = {READ_ONLY_KIND: read_only, MUTATING_KIND: mutating}
+        self._watermark = metrics.inflight
+        self._rejected = 0
+        self._last_logged = float("-inf")
+
+    async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
+        state = get_state(request)
+        if state is not None and state.long_running:
+            return None
+        try:
+            info = request_info(request)
+        except RequestInfoError:
+            return None  # authorization answers it with upstream's 500
+        kind = request_kind(info)
+        limit = self.limits[kind]
+        if limit == 0 or self._watermark.executing(kind) < limit:
+            self._watermark.started(kind)
+            request[_COUNTED] = kind
+            return None
+        user = get_user(request)
+        if user is not None and MASTERS_GROUP in user.groups:
+            return None
+        monitored = MonitoredRequest.of(request)
+        self.metrics.dropped(monitored, component=APISERVER)
+        self.metrics.terminated(monitored, 429, component=APISERVER)
+        self._log(kind, limit)
+        return too_many_requests()
+
+    def finished(self, request: web.Request) -> None:
+        """Give the request's place back (a no-op for one that was never counted)."""
+        kind = request.get(_COUNTED)
+        if kind is not None:
+            del request[_COUNTED]
+            self._watermark.finished(kind)
+
+    def _log(self, kind: str, limit: int) -> None:
+        """One line per 10 s however many are refused: a flood must not become a log flood."""
+        self._rejected += 1
+        now = time.monotonic()
+        if now - self._last_logged < _LOG_EVERY:
+            return
+        self._last_logged = now
+        flag = "--max-requests-inflight" if kind == READ_ONLY_KIND else "--max-mutating-requests-inflight"
+        log.warning(
+            "too many requests in flight; answering 429",
+            extra=fields(kind=kind, limit=limit, flag=flag, refused=self._rejected),
+        )
+        self._rejected = 0

@@ -1,0 +1,119 @@
+"""What the control process and its workers tell each other (pickled frames, `channel.py`).
+
+Control -> worker: `Hello` (once: the options and who the worker is), `State` (a full snapshot
+first, then only what changed), `ObjectChange` (each store event, in order), `Collect` (a
+`/metrics` scrape wants this worker's figures), `Scraped` (the group's figures for a scrape it
+asked for). Worker -> control: `Suspect` (a proxied request failed: re-check the APIService now),
+`Scrape`, `Collected`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client.core import Metric
+
+from aggregator.auth.authconfigmap import ClusterAuthentication
+from aggregator.config import Options
+from aggregator.openapi.component import V2Published
+from aggregator.openapi.documents import Document
+from aggregator.sources.store import Kind, Obj
+
+# (available, reason) as the control's availability checker last found; None: forgotten.
+VerdictView = tuple[bool, str]
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheck:
+    """One of the control's health checks, mirrored by name in each worker."""
+
+    name: str
+    livez: bool
+    readyz: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    options: Options
+    index: int  # 0..count-1, kept by a restarted worker
+    count: int
+    hop: str  # the group's one loop mark (`backends/hops.py`): a probe through any worker is a loop
+    checks: tuple[HealthCheck, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AggregatedDocs:
+    """The aggregated `/apis` document as rendered by the control: (body, ETag) per version."""
+
+    legacy_only: bool  # kube-apiserver serves no aggregated discovery: `/apis` is legacy only
+    documents: tuple[tuple[str, bytes, str], ...]  # (version, compact JSON, quoted ETag)
+
+
+@dataclass(slots=True)
+class State:
+    """What changed since the last `State` (everything, in the first one). None: unchanged."""
+
+    snapshot: bool = False
+    objects: list[Obj] = field(default_factory=list)  # snapshot only
+    revision: int = 0  # the control store's revision (snapshot only)
+    synced: bool = False
+    verdicts: dict[str, VerdictView | None] = field(default_factory=dict)
+    health: dict[str, str | None] | None = None  # check name -> failure (None: passing)
+    notes: dict[str, list[str]] | None = None  # endpoint -> extra verbose lines
+    discovery: AggregatedDocs | None = None
+    openapi_v2: V2Published | None = None
+    openapi_v3_index: Document | None = None
+    openapi_v3: dict[str, Document | None] = field(default_factory=dict)  # None: removed
+    cluster_auth: ClusterAuthentication | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectChange:
+    """A store event, replayed in the worker with the control's revision."""
+
+    kind: Kind
+    obj: Obj | None  # the new object; None: deleted
+    namespace: str
+    name: str
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Collect:
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Collected:
+    id: int
+    families: list[Metric]
+
+
+@dataclass(frozen=True, slots=True)
+class Scraped:
+    id: int
+    families: list[Metric]
+
+
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """Worker -> control: the worker's listener is open (its start-up succeeded)."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuditLines:
+    """Worker -> control: encoded audit events, for the control's one writer of the audit log."""
+
+    data: bytes

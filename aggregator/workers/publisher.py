@@ -1,0 +1,345 @@
+"""The control process's side of the channels: one snapshot per worker, then what changes.
+
+Store events go out as they happen (in order, each with the control's revision), so every worker
+resolves addresses and routes from the same objects. Everything else derived on the control is
+compared by identity every `interval` (the documents are immutable once rendered: a new render
+is a new object) and sent only when it changed: availability verdicts, the health checks'
+results and notes, the aggregated discovery document, the OpenAPI documents, and the
+requestheader configuration read from the cluster's ConfigMap. Nothing here probes or fetches:
+workers never cause background traffic of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from prometheus_client.core import Metric
+
+from aggregator.audit.recorder import EventWriter
+from aggregator.auth.authconfigmap import AuthConfigMap, ClusterAuthentication
+from aggregator.availability.checker import AvailabilityChecker
+from aggregator.discovery.component import Discovery
+from aggregator.openapi.component import OpenAPIAggregation, V2Published
+from aggregator.openapi.documents import Document
+from aggregator.sources.store import DELETED, Event, Kind, Store, key_of
+from aggregator.util.logs import fields
+from aggregator.util.tasks import TaskSet
+from aggregator.web.health import ENDPOINTS, HealthChecks
+from aggregator.workers import metrics as merging
+from aggregator.workers.channel import Channel
+from aggregator.workers.messages import (
+    AggregatedDocs,
+    AuditLines,
+    Collect,
+    Collected,
+    HealthCheck,
+    ObjectChange,
+    Scrape,
+    Scraped,
+    State,
+    Suspect,
+    VerdictView,
+)
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 0.1
+# How long a scrape waits for each worker's figures; a worker that does not answer is left out.
+COLLECT_TIMEOUT = 2.0
+# Checks every worker answers itself (its own liveness and shutdown).
+LOCAL_CHECKS = frozenset({"ping", "shutdown"})
+
+
+@dataclass
+class _Published:
+    """What the workers were last told (compared by identity, so a re-render is always sent)."""
+
+    verdicts: dict[str, VerdictView] = field(default_factory=dict)
+    health: dict[str, str | None] = field(default_factory=dict)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+    discovery: AggregatedDocs | None = None
+    discovery_sources: tuple[object, ...] = ()
+    openapi_v2: V2Published | None = None
+    openapi_v3_index: Document | None = None
+    openapi_v3: dict[str, Document] = field(default_factory=dict)
+    cluster_auth: ClusterAuthentication | None = None
+    synced: bool = False
+
+
+class Publisher:
+    """Feeds every connected worker from the control gateway's components."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        availability: AvailabilityChecker,
+        health: HealthChecks,
+        discovery: Discovery,
+        openapi: OpenAPIAggregation,
+        cluster_auth: AuthConfigMap | None,
+        collectors: Callable[[], list[Metric]],
+        audit: EventWriter | None = None,
+        interval: float = INTERVAL,
+    ) -> None:
+        # The one writer of the audit log: workers send their encoded events here.
+        self.audit = audit
+        self.store = store
+        self.availability = availability
+        self.health = health
+        self.discovery = discovery
+        self.openapi = openapi
+        self.cluster_auth = cluster_auth
+        self.collectors = collectors
+        self.interval = interval
+        self._channels: dict[int, Channel] = {}
+        self._published = _Published()
+        self._ids = itertools.count(1)
+        # Scrapes waiting for a worker's figures: collect id -> (worker index, its answer).
+        self._collecting: dict[int, tuple[int, asyncio.Future[list[Metric]]]] = {}
+        self._tasks = TaskSet("publisher")
+        store.add_listener(self._on_event)
+        # A flip goes out at once, before the status write it causes (the store event): a worker
+        # never routes by a verdict older than the condition it shows.
+        availability.add_listener(self._on_flip)
+
+    def checks(self) -> tuple[HealthCheck, ...]:
+        """The control's health checks each worker mirrors by name."""
+        livez = {c.name for c in self.health.checks_for("livez")}
+        readyz = {c.name for c in self.health.checks_for("readyz")}
+        return tuple(
+            HealthCheck(c.name, c.name in livez, c.name in readyz)
+            for c in self.health.checks_for("healthz")
+            if c.name not in LOCAL_CHECKS
+        )
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._update()  # the first snapshot carries the current state
+        self._tasks.spawn(self._tick(), name="tick")
+
+    async def stop(self) -> None:
+        await self._tasks.close()
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            state = self._update()
+            if state is not None:
+                for channel in self._channels.values():
+                    channel.send(state)
+
+    # --- one worker --------------------------------------------------------------------------------
+
+    async def serve(
+        self, index: int, channel: Channel, *, on: Callable[[object], bool] | None = None
+    ) -> None:
+        """Send the snapshot, then answer the worker until its channel closes; `on` sees the
+        messages that are not the publisher's (it returns True for those it took)."""
+        channel.send(self._snapshot())
+        self._channels[index] = channel
+        try:
+            while True:
+                message = await channel.receive()
+                if on is None or not on(message):
+                    self._handle(index, channel, message)
+        except EOFError:
+            pass
+        finally:
+            if self._channels.get(index) is channel:
+                del self._channels[index]
+            channel.close()
+            for worker, future in self._collecting.values():
+                if worker == index and not future.done():
+                    future.cancel()  # a scrape does not wait for a worker that died
+
+    def _handle(self, index: int, channel: Channel, message: object) -> None:
+        if isinstance(message, Suspect):
+            self.availability.suspect(message.name)
+        elif isinstance(message, AuditLines):
+            if self.audit is not None:
+                self.audit.submit(message.data)
+        elif isinstance(message, Collected):
+            waiting = self._collecting.get(message.id)
+            if waiting is not None and not waiting[1].done():
+                waiting[1].set_result(message.families)
+        elif isinstance(message, Scrape):
+            self._tasks.spawn(self._answer_scrape(channel, message.id), name=f"scrape-{index}")
+        else:
+            log.warning(
+                "unexpected message from a worker", extra=fields(worker=index, type=type(message).__name__)
+            )
+
+    async def _answer_scrape(self, channel: Channel, scrape: int) -> None:
+        channel.send(Scraped(scrape, await self.group_metrics()))
+
+    async def group_metrics(self) -> list[Metric]:
+        """Every process's families, merged (`metrics.py`)."""
+        waits: list[tuple[int, int, asyncio.Future[list[Metric]]]] = []
+        loop = asyncio.get_running_loop()
+        for index, channel in sorted(self._channels.items()):
+            collect = next(self._ids)
+            future: asyncio.Future[list[Metric]] = loop.create_future()
+            self._collecting[collect] = (index, future)
+            channel.send(Collect(collect))
+            waits.append((index, collect, future))
+        sources: list[tuple[str, list[Metric]]] = [(merging.CONTROL, self.collectors())]
+        try:
+            if waits:
+                await asyncio.wait([f for _, _, f in waits], timeout=COLLECT_TIMEOUT)
+            for index, _, future in waits:
+                if future.done() and not future.cancelled():
+                    sources.append((str(index), future.result()))
+                else:
+                    log.warning("a worker sent no metrics in time", extra=fields(worker=index))
+        finally:
+            for _, collect, future in waits:
+                self._collecting.pop(collect, None)
+                future.cancel()
+        return merging.merge(sources)
+
+    # --- what changed ------------------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        if not self._channels:
+            return
+        namespace, name = key_of(event.obj)
+        change = ObjectChange(
+            event.kind, None if event.type == DELETED else event.obj, namespace, name, event.revision
+        )
+        for channel in self._channels.values():
+            channel.send(change)
+
+    def _on_flip(self, name: str) -> None:
+        verdict = self.availability.verdict(name)
+        p = self._published
+        if verdict is None:
+            if p.verdicts.pop(name, None) is None:
+                return
+            state = State(synced=p.synced, verdicts={name: None})
+        else:
+            view = (verdict.available, verdict.reason)
+            if p.verdicts.get(name) == view:
+                return
+            p.verdicts[name] = view
+            state = State(synced=p.synced, verdicts={name: view})
+        for channel in self._channels.values():
+            channel.send(state)
+
+    def _snapshot(self) -> State:
+        p = self._published
+        objects = [obj for kind in Kind for obj in self.store.objects(kind)]
+        return State(
+            snapshot=True,
+            objects=objects,
+            revision=self.store.revision,
+            synced=p.synced,
+            verdicts=dict(p.verdicts),
+            health=dict(p.health),
+            notes=dict(p.notes),
+            discovery=p.discovery,
+            openapi_v2=p.openapi_v2,
+            openapi_v3_index=p.openapi_v3_index,
+            openapi_v3=dict(p.openapi_v3),
+            cluster_auth=p.cluster_auth,
+        )
+
+    def _update(self) -> State | None:
+        """Compare with what was published; the changes as a State (None: nothing changed)."""
+        p, state, changed = self._published, State(), False
+        if self.store.synced != p.synced:
+            p.synced = state.synced = True
+            changed = True
+        state.synced = p.synced
+        verdicts = self._verdicts()
+        for name in p.verdicts.keys() - verdicts.keys():
+            state.verdicts[name] = None
+        for name, view in verdicts.items():
+            if p.verdicts.get(name) != view:
+                state.verdicts[name] = view
+        if state.verdicts:
+            p.verdicts, changed = dict(verdicts), True
+        health = self._health()
+        if health != p.health:
+            p.health = state.health = health
+            changed = True
+        notes = {endpoint: self.health.notes(endpoint) for endpoint in ENDPOINTS}
+        if notes != p.notes:
+            p.notes = state.notes = notes
+            changed = True
+        discovery = self._discovery()
+        if discovery is not None:
+            p.discovery = state.discovery = discovery
+            changed = True
+        openapi = self.openapi
+        if openapi.v2 is not p.openapi_v2:
+            p.openapi_v2 = state.openapi_v2 = openapi.v2
+            changed = True
+        v3 = openapi.v3
+        if v3.index is not p.openapi_v3_index:
+            p.openapi_v3_index = state.openapi_v3_index = v3.index
+            changed = True
+        if v3.documents is not p.openapi_v3 and v3.documents != p.openapi_v3:
+            for key in p.openapi_v3.keys() - v3.documents.keys():
+                state.openapi_v3[key] = None
+            for key, document in v3.documents.items():
+                if p.openapi_v3.get(key) is not document:
+                    state.openapi_v3[key] = document
+            p.openapi_v3 = dict(v3.documents)
+            changed = changed or bool(state.openapi_v3)
+        cluster = self.cluster_auth.current if self.cluster_auth is not None else None
+        if cluster is not p.cluster_auth:
+            p.cluster_auth = state.cluster_auth = cluster
+            changed = True
+        return state if changed else None
+
+    def _verdicts(self) -> dict[str, VerdictView]:
+        views: dict[str, VerdictView] = {}
+        for svc in self.store.apiservices():
+            verdict = self.availability.verdict(svc.name)
+            if verdict is not None:
+                views[svc.name] = (verdict.available, verdict.reason)
+        return views
+
+    def _health(self) -> dict[str, str | None]:
+        results: dict[str, str | None] = {}
+        for check in self.health.checks_for("healthz"):
+            if check.name in LOCAL_CHECKS:
+                continue
+            try:
+                results[check.name] = check.check()
+            except Exception as err:  # a broken check fails, as the endpoint would report it
+                results[check.name] = f"check raised {type(err).__name__}: {err}"
+        return results
+
+    def _discovery(self) -> AggregatedDocs | None:
+        """The aggregated document when it was re-rendered (or `/apis` went legacy-only)."""
+        legacy_only = self.discovery.routes.aggregated is None
+        aggregated = self.discovery.aggregated
+        rendered = [(version, aggregated.document(version)) for version in ("v2", "v2beta1")]
+        sources: tuple[object, ...] = (legacy_only, *(r for _, r in rendered))
+        p = self._published
+        if len(sources) == len(p.discovery_sources) and all(
+            a is b for a, b in zip(sources, p.discovery_sources, strict=True)
+        ):
+            return None
+        p.discovery_sources = sources
+        return AggregatedDocs(legacy_only, tuple((v, r.json, r.etag) for v, r in rendered))
+
+
+class Collector(Protocol):
+    def collect(self) -> Iterable[Metric]: ...
+
+
+def families(registries: Iterable[Collector]) -> list[Metric]:
+    """Every family of these registries, in order."""
+    return [metric for registry in registries for metric in registry.collect()]

@@ -1,0 +1,240 @@
+"""`aggregator serve --workers N` (N > 1): the control process and its N workers.
+
+The supervisor is the control process. It builds the whole gateway as one process would
+(`assembly.build_gateway`: sources and store, availability with its probes, status writes and
+leader election, discovery and OpenAPI fetches and renders, the requestheader ConfigMap watch)
+and starts it without a listener; `publisher.py` feeds every worker from it. So backends and
+kube-apiserver see the same background traffic with 1 worker as with 8.
+
+Workers are fresh interpreters (`python -m aggregator.workers.worker`), never forks: the control
+has an event loop and threads by then. Each gets one end of a socketpair as its channel. A
+worker that dies is logged with its exit cause and started again (its index kept, after a delay
+that grows while it keeps dying young). SIGTERM or SIGINT: the control fails readiness, every
+worker runs the single process's shutdown (readyz fails, the listener stays open for
+--shutdown-delay-duration, in-flight requests drain), then the control stops; exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from aggregator.assembly import Gateway, build_gateway
+from aggregator.config import ConfigError, Options
+from aggregator.server import serving_certificate, shutdown_bound
+from aggregator.util.backoff import exponential_delay
+from aggregator.util.logs import fields
+from aggregator.util.runtime import new_event_loop, wait_for_termination
+from aggregator.util.tasks import TaskSet
+from aggregator.web.certexpiry import SERVING
+from aggregator.workers.channel import Channel
+from aggregator.workers.messages import Hello, Listening
+from aggregator.workers.metrics import WorkerMetrics
+from aggregator.workers.publisher import Publisher, families
+
+log = logging.getLogger(__name__)
+
+WORKER_MODULE = "aggregator.workers"
+# A worker that ran at least this long before dying is restarted at once; one that dies younger
+# is restarted after a delay doubling from RESTART_INITIAL up to RESTART_MAX.
+STEADY_AFTER = 10.0
+RESTART_INITIAL = 0.5
+RESTART_MAX = 30.0
+# Beyond their own shutdown's bound (`server.shutdown_bound`), how long workers may take to stop
+# before they are killed.
+DRAIN_GRACE = 5.0
+EXIT_USAGE = 2
+
+
+def exit_cause(returncode: int) -> str:
+    """`exit code 3`, or the signal's name (`killed by SIGKILL`)."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def reserve_port(options: Options) -> int:
+    """Bind the address once without SO_REUSEPORT: a port anyone holds (even another gateway's
+    group, which SO_REUSEPORT alone would silently share) is a start-up error, and port 0 is
+    resolved to one port every worker then joins."""
+    family = socket.AF_INET6 if ":" in options.bind_address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((options.bind_address, options.secure_port))
+        except OSError as err:
+            address = f"{options.bind_address}:{options.secure_port}"
+            reason = os.strerror(err.errno) if err.errno else str(err)
+            raise ConfigError("--secure-port", f"cannot listen on {address}: {reason}") from err
+        return int(probe.getsockname()[1])
+
+
+@dataclass(eq=False)
+class _Worker:
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    started: float = 0.0
+    failures: int = 0
+    listening: asyncio.Future[int] | None = None
+
+
+class Supervisor:
+    def __init__(self, options: Options, count: int, control: Gateway) -> None:
+        self.options = options
+        self.count = count
+        self.control = control
+        self.metrics = WorkerMetrics(count)
+        self.publisher = Publisher(
+            store=control.store,
+            availability=control.availability,
+            health=control.health,
+            discovery=control.discovery,
+            openapi=control.openapi,
+            cluster_auth=control.cluster_auth,
+            collectors=lambda: families([control.metrics.registry, self.metrics.registry]),
+            audit=control.auditor.writer if control.auditor is not None else None,
+        )
+        self.workers = [_Worker(index) for index in range(count)]
+        self.stopping = False
+        self._tasks = TaskSet("supervisor")
+
+    async def start(self) -> None:
+        """Start the control, then every worker; ConfigError if a worker cannot start."""
+        await self.control.start()
+        await self.publisher.start()
+        for worker in self.workers:
+            await self._spawn(worker)
+        for worker in self.workers:
+            assert worker.listening is not None
+            code = await worker.listening
+            if code != 0:
+                raise ConfigError("--workers", f"worker {worker.index} could not start ({exit_cause(code)})")
+        log.info(
+            "workers serving",
+            extra=fields(
+                workers=self.count,
+                pids=",".join(str(w.process.pid) for w in self.workers if w.process is not None),
+                control_pid=os.getpid(),
+            ),
+        )
+
+    async def _spawn(self, worker: _Worker) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            worker.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", WORKER_MODULE, str(theirs.fileno()), pass_fds=(theirs.fileno(),)
+            )
+        finally:
+            theirs.close()
+        worker.started = time.monotonic()
+        worker.listening = asyncio.get_running_loop().create_future()
+        channel = await Channel.open(ours)
+        channel.send(Hello(self.options, worker.index, self.count, self.control.hop, self.publisher.checks()))
+        self._tasks.spawn(self._follow(worker, worker.process, channel), name=f"worker-{worker.index}")
+
+    async def _follow(self, worker: _Worker, process: asyncio.subprocess.Process, channel: Channel) -> None:
+        """Serve the worker's channel until it exits, then restart it (unless stopping)."""
+        listening = worker.listening
+        assert listening is not None
+        serving = asyncio.create_task(self.publisher.serve(worker.index, channel, on=self._heard(listening)))
+        code = await process.wait()
+        await serving
+        if not listening.done():
+            listening.set_result(code if code != 0 else 1)
+            return  # a worker that could not start stops the start-up
+        if self.stopping:
+            return
+        lived = time.monotonic() - worker.started
+        worker.failures = 0 if lived >= STEADY_AFTER else worker.failures + 1
+        delay = exponential_delay(worker.failures, RESTART_INITIAL, RESTART_MAX) if worker.failures else 0.0
+        log.error(
+            "worker died; starting it again",
+            extra=fields(
+                worker=worker.index,
+                pid=process.pid,
+                cause=exit_cause(code),
+                lived_seconds=round(lived, 1),
+                restart_in_seconds=round(delay, 1),
+            ),
+        )
+        self.metrics.restarts.labels(str(worker.index)).inc()
+        await asyncio.sleep(delay)
+        if not self.stopping:
+            await self._spawn(worker)
+
+    @staticmethod
+    def _heard(listening: asyncio.Future[int]) -> Callable[[object], bool]:
+        def on(message: object) -> bool:
+            if isinstance(message, Listening):
+                if not listening.done():
+                    listening.set_result(0)
+                return True
+            return False
+
+        return on
+
+    async def stop(self) -> None:
+        """Every worker drains (their own shutdown sequence), then the control stops."""
+        self.stopping = True
+        self.control.shutting_down = True
+        running = [w.process for w in self.workers if w.process is not None and w.process.returncode is None]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        deadline = shutdown_bound(self.options) + DRAIN_GRACE
+        waits = [asyncio.ensure_future(p.wait()) for p in running]
+        if waits:
+            _, late = await asyncio.wait(waits, timeout=deadline)
+            for process in running:
+                if process.returncode is None:
+                    log.error("worker did not drain in time; killing it", extra=fields(pid=process.pid))
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+            if late:
+                await asyncio.wait(late)
+        await self._tasks.close()
+        await self.publisher.stop()
+        await self.control.stop()
+
+
+async def supervise(options: Options, count: int) -> int:
+    """Run the control and `count` workers until SIGTERM or SIGINT; the process exit code."""
+    # refused (or generated, once) before the port and before any worker, as a single process does
+    serving = serving_certificate(options)
+    options = replace(options, secure_port=reserve_port(options), workers=count)
+    control = build_gateway(options)
+    # The group's metrics take gauges from the control: it follows the serving pair too.
+    control.metrics.certificate_expiry.follow(SERVING, lambda: (serving.cert_file, [serving.current.leaf]))
+    serving.start()
+    supervisor = Supervisor(options, count, control)
+    # Signals are caught from here on: a SIGTERM during start-up stops the group once it started.
+    stop = asyncio.create_task(wait_for_termination(), name="signals")
+    await asyncio.sleep(0)
+    try:
+        await supervisor.start()
+    except BaseException:
+        stop.cancel()
+        await supervisor.stop()
+        await serving.stop()
+        raise
+    await stop
+    log.info("shutting down", extra=fields(workers=count))
+    await supervisor.stop()
+    await serving.stop()
+    return 0
+
+
+def run(options: Options, count: int) -> int:
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(supervise(options, count))

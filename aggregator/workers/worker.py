@@ -1,0 +1,101 @@
+"""One worker process: `python -m aggregator.workers <fd>`, started by the supervisor.
+
+It reads its `Hello` and the first snapshot from the channel (file descriptor `fd`, one end of a
+socketpair), builds the request path (`assembly.build_worker_gateway`), listens on the shared
+port with SO_REUSEPORT, and serves until SIGTERM/SIGINT or until the control process goes away.
+Shutdown is the single process's (`server.shut_down`): /readyz fails at once, the listener stays
+open for --shutdown-delay-duration, then closes, in-flight requests drain and watches and tunnels
+are ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from aggregator.assembly import build_worker_gateway
+from aggregator.config import ConfigError
+from aggregator.server import GatewayServer, shut_down
+from aggregator.util.logs import configure_logging, fields
+from aggregator.util.runtime import new_event_loop, wait_for_termination
+from aggregator.workers.channel import Channel
+from aggregator.workers.messages import Hello, Listening
+from aggregator.workers.replica import Replica
+
+log = logging.getLogger(__name__)
+
+EXIT_USAGE = 2
+EXIT_CONTROL_LOST = 3
+
+
+class _WorkerField(logging.Filter):
+    """Every log line of a worker names it (`worker=<index>`)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.fields = {"worker": self.index, **getattr(record, "fields", {})}
+        return True
+
+
+async def serve(fd: int) -> int:
+    channel = await Channel.open(socket.socket(fileno=fd))
+    hello = await channel.receive()
+    if not isinstance(hello, Hello):
+        raise RuntimeError(f"expected a Hello from the control process, got {type(hello).__name__}")
+    options = hello.options
+    stop_logging = configure_logging(options.log_format, options.verbosity)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_WorkerField(hello.index))
+    try:
+        replica = Replica(channel, hello)
+        replica.apply(await channel.receive())  # the snapshot: the store is full before routing
+        server = GatewayServer(options, build_worker_gateway(options, replica), reuse_port=True)
+        following = asyncio.create_task(replica.run(), name="replica")
+        stop = asyncio.create_task(wait_for_termination(), name="signals")
+        try:
+            await server.start()
+        except ConfigError as err:
+            print(f"aggregator serve: {err}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
+        channel.send(Listening(os.getpid()))
+        await asyncio.wait([stop, following], return_when=asyncio.FIRST_COMPLETED)
+        lost = following.done()
+        log.info("shutting down" if not lost else "shutting down: the control process is gone")
+        await shut_down(
+            server,
+            delay=0.0 if lost else options.shutdown_delay_duration,
+            watch_grace=options.shutdown_watch_termination_grace_period,
+            request_grace=options.request_timeout,
+        )
+        stop.cancel()
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+        channel.close()
+        return EXIT_CONTROL_LOST if lost else 0
+    finally:
+        stop_logging()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or not args[0].isdigit():
+        print(
+            "usage: python -m aggregator.workers <channel fd> (started by aggregator serve)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        try:
+            return runner.run(serve(int(args[0])))
+        except EOFError:
+            log.error("the control process closed the channel before the worker started", extra=fields())
+            return EXIT_CONTROL_LOST

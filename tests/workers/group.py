@@ -1,0 +1,136 @@
+"""`aggregator serve --workers N` as a user starts it: a subprocess in local mode, and a client
+that opens a fresh connection per request (so the kernel may hand each to another worker)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import signal
+import ssl
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from tests.support.pki import PKI
+from tests.support.ports import free_port
+
+PID_NOTE = re.compile(r"info: worker (\d+) of (\d+), pid (\d+)")
+
+
+@dataclass
+class Group:
+    process: asyncio.subprocess.Process
+    port: int
+    pki: PKI
+    log_path: Path
+    session: aiohttp.ClientSession
+    seen: list[int] = field(default_factory=list)  # worker pids that answered, in order
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def context(self, cert: str | None = "admin") -> ssl.SSLContext:
+        return self.pki.client_context(cert)
+
+    async def get(self, path: str, *, cert: str | None = "admin", **kwargs: object) -> tuple[int, bytes]:
+        """One request on a fresh connection."""
+        async with self.session.get(self.url + path, ssl=self.context(cert), **kwargs) as resp:  # type: ignore[arg-type]
+            return resp.status, await resp.read()
+
+    async def worker_pid(self) -> int:
+        """Which worker answers a fresh connection (its note in `/livez?verbose`)."""
+        status, body = await self.get("/livez?verbose")
+        assert status == 200, body
+        match = PID_NOTE.search(body.decode())
+        assert match is not None, body
+        pid = int(match.group(3))
+        self.seen.append(pid)
+        return pid
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+def serve_args(pki: PKI, apiservices_dir: Path, port: int, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "aggregator",
+        "serve",
+        "--apiservices-dir",
+        str(apiservices_dir),
+        "--bind-address",
+        "127.0.0.1",
+        "--secure-port",
+        str(port),
+        "--tls-cert-file",
+        pki.path("serving.crt"),
+        "--tls-private-key-file",
+        pki.path("serving.key"),
+        "--client-ca-file",
+        pki.path("client-ca.crt"),
+        "--requestheader-client-ca-file",
+        pki.path("front-proxy-ca.crt"),
+        "--requestheader-allowed-names",
+        "front-proxy-client",
+        "--proxy-client-cert-file",
+        pki.path("front-proxy-client.crt"),
+        "--proxy-client-key-file",
+        pki.path("front-proxy-client.key"),
+        *extra,
+    ]
+
+
+@contextlib.asynccontextmanager
+async def running_group(
+    pki: PKI, apiservices_dir: Path, log_path: Path, *extra: str, serving: tuple[str, str] | None = None
+) -> AsyncIterator[Group]:
+    """The gateway as a subprocess, ready (`/readyz` 200); SIGTERM and exit 0 on the way out."""
+    port = free_port()
+    args = serve_args(pki, apiservices_dir, port, *extra)
+    if serving is not None:
+        args[args.index("--tls-cert-file") + 1] = serving[0]
+        args[args.index("--tls-private-key-file") + 1] = serving[1]
+    with log_path.open("wb") as log_file:
+        process = await asyncio.create_subprocess_exec(*args, stderr=log_file)
+    connector = aiohttp.TCPConnector(force_close=True)
+    session = aiohttp.ClientSession(connector=connector)
+    group = Group(process, port, pki, log_path, session)
+
+    async def ready() -> bool:
+        if process.returncode is not None:
+            raise AssertionError(f"the gateway exited ({process.returncode}): {group.log()}")
+        try:
+            status, _ = await group.get("/readyz")
+        except (aiohttp.ClientError, OSError):
+            return False
+        return status == 200
+
+    try:
+        await until_async(ready, 30.0, "the gateway to be ready")
+        yield group
+    finally:
+        await session.close()
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(30):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def until_async(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    """`until` for a condition that needs a request to find out."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(0.05)

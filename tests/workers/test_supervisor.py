@@ -1,0 +1,252 @@
+"""`aggregator serve --workers N` end to end: several processes answer the port, the control
+process alone makes background requests, a dead worker is replaced, SIGTERM drains the group."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+from aggregator.commands.certs import issue_serving_cert, write_pair
+from tests.support.backend import (
+    APISERVICE,
+    PREFIX,
+    BackendPKI,
+    FakeBackend,
+    apiservice_manifest,
+    backend_service,
+    write_manifests,
+)
+from tests.support.pki import PKI
+from tests.support.polling import until
+from tests.workers.group import PID_NOTE, running_group, until_async
+
+AGGREGATOR_USER = "system:kube-aggregator"
+
+
+def _register(folder: Path, backend: FakeBackend, backend_pki: BackendPKI) -> None:
+    write_manifests(
+        folder,
+        "demo",
+        apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem),
+        *backend_service(backend.port),
+    )
+
+
+async def test_two_workers_answer_the_port_and_metrics_cover_both(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path
+) -> None:
+    async with running_group(pki, apiservices_dir, tmp_path / "serve.log", "--workers", "2") as group:
+        pids: set[int] = set()
+        requests = 0
+        while len(pids) < 2:
+            pids.add(await group.worker_pid())
+            requests += 1
+            assert requests < 200, f"every fresh connection went to {pids}"
+        assert group.process.pid not in pids  # the control process does not serve the port
+        status, body = await group.get("/metrics")
+        assert status == 200
+        text = body.decode()
+        # Counters are the group's: every /livez request above, whichever worker served it.
+        own = sum(
+            float(m.group(1))
+            for m in re.finditer(r'^aggregator_requests_total\{code="200",route="own"\} (\S+)$', text, re.M)
+        )
+        assert own >= requests + 1  # + the readiness probe that saw the group ready
+        for worker in ("control", "0", "1"):
+            assert f'process_resident_memory_bytes{{worker="{worker}"}}' in text
+        assert "aggregator_workers 2.0" in text
+
+
+async def test_background_requests_are_the_same_with_one_and_two_workers(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path, backend: FakeBackend, backend_pki: BackendPKI
+) -> None:
+    """Probes, discovery and OpenAPI fetches come from the control process once, however many
+    workers serve: one backend's background requests over the same window are equal."""
+    _register(apiservices_dir, backend, backend_pki)
+    counts: list[int] = []
+    for workers in ("1", "2"):
+        backend.received.clear()
+        async with running_group(
+            pki, apiservices_dir, tmp_path / f"serve-{workers}.log", "--workers", workers
+        ):
+            await until(lambda: backend.seen_by(AGGREGATOR_USER), what="the first background request")
+            await asyncio.sleep(3.0)  # the fixed window: start-up checks and fetches, then quiet
+            counts.append(len(backend.seen_by(AGGREGATOR_USER)))
+    assert counts[0] > 0
+    assert abs(counts[0] - counts[1]) <= 1, counts
+
+
+async def test_requests_are_proxied_through_every_worker(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path, backend: FakeBackend, backend_pki: BackendPKI
+) -> None:
+    _register(apiservices_dir, backend, backend_pki)
+    async with running_group(pki, apiservices_dir, tmp_path / "serve.log", "--workers", "2") as group:
+        pids: set[int] = set()
+        while len(pids) < 2:
+            pids.add(await group.worker_pid())
+            status, _ = await group.get(f"{PREFIX}/namespaces/default/things")
+            assert status == 200
+            assert len(group.seen) < 200
+        # discovery rendered by the control, served by the workers, with its ETag
+        accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+        status, body = await group.get("/apis", headers={"Accept": accept})
+        assert status == 200 and b"demo.example.com" in body
+        status, pretty = await group.get("/apis?pretty=true", headers={"Accept": accept})
+        assert status == 200 and json.loads(pretty) == json.loads(body) and pretty.startswith(b'{\n  "kind"')
+        status, body = await group.get("/openapi/v3")
+        assert status == 200
+        status, body = await group.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}")
+        assert status == 200 and b'"Available"' in body
+
+
+async def test_a_killed_worker_is_replaced_while_the_port_keeps_answering(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path
+) -> None:
+    async with running_group(pki, apiservices_dir, tmp_path / "serve.log", "--workers", "2") as group:
+        pids: set[int] = set()
+        while len(pids) < 2:
+            pids.add(await group.worker_pid())
+            assert len(group.seen) < 200
+        victim = min(pids)
+        os.kill(victim, signal.SIGKILL)
+        after = len(group.seen)
+        await until(lambda: "killed by SIGKILL" in group.log(), what="the supervisor to notice")
+
+        async def replaced() -> bool:
+            # Every fresh connection is answered while the worker is away and after.
+            return await group.worker_pid() not in pids
+
+        await until_async(replaced, 30.0, "a new worker to answer")
+        assert victim not in group.seen[after:]
+        log = group.log()
+        assert "worker died; starting it again" in log
+        status, body = await group.get("/metrics")
+        assert status == 200
+        restarts = re.findall(r'^aggregator_worker_restarts_total\{worker="\d"\} (\S+)$', body.decode(), re.M)
+        assert sorted(restarts) == ["0.0", "1.0"]
+
+
+async def test_sigterm_drains_every_worker_and_exits_0(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path
+) -> None:
+    log_path = tmp_path / "serve.log"
+    async with running_group(
+        pki, apiservices_dir, log_path, "--workers", "2", "--shutdown-delay-duration", "2s"
+    ) as group:
+        group.process.send_signal(signal.SIGTERM)
+
+        async def not_ready() -> bool:
+            status, _ = await group.get("/readyz")
+            return status == 500
+
+        # readyz fails at once on every worker while the listener stays open for the delay
+        await until_async(not_ready, 10.0, "readyz to fail")
+        for _ in range(6):
+            status, _ = await group.get("/readyz")
+            assert status == 500
+            status, _ = await group.get("/livez")
+            assert status == 200
+        async with asyncio.timeout(30):
+            assert await group.process.wait() == 0
+    log = log_path.read_text()
+    assert "Traceback" not in log
+    assert log.count("shutting down") >= 3  # the control and both workers
+
+
+async def _served_certificate_and_pid(group_port: int, pki: PKI) -> tuple[bytes, int]:
+    """On a fresh connection: the serving certificate (DER) and the pid of the worker behind it."""
+    context = pki.client_context("admin")
+    reader, writer = await asyncio.open_connection("127.0.0.1", group_port, ssl=context)
+    try:
+        ssl_object = writer.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True)
+        writer.write(b"GET /livez?verbose HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n")
+        body = await reader.read()
+    finally:
+        writer.close()
+    match = PID_NOTE.search(body.decode(errors="replace"))
+    assert match is not None, body
+    return der, int(match.group(3))
+
+
+async def test_every_worker_serves_a_rotated_certificate(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path
+) -> None:
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    write_pair(serving, "tls", issue_serving_cert(pki.ca, ["127.0.0.1", "gateway.test"]))
+    files = (str(serving / "tls.crt"), str(serving / "tls.key"))
+    async with running_group(
+        pki, apiservices_dir, tmp_path / "serve.log", "--workers", "2", serving=files
+    ) as group:
+        old = {
+            pid: der for der, pid in [await _served_certificate_and_pid(group.port, pki) for _ in range(20)]
+        }
+        write_pair(serving, "tls", issue_serving_cert(pki.ca, ["127.0.0.1", "gateway.test"]))
+        rotated: dict[int, bytes] = {}
+
+        async def both_rotated() -> bool:
+            der, pid = await _served_certificate_and_pid(group.port, pki)
+            if der not in old.values():
+                rotated[pid] = der
+            return len(rotated) == 2
+
+        await until_async(both_rotated, 30.0, "both workers to serve the new certificate")
+        assert len(set(rotated.values())) == 1
+
+
+async def test_a_failed_proxied_request_has_the_control_recheck_at_once(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path, backend: FakeBackend, backend_pki: BackendPKI
+) -> None:
+    """The fast re-probe crosses processes: a worker's failed request is a message to the control,
+    whose verdict (False within seconds, not at the 30 s resync) comes back to every worker."""
+    _register(apiservices_dir, backend, backend_pki)
+    async with running_group(pki, apiservices_dir, tmp_path / "serve.log", "--workers", "2") as group:
+        status, _ = await group.get(f"{PREFIX}/namespaces/default/things")
+        assert status == 200
+        await backend.stop()
+        status, body = await group.get(f"{PREFIX}/namespaces/default/things")
+        assert status == 503, body
+
+        async def unavailable() -> bool:
+            _, body = await group.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}")
+            conditions = json.loads(body)["status"]["conditions"]
+            return any(c["type"] == "Available" and c["status"] == "False" for c in conditions)
+
+        await until_async(unavailable, 10.0, "the APIService to be found unavailable")
+        for _ in range(4):  # every worker now refuses it from the control's verdict
+            status, body = await group.get(f"{PREFIX}/namespaces/default/things")
+            assert status == 503 and b"service unavailable" in body, body
+
+
+async def test_every_workers_audit_events_reach_the_one_audit_log(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path
+) -> None:
+    """Workers apply the policy; the control process alone writes the file (one owner of rotation),
+    so the log holds every worker's events, each a whole JSON line."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n")
+    audit_log = tmp_path / "audit" / "audit.log"
+    args = ("--workers", "2", "--audit-policy-file", str(policy), "--audit-log-path", str(audit_log))
+    async with running_group(pki, apiservices_dir, tmp_path / "serve.log", *args) as group:
+        pids: set[int] = set()
+        while len(pids) < 2:
+            pids.add(await group.worker_pid())
+            assert len(group.seen) < 200
+        asked = len(group.seen)
+
+        def completed() -> list[dict[str, object]]:
+            events = [json.loads(line) for line in audit_log.read_text().splitlines()]
+            return [
+                e for e in events
+                if e["stage"] == "ResponseComplete" and e["requestURI"] == "/livez?verbose"
+            ]  # fmt: skip
+
+        await until(lambda: len(completed()) >= asked, timeout=30, what="every worker's events in the log")
+    events = completed()
+    assert len({e["auditID"] for e in events}) == len(events) == asked
+    assert {e["user"]["username"] for e in events} == {"admin"}  # type: ignore[index]

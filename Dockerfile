@@ -11,7 +11,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/aggregator
 WORKDIR /src
 # Only what the package build needs (.dockerignore keeps everything else out of the context).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY aggregator/ ./aggregator/
 RUN /opt/aggregator/bin/pip install .
 

@@ -48,11 +48,12 @@ from aggregator.availability.status import (
 )
 from aggregator.backends.addresses import AddressResolver
 from aggregator.backends.client_cert import ProxyClientCertificate
+from aggregator.backends.frontproxy import MissingClientCertificateWarning
 from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.backends.hops import new_instance
 from aggregator.backends.registry import BackendRegistry
 from aggregator.config import Options
-from aggregator.contracts import Component
+from aggregator.contracts import Component, Recheck
 from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.routes import DiscoveryRoutes
@@ -84,6 +85,7 @@ from aggregator.web.certexpiry import (
 from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.inflight import MaxInFlight
 from aggregator.web.instrumentation import RequestInstrumentation
+from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Pipeline
@@ -123,6 +125,7 @@ class Gateway:
     limits: MaxInFlight
     timeouts: RequestTimeouts
     auditor: Auditor | None
+    in_flight: InFlight
     # (name, component) in start order; stopped in reverse.
     components: list[tuple[str, Component]]
     # Human-readable start-up facts ("client certificates (CA ...)", "authorization: ...").
@@ -162,6 +165,7 @@ class WorkerGateway:
     pipeline: Pipeline
     limits: MaxInFlight
     timeouts: RequestTimeouts
+    in_flight: InFlight
     components: list[tuple[str, Component]]
     auth_summary: list[str] = field(default_factory=list)
     hop: str = ""
@@ -246,6 +250,8 @@ def build_gateway(options: Options) -> Gateway:
     components.append(("backends", backends))
     _report_expiry(metrics.certificate_expiry, backends.client_certificate)
     _follow_ca_expiry(metrics.certificate_expiry, authenticator)
+    if options.proxy_client_cert_file is None:
+        components.append(("front-proxy-warning", MissingClientCertificateWarning(store)))
 
     # 5. availability, before the proxy that asks it; with --write-apiservice-status in kube mode a
     # Lease elects the one replica that writes (started before the checker, so it stops after it
@@ -258,7 +264,9 @@ def build_gateway(options: Options) -> Gateway:
     availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink)
 
     # 6. what serves requests; a request that cannot reach its backend has availability re-check it
-    forwarder = Forwarder(metrics, UpgradeTunnel(metrics, recheck=availability), recheck=availability)
+    # (requests in flight are counted for a graceful shutdown, which ends watches and tunnels)
+    in_flight = InFlight()
+    forwarder = _forwarder(metrics, availability, in_flight)
     delegate, fallback = _fallback(options, kube, forwarder, backends, authenticator, hop)
     if delegate is not None:
         components.append(("delegate", delegate))
@@ -320,6 +328,7 @@ def build_gateway(options: Options) -> Gateway:
         limits=limits,
         timeouts=timeouts,
         auditor=auditor,
+        in_flight=in_flight,
         components=components,
         auth_summary=authentication.summary + authorization.summary,
         hop=hop,
@@ -342,6 +351,12 @@ def build_gateway(options: Options) -> Gateway:
         health.add(LEADER_CHECK, elector.check)
         health.add_notes("readyz", elector.notes)
     return gateway
+
+
+def _forwarder(metrics: Metrics, recheck: Recheck, in_flight: InFlight) -> Forwarder:
+    """The proxy's hot path and its upgrade tunnel; shutdown ends their long-running answers."""
+    tunnel = UpgradeTunnel(metrics, recheck=recheck, in_flight=in_flight)
+    return Forwarder(metrics, tunnel, recheck=recheck, in_flight=in_flight)
 
 
 def _fallback(
@@ -467,7 +482,8 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     components.append(("backends", backends))
 
     # A request that cannot reach its backend asks the control to re-check it.
-    forwarder = Forwarder(metrics, UpgradeTunnel(metrics, recheck=replica), recheck=replica)
+    in_flight = InFlight()
+    forwarder = _forwarder(metrics, replica, in_flight)
     delegate, fallback = _fallback(options, kube, forwarder, backends, authenticator, hop)
     if delegate is not None:
         components.append(("delegate", delegate))
@@ -506,6 +522,7 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
         pipeline=chain.pipeline,
         limits=chain.limits,
         timeouts=chain.timeouts,
+        in_flight=in_flight,
         components=components,
         auth_summary=authentication.summary + authorization.summary,
         hop=hop,

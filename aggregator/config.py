@@ -48,6 +48,15 @@ DEFAULT_REQUEST_TIMEOUT = 60.0
 DEFAULT_MIN_REQUEST_TIMEOUT = 1800
 
 
+# Flags that only mean something in kube mode: given explicitly with --apiservices-dir, refused
+# (Options field -> flag).
+KUBE_MODE_FLAGS = {
+    "delegate_auth": "--delegate-auth",
+    "write_apiservice_status": "--write-apiservice-status",
+    "leader_elect": "--leader-elect",
+}
+
+
 class ConfigError(Exception):
     """A flag combination that cannot work. `str()` is the one line shown before exiting with code 2."""
 
@@ -114,6 +123,7 @@ class Options:
     leader_elect_resource_namespace: str = ""
     # lifecycle
     shutdown_delay_duration: float = 0.0
+    shutdown_watch_termination_grace_period: float = 0.0
     # limits and timeouts
     max_requests_inflight: int = DEFAULT_MAX_REQUESTS_INFLIGHT
     max_mutating_requests_inflight: int = DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT
@@ -129,6 +139,8 @@ class Options:
     audit_log_maxsize: int = DEFAULT_AUDIT_LOG_MAXSIZE
     audit_log_batch_buffer_size: int = DEFAULT_AUDIT_LOG_BUFFER_SIZE
     audit_policy_file: str | None = None
+    # The KUBE_MODE_FLAGS given on the command line (their defaults cannot tell).
+    explicit_flags: frozenset[str] = frozenset()
 
     @property
     def in_cluster(self) -> bool:
@@ -267,6 +279,14 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM, fail /readyz and keep serving this long before closing (default 0s).",
     )
     serving.add_argument(
+        "--shutdown-watch-termination-grace-period",
+        type=_duration,
+        default=0.0,
+        help="once the listener has closed, the longest watches and exec/attach/port-forward tunnels "
+        "are given to end; they are ended at 200 per second or faster, so all within this period "
+        "(default 0s: all at once).",
+    )
+    serving.add_argument(
         "--workers",
         type=int,
         default=None,
@@ -387,7 +407,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument(
         "--delegate-auth",
         choices=["front-proxy", "impersonate"],
-        default="front-proxy",
+        default=argparse.SUPPRESS,  # front-proxy (Options); absent unless given: KUBE_MODE_FLAGS
         help="how the caller's identity reaches kube-apiserver: front-proxy headers with "
         "--proxy-client-cert-file (default), or impersonation with the gateway's own credentials.",
     )
@@ -396,6 +416,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     status.add_argument(
         "--write-apiservice-status",
         action="store_true",
+        default=argparse.SUPPRESS,  # false (Options); absent unless given: KUBE_MODE_FLAGS
         help="kube mode: write each APIService's Available condition to its status (off by default: "
         "kube-apiserver's own aggregator writes it too). Only when the status or reason differs from "
         "the stored one, and with --leader-elect only from the replica holding the lease.",
@@ -466,7 +487,7 @@ def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
         type=_bool,
         nargs="?",
         const=True,
-        default=True,
+        default=argparse.SUPPRESS,  # true (Options); absent unless given: KUBE_MODE_FLAGS
         help="with --write-apiservice-status, elect one replica through a coordination.k8s.io Lease and "
         "write status only from it, so every replica can run with the flag (default true). With "
         "--leader-elect=false every replica that has the flag writes.",
@@ -560,6 +581,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     for name in vars(opts):
         if hasattr(args, name):
             setattr(opts, name, getattr(args, name))
+    opts.explicit_flags = frozenset(name for name in KUBE_MODE_FLAGS if hasattr(args, name))
     return opts
 
 
@@ -636,6 +658,11 @@ def validate(opts: Options) -> None:
             "--apiservices-dir",
             "neither --apiservices-dir nor --kubeconfig is set and no in-cluster service account was found",
         )
+    kube_only = sorted(opts.explicit_flags & KUBE_MODE_FLAGS.keys()) if opts.local_mode else []
+    if kube_only:
+        raise ConfigError(
+            KUBE_MODE_FLAGS[kube_only[0]], "only applies in kube mode; it means nothing with --apiservices-dir"
+        )
     for cidr in opts.deny_cidrs:
         try:
             ipaddress.ip_network(cidr, strict=False)
@@ -659,6 +686,10 @@ def validate(opts: Options) -> None:
             "is required in kube mode with --delegate-auth=front-proxy (kube-apiserver trusts X-Remote-* "
             "only from a front-proxy certificate)",
         )
+    if opts.shutdown_delay_duration < 0:
+        raise ConfigError("--shutdown-delay-duration", "can not be negative value")
+    if opts.shutdown_watch_termination_grace_period < 0:
+        raise ConfigError("--shutdown-watch-termination-grace-period", "can not be a negative value")
     for flag, ttl in (
         ("--authentication-token-webhook-cache-ttl", opts.authentication_token_webhook_cache_ttl),
         ("--authorization-webhook-cache-authorized-ttl", opts.authorization_webhook_cache_authorized_ttl),

@@ -1,9 +1,10 @@
 """The listener and the process runner: serve one gateway on its TLS port until told to stop.
 
 `GatewayServer` loads the serving certificate (hot-reloaded), starts the gateway's components,
-then listens with aiohttp's low-level server: the pipeline is the one handler, with no URL
-dispatcher or middleware chain in front of the gateway's own router. `serve` runs it until SIGTERM
-or SIGINT; `run` is what `aggregator serve` calls.
+then listens with aiohttp's low-level server: the pipeline is the one handler (counted for the
+drain, web/longrunning.py), with no URL dispatcher or middleware chain in front of the gateway's
+own router. `serve` runs it until SIGTERM or SIGINT, then `shut_down` stops it gracefully; `run`
+is what `aggregator serve` calls.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from aiohttp import web
 
 from aggregator import __version__
 from aggregator.assembly import Gateway, WorkerGateway, build_gateway
+from aggregator.auth.requestinfo import RequestInfoError, request_info
 from aggregator.config import ConfigError, Options, tls_policy
+from aggregator.proxy.upgrade import is_upgrade_request
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
-from aggregator.util._aiohttp import GatewayRequest, TimedServer, TimedSite
+from aggregator.util._aiohttp import GatewayRequest, TimedServer, TimedSite, close_connections
 from aggregator.util.logs import fields
-from aggregator.util.runtime import new_event_loop, wait_for_termination
+from aggregator.util.runtime import TerminationSignals, new_event_loop
 from aggregator.web.certexpiry import SERVING
+from aggregator.web.requestlabels import is_long_running
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,19 @@ LISTEN_BACKLOG = 1024
 # request in flight is closed after 90 s ("matches http.DefaultTransport keep-alive timeout").
 READ_HEADER_TIMEOUT = 32.0
 IDLE_TIMEOUT = 90.0
+# What outlives its drain bound is cut: aiohttp's RequestHandler.shutdown waits this long for a
+# handler, cancels it, and waits as long again.
+CLOSE_TIMEOUT = 1.0
+
+
+def _long_running(request: web.Request) -> bool:
+    """An upgrade, or what kube-apiserver's `BasicLongRunningRequestCheck` calls long-running."""
+    if is_upgrade_request(request.headers):
+        return True
+    try:
+        return is_long_running(request_info(request))
+    except RequestInfoError:
+        return False
 
 
 def _serving_hosts(options: Options) -> list[str]:
@@ -78,6 +95,8 @@ class GatewayServer:
         self.idle_timeout = IDLE_TIMEOUT
         self.port = 0
         self._runner: web.ServerRunner | None = None
+        self._site: TimedSite | None = None
+        self._closed = False
 
     @property
     def url(self) -> str:
@@ -94,7 +113,7 @@ class GatewayServer:
             )
 
         return TimedServer(
-            self.gateway.pipeline.handle,
+            self.gateway.in_flight.wrap(self.gateway.pipeline.handle, is_long_running=_long_running),
             read_header_timeout=self.read_header_timeout,
             request_factory=make_request,
             handler_cancellation=True,
@@ -106,7 +125,7 @@ class GatewayServer:
 
     async def start(self) -> int:
         await self.gateway.start()
-        self._runner = web.ServerRunner(self._low_level_server())
+        self._runner = web.ServerRunner(self._low_level_server(), shutdown_timeout=CLOSE_TIMEOUT)
         await self._runner.setup()
         site = TimedSite(
             self._runner,
@@ -125,6 +144,7 @@ class GatewayServer:
             address = f"{self.options.bind_address}:{self.options.secure_port}"
             reason = os.strerror(err.errno) if err.errno else str(err)
             raise ConfigError("--secure-port", f"cannot listen on {address}: {reason}") from err
+        self._site = site
         self.serving.start()
         addresses = self._runner.addresses
         self.port = int(addresses[0][1]) if addresses else self.options.secure_port
@@ -140,7 +160,23 @@ class GatewayServer:
         )
         return self.port
 
-    async def stop(self) -> None:
+    async def stop_listening(self) -> None:
+        """NotAcceptingNewRequest: close the listener and idle keep-alive connections; busy
+        connections close once their response is done (Go's `Server.Shutdown`), and new requests
+        that still arrive on one are refused."""
+        self.gateway.in_flight.stop_accepting()
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+        if self._runner is not None and self._runner.server is not None:
+            close_connections(self._runner.server)
+
+    async def close(self) -> None:
+        """Close the connections still open (cancelling what outlived its drain bound), then stop
+        the gateway's components in reverse start order."""
+        if self._closed:
+            return
+        self._closed = True
         self.gateway.shutting_down = True
         await self.serving.stop()
         if self._runner is not None:
@@ -148,18 +184,80 @@ class GatewayServer:
             self._runner = None
         await self.gateway.stop()
 
+    async def stop(self, *, request_grace: float | None = None) -> None:
+        """Stop now: no delay, long-running requests ended at once, ordinary ones drained (for
+        --request-timeout unless `request_grace` says otherwise)."""
+        grace = self.options.request_timeout if request_grace is None else request_grace
+        await shut_down(self, delay=0.0, watch_grace=0.0, request_grace=grace)
+
+
+async def shut_down(server: GatewayServer, *, delay: float, watch_grace: float, request_grace: float) -> None:
+    """kube-apiserver's graceful termination (genericapiserver.go `RunWithContext`), in its order.
+
+    1. ShutdownInitiated: `/readyz` fails at once (its `shutdown` check), everything else serves;
+    2. after `delay` (--shutdown-delay-duration), NotAcceptingNewRequest: the listener closes;
+    3. together: ordinary requests drain for up to `request_grace` (the request timeout), and
+       long-running ones (watches, tunnels) are ended within `watch_grace`
+       (--shutdown-watch-termination-grace-period; at once when 0);
+    4. the server closes what is left, then the components stop.
+    """
+    gateway = server.gateway
+    gateway.shutting_down = True
+    if delay > 0:
+        log.info("shutting down: /readyz fails, still serving", extra=fields(delay_seconds=delay))
+        await asyncio.sleep(delay)
+    await server.stop_listening()
+    in_flight = gateway.in_flight
+    busy, long_running = in_flight.ordinary, in_flight.long_running
+    left, still_running = await asyncio.gather(
+        in_flight.drain(request_grace), in_flight.end_long_running(watch_grace)
+    )
+    if busy or long_running or left or still_running:
+        log.info(
+            "requests in flight drained",
+            extra=fields(
+                requests=busy, requests_cut=left, long_running=long_running, long_running_cut=still_running
+            ),
+        )
+    await server.close()
+
+
+def shutdown_bound(options: Options) -> float:
+    """The longest `shut_down` takes with these options, before the components stop (a second or
+    so): what a Deployment's terminationGracePeriodSeconds must exceed."""
+    drain = max(options.request_timeout, options.shutdown_watch_termination_grace_period)
+    return options.shutdown_delay_duration + drain + 2 * CLOSE_TIMEOUT
+
 
 async def serve(options: Options) -> int:
-    """Run until SIGTERM or SIGINT; returns the process exit code."""
+    """Run until SIGTERM or SIGINT; returns the process exit code (0, as kube-apiserver's; 1 when
+    a second signal cut the graceful shutdown short, as component-base's `SetupSignalContext`)."""
+    signals = TerminationSignals()
     server = GatewayServer(options)
     await server.start()
-    await wait_for_termination()
-    log.info("shutting down")
-    server.gateway.shutting_down = True
-    if options.shutdown_delay_duration > 0:
-        await asyncio.sleep(options.shutdown_delay_duration)
-    await server.stop()
-    return 0
+    received = await signals.first()
+    log.info("shutting down", extra=fields(signal=received))
+    stopping = asyncio.ensure_future(
+        shut_down(
+            server,
+            delay=options.shutdown_delay_duration,
+            watch_grace=options.shutdown_watch_termination_grace_period,
+            request_grace=options.request_timeout,
+        )
+    )
+    second = asyncio.ensure_future(signals.second())
+    try:
+        await asyncio.wait({stopping, second}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        signals.close()
+    if stopping.done():
+        second.cancel()
+        stopping.result()
+        log.info("stopped")
+        return 0
+    stopping.cancel()
+    log.warning("second signal received, exiting without finishing the shutdown")
+    return 1
 
 
 def run(options: Options) -> int:

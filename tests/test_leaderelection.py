@@ -438,7 +438,10 @@ def objects_dir(tmp_path: Path) -> Iterator[str]:
             ],
             None,
         ),
-        (["--leader-elect=false", "--leader-elect-lease-duration=1s"], None),  # not checked when off
+        (  # kube mode only: given in local mode, refused before anything else
+            ["--leader-elect=false", "--leader-elect-lease-duration=1s"],
+            "--leader-elect: only applies in kube mode; it means nothing with --apiservices-dir",
+        ),
         (
             ["--leader-elect-lease-duration=10s"],
             "--leader-elect-lease-duration: leaseDuration must be greater than renewDeadline",

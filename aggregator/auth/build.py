@@ -106,8 +106,24 @@ def build_authentication(
         ttl = options.authentication_token_webhook_cache_ttl
         audiences = f", audiences {','.join(options.api_audiences)}" if options.api_audiences else ""
         summary.append(f"bearer tokens (TokenReview, cached {ttl:g}s{audiences})")
+    if not summary:
+        _warn_no_authenticator(options)
     summary.append("anonymous" if options.anonymous_auth else "anonymous only on health paths")
     return Authentication(authenticator, components, summary, cluster)
+
+
+def _warn_no_authenticator(options: Options) -> None:
+    """Nothing can identify a caller: say what that means for every request, once, at start."""
+    outcome = (
+        "every caller is system:anonymous (--anonymous-auth)"
+        if options.anonymous_auth
+        else "every request is refused with 401 Unauthorized, except the health paths"
+    )
+    log.warning(
+        f"NO AUTHENTICATION CONFIGURED: no --client-ca-file, --requestheader-client-ca-file, "
+        f"--token-auth-file or kubeconfig, so {outcome}",
+        extra=fields(anonymous_auth=options.anonymous_auth),
+    )
 
 
 def _cluster_configmap(options: Options, kube: KubeClient | None, files: CAFiles) -> AuthConfigMap | None:

@@ -330,17 +330,18 @@ def init_pki(
     return written
 
 
-def self_signed_serving_pair(cert_dir: Path, hosts: Sequence[str]) -> tuple[Path, Path]:
+def self_signed_serving_pair(cert_dir: Path, hosts: Sequence[str]) -> tuple[Path, Path, bool]:
     """What kube-apiserver does with --cert-dir when no serving cert is given: generate once, reuse after.
 
     The certificate file holds the leaf followed by its own CA, like upstream's self-signed pair.
+    Returns (cert, key, whether they were generated now).
     """
     cert_path, key_path = cert_dir / "apiserver.crt", cert_dir / "apiserver.key"
     if cert_path.exists() and key_path.exists():
-        return cert_path, key_path
+        return cert_path, key_path, False
     cert_dir.mkdir(parents=True, exist_ok=True)
     ca = new_ca(f"{hosts[0] if hosts else 'localhost'}-ca@{int(dt.datetime.now(dt.UTC).timestamp())}")
     leaf = issue_serving_cert(ca, [*DEFAULT_HOSTS, *hosts])
     write_cert(cert_path, leaf.cert, ca.cert)
     write_key(key_path, leaf.key)
-    return cert_path, key_path
+    return cert_path, key_path, True

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from aggregator import __version__
 from aggregator.config import ConfigError, add_serve_flags, options_from_args, validate
@@ -18,8 +19,20 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A usage error is one line and a hint, not the whole usage (30 lines for `serve`)."""
+
+    def error(self, message: str) -> NoReturn:
+        usage_error(self.prog, message)
+
+
+def usage_error(prog: str, message: str) -> NoReturn:
+    sys.stderr.write(f"{prog}: error: {message}\nSee '{prog} --help'.\n")
+    sys.exit(EXIT_USAGE)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog="aggregator",
         description="A Kubernetes API aggregation gateway: merged discovery and a verified, streaming "
         "proxy to extension API servers.",
@@ -139,7 +152,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        # Reported by the command they were given to (argparse names only the top-level program).
+        words = ["aggregator", getattr(args, "command", None), getattr(args, "certs_command", None)]
+        usage_error(" ".join(w for w in words if w), f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "serve":
         return _serve(args)
     if args.command == "demo":

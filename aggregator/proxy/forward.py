@@ -37,6 +37,7 @@ from aggregator.proxy.upgrade import UpgradeTunnel, is_upgrade_request, upgrade_
 from aggregator.util._aiohttp import HeadersWithBody
 from aggregator.util.logs import fields
 from aggregator.web.auditing import request_body_tap, response_body_tap
+from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
 from aggregator.wire.redirects import (
@@ -77,10 +78,19 @@ SUSPICIOUS_HOPS = frozenset({Hop.CONNECT, Hop.TLS})
 
 
 class Forwarder:
-    def __init__(self, metrics: Metrics, tunnel: UpgradeTunnel, *, recheck: Recheck | None = None) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        tunnel: UpgradeTunnel,
+        *,
+        recheck: Recheck | None = None,
+        in_flight: InFlight | None = None,
+    ) -> None:
         self.metrics = metrics
         self.tunnel = tunnel
         self.recheck = recheck
+        # Ends long-running answers on shutdown (web/longrunning.py).
+        self.in_flight = in_flight or InFlight()
         self._counters: dict[tuple[str, str, int], Counter] = {}
         self._durations: dict[tuple[str, str], Histogram] = {}
         self._last_logged: dict[tuple[str, str], float] = {}
@@ -210,34 +220,40 @@ class Forwarder:
         self.count(name, verb, status)
         tap = response_body_tap(request, headers.get("Content-Type", ""), headers.get("Content-Encoding", ""))
         await out.prepare(request)
-        while True:
-            try:
-                if deadline is None:
-                    chunk = await payload.readany()
-                else:
-                    async with asyncio.timeout_at(deadline):
+        # A long-running answer (a watch) stops early when the gateway shuts down: it then ends
+        # as if the backend had finished it (a chunked one with its last chunk), and client-go
+        # starts a new watch, on another replica.
+        async with self.in_flight.ending(request) as ending:
+            while True:
+                try:
+                    if deadline is None:
                         chunk = await payload.readany()
-            except (TimeoutError, aiohttp.ClientError, OSError) as err:
-                # Headers are gone already: end the connection so the client sees a truncated
-                # answer instead of a complete-looking one.
-                hop, cause = classify(err, "")
-                self.metrics.backend_errors.labels(name, hop.value).inc()
-                log.info(
-                    "backend response ended early",
-                    extra=fields(apiservice=name, method=request.method, path=request.path, reason=cause),
-                )
-                if request.transport is not None:
-                    request.transport.close()
-                return out
-            if not chunk:
-                break
-            # A client that went away raises ConnectionResetError here; the pipeline lets it through.
-            await out.write(chunk)
-            if tap is not None:
-                tap.feed(chunk)
+                    else:
+                        async with asyncio.timeout_at(deadline):
+                            chunk = await payload.readany()
+                except (TimeoutError, aiohttp.ClientError, OSError) as err:
+                    # Headers are gone already: end the connection so the client sees a truncated
+                    # answer instead of a complete-looking one.
+                    hop, cause = classify(err, "")
+                    self.metrics.backend_errors.labels(name, hop.value).inc()
+                    log.info(
+                        "backend response ended early",
+                        extra=fields(apiservice=name, method=request.method, path=request.path, reason=cause),
+                    )
+                    if request.transport is not None:
+                        request.transport.close()
+                    return out
+                if not chunk:
+                    break
+                # A client that went away raises ConnectionResetError here; the pipeline lets it through.
+                await out.write(chunk)
+                if tap is not None:
+                    tap.feed(chunk)
         if tap is not None:
             tap.finish()
         await out.write_eof()
+        if ending.ended and not out.chunked and request.transport is not None:
+            request.transport.close()  # only a connection's end can end a body without chunks
         return out
 
     def _duration(self, name: str, verb: str) -> Histogram:

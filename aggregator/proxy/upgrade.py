@@ -45,6 +45,7 @@ from aggregator.util._aiohttp import StreamReader, drain, take_over_connection
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
 from aggregator.web.lifecycle import raw_head_sent
+from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
 from aggregator.web.routing import Route
@@ -182,10 +183,14 @@ class _ClientBytes:
 
 
 class UpgradeTunnel:
-    def __init__(self, metrics: Metrics, *, recheck: Recheck | None = None) -> None:
+    def __init__(
+        self, metrics: Metrics, *, recheck: Recheck | None = None, in_flight: InFlight | None = None
+    ) -> None:
         self.metrics = metrics
         # Told when a backend cannot be dialed or its TLS fails, as the forwarder tells it.
         self.recheck = recheck
+        # Ends open tunnels on shutdown (web/longrunning.py).
+        self.in_flight = in_flight or InFlight()
 
     async def serve(self, request: web.Request, dest: Destination, user: UserInfo) -> web.StreamResponse:
         name = dest.name
@@ -297,7 +302,9 @@ class UpgradeTunnel:
         transport.write(response_head)
         pump = tasks.spawn(self._backend_to_client(reader, transport, protocol), name="backend-to-client")
         try:
-            await asyncio.wait({pump, client_done}, return_when=asyncio.FIRST_COMPLETED)
+            # Until either side closes, or the gateway shuts down: then both sides are closed.
+            async with self.in_flight.ending():
+                await asyncio.wait({pump, client_done}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             await tasks.close()
             transport.close()

@@ -114,11 +114,11 @@ def resolve_serving_files(
 ) -> tuple[str, str, bool]:
     """The pair to serve, generating a self-signed one in `cert_dir` when none is given.
 
-    Returns (cert, key, generated).
+    Returns (cert, key, generated): false when a pair generated earlier is reused.
     """
     if tls_cert_file and tls_private_key_file:
         return tls_cert_file, tls_private_key_file, False
     from aggregator.commands.certs import self_signed_serving_pair
 
-    cert, key = self_signed_serving_pair(Path(cert_dir), hosts)
-    return str(cert), str(key), True
+    cert, key, generated = self_signed_serving_pair(Path(cert_dir), hosts)
+    return str(cert), str(key), generated

@@ -32,6 +32,7 @@ __all__ = [
     "StreamReader",
     "TimedServer",
     "TimedSite",
+    "close_connections",
     "drain",
     "missing_internals",
     "response_protocol",
@@ -234,6 +235,20 @@ class TimedSite(web.TCPSite):
         )
         sockets = self._server.sockets
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+
+def close_connections(server: web.Server) -> None:
+    """Go's `Server.Shutdown` for the connections of a listener that just closed: idle ones (between
+    requests, or that never sent one) close now, busy ones once their response is done.
+
+    aiohttp's `RequestHandler.close` alone leaves an idle connection open (only its waiting task
+    ends) until the runner's cleanup.
+    """
+    for protocol in server.connections:
+        if protocol._request_in_progress or protocol._messages:
+            protocol.close()
+        else:
+            protocol.force_close()
 
 
 def missing_internals() -> list[str]:

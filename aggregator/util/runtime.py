@@ -18,10 +18,42 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 async def wait_for_termination() -> None:
-    """Return when the process receives SIGTERM or SIGINT."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    """Return when the process receives SIGTERM or SIGINT; later ones are ignored (a worker gets
+    Ctrl-C's SIGINT and its supervisor's SIGTERM: both mean the one graceful stop)."""
+    await TerminationSignals().first()
+
+
+class TerminationSignals:
+    """SIGTERM and SIGINT as component-base's `SetupSignalContext` treats them: the first asks for
+    a graceful stop, a second one during it for an immediate exit (there `os.Exit(1)`)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._first = asyncio.Event()
+        self._second = asyncio.Event()
+        self._name = ""
+        for sig in self.SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                self._loop.add_signal_handler(sig, self._received, sig)
+
+    def _received(self, sig: signal.Signals) -> None:
+        if self._first.is_set():
+            self._second.set()
+        else:
+            self._name = sig.name
+            self._first.set()
+
+    async def first(self) -> str:
+        """Wait for the first signal; returns its name."""
+        await self._first.wait()
+        return self._name
+
+    async def second(self) -> None:
+        await self._second.wait()
+
+    def close(self) -> None:
+        for sig in self.SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                self._loop.remove_signal_handler(sig)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from aggregator.assembly import Gateway, build_gateway
 from aggregator.config import ConfigError, Options
-from aggregator.server import serving_certificate
+from aggregator.server import serving_certificate, shutdown_bound
 from aggregator.util.backoff import exponential_delay
 from aggregator.util.logs import fields
 from aggregator.util.runtime import new_event_loop, wait_for_termination
@@ -48,8 +48,9 @@ WORKER_MODULE = "aggregator.workers"
 STEADY_AFTER = 10.0
 RESTART_INITIAL = 0.5
 RESTART_MAX = 30.0
-# Beyond --shutdown-delay-duration, how long workers may take to drain before they are killed.
-DRAIN_GRACE = 60.0
+# Beyond their own shutdown's bound (`server.shutdown_bound`), how long workers may take to stop
+# before they are killed.
+DRAIN_GRACE = 5.0
 EXIT_USAGE = 2
 
 
@@ -191,7 +192,7 @@ class Supervisor:
         for process in running:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
-        deadline = self.options.shutdown_delay_duration + DRAIN_GRACE
+        deadline = shutdown_bound(self.options) + DRAIN_GRACE
         waits = [asyncio.ensure_future(p.wait()) for p in running]
         if waits:
             _, late = await asyncio.wait(waits, timeout=deadline)

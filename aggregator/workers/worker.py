@@ -3,8 +3,9 @@
 It reads its `Hello` and the first snapshot from the channel (file descriptor `fd`, one end of a
 socketpair), builds the request path (`assembly.build_worker_gateway`), listens on the shared
 port with SO_REUSEPORT, and serves until SIGTERM/SIGINT or until the control process goes away.
-Shutdown is the single process's: /readyz fails at once, the listener stays open for
---shutdown-delay-duration, then closes and in-flight requests drain.
+Shutdown is the single process's (`server.shut_down`): /readyz fails at once, the listener stays
+open for --shutdown-delay-duration, then closes, in-flight requests drain and watches and tunnels
+are ended.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 
 from aggregator.assembly import build_worker_gateway
 from aggregator.config import ConfigError
-from aggregator.server import GatewayServer
+from aggregator.server import GatewayServer, shut_down
 from aggregator.util.logs import configure_logging, fields
 from aggregator.util.runtime import new_event_loop, wait_for_termination
 from aggregator.workers.channel import Channel
@@ -68,10 +69,12 @@ async def serve(fd: int) -> int:
         await asyncio.wait([stop, following], return_when=asyncio.FIRST_COMPLETED)
         lost = following.done()
         log.info("shutting down" if not lost else "shutting down: the control process is gone")
-        server.gateway.shutting_down = True
-        if options.shutdown_delay_duration > 0 and not lost:
-            await asyncio.sleep(options.shutdown_delay_duration)
-        await server.stop()
+        await shut_down(
+            server,
+            delay=0.0 if lost else options.shutdown_delay_duration,
+            watch_grace=options.shutdown_watch_termination_grace_period,
+            request_grace=options.request_timeout,
+        )
         stop.cancel()
         following.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -283,3 +283,46 @@ async def test_subprotocol_tokens_are_read_only_on_websocket_upgrades(
     assert (await ws_whoami(ws_token(WS_SECRET) + ",v5.channel.k8s.io"))[0] == 400
     users = [getattr(r, "fields", {})["user"] for r in caplog.records if r.getMessage() == "request"]
     assert users == ["system:anonymous", "system:anonymous", "erin"]
+
+
+NO_AUTHN = "NO AUTHENTICATION CONFIGURED"
+
+
+@pytest.mark.parametrize(
+    ("anonymous", "expected_status", "outcome"),
+    [
+        (False, 401, "every request is refused with 401 Unauthorized, except the health paths"),
+        (True, 404, "every caller is system:anonymous (--anonymous-auth)"),
+    ],
+)
+async def test_no_authenticator_at_all_is_one_warning_that_says_what_callers_get(
+    start_gateway: StartGateway,
+    pki: PKI,
+    caplog: pytest.LogCaptureFixture,
+    anonymous: bool,
+    expected_status: int,
+    outcome: str,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    server = await start_gateway(
+        client_ca_file=None,
+        requestheader_client_ca_file=None,
+        requestheader_allowed_names=[],
+        anonymous_auth=anonymous,
+    )
+    warnings = [r.getMessage() for r in caplog.records if NO_AUTHN in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].endswith(f", so {outcome}"), warnings
+    async with aiohttp.ClientSession() as session:
+        # What the warning says is what a caller with a certificate (now unverifiable) gets.
+        async with session.get(server.url + "/api/v1/pods", ssl=pki.client_context()) as resp:
+            assert resp.status == expected_status
+        async with session.get(server.url + "/readyz", ssl=pki.client_context()) as resp:
+            assert resp.status == 200
+
+
+async def test_any_authenticator_means_no_such_warning(
+    start_gateway: StartGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    await start_gateway(requestheader_client_ca_file=None, requestheader_allowed_names=[])
+    assert not [r for r in caplog.records if NO_AUTHN in r.getMessage()]

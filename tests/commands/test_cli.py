@@ -118,6 +118,25 @@ def test_help_documents_every_flag_named_in_the_issue() -> None:
             ["--leader-elect-resource-lock=endpoints"],
             "--leader-elect-resource-lock: endpoints lock is removed, migrate to leases",
         ),
+        # Kube-mode flags mean nothing in local mode: refused rather than silently ignored.
+        *(
+            (
+                [flag],
+                f"{flag.split('=')[0]}: only applies in kube mode; it means nothing with --apiservices-dir",
+            )
+            for flag in (
+                "--delegate-auth=impersonate",
+                "--delegate-auth=front-proxy",
+                "--write-apiservice-status",
+                "--leader-elect",
+                "--leader-elect=false",
+            )
+        ),
+        (
+            ["--shutdown-watch-termination-grace-period=-1s"],
+            "--shutdown-watch-termination-grace-period: can not be a negative value",
+        ),
+        (["--shutdown-delay-duration=-1s"], "--shutdown-delay-duration: can not be negative value"),
     ],
 )
 def test_wrong_combination_exits_2_with_one_line(
@@ -132,6 +151,45 @@ def test_wrong_combination_exits_2_with_one_line(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert expected.format(pki=pki.dir, tmp=tmp_path) in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "first_line"),
+    [
+        (["serve", "--foo", "bar"], "aggregator serve: error: unrecognized arguments: --foo bar"),
+        (
+            ["serve", "--delegate-auth", "bogus"],
+            "aggregator serve: error: argument --delegate-auth: invalid choice: 'bogus' "
+            "(choose from 'front-proxy', 'impersonate')",
+        ),
+        (
+            ["serve", "--secure-port", "x"],
+            "aggregator serve: error: argument --secure-port: invalid int value: 'x'",
+        ),
+        (["certs", "init", "--bar"], "aggregator certs init: error: unrecognized arguments: --bar"),
+        ([], "aggregator: error: the following arguments are required: COMMAND"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_a_hint(args: list[str], first_line: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2
+    prog = first_line.split(": error:")[0]
+    assert result.stderr.splitlines() == [first_line, f"See '{prog} --help'."]
+    assert result.stdout == ""
+
+
+def test_kube_mode_flags_at_their_defaults_are_not_refused_in_local_mode(tmp_path: Path) -> None:
+    from aggregator.commands.cli import build_parser
+    from aggregator.config import options_from_args, validate
+
+    options = options_from_args(build_parser().parse_args(["serve", "--apiservices-dir", str(tmp_path)]))
+    validate(options)
+    assert (options.delegate_auth, options.write_apiservice_status, options.leader_elect) == (
+        "front-proxy",
+        False,
+        True,
+    )
+    assert options.explicit_flags == frozenset()
 
 
 def test_no_object_source_exits_2() -> None:

@@ -143,7 +143,7 @@ def test_the_package_is_installed_with_pip_from_the_repository(stages: list[Stag
 
 
 def test_nothing_but_the_package_sources_is_copied_and_no_secret_is_set(stages: list[Stage]) -> None:
-    allowed = {"pyproject.toml", "README.md", "aggregator/", "aggregator"}
+    allowed = {"pyproject.toml", "README.md", "LICENSE", "aggregator/", "aggregator"}
     for stage in stages:
         assert not stage.all("ADD"), "ADD fetches URLs and unpacks archives: use COPY"
         for sources, _ in _copies(stage):
@@ -249,8 +249,10 @@ def test_dockerignore_keeps_out_environments_certificates_caches_and_git() -> No
 
 def test_the_build_context_holds_every_package_file_and_nothing_else() -> None:
     context = build_context(read_dockerignore())
-    assert {"pyproject.toml", "README.md"} <= set(context)
-    assert all(p in ("pyproject.toml", "README.md") or p.startswith("aggregator/") for p in context), context
+    assert {"pyproject.toml", "README.md", "LICENSE"} <= set(context)
+    assert all(
+        p in ("pyproject.toml", "README.md", "LICENSE") or p.startswith("aggregator/") for p in context
+    ), context
     package = {
         str(p.relative_to(REPO))
         for p in (REPO / "aggregator").rglob("*")
@@ -311,6 +313,11 @@ def test_the_build_stage_installs_a_working_console_script(tmp_path: Path, stage
     )
     assert result.returncode == 0, result.stderr
     (egg_info,) = tmp_path.glob("*.egg-info")
+    # PEP 639 metadata, from the SPDX string and the full text shipped beside it (no deprecation).
+    metadata = (egg_info / "PKG-INFO").read_text()
+    assert "License-Expression: Apache-2.0\n" in metadata and "License-File: LICENSE\n" in metadata
+    assert "deprecated" not in result.stderr, result.stderr
+    assert (src / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
     entry_points = configparser.ConfigParser()
     entry_points.read(egg_info / "entry_points.txt")
     target = entry_points["console_scripts"]["aggregator"]  # what ENTRYPOINT ["aggregator", ...] runs

@@ -26,6 +26,7 @@ import pytest
 
 from aggregator.commands.cli import build_parser
 from aggregator.config import Options, options_from_args
+from aggregator.server import shutdown_bound
 from tests.manifests.k8s import (
     KUBECTL,
     MANIFESTS,
@@ -428,3 +429,12 @@ def test_each_overlay_adds_its_flag_to_the_base(overlay: str, flag: str) -> None
     # Everything in the base is still there, unchanged apart from the Deployment.
     base_names = set(describe(base))
     assert base_names <= set(describe(objs))
+
+
+def test_a_graceful_shutdown_fits_in_the_termination_grace_period(deployment: Obj) -> None:
+    """The kubelet sends SIGKILL after terminationGracePeriodSeconds: the whole shutdown sequence
+    (delay, drain, close) must end before it, with room for stopping the components."""
+    options = _serve_options(_container(deployment)["args"])
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert options.shutdown_delay_duration > 0  # endpoints drop the pod before it stops listening
+    assert shutdown_bound(options) + 5 <= grace

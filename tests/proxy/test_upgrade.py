@@ -441,3 +441,29 @@ async def test_an_upgrade_request_body_reaches_the_backend_before_its_answer(
         assert seen.one("Content-Length") == "11" and seen.one("Transfer-Encoding") is None
     else:
         assert seen.one("Transfer-Encoding") == "chunked" and seen.one("Content-Length") is None
+
+
+async def test_shutdown_closes_an_open_tunnel_on_both_sides(raw_gateway: object, pki: PKI) -> None:
+    backend_saw_close = asyncio.Event()
+
+    async def echo_until_closed(
+        raw: RawBackend, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, req: Received
+    ) -> None:
+        try:
+            await switch_and_echo(raw, reader, writer, req)
+        finally:
+            backend_saw_close.set()
+
+    server, _raw = await raw_gateway(echo_until_closed)  # type: ignore[operator]
+    reader, writer = await open_client(server, pki)
+    writer.write(request_bytes("POST", EXEC, SPDY_HEADERS))
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 101 ")
+    writer.write(b"ping")
+    assert await asyncio.wait_for(reader.readexactly(4), 5) == b"PING"
+    assert server.gateway.in_flight.long_running == 1
+
+    # What the shutdown does once the listener has closed: the server itself is still running.
+    assert await server.gateway.in_flight.end_long_running(0) == 0
+    assert await closed_by_peer(reader)
+    await asyncio.wait_for(backend_saw_close.wait(), 5)
+    writer.close()

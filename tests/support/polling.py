@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -18,6 +18,22 @@ async def until(
     """
     started = time.monotonic()
     while not predicate():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(every)
+    return time.monotonic() - started
+
+
+async def until_async(
+    predicate: Callable[[], Awaitable[Any]],
+    timeout: float = 10.0,
+    what: str = "condition",
+    *,
+    every: float = 0.05,
+) -> float:
+    """`until` for a predicate that must await (a request): awaited until truthy, or fail."""
+    started = time.monotonic()
+    while not await predicate():
         if time.monotonic() - started > timeout:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         await asyncio.sleep(every)

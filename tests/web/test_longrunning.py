@@ -1,0 +1,100 @@
+"""Requests in flight at shutdown: ordinary ones drain, long-running ones are ended, late ones refused."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from aggregator.web.longrunning import InFlight
+from tests.support.polling import until
+
+
+def is_watch(request: web.Request) -> bool:
+    return request.query.get("watch") == "true"
+
+
+async def test_requests_after_stop_accepting_get_503_retry_after_except_health_paths() -> None:
+    in_flight = InFlight()
+    served: list[str] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        served.append(request.path)
+        return web.Response(text="ok")
+
+    handle = in_flight.wrap(handler, is_long_running=is_watch)
+    assert (await handle(make_mocked_request("GET", "/apis"))).status == 200
+    in_flight.stop_accepting()
+    for path in ("/apis/g/v/things", "/apis/g/v/things?watch=true"):
+        refused = await handle(make_mocked_request("GET", path))
+        assert isinstance(refused, web.Response)
+        assert refused.status == 503
+        assert refused.headers["Retry-After"] == "1"
+        assert not refused.keep_alive
+        assert refused.body is not None
+        body = json.loads(bytes(refused.body))  # type: ignore[arg-type]
+        assert (body["reason"], body["message"]) == ("ServiceUnavailable", "apiserver is shutting down")
+    # Probes and scrapes are still answered (with_retry_after.go's exempt prefixes).
+    for path in ("/readyz", "/livez", "/healthz/ping", "/metrics"):
+        assert (await handle(make_mocked_request("GET", path))).status == 200
+    assert served == ["/apis", "/readyz", "/livez", "/healthz/ping", "/metrics"]
+
+
+async def test_drain_waits_for_ordinary_requests_up_to_its_bound() -> None:
+    in_flight = InFlight()
+    release = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(text="done")
+
+    handle = in_flight.wrap(slow, is_long_running=is_watch)
+    first = asyncio.ensure_future(handle(make_mocked_request("GET", "/apis/g/v/things")))
+    await until(lambda: in_flight.ordinary == 1)
+    in_flight.stop_accepting()
+    assert await in_flight.drain(0.05) == 1  # still running when the bound is over
+    draining = asyncio.ensure_future(in_flight.drain(30))
+    release.set()
+    assert await draining == 0
+    assert (await first).status == 200
+
+
+async def test_end_long_running_interrupts_only_the_marked_streams() -> None:
+    in_flight = InFlight()
+    endings: dict[str, bool] = {}
+    never = asyncio.Event()
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        async with in_flight.ending(request) as ending:
+            await never.wait()
+        endings[request.path_qs] = ending.ended
+        return web.Response(text="ended")
+
+    handle = in_flight.wrap(stream, is_long_running=is_watch)
+    watches = [
+        asyncio.ensure_future(handle(make_mocked_request("GET", f"/apis/g/v/things?watch=true&n={n}")))
+        for n in range(3)
+    ]
+    ordinary = asyncio.ensure_future(handle(make_mocked_request("GET", "/apis/g/v/things")))
+    await until(lambda: in_flight.long_running == 3 and in_flight.ordinary == 1)
+
+    in_flight.stop_accepting()
+    assert await in_flight.end_long_running(10) == 0
+    assert all(endings[f"/apis/g/v/things?watch=true&n={n}"] for n in range(3))
+    assert [w.result().status for w in watches] == [200, 200, 200]
+    # An ordinary request is drained, never interrupted.
+    assert not ordinary.done()
+    never.set()
+    assert (await ordinary).status == 200 and endings["/apis/g/v/things"] is False
+
+
+async def test_a_stream_reached_after_the_end_began_ends_at_once() -> None:
+    in_flight = InFlight()
+    assert await in_flight.end_long_running(0) == 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(10), in_flight.ending() as ending:  # a tunnel still being dialed
+            await asyncio.Event().wait()
+    assert ending.ended

@@ -300,13 +300,14 @@ async def test_shut_down_drains_a_request_in_flight_and_closes_idle_connections(
 def test_sigint_stops_cleanly_and_a_second_signal_during_the_delay_exits_1(
     pki: PKI, apiservices_dir: Path, tmp_path: Path
 ) -> None:
-    for signals, delay, expected in (
-        ([signal.SIGINT], "0s", 0),
-        ([signal.SIGTERM, signal.SIGTERM], "60s", 1),
+    for signals, delay, expected, workers in (
+        ([signal.SIGINT], "0s", 0, "1"),
+        ([signal.SIGTERM, signal.SIGTERM], "60s", 1, "1"),
+        ([signal.SIGTERM, signal.SIGTERM], "60s", 1, "2"),
     ):
-        port, log_path = free_port(), tmp_path / f"serve-{expected}.log"
+        port, log_path = free_port(), tmp_path / f"serve-{expected}-{workers}.log"
         proc = gateway_process(
-            pki, apiservices_dir, port, log_path, f"--shutdown-delay-duration={delay}", "--workers=1"
+            pki, apiservices_dir, port, log_path, f"--shutdown-delay-duration={delay}", f"--workers={workers}"
         )
         try:
             wait_for_port(proc, port, log_path)

@@ -32,7 +32,7 @@ from aggregator.config import ConfigError, Options
 from aggregator.server import serving_certificate, shutdown_bound
 from aggregator.util.backoff import exponential_delay
 from aggregator.util.logs import fields
-from aggregator.util.runtime import new_event_loop, wait_for_termination
+from aggregator.util.runtime import TerminationSignals, new_event_loop
 from aggregator.util.tasks import TaskSet
 from aggregator.web.certexpiry import SERVING
 from aggregator.workers.channel import Channel
@@ -184,6 +184,13 @@ class Supervisor:
 
         return on
 
+    def kill_workers(self) -> None:
+        """A second signal: no more draining."""
+        for worker in self.workers:
+            if worker.process is not None and worker.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.kill()
+
     async def stop(self) -> None:
         """Every worker drains (their own shutdown sequence), then the control stops."""
         self.stopping = True
@@ -219,18 +226,33 @@ async def supervise(options: Options, count: int) -> int:
     serving.start()
     supervisor = Supervisor(options, count, control)
     # Signals are caught from here on: a SIGTERM during start-up stops the group once it started.
-    stop = asyncio.create_task(wait_for_termination(), name="signals")
+    signals = TerminationSignals()
+    stop = asyncio.create_task(signals.first(), name="signals")
     await asyncio.sleep(0)
     try:
         await supervisor.start()
     except BaseException:
         stop.cancel()
+        signals.close()
         await supervisor.stop()
         await serving.stop()
         raise
-    await stop
-    log.info("shutting down", extra=fields(workers=count))
-    await supervisor.stop()
+    received = await stop
+    log.info("shutting down", extra=fields(workers=count, signal=received))
+    stopping = asyncio.ensure_future(supervisor.stop())
+    second = asyncio.ensure_future(signals.second())
+    try:
+        await asyncio.wait({stopping, second}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        signals.close()
+    if not stopping.done():
+        # component-base's SetupSignalContext: a second signal exits at once, with 1
+        log.warning("second signal received, exiting without finishing the shutdown")
+        supervisor.kill_workers()
+        stopping.cancel()
+        return 1
+    second.cancel()
+    stopping.result()
     await serving.stop()
     return 0
 

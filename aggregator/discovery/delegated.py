@@ -54,7 +54,7 @@ from aggregator.model.apiservice import API_VERSION as REGISTRATION_GROUP_VERSIO
 from aggregator.model.apiservice import APIService
 from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.util.logs import fields
-from aggregator.util.loops import KeyedLoops
+from aggregator.util.loops import KeyedLoops, LoopComponent
 from aggregator.wire.negotiation import DISCOVERY_KIND
 
 if TYPE_CHECKING:
@@ -251,7 +251,7 @@ def _spec_of(svc: APIService) -> tuple[object, ...]:
     )
 
 
-class DelegateDiscovery:
+class DelegateDiscovery(LoopComponent):
     """kube-apiserver's aggregated `/apis`, kept fresh; `on_change` runs when what it contributes changes."""
 
     def __init__(
@@ -295,38 +295,7 @@ class DelegateDiscovery:
         self.loops.ensure(KUBE_APISERVER)
         store.add_listener(self._on_event)
 
-    # Knobs (tests shorten them): the loop engine reads them at each scheduling decision.
-    @property
-    def refresh_interval(self) -> float:
-        return self.loops.interval
-
-    @refresh_interval.setter
-    def refresh_interval(self, value: float) -> None:
-        self.loops.interval = value
-
-    @property
-    def backoff_initial(self) -> float:
-        return self.loops.backoff_initial
-
-    @backoff_initial.setter
-    def backoff_initial(self, value: float) -> None:
-        self.loops.backoff_initial = value
-
-    @property
-    def backoff_max(self) -> float:
-        return self.loops.backoff_max
-
-    @backoff_max.setter
-    def backoff_max(self, value: float) -> None:
-        self.loops.backoff_max = value
-
-    # --- lifecycle ----------------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        self.loops.start()
-
-    async def stop(self) -> None:
-        await self.loops.stop()
+    # --- lifecycle (start and stop run the loops: LoopComponent) ---------------------------------------
 
     def ready(self) -> str | None:
         """Readiness: the first fetch has finished (like upstream's initial discovery sync, errors allowed)."""

@@ -34,7 +34,7 @@ from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import AGGREGATOR, AGGREGATOR_USER, UserInfo
 from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.util.logs import fields
-from aggregator.util.loops import KeyedLoops
+from aggregator.util.loops import KeyedLoops, LoopComponent
 from aggregator.web.metrics import Children, Metrics
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, DISCOVERY_VERSIONS
 from aggregator.wire.redirects import REDIRECT_MESSAGE, is_redirect
@@ -106,7 +106,7 @@ class FetchState:
         return entry
 
 
-class DiscoveryFetcher:
+class DiscoveryFetcher(LoopComponent):
     """One fetch loop per remote APIService on the shared loop engine; `on_change` after every fetch."""
 
     def __init__(
@@ -143,38 +143,7 @@ class DiscoveryFetcher:
         for svc in store.apiservices():
             self._track(svc)
 
-    # Knobs (tests shorten them): the loop engine reads them at each scheduling decision.
-    @property
-    def refresh_interval(self) -> float:
-        return self.loops.interval
-
-    @refresh_interval.setter
-    def refresh_interval(self, value: float) -> None:
-        self.loops.interval = value
-
-    @property
-    def backoff_initial(self) -> float:
-        return self.loops.backoff_initial
-
-    @backoff_initial.setter
-    def backoff_initial(self, value: float) -> None:
-        self.loops.backoff_initial = value
-
-    @property
-    def backoff_max(self) -> float:
-        return self.loops.backoff_max
-
-    @backoff_max.setter
-    def backoff_max(self, value: float) -> None:
-        self.loops.backoff_max = value
-
-    # --- lifecycle ----------------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        self.loops.start()
-
-    async def stop(self) -> None:
-        await self.loops.stop()
+    # --- lifecycle (start and stop run the loops: LoopComponent) ---------------------------------------
 
     @property
     def backstop(self) -> float:

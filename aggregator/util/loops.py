@@ -21,7 +21,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from aggregator.util.backoff import exponential_delay
 from aggregator.util.logs import fields
@@ -248,3 +248,40 @@ class KeyedLoops(Generic[K]):
             self._schedule(key, entry, 0.0)
         else:
             self._schedule(key, entry, self._next_delay(key, ok, entry.failures))
+
+
+class LoopComponent:
+    """A component whose background work is one `KeyedLoops`: its knobs, which tests shorten (the
+    engine reads them at each scheduling decision), and its start and stop."""
+
+    loops: KeyedLoops[Any]
+
+    @property
+    def refresh_interval(self) -> float:
+        return self.loops.interval
+
+    @refresh_interval.setter
+    def refresh_interval(self, value: float) -> None:
+        self.loops.interval = value
+
+    @property
+    def backoff_initial(self) -> float:
+        return self.loops.backoff_initial
+
+    @backoff_initial.setter
+    def backoff_initial(self, value: float) -> None:
+        self.loops.backoff_initial = value
+
+    @property
+    def backoff_max(self) -> float:
+        return self.loops.backoff_max
+
+    @backoff_max.setter
+    def backoff_max(self, value: float) -> None:
+        self.loops.backoff_max = value
+
+    async def start(self) -> None:
+        self.loops.start()
+
+    async def stop(self) -> None:
+        await self.loops.stop()

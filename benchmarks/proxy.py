@@ -22,7 +22,6 @@ rest to the others with taskset. On a small machine the figures are ratios, not 
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import os
 import shutil
@@ -45,6 +44,7 @@ from wrkbench import (
     free_port,
     gateway_process,
     pinning,
+    registration,
     rss_bytes,
     run_wrk,
     wait_for_http,
@@ -204,42 +204,6 @@ def worker_pid(master: subprocess.Popen[bytes]) -> int:
     raise RuntimeError("nginx started no worker")
 
 
-def registration(backend_port: int, ca_pem: bytes) -> list[dict[str, object]]:
-    return [
-        {
-            "apiVersion": "apiregistration.k8s.io/v1",
-            "kind": "APIService",
-            "metadata": {"name": f"{VERSION}.{GROUP}"},
-            "spec": {
-                "group": GROUP,
-                "version": VERSION,
-                "service": {"namespace": "bench", "name": "backend", "port": backend_port},
-                "caBundle": base64.b64encode(ca_pem).decode(),
-                "groupPriorityMinimum": 1000,
-                "versionPriority": 15,
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"namespace": "bench", "name": "backend"},
-            "spec": {"clusterIP": "127.0.0.1", "ports": [{"name": "https", "port": backend_port}]},
-        },
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "namespace": "bench",
-                "name": "backend-1",
-                "labels": {"kubernetes.io/service-name": "backend"},
-            },
-            "addressType": "IPv4",
-            "ports": [{"name": "https", "port": backend_port}],
-            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
-        },
-    ]
-
-
 @dataclass(frozen=True)
 class Measured:
     wrk: WrkResult
@@ -276,7 +240,7 @@ def main() -> int:
         ports = Ports(*(free_port() for _ in range(6)))
         folder = work / "apiservices"
         folder.mkdir()
-        (folder / "bench.yaml").write_text(yaml.safe_dump_all(registration(ports.backend, backend_ca.cert_pem)))
+        (folder / "bench.yaml").write_text(yaml.safe_dump_all(registration(GROUP, VERSION, "backend", ports.backend, backend_ca.cert_pem)))
         pki = work / "pki"
         gateway_args = [
             "--client-ca-file", str(pki / "client-ca.crt"),

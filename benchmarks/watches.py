@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
 import ssl
@@ -36,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp
 import yaml
-from wrkbench import free_port, gateway_process, rss_bytes
+from wrkbench import free_port, gateway_process, registration, rss_bytes
 
 from aggregator.commands.certs import init_pki, issue_serving_cert, new_ca, write_pair
 
@@ -87,42 +86,6 @@ BACKEND = textwrap.dedent(
                 access_log=None, backlog=4096)
     """
 )
-
-
-def manifests(port: int, ca_pem: bytes) -> list[dict[str, object]]:
-    return [
-        {
-            "apiVersion": "apiregistration.k8s.io/v1",
-            "kind": "APIService",
-            "metadata": {"name": f"{VERSION}.{GROUP}"},
-            "spec": {
-                "group": GROUP,
-                "version": VERSION,
-                "service": {"namespace": "bench", "name": "watcher", "port": port},
-                "caBundle": base64.b64encode(ca_pem).decode(),
-                "groupPriorityMinimum": 1000,
-                "versionPriority": 15,
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"namespace": "bench", "name": "watcher"},
-            "spec": {"clusterIP": "127.0.0.1", "ports": [{"name": "https", "port": port}]},
-        },
-        {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "namespace": "bench",
-                "name": "watcher-1",
-                "labels": {"kubernetes.io/service-name": "watcher"},
-            },
-            "addressType": "IPv4",
-            "ports": [{"name": "https", "port": port}],
-            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
-        },
-    ]
 
 
 def client_context(pki: Path) -> ssl.SSLContext:
@@ -233,7 +196,7 @@ def main() -> int:
         backend_port = free_port()
         folder = work / "apiservices"
         folder.mkdir()
-        (folder / "watcher.yaml").write_text(yaml.safe_dump_all(manifests(backend_port, ca.cert_pem)))
+        (folder / "watcher.yaml").write_text(yaml.safe_dump_all(registration(GROUP, VERSION, "watcher", backend_port, ca.cert_pem)))
         (work / "backend.py").write_text(BACKEND)
         backend = subprocess.Popen(
             [sys.executable, str(work / "backend.py"), str(backend_port), str(work), GROUP, VERSION]

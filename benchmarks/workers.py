@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
-from proxy import DOCUMENT, PATH, Ports, backend_conf, front_conf, nginx, registration
+from proxy import DOCUMENT, GROUP, PATH, VERSION, Ports, backend_conf, front_conf, nginx
 from scale import Client, available_count, write_folder
 from scale import nginx as scale_nginx
-from wrkbench import WrkResult, cpu_seconds, free_port, gateway_process, run_wrk, wait_for_http
+from wrkbench import WrkResult, cpu_seconds, free_port, gateway_process, registration, run_wrk, wait_for_http
 
 from aggregator.commands.certs import init_pki, issue_serving_cert, new_ca, write_pair
 
@@ -99,7 +99,7 @@ def throughput(
         folder = work / "apiservices"
         folder.mkdir()
         (folder / "bench.yaml").write_text(
-            yaml.safe_dump_all(registration(ports.backend, backend_ca.cert_pem))
+            yaml.safe_dump_all(registration(GROUP, VERSION, "backend", ports.backend, backend_ca.cert_pem))
         )
         pki = work / "pki"
         args = [

@@ -6,6 +6,7 @@ the same run and prints the ratio.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import re
@@ -184,3 +185,40 @@ def gateway_process(
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def registration(group: str, version: str, service: str, port: int, ca_pem: bytes) -> list[dict[str, object]]:
+    """One APIService with its Service and a ready EndpointSlice on 127.0.0.1:`port` (namespace bench)."""
+    return [
+        {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": f"{version}.{group}"},
+            "spec": {
+                "group": group,
+                "version": version,
+                "service": {"namespace": "bench", "name": service, "port": port},
+                "caBundle": base64.b64encode(ca_pem).decode(),
+                "groupPriorityMinimum": 1000,
+                "versionPriority": 15,
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"namespace": "bench", "name": service},
+            "spec": {"clusterIP": "127.0.0.1", "ports": [{"name": "https", "port": port}]},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "namespace": "bench",
+                "name": f"{service}-1",
+                "labels": {"kubernetes.io/service-name": service},
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "https", "port": port}],
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+        },
+    ]

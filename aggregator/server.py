@@ -19,7 +19,6 @@ from aiohttp import web
 
 from aggregator import __version__
 from aggregator.assembly import Gateway, WorkerGateway, build_gateway
-from aggregator.auth.requestinfo import RequestInfoError, request_info
 from aggregator.config import ConfigError, Options, tls_policy
 from aggregator.proxy.upgrade import is_upgrade_request
 from aggregator.tls.pem import PEMError
@@ -28,7 +27,7 @@ from aggregator.util._aiohttp import GatewayRequest, TimedServer, TimedSite, clo
 from aggregator.util.logs import fields
 from aggregator.util.runtime import TerminationSignals, new_event_loop
 from aggregator.web.certexpiry import SERVING
-from aggregator.web.requestlabels import is_long_running
+from aggregator.web.lifecycle import long_running
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +46,7 @@ CLOSE_TIMEOUT = 1.0
 
 def _long_running(request: web.Request) -> bool:
     """An upgrade, or what kube-apiserver's `BasicLongRunningRequestCheck` calls long-running."""
-    if is_upgrade_request(request.headers):
-        return True
-    try:
-        return is_long_running(request_info(request))
-    except RequestInfoError:
-        return False
+    return is_upgrade_request(request.headers) or long_running(request)
 
 
 def _serving_hosts(options: Options) -> list[str]:

@@ -29,7 +29,7 @@ from aiohttp.test_utils import make_mocked_request
 from wrkbench import WrkResult, parse_wrk
 
 from aggregator.auth.authz import Authorizer
-from aggregator.auth.requestinfo import REQUEST_INFO
+from aggregator.web.requestinfo import REQUEST_INFO
 from aggregator.config import Options
 from aggregator.server import GatewayServer
 from aggregator.web.context import set_user

@@ -33,8 +33,8 @@ from aggregator.audit.event import (
 )
 from aggregator.audit.policy import Level, Policy, Stage
 from aggregator.audit.sinks import utc_now
-from aggregator.auth.requestinfo import RequestInfo
 from aggregator.model.userinfo import UserInfo
+from aggregator.web.requestinfo import RequestInfo
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from typing import Any
 from aiohttp import web
 
 from aggregator.auth.cache import MISSING, CoalescingCache
-from aggregator.auth.requestinfo import RequestInfo, RequestInfoError, request_info
 from aggregator.auth.webhook import ReviewFailed, WebhookClient
 from aggregator.model.fielderrors import go_quote
 from aggregator.model.selectors import (
@@ -46,6 +45,7 @@ from aggregator.model.userinfo import UserInfo
 from aggregator.util.logs import fields
 from aggregator.web.context import get_user, set_authorization
 from aggregator.web.metrics import Metrics
+from aggregator.web.requestinfo import RequestInfo, RequestInfoError, request_info
 from aggregator.web.responses import status_response
 from aggregator.web.routing import Route, RouteKind
 

@@ -36,14 +36,14 @@ from typing import Protocol
 from aiohttp import web
 
 from aggregator.auth.authz import Authorizer, Decision, Verdict, forbidden, internal_error
-from aggregator.auth.gourl import EscapeError, path_unescape
-from aggregator.auth.requestinfo import RequestInfo
 from aggregator.auth.webhook import ReviewFailed
 from aggregator.model.fielderrors import is_dns1123_label, is_dns1123_subdomain
 from aggregator.model.userinfo import ANONYMOUS_USER, AUTHENTICATED_GROUP, UNAUTHENTICATED_GROUP, UserInfo
 from aggregator.util.logs import fields
 from aggregator.web.context import get_user, set_requester, set_user
+from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.routing import Route, RouteKind
+from aggregator.wire.gourl import EscapeError, path_unescape
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from aiohttp import web
 
 from aggregator.audit.body import BodyCapture
 from aggregator.audit.recorder import AUDIT_ID_RESPONSE_HEADER, Auditor, AuditRequest, audit_id
-from aggregator.auth.requestinfo import RequestInfoError, request_info
 from aggregator.web.context import get_authorization, get_requester, get_user
 from aggregator.web.lifecycle import get_state
+from aggregator.web.requestinfo import RequestInfoError, request_info
 from aggregator.web.responses import STATUS
 from aggregator.web.routing import Route
 

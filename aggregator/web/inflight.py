@@ -20,11 +20,11 @@ import time
 
 from aiohttp import web
 
-from aggregator.auth.requestinfo import RequestInfoError, request_info
 from aggregator.model.userinfo import MASTERS_GROUP
 from aggregator.util.logs import fields
 from aggregator.web.context import get_user
 from aggregator.web.lifecycle import get_state
+from aggregator.web.requestinfo import RequestInfoError, request_info
 from aggregator.web.requestlabels import MUTATING_KIND, READ_ONLY_KIND, request_kind
 from aggregator.web.requestmetrics import APISERVER, MonitoredRequest, RequestMetrics
 from aggregator.web.routing import Route

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from aggregator.auth.requestinfo import RequestInfoError, request_info
 from aggregator.util._aiohttp import ON_RESPONSE_HEAD
+from aggregator.web.requestinfo import RequestInfoError, request_info
 from aggregator.web.requestlabels import is_long_running
 
 # (request, status code, the response whose head goes out; None for a head written raw, a 101)

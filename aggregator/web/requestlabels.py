@@ -9,8 +9,8 @@ must be upstream's values, quirks included. Ported from k8s.io/apiserver
 
 from __future__ import annotations
 
-from aggregator.auth.gourl import parse_query
-from aggregator.auth.requestinfo import RequestInfo
+from aggregator.web.requestinfo import RequestInfo
+from aggregator.wire.gourl import parse_query
 
 OTHER = "other"
 WATCH = "WATCH"

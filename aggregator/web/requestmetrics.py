@@ -42,7 +42,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from aggregator.auth.requestinfo import RequestInfo, request_info
+from aggregator.web.requestinfo import RequestInfo, request_info
 from aggregator.web.requestlabels import (
     MUTATING_KIND,
     READ_ONLY_KIND,

@@ -33,13 +33,13 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from aggregator.auth.gourl import parse_query
-from aggregator.auth.requestinfo import RequestInfoError, request_info
 from aggregator.util.durations import parse_go_duration
 from aggregator.util.logs import fields
 from aggregator.web.lifecycle import RequestState
+from aggregator.web.requestinfo import RequestInfoError, request_info
 from aggregator.web.requestmetrics import APISERVER, MonitoredRequest, RequestMetrics
 from aggregator.web.responses import status_response
+from aggregator.wire.gourl import parse_query
 
 log = logging.getLogger(__name__)
 

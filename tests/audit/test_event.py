@@ -19,8 +19,8 @@ from aggregator.audit.event import (
     truncate_user_agent,
 )
 from aggregator.audit.policy import Level, Stage
-from aggregator.auth.requestinfo import request_info
 from aggregator.model.userinfo import UserInfo
+from aggregator.web.requestinfo import request_info
 from tests.audit.support import T0, Clock, auditor, mocked_request, policy_for
 
 # Two events kube-apiserver wrote for one watch of an aggregated API (build.openshift.io is served

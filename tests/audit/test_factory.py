@@ -15,11 +15,11 @@ import pytest
 
 from aggregator.audit.factory import build_auditor
 from aggregator.audit.sinks import AppendFile, RotatingFile, StdoutSink
-from aggregator.auth.requestinfo import request_info
 from aggregator.commands.cli import build_parser
 from aggregator.config import ConfigError, Options, options_from_args, validate
 from aggregator.model.userinfo import UserInfo
 from aggregator.web.metrics import Metrics
+from aggregator.web.requestinfo import request_info
 from tests.audit.support import mocked_request, policy_for
 
 

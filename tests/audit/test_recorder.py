@@ -17,10 +17,10 @@ from aggregator.audit.policy import parse_policy
 from aggregator.audit.recorder import Auditor, AuditRequest, echo_audit_id, is_long_running
 from aggregator.audit.sinks import RotatingFile
 from aggregator.audit.writer import BufferedWriter
-from aggregator.auth.requestinfo import RequestInfo, request_info
 from aggregator.model.status import status_body
 from aggregator.model.userinfo import UserInfo
 from aggregator.web.metrics import Metrics
+from aggregator.web.requestinfo import RequestInfo, request_info
 from aggregator.web.responses import status_response
 from tests.audit.support import ListWriter, mocked_request, policy_for
 from tests.audit.support import auditor as make_auditor

@@ -12,9 +12,9 @@ from aggregator.audit.event import Event
 from aggregator.audit.policy import Level, Stage, parse_policy
 from aggregator.audit.recorder import Auditor
 from aggregator.audit.writer import BufferedWriter
-from aggregator.auth.requestinfo import request_info
 from aggregator.model.userinfo import UserInfo
 from aggregator.web.metrics import Metrics
+from aggregator.web.requestinfo import request_info
 from tests.audit.support import T0, mocked_request, policy_for
 
 

@@ -23,7 +23,6 @@ from aggregator.auth.authz import (
     spec_key,
     verdict_from_status,
 )
-from aggregator.auth.requestinfo import RequestInfo, new_request_info
 from aggregator.auth.webhook import Backoff, ReviewFailed, WebhookClient
 from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
@@ -31,6 +30,7 @@ from aggregator.kube.client import KubeResponse, KubeUnreachable
 from aggregator.model.userinfo import UserInfo
 from aggregator.web.context import set_user
 from aggregator.web.metrics import Metrics
+from aggregator.web.requestinfo import RequestInfo, new_request_info
 from aggregator.web.routing import Route, RouteKind
 
 ALICE = UserInfo("alice", "u1", ("devs", "system:authenticated"), {"scopes": ("b", "a"), "aa": ("x",)})
@@ -39,7 +39,7 @@ Step = KubeResponse | BaseException
 
 def info(method: str, url: str) -> RequestInfo:
     path, _, query = url.partition("?")
-    from aggregator.auth.gourl import parse_query
+    from aggregator.wire.gourl import parse_query
 
     return new_request_info(method, path, parse_query(query))
 

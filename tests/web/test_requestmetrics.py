@@ -13,8 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from aggregator.auth.gourl import parse_query
-from aggregator.auth.requestinfo import RequestInfo, new_request_info
+from aggregator.web.requestinfo import RequestInfo, new_request_info
 from aggregator.web.requestlabels import (
     clean_dry_run,
     clean_scope,
@@ -23,6 +22,7 @@ from aggregator.web.requestlabels import (
     request_kind,
 )
 from aggregator.web.requestmetrics import AGGREGATOR, APISERVER, MonitoredRequest, RequestMetrics
+from aggregator.wire.gourl import parse_query
 
 # --- metrics_test.go TestCleanVerb -------------------------------------------------------------------
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from aggregator.auth.gourl import EscapeError, parse_query, path_unescape
 from aggregator.model.selectors import (
     SelectorError,
     exact_match,
@@ -25,6 +24,7 @@ from aggregator.model.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
+from aggregator.wire.gourl import EscapeError, parse_query, path_unescape
 
 log = logging.getLogger(__name__)
 

@@ -77,7 +77,6 @@ class APIRegistration:
         self._resources = Rendered.of(RESOURCE_LIST)
         for svc in store.apiservices():
             self._identify(svc)
-        store.add_listener(self._on_event)
 
     def install(self, router: Router) -> None:
         router.add_exact(f"/apis/{GROUP}", Route(self.serve_group, RouteKind.OWN, "apiregistration"))
@@ -96,7 +95,7 @@ class APIRegistration:
             self._identities[svc.name] = identity
         return identity
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         if event.kind is not Kind.APISERVICE:
             return
         assert isinstance(event.obj, APIService)

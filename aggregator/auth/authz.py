@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +43,11 @@ from aggregator.model.selectors import (
 from aggregator.model.status import forbidden_details, forbidden_message
 from aggregator.model.userinfo import UserInfo
 from aggregator.util.logs import fields
-from aggregator.web.context import get_user, set_authorization
+from aggregator.web.context import RequestContext
 from aggregator.web.metrics import Metrics
-from aggregator.web.requestinfo import RequestInfo, RequestInfoError, request_info
-from aggregator.web.responses import status_response
-from aggregator.web.routing import Route, RouteKind
+from aggregator.web.requestinfo import RequestInfo
+from aggregator.web.responses import Asker, status_response
+from aggregator.web.routing import RouteKind
 
 log = logging.getLogger(__name__)
 
@@ -302,12 +302,12 @@ class AlwaysAllowPaths:
         return path in self.exact or any(path.startswith(p) for p in self.prefixes)
 
 
-def internal_error(request: web.Request, err: str) -> web.Response:
+def internal_error(ctx: RequestContext, err: str) -> web.Response:
     """`responsewriters.InternalError`'s text, as a Status (every gateway error is a Status)."""
-    return status_response(request, 500, f"Internal Server Error: {go_quote(request.raw_path)}: {err}")
+    return status_response(ctx, 500, f"Internal Server Error: {go_quote(ctx.target)}: {err}")
 
 
-def forbidden(request: web.Request, user: UserInfo, info: RequestInfo, reason: str) -> web.Response:
+def forbidden(request: Asker, user: UserInfo, info: RequestInfo, reason: str) -> web.Response:
     if info.is_resource_request:
         message = forbidden_message(
             user.name,
@@ -364,39 +364,47 @@ class Authorizer:
             spec_key(user, info), cache=attribute_bytes(info) < MAX_CACHED_ATTRIBUTE_BYTES
         )
 
-    async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
-        if route.kind is RouteKind.DELEGATE:
+    def gate(self, ctx: RequestContext) -> web.StreamResponse | Awaitable[web.StreamResponse | None] | None:
+        """Allowed or refused without an await when nothing needs a review (a cache hit)."""
+        if ctx.route.kind is RouteKind.DELEGATE:
             return None  # kube-apiserver authorizes what it serves
-        user = get_user(request)
+        user = ctx.user
         if user is None:
-            return internal_error(request, "no user found for request")
+            return internal_error(ctx, "no user found for request")
         if (self.reviewer is None and self.allow_all) or not self.always_allow_groups.isdisjoint(user.groups):
-            # Allowed whatever the request is: no RequestInfo to build (the hot path of
-            # system:masters callers and of local mode without a kubeconfig).
-            set_authorization(request, True, "")
+            # Allowed whatever the request is (the hot path of system:masters callers and of
+            # local mode without a kubeconfig).
+            ctx.authorization = (True, "")
             return None
-        try:
-            info = request_info(request)
-        except RequestInfoError as err:
-            return internal_error(request, f"failed to create RequestInfo: {err}")
+        info = ctx.info
+        if info is None:
+            return internal_error(ctx, f"failed to create RequestInfo: {ctx.info_error}")
         verdict = self.decide_now(user, info)
         if verdict is None:
-            try:
-                verdict = await self.review(user, info)
-            except ReviewFailed as err:
-                log.error(
-                    "Failed to make webhook authorizer request",
-                    extra=fields(method=request.method, path=request.path, reason=str(err)),
-                )
-                return internal_error(request, str(err))
+            return self._reviewed(ctx, user, info)
+        return self._apply(ctx, user, info, verdict)
+
+    async def _reviewed(self, ctx: RequestContext, user: UserInfo, info: RequestInfo) -> web.StreamResponse | None:
+        try:
+            verdict = await self.review(user, info)
+        except ReviewFailed as err:
+            log.error(
+                "Failed to make webhook authorizer request",
+                extra=fields(method=ctx.method, path=ctx.path, reason=str(err)),
+            )
+            return internal_error(ctx, str(err))
+        return self._apply(ctx, user, info, verdict)
+
+    @staticmethod
+    def _apply(ctx: RequestContext, user: UserInfo, info: RequestInfo, verdict: Verdict) -> web.StreamResponse | None:
         if verdict.decision is Decision.ALLOW:
-            set_authorization(request, True, verdict.reason)
+            ctx.authorization = (True, verdict.reason)
             return None
         if verdict.error:
-            return internal_error(request, verdict.error)
-        set_authorization(request, False, verdict.reason)
+            return internal_error(ctx, verdict.error)
+        ctx.authorization = (False, verdict.reason)
         log.debug(
             "Forbidden",
-            extra=fields(method=request.method, path=request.path, user=user.name, reason=verdict.reason),
+            extra=fields(method=ctx.method, path=ctx.path, user=user.name, reason=verdict.reason),
         )
-        return forbidden(request, user, info, verdict.reason)
+        return forbidden(ctx, user, info, verdict.reason)

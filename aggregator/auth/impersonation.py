@@ -17,7 +17,7 @@ authorization on every path, aggregated ones included:
 - The request then runs as the impersonated user, and nothing else: its groups are the
   impersonated ones (a service account's own groups when none are given), plus
   system:authenticated (or system:unauthenticated for system:anonymous) unless already there.
-  The caller is kept under a second key for audit (`get_requester`).
+  The caller is kept for the audit (`RequestContext.requester`).
 
 Upstream then deletes the headers; aiohttp's are read-only, so the proxy's header rules
 (`IdentityHeaderPolicy`) drop every `Impersonate-*` header on the way to a backend instead.
@@ -29,7 +29,7 @@ impersonated user in its audit log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,9 +40,9 @@ from aggregator.auth.webhook import ReviewFailed
 from aggregator.model.fielderrors import is_dns1123_label, is_dns1123_subdomain
 from aggregator.model.userinfo import ANONYMOUS_USER, AUTHENTICATED_GROUP, UNAUTHENTICATED_GROUP, UserInfo
 from aggregator.util.logs import fields
-from aggregator.web.context import get_user, set_requester, set_user
+from aggregator.web.context import RequestContext
 from aggregator.web.requestinfo import RequestInfo
-from aggregator.web.routing import Route, RouteKind
+from aggregator.web.routing import RouteKind
 from aggregator.wire.gourl import EscapeError, path_unescape
 
 log = logging.getLogger(__name__)
@@ -239,55 +239,58 @@ class Impersonator:
     def __init__(self, decider: AccessDecider) -> None:
         self.decider = decider
 
-    async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
-        if route.kind is RouteKind.DELEGATE:
+    def gate(self, ctx: RequestContext) -> web.StreamResponse | Awaitable[web.StreamResponse | None] | None:
+        if ctx.route.kind is RouteKind.DELEGATE:
             return None  # kube-apiserver applies the headers to what it serves
         try:
-            wanted = requested(request.headers.items())
+            wanted = requested(ctx.headers.items())
         except ImpersonationError as err:
-            return internal_error(request, str(err))
+            return internal_error(ctx, str(err))
         if wanted is None:
             return None
-        requester = get_user(request)
+        return self._impersonate(ctx, wanted)
+
+    async def _impersonate(self, ctx: RequestContext, wanted: Impersonation) -> web.StreamResponse | None:
+        requester = ctx.user
         if requester is None:
-            return internal_error(request, "no user found for request")
+            return internal_error(ctx, "no user found for request")
         for info in wanted.checks():
             verdict = self.decider.decide_now(requester, info)
             if verdict is None:
-                verdict = await self._review(request, requester, info)
+                verdict = await self._review(ctx, requester, info)
             if verdict.decision is not Decision.ALLOW:
                 log.debug(
                     "Forbidden",
                     extra=fields(
-                        method=request.method,
-                        path=request.path,
+                        method=ctx.method,
+                        path=ctx.path,
                         user=requester.name,
                         impersonate=f"{info.resource}/{info.name}",
                         reason=verdict.reason or verdict.error,
                     ),
                 )
-                return forbidden(request, requester, info, verdict.reason)
+                return forbidden(ctx, requester, info, verdict.reason)
         user = wanted.user()
-        set_requester(request, requester)
-        set_user(request, user)
+        ctx.requester = requester
+        ctx.user = user
         log.debug(
             "impersonating",
             extra=fields(
-                method=request.method,
-                path=request.path,
+                method=ctx.method,
+                path=ctx.path,
                 requester=user_string(requester),
                 user=user_string(user),
             ),
         )
         return None
 
-    async def _review(self, request: web.Request, requester: UserInfo, info: RequestInfo) -> Verdict:
+    async def _review(self, ctx: RequestContext, requester: UserInfo, info: RequestInfo) -> Verdict:
         try:
             return await self.decider.review(requester, info)
         except ReviewFailed as err:
             log.error(
                 "Failed to make webhook authorizer request",
-                extra=fields(method=request.method, path=request.path, reason=str(err)),
+                extra=fields(method=ctx.method, path=ctx.path, reason=str(err)),
             )
             # The webhook's `decisionOnError` with an empty reason: a plain 403.
             return Verdict(Decision.NO_OPINION, error=str(err))

@@ -122,7 +122,6 @@ class AvailabilityChecker:
         self._awaiting: set[str] | None = None
         self._first_round_deadline = 0.0
         self._first_round_done = False
-        store.add_listener(self._on_event)
 
     # Knobs (tests shorten them): the loop engine reads them at each scheduling decision.
     @property
@@ -258,7 +257,7 @@ class AvailabilityChecker:
 
     # --- store events ------------------------------------------------------------------------------
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         obj = event.obj
         if isinstance(obj, APIService):
             if event.type == DELETED:

@@ -139,7 +139,6 @@ class DiscoveryFetcher(LoopComponent):
             backoff_max=backoff_max,
             concurrency=concurrency,
         )
-        store.add_listener(self._on_event)
         for svc in store.apiservices():
             self._track(svc)
 
@@ -154,7 +153,7 @@ class DiscoveryFetcher(LoopComponent):
 
     # --- store events -------------------------------------------------------------------------------
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         if event.kind is Kind.APISERVICE:
             assert isinstance(event.obj, APIService)
             if event.type == DELETED:

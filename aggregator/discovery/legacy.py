@@ -84,11 +84,10 @@ class LegacyDiscovery:
         self._render = Throttled(self._render_group_list, interval=interval, name="legacy-discovery")
         for svc in store.apiservices():
             self._add(svc)
-        store.add_listener(self._on_event)
 
     # --- keeping up with the store --------------------------------------------------------------
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         if event.kind is not Kind.APISERVICE or event.status_only:
             return
         old, new = event.old, event.obj

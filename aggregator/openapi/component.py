@@ -280,7 +280,6 @@ class OpenAPIAggregation:
         self._remote_keys: frozenset[str] = frozenset()
         self._started = False
         self._publish_v3()
-        self.store.add_listener(self._on_event)
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -321,7 +320,7 @@ class OpenAPIAggregation:
         elif self._v3_pending:
             self._publish_v3()
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         if not self._started:
             return
         if event.kind is Kind.APISERVICE:

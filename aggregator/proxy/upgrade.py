@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -44,11 +45,10 @@ from aggregator.proxy.destination import Destination
 from aggregator.util._aiohttp import StreamReader, drain, take_over_connection
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
-from aggregator.web.lifecycle import raw_head_sent
+from aggregator.web.context import RequestContext
 from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
-from aggregator.web.routing import Route
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,9 @@ _HIGH_WATER = 1 << 20
 _CHUNK = 1 << 16
 
 
-def is_upgrade_request(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> bool:
-    """Upstream's `IsUpgradeRequest`: some `Connection` header mentions `upgrade`."""
-    return any("upgrade" in value.lower() for value in headers.getall("Connection", ()))
-
-
-def upgrade_refusal(request: web.Request) -> str | None:
+def upgrade_refusal(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> str | None:
     """Why this upgrade is not tunnelled (a 400), or None when the protocol is acceptable."""
-    protocols = [p.strip() for v in request.headers.getall("Upgrade", ()) for p in v.split(",") if p.strip()]
+    protocols = [p.strip() for v in headers.getall("Upgrade", ()) for p in v.split(",") if p.strip()]
     if not protocols:
         return "the request asks for a protocol upgrade but names no protocol in Upgrade"
     for protocol in protocols:
@@ -78,17 +73,17 @@ def upgrade_refusal(request: web.Request) -> str | None:
     return None
 
 
-def upgrade_gate(metrics: Metrics) -> Any:
+def upgrade_gate(metrics: Metrics) -> Callable[[RequestContext], web.StreamResponse | None]:
     """A pipeline gate: upgrade requests on routes that never serve them get a 400 (k/k#72113)."""
 
-    async def refuse_upgrades(request: web.Request, route: Route) -> web.StreamResponse | None:
-        if route.upgradable or not is_upgrade_request(request.headers):
+    def refuse_upgrades(ctx: RequestContext) -> web.StreamResponse | None:
+        if not ctx.upgrade or ctx.route.upgradable:
             return None
         metrics.upgrade_rejected.labels("path").inc()
         response = status_response(
-            request,
+            ctx,
             400,
-            f'upgrade requests are not allowed on path "{request.path}": only resource paths of '
+            f'upgrade requests are not allowed on path "{ctx.path}": only resource paths of '
             "aggregated APIs tunnel upgrades",
         )
         response.force_close()
@@ -192,16 +187,17 @@ class UpgradeTunnel:
         # Ends open tunnels on shutdown (web/longrunning.py).
         self.in_flight = in_flight or InFlight()
 
-    async def serve(self, request: web.Request, dest: Destination, user: UserInfo) -> web.StreamResponse:
+    async def serve(self, ctx: RequestContext, dest: Destination, user: UserInfo) -> web.StreamResponse:
+        request = ctx.request
         name = dest.name
         backend = dest.backend
-        protocol = request.headers.get("Upgrade", "")
+        protocol = ctx.headers.get("Upgrade", "")
         headers = request_headers(
-            request.headers.items(),
+            ctx.headers.items(),
             user,
             dest.policy,
             authority=dest.authority,
-            client_ip=request.remote,
+            client_ip=ctx.remote,
             upgrade=protocol,
             impersonate=dest.impersonate,
             extra=dest.credentials,
@@ -211,9 +207,11 @@ class UpgradeTunnel:
         chunked = request.body_exists and "Content-Length" not in headers
         if chunked:
             headers["Transfer-Encoding"] = "chunked"
-        raw_path = request.raw_path if request.raw_path.startswith("/") else request.rel_url.raw_path_qs
+        raw_path = ctx.target
+        if not raw_path.startswith("/"):  # absolute-form request target
+            raw_path = ctx.raw_path + ("?" + ctx.raw_query if ctx.raw_query else "")
         target = dest.base_path + raw_path
-        head = f"{request.method} {target} HTTP/1.1\r\n" + "".join(
+        head = f"{ctx.method} {target} HTTP/1.1\r\n" + "".join(
             f"{k}: {v}\r\n" for k, v in headers.items()
         )
         loop = asyncio.get_running_loop()
@@ -223,7 +221,7 @@ class UpgradeTunnel:
                 dest.address, lambda: asyncio.StreamReaderProtocol(reader, loop=loop)
             )
         except BackendError as err:
-            return self._error(request, name, err.cause, err.hop.value)
+            return self._error(ctx, name, err.cause, err.hop.value)
         writer = asyncio.StreamWriter(transport, stream_protocol, reader, loop)
         try:
             writer.write(head.encode("latin-1") + b"\r\n")
@@ -233,8 +231,8 @@ class UpgradeTunnel:
                 response_head = await reader.readuntil(b"\r\n\r\n")
             status, reason, response_fields = _parse_head(response_head)
             if status != 101:
-                return await self._refused(request, name, status, reason, response_fields, reader)
-            return await self._splice(request, response_head, reader, writer)
+                return await self._refused(ctx, name, status, reason, response_fields, reader)
+            return await self._splice(ctx, response_head, reader, writer)
         except (
             OSError,
             TimeoutError,
@@ -248,7 +246,7 @@ class UpgradeTunnel:
             elif isinstance(err, ValueError | asyncio.LimitOverrunError):
                 cause = str(err)
             hop, cause = await backend.diagnose(hop, cause, dest.address)
-            return self._error(request, name, cause, hop.value)
+            return self._error(ctx, name, cause, hop.value)
         finally:
             writer.close()
             with contextlib.suppress(Exception):
@@ -256,7 +254,7 @@ class UpgradeTunnel:
 
     async def _refused(
         self,
-        request: web.Request,
+        ctx: RequestContext,
         name: str,
         status: int,
         reason: str,
@@ -266,10 +264,10 @@ class UpgradeTunnel:
         self.metrics.upgrade_rejected.labels("non101").inc()
         log.info(
             "backend refused a protocol upgrade",
-            extra=fields(apiservice=name, status=status, method=request.method, path=request.path),
+            extra=fields(apiservice=name, status=status, method=ctx.method, path=ctx.path),
         )
         if status < 400:
-            response = status_response(request, 503, f"invalid upgrade response: status code {status}")
+            response = status_response(ctx, 503, f"invalid upgrade response: status code {status}")
             response.force_close()
             return response
         try:
@@ -285,11 +283,12 @@ class UpgradeTunnel:
 
     async def _splice(
         self,
-        request: web.Request,
+        ctx: RequestContext,
         response_head: bytes,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> web.StreamResponse:
+        request = ctx.request
         transport = request.transport
         protocol: Any = request.protocol
         if transport is None or transport.is_closing():
@@ -298,7 +297,7 @@ class UpgradeTunnel:
         tasks = TaskSet("upgrade")
         # Take the client's bytes before it can send any: it waits for the 101 first.
         take_over_connection(request, _ClientBytes(writer, transport, client_done, tasks))
-        raw_head_sent(request, 101)  # the audit's ResponseStarted, as upstream's Hijack fakes it
+        ctx.head_going_out(101, None)  # the audit's ResponseStarted, as upstream's Hijack fakes it
         transport.write(response_head)
         pump = tasks.spawn(self._backend_to_client(reader, transport, protocol), name="backend-to-client")
         try:
@@ -323,15 +322,15 @@ class UpgradeTunnel:
                 transport.write(data)
                 await drain(protocol)
 
-    def _error(self, request: web.Request, name: str, cause: str, kind: str) -> web.Response:
+    def _error(self, ctx: RequestContext, name: str, cause: str, kind: str) -> web.Response:
         """Upstream's upgrade responder: 503 with the error itself (no `error trying to reach service`)."""
         self.metrics.backend_errors.labels(name, kind).inc()
         if self.recheck is not None and kind in (Hop.CONNECT, Hop.TLS):
             self.recheck.suspect(name)
         log.warning(
             "cannot open an upgraded connection to the backend",
-            extra=fields(apiservice=name, hop=kind, path=request.path, reason=cause),
+            extra=fields(apiservice=name, hop=kind, path=ctx.path, reason=cause),
         )
-        response = status_response(request, 503, cause)
+        response = status_response(ctx, 503, cause)
         response.force_close()
         return response

@@ -17,7 +17,6 @@ from aiohttp import web
 
 from aggregator.auth.impersonation import announce, requested, split_service_account
 from aggregator.model.userinfo import UserInfo
-from aggregator.web.context import get_requester, get_user
 from aggregator.web.routing import Route, RouteKind
 from tests.auth.conftest import GROUP_PREFIX, Reviewed, StartReviewed, add_test_routes
 from tests.conftest import StartGateway
@@ -31,6 +30,7 @@ from tests.support.backend import (
     wait_available,
     write_manifests,
 )
+from tests.support.contexts import requester_of, user_of
 from tests.support.fakereviews import Spec
 from tests.support.pki import PKI
 
@@ -80,7 +80,7 @@ def status_bytes(code: int, reason: str, message: str, details: dict[str, str] |
 
 
 async def who(request: web.Request) -> web.StreamResponse:
-    user, requester = get_user(request), get_requester(request)
+    user, requester = user_of(request), requester_of(request)
     assert user is not None
     return web.json_response(
         {

@@ -32,6 +32,7 @@ def test_suspicions_are_rate_limited_per_apiservice_and_never_lost(harness: Harn
     checker = AvailabilityChecker(
         harness.store, harness.probe, harness.metrics, MemoryStatus(), timer=lambda: loops.now
     )
+    harness.store.add_listener(checker.on_store_event)
     checker.loops = loops  # type: ignore[assignment]
 
     def suspect_at(now: float, name: str = "v1.a.example.com") -> None:

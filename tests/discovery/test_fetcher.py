@@ -20,6 +20,7 @@ from tests.support.polling import until
 def make(store: Store, fakes: FakeBackends, **options: float) -> tuple[DiscoveryFetcher, list[int]]:
     changes: list[int] = []
     fetcher = DiscoveryFetcher(store, fakes, lambda: changes.append(1), metrics=Metrics(), **options)  # type: ignore[arg-type]
+    store.add_listener(fetcher.on_store_event)  # as the composition root subscribes it
     return fetcher, changes
 
 

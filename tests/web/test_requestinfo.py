@@ -276,7 +276,7 @@ def test_upstream_cases_survive_ignored_variations(
 
 
 def _fields(info: RequestInfo) -> dict[str, object]:
-    return {name: getattr(info, name) for name in RequestInfo.__slots__}
+    return info._asdict()
 
 
 @given(

@@ -28,7 +28,7 @@ from aiohttp.streams import StreamReader
 from aggregator.backends.backend import IDEMPOTENT
 from aggregator.backends.errors import BackendError, Hop, classify
 from aggregator.backends.h1 import Exchange, serialize_head
-from aggregator.backends.headers import forwarded_uri, request_headers, response_headers
+from aggregator.backends.headers import forwarded_headers, forwarded_uri, response_headers
 from aggregator.contracts import Recheck
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.destination import Destination
@@ -116,7 +116,7 @@ class Forwarder:
         raw_path = ctx.target
         if not raw_path.startswith("/"):  # absolute-form request target
             raw_path = ctx.raw_path + ("?" + ctx.raw_query if ctx.raw_query else "")
-        headers = request_headers(
+        headers = forwarded_headers(
             ctx.headers.items(),
             user,
             dest.policy,
@@ -129,12 +129,10 @@ class Forwarder:
         )
         method = ctx.method
         has_body = request.body_exists
-        # The gateway already answered any `Expect: 100-continue`; the body follows unasked.
-        headers.popall("Expect", None)
-        chunked = has_body and "Content-Length" not in headers
+        chunked = has_body and not any(name.lower() == "content-length" for name, _ in headers)
         if chunked:
-            headers["Transfer-Encoding"] = "chunked"
-        head = serialize_head(method, dest.base_path + raw_path, headers.items())
+            headers.append(("Transfer-Encoding", "chunked"))
+        head = serialize_head(method, dest.base_path + raw_path, headers)
         verb = verb_of(ctx)
         name = dest.name
         deadline = None

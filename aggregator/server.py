@@ -24,7 +24,7 @@ from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.util._aiohttp import GatewayRequest, TimedServer, TimedSite, close_connections
 from aggregator.util.logs import fields
-from aggregator.util.runtime import TerminationSignals, new_event_loop
+from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap
 from aggregator.web.certexpiry import SERVING
 from aggregator.web.context import Connection
 
@@ -224,6 +224,7 @@ async def serve(options: Options) -> int:
     signals = TerminationSignals()
     server = GatewayServer(options)
     await server.start()
+    settle_heap()
     received = await signals.first()
     log.info("shutting down", extra=fields(signal=received))
     stopping = asyncio.ensure_future(

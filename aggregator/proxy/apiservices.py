@@ -14,6 +14,8 @@ user here is the impersonated one, and no `Impersonate-*` header reaches the bac
 
 from __future__ import annotations
 
+from functools import partial
+
 from aiohttp import web
 
 from aggregator.backends.addresses import PendingLookup
@@ -83,18 +85,11 @@ class APIServiceProxy:
         if key in self._routes and self._routes[key][0] == svc.name:
             return
         name = svc.name
-
-        async def discovery(request: web.Request) -> web.StreamResponse:
-            return await self.serve(request, name, discovery=True)
-
-        async def resources(request: web.Request) -> web.StreamResponse:
-            return await self.serve(request, name, discovery=False)
-
         # Upgrades are never tunnelled on the discovery path (k/k#72113, CVE-2018-1002105).
         self._routes[key] = (
             name,
-            Route(discovery, RouteKind.BACKEND, name, upgradable=False),
-            Route(resources, RouteKind.BACKEND, name, upgradable=True),
+            Route(partial(self.serve, name=name, discovery=True), RouteKind.BACKEND, name, upgradable=False),
+            Route(partial(self.serve, name=name, discovery=False), RouteKind.BACKEND, name, upgradable=True),
         )
 
     def on_store_event(self, event: Event) -> None:
@@ -114,7 +109,7 @@ class APIServiceProxy:
 
     # --- serving -----------------------------------------------------------------------------------
 
-    async def serve(self, request: web.Request, name: str, *, discovery: bool) -> web.StreamResponse:
+    async def serve(self, request: web.Request, *, name: str, discovery: bool) -> web.StreamResponse:
         info = self.handling.get(name)
         if info is None:
             return await self.fallback(request)

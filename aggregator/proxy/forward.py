@@ -107,11 +107,6 @@ class Forwarder:
             response = await self.tunnel.serve(ctx, dest, user)
             self.count(dest.name, "CONNECT", response.status)
             return response
-        return await self._forward(ctx, dest, user, deadline_seconds)
-
-    async def _forward(
-        self, ctx: RequestContext, dest: Destination, user: UserInfo, deadline_seconds: float | None
-    ) -> web.StreamResponse:
         request = ctx.request
         raw_path = ctx.target
         if not raw_path.startswith("/"):  # absolute-form request target
@@ -162,8 +157,11 @@ class Forwarder:
         method = ctx.method
         audit = ctx.audit
         tap = audit.request_capture() if has_body and audit is not None else None
+        pool = backend.pool
         for attempt in (1, 2):
-            exchange = await backend.pool.exchange(dest.host, dest.port, dest.server_name)
+            exchange = pool.idle_exchange(dest.host, dest.port, dest.server_name)
+            if exchange is None:
+                exchange = await pool.new_exchange(dest.host, dest.port, dest.server_name)
             try:
                 exchange.send(
                     head,

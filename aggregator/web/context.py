@@ -47,7 +47,13 @@ _EMPTY_QUERY: dict[str, list[str]] = {}
 
 def is_upgrade_request(headers: CIMultiDictProxy[str]) -> bool:
     """apimachinery's `httpstream.IsUpgradeRequest`: some `Connection` header mentions `upgrade`."""
-    return any("upgrade" in value.lower() for value in headers.getall("Connection", ()))
+    values = headers.getall("Connection", None)
+    if values is None:
+        return False
+    for value in values:
+        if "upgrade" in value.lower():
+            return True
+    return False
 
 
 def is_long_running(info: RequestInfo | None, upgrade: bool) -> bool:

@@ -89,8 +89,24 @@ class Pipeline:
             return refusal
         response: web.StreamResponse | None = None
         error: BaseException | None = None
+        timeouts = self.timeouts
         try:
-            response = await self._serve(ctx)
+            if timeouts is None:
+                response = await self._run(ctx)
+                return response
+            refusal = timeouts.arm(ctx)
+            if refusal is not None:
+                response = refusal  # a `?timeout=` that is not a Go duration
+                return response
+            try:
+                response = await self._run(ctx)
+                if ctx.timed_out:  # the handler swallowed the deadline's cancellation
+                    ctx.task.uncancel()
+            except asyncio.CancelledError:
+                # The deadline cancelled the handler (and nothing else did): answer for it.
+                if not ctx.timed_out or ctx.task.uncancel() > 0:
+                    raise
+                response = timeouts.expired(ctx)
             return response
         except web.HTTPException as exc:
             response = exc
@@ -103,32 +119,14 @@ class Pipeline:
             response = status_response(ctx, 500, INTERNAL_ERROR)
             return response
         finally:
+            if ctx.deadline is not None and timeouts is not None:
+                timeouts.disarm(ctx)
             for finisher in self.finishers:
                 finisher(ctx, response, error)
             code = response.status if response is not None else CLIENT_GONE
             self._requests(ctx.route.kind.value, code).inc()
             self.access_log.record(ctx, code)
             in_flight.leave(ctx)
-
-    async def _serve(self, ctx: RequestContext) -> web.StreamResponse:
-        """The gates and the handler, under the request's deadline if it has one."""
-        timeouts = self.timeouts
-        if timeouts is None:
-            return await self._run(ctx)
-        refusal = timeouts.arm(ctx)
-        if refusal is not None:
-            return refusal  # a `?timeout=` that is not a Go duration
-        if ctx.deadline is None:
-            return await self._run(ctx)
-        try:
-            return await self._run(ctx)
-        except asyncio.CancelledError:
-            # The deadline cancelled the handler (and nothing else did): answer for it.
-            if not ctx.timed_out or ctx.task.uncancel() > 0:
-                raise
-            return timeouts.expired(ctx)
-        finally:
-            timeouts.disarm(ctx)
 
     async def _run(self, ctx: RequestContext) -> web.StreamResponse:
         for gate in self.gates:

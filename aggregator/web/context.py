@@ -50,10 +50,7 @@ def is_upgrade_request(headers: CIMultiDictProxy[str]) -> bool:
     values = headers.getall("Connection", None)
     if values is None:
         return False
-    for value in values:
-        if "upgrade" in value.lower():
-            return True
-    return False
+    return any("upgrade" in value.lower() for value in values)
 
 
 def is_long_running(info: RequestInfo | None, upgrade: bool) -> bool:

@@ -21,6 +21,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check aggregator tests benchmarks
 	$(BIN)/mypy aggregator
+	$(BIN)/lint-imports --no-cache
 
 # Needs wrk and nginx from Debian: apt-get install wrk nginx-light
 bench: $(STAMP)

@@ -29,10 +29,10 @@ from aiohttp.test_utils import make_mocked_request
 from wrkbench import WrkResult, parse_wrk
 
 from aggregator.auth.authz import Authorizer
-from aggregator.web.requestinfo import REQUEST_INFO
 from aggregator.config import Options
 from aggregator.server import GatewayServer
 from aggregator.web.context import set_user
+from aggregator.web.requestinfo import REQUEST_INFO
 from tests.support.fakekube import running_fake_kube
 from tests.support.fakereviews import FakeReviews
 from tests.support.pki import make_pki

@@ -46,10 +46,11 @@ from aggregator.apiregistration.selectors import matches
 from aggregator.model import apiservice as model
 from aggregator.model.apiservice import APIService
 from aggregator.sources.store import ADDED, Event, Kind, Store
+from aggregator.web.rendering import respond
 from aggregator.web.routing import Route, RouteKind, Router
 from aggregator.wire.jsonenc import encode_object
 from aggregator.wire.negotiation import JSON, MediaType, Negotiator, not_acceptable_body
-from aggregator.wire.rendered import Rendered, respond
+from aggregator.wire.rendered import Rendered
 
 log = logging.getLogger(__name__)
 

@@ -31,14 +31,7 @@ from typing import TextIO
 
 import aiohttp
 
-from aggregator.commands.certs import (
-    init_pki,
-    issue_client_cert,
-    issue_serving_cert,
-    kubeconfig,
-    load_pair,
-    write_pair,
-)
+from aggregator.commands.certs import init_pki, kubeconfig
 from aggregator.commands.demofiles import (
     DemoError,
     DemoLayout,
@@ -49,6 +42,7 @@ from aggregator.commands.demofiles import (
     yaml_bytes,
 )
 from aggregator.sample.api import GROUP, VERSIONS
+from aggregator.tls.issue import issue_client_cert, issue_serving_cert, load_pair, write_pair
 
 WARDLE_SERVER_NAME = "api.wardle.svc"
 READY_TIMEOUT = 30.0

@@ -21,8 +21,9 @@ from aggregator.model.apiservice import VERSION as REGISTRATION_VERSION
 from aggregator.model.apiservice import APIService
 from aggregator.sources.store import ADDED, DELETED, Event, Kind, Store
 from aggregator.util.coalesce import Throttled
+from aggregator.web.rendering import not_acceptable, respond
 from aggregator.wire.negotiation import Negotiator, default_restriction
-from aggregator.wire.rendered import Rendered, not_acceptable, respond
+from aggregator.wire.rendered import Rendered
 
 log = logging.getLogger(__name__)
 

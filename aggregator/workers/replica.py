@@ -31,8 +31,9 @@ from aggregator.openapi.component import EMPTY_V3, V2Input, V2Published, V3Publi
 from aggregator.openapi.documents import Document
 from aggregator.sources.store import Store
 from aggregator.util.logs import fields
+from aggregator.web.rendering import respond
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, MediaType
-from aggregator.wire.rendered import Rendered, respond
+from aggregator.wire.rendered import Rendered
 from aggregator.workers import metrics as merging
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import (

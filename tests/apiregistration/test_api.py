@@ -10,9 +10,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from aggregator.commands.certs import kubeconfig, load_pair, write_kubeconfig
+from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.model.apiservice import Condition
 from aggregator.server import GatewayServer
+from aggregator.tls.issue import load_pair
 from tests.conftest import StartGateway
 from tests.discovery.manifests import apiservice, write_manifests
 from tests.support.e2e import Kubectl, kubectl_binaries

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggregator.commands.certs import issue_client_cert, load_pair, new_ca, write_pair
+from aggregator.tls.issue import issue_client_cert, load_pair, new_ca, write_pair
 from aggregator.web.routing import Route, RouteKind
 from aggregator.wire.wsprotocol import (
     BEARER_PROTOCOL_PREFIX,
@@ -146,7 +146,7 @@ async def test_expired_certificate_is_401(whoami: WhoAmI, pki: PKI, caplog: pyte
 async def test_server_certificate_cannot_be_used_as_a_client_certificate(
     whoami: WhoAmI, pki: PKI, tmp_path: Path
 ) -> None:
-    from aggregator.commands.certs import issue_serving_cert
+    from aggregator.tls.issue import issue_serving_cert
 
     write_pair(
         pki.dir, "serverish", issue_serving_cert(load_pair(pki.dir, "client-ca"), ["x"], common_name="x")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from aggregator.commands.certs import issue_serving_cert, new_ca, write_cert, write_key
+from aggregator.tls.issue import issue_serving_cert, new_ca, write_cert, write_key
 from tests.conftest import StartGateway
 from tests.support.pki import PKI
 

@@ -41,8 +41,10 @@ _GO_UNITS = {
 _MAX_NS = 1 << 63
 
 
-def _go_quote(raw: bytes) -> str:
-    """time.quote: `"`-wrapped, `"` and `\\` escaped, every non-ASCII or control byte as `\\xNN`."""
+def _time_quote(raw: bytes) -> str:
+    """Go's `time.quote`, which the time package's errors use instead of `strconv.Quote`
+    (`model.fielderrors.go_quote`): `"`-wrapped, `"` and `\\` escaped, every non-ASCII or
+    control byte as `\\xNN` (printable Unicode included, unlike strconv)."""
     out = ['"']
     for byte in raw:
         if byte >= 0x80 or byte < 0x20:
@@ -68,7 +70,7 @@ def parse_go_duration(text: str) -> float:
         s = s[1:]
     if s == b"0":
         return 0.0
-    invalid = ValueError("time: invalid duration " + _go_quote(orig))
+    invalid = ValueError("time: invalid duration " + _time_quote(orig))
     if not s:
         raise invalid
     total = 0
@@ -107,11 +109,11 @@ def parse_go_duration(text: str) -> float:
         while i < len(s) and not (s[i : i + 1] == b"." or s[i : i + 1].isdigit()):
             i += 1
         if i == 0:
-            raise ValueError("time: missing unit in duration " + _go_quote(orig))
+            raise ValueError("time: missing unit in duration " + _time_quote(orig))
         unit_name, s = s[:i], s[i:]
         unit = _GO_UNITS.get(unit_name)
         if unit is None:
-            raise ValueError(f"time: unknown unit {_go_quote(unit_name)} in duration {_go_quote(orig)}")
+            raise ValueError(f"time: unknown unit {_time_quote(unit_name)} in duration {_time_quote(orig)}")
         if whole > _MAX_NS // unit:
             raise invalid
         value = whole * unit

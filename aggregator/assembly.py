@@ -36,7 +36,6 @@ from aggregator.auth.authn import Authenticator
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
 from aggregator.auth.impersonation import Impersonator
-from aggregator.auth.modes import PolicyHolder
 from aggregator.auth.rbacfolder import RBACFolder
 from aggregator.auth.selfreviews import SelfReviews
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
@@ -479,10 +478,8 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
         components.append(("audit-log", AuditLog(auditor)))
 
     # Caches stay per worker; the cluster's ConfigMap and the folder's RBAC are the control's copies.
-    rbac = PolicyHolder()
-    replica.bind_rbac(rbac)
     authentication = build_authentication(options, kube=kube, metrics=metrics, watch_cluster=False)
-    authorization = build_authorization(options, kube=kube, metrics=metrics, rbac_source=rbac)
+    authorization = build_authorization(options, kube=kube, metrics=metrics, rbac_source=replica.rbac)
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
     replica.bind_cluster_auth(authentication.cluster)

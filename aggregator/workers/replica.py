@@ -124,7 +124,8 @@ class Replica:
         self._v2: V2Published = build_v2([V2Input("gateway", base_document())])
         self._v3: V3Published = EMPTY_V3
         self._cluster: AuthConfigMap | None = None
-        self._rbac: PolicyHolder | None = None
+        # Local mode: the control's RBAC policy (the snapshot carries it, before anything is built).
+        self.rbac = PolicyHolder()
         self._collect: Callable[[], list[Metric]] = list
         self._suspected: dict[str, float] = {}
         self._scrapes: dict[int, asyncio.Future[list[Metric]]] = {}
@@ -142,10 +143,6 @@ class Replica:
     def bind_cluster_auth(self, cluster: AuthConfigMap | None) -> None:
         """Where the control's copy of the cluster's authentication ConfigMap goes (kube mode)."""
         self._cluster = cluster
-
-    def bind_rbac(self, holder: PolicyHolder) -> None:
-        """Where the control's RBAC policy goes (local mode)."""
-        self._rbac = holder
 
     def bind_metrics(self, collect: Callable[[], list[Metric]]) -> None:
         self._collect = collect
@@ -218,8 +215,8 @@ class Replica:
             self._v3 = V3Published(state.openapi_v3_index or self._v3.index, documents)
         if state.cluster_auth is not None and self._cluster is not None:
             self._cluster.use(state.cluster_auth)
-        if state.rbac is not None and self._rbac is not None:
-            self._rbac.use(state.rbac)
+        if state.rbac is not None:
+            self.rbac.use(state.rbac)
         self.first_state.set()
 
     def _apply_discovery(self, docs: AggregatedDocs) -> None:

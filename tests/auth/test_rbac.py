@@ -132,7 +132,9 @@ def manifest(kind: str, name: str, namespace: str = "", **body: Any) -> dict[str
     return {"apiVersion": V1, "kind": kind, "metadata": meta, **body}
 
 
-def binding(kind: str, name: str, role_kind: str, role: str, *subjects: dict[str, str], namespace: str = "") -> dict[str, Any]:
+def binding(
+    kind: str, name: str, role_kind: str, role: str, *subjects: dict[str, str], namespace: str = ""
+) -> dict[str, Any]:
     return manifest(
         kind,
         name,
@@ -154,7 +156,11 @@ def policy(*docs: dict[str, Any]) -> RBACPolicy:
     return compile_policy([decode(d) for d in docs], present=True)
 
 
-READ_FLUNDERS = {"verbs": ["get", "list", "watch"], "apiGroups": ["wardle.example.com"], "resources": ["flunders"]}
+READ_FLUNDERS = {
+    "verbs": ["get", "list", "watch"],
+    "apiGroups": ["wardle.example.com"],
+    "resources": ["flunders"],
+}
 
 
 def test_a_cluster_role_binding_grants_everywhere_and_names_itself_in_the_reason() -> None:
@@ -164,21 +170,37 @@ def test_a_cluster_role_binding_grants_everywhere_and_names_itself_in_the_reason
     )
     verdict = p.authorize(ALICE, res("list", "wardle.example.com", "flunders", ns="any"))
     assert verdict.decision is Decision.ALLOW
-    assert verdict.reason == 'RBAC: allowed by ClusterRoleBinding "devs-read" of ClusterRole "flunder-reader" to Group "devs"'
-    assert p.authorize(ALICE, res("create", "wardle.example.com", "flunders", ns="any")).decision is Decision.NO_OPINION
-    assert p.authorize(UserInfo("bob"), res("list", "wardle.example.com", "flunders")).decision is Decision.NO_OPINION
+    assert (
+        verdict.reason
+        == 'RBAC: allowed by ClusterRoleBinding "devs-read" of ClusterRole "flunder-reader" to Group "devs"'
+    )
+    assert (
+        p.authorize(ALICE, res("create", "wardle.example.com", "flunders", ns="any")).decision
+        is Decision.NO_OPINION
+    )
+    assert (
+        p.authorize(UserInfo("bob"), res("list", "wardle.example.com", "flunders")).decision
+        is Decision.NO_OPINION
+    )
 
 
 def test_a_role_binding_grants_only_in_its_namespace() -> None:
     p = policy(
         manifest("Role", "reader", "team", rules=[READ_FLUNDERS]),
         binding("RoleBinding", "alice-reads", "Role", "reader", user("alice"), namespace="team"),
-        binding("RoleBinding", "alice-reads-cluster-role", "ClusterRole", "view", user("alice"), namespace="other"),
+        binding(
+            "RoleBinding", "alice-reads-cluster-role", "ClusterRole", "view", user("alice"), namespace="other"
+        ),
     )
     allowed = p.authorize(ALICE, res("get", "wardle.example.com", "flunders", name="f", ns="team"))
-    assert allowed.reason == 'RBAC: allowed by RoleBinding "alice-reads/team" of Role "reader" to User "alice"'
+    assert (
+        allowed.reason == 'RBAC: allowed by RoleBinding "alice-reads/team" of Role "reader" to User "alice"'
+    )
     for ns in ("default", ""):
-        assert p.authorize(ALICE, res("get", "wardle.example.com", "flunders", ns=ns)).decision is Decision.NO_OPINION
+        assert (
+            p.authorize(ALICE, res("get", "wardle.example.com", "flunders", ns=ns)).decision
+            is Decision.NO_OPINION
+        )
 
 
 def test_service_account_subjects_match_their_user_name_and_default_to_the_bindings_namespace() -> None:
@@ -186,7 +208,9 @@ def test_service_account_subjects_match_their_user_name_and_default_to_the_bindi
     p = policy(
         manifest("Role", "reader", "team", rules=[READ_FLUNDERS]),
         binding("RoleBinding", "robot-reads", "Role", "reader", robot, namespace="team"),
-        manifest("ClusterRole", "lister", rules=[{"verbs": ["list"], "apiGroups": ["*"], "resources": ["*"]}]),
+        manifest(
+            "ClusterRole", "lister", rules=[{"verbs": ["list"], "apiGroups": ["*"], "resources": ["*"]}]
+        ),
         binding("ClusterRoleBinding", "robot-lists", "ClusterRole", "lister", {**robot, "namespace": "team"}),
     )
     assert p.authorize(SA, res("get", "wardle.example.com", "flunders", ns="team")).reason == (
@@ -203,7 +227,9 @@ def test_a_binding_to_a_missing_role_is_the_reason_of_the_refusal_but_takes_noth
     p = policy(
         binding("ClusterRoleBinding", "a", "ClusterRole", "gone", user("alice")),
         binding("RoleBinding", "b", "Role", "gone-too", user("alice"), namespace="team"),
-        manifest("ClusterRole", "lister", rules=[{"verbs": ["list"], "apiGroups": ["*"], "resources": ["*"]}]),
+        manifest(
+            "ClusterRole", "lister", rules=[{"verbs": ["list"], "apiGroups": ["*"], "resources": ["*"]}]
+        ),
         binding("ClusterRoleBinding", "c", "ClusterRole", "lister", user("alice")),
     )
     refused = p.authorize(ALICE, res("delete", "g", "r", ns="team"))
@@ -220,16 +246,33 @@ def test_a_binding_to_a_missing_role_is_the_reason_of_the_refusal_but_takes_noth
 
 @pytest.mark.parametrize(
     ("resource", "name", "allowed"),
-    [("users", "bob", True), ("users", "root", False), ("groups", "system:masters", False), ("groups", "devs", True)],
+    [
+        ("users", "bob", True),
+        ("users", "root", False),
+        ("groups", "system:masters", False),
+        ("groups", "devs", True),
+    ],
 )
-def test_impersonation_is_a_verb_on_users_groups_serviceaccounts_and_uids(resource: str, name: str, allowed: bool) -> None:
+def test_impersonation_is_a_verb_on_users_groups_serviceaccounts_and_uids(
+    resource: str, name: str, allowed: bool
+) -> None:
     p = policy(
         manifest(
             "ClusterRole",
             "impersonator",
             rules=[
-                {"verbs": ["impersonate"], "apiGroups": [""], "resources": ["users"], "resourceNames": ["bob"]},
-                {"verbs": ["impersonate"], "apiGroups": [""], "resources": ["groups"], "resourceNames": ["devs"]},
+                {
+                    "verbs": ["impersonate"],
+                    "apiGroups": [""],
+                    "resources": ["users"],
+                    "resourceNames": ["bob"],
+                },
+                {
+                    "verbs": ["impersonate"],
+                    "apiGroups": [""],
+                    "resources": ["groups"],
+                    "resourceNames": ["devs"],
+                },
             ],
         ),
         binding("ClusterRoleBinding", "alice-impersonates", "ClusterRole", "impersonator", user("alice")),
@@ -257,7 +300,11 @@ def test_the_built_in_roles_let_every_authenticated_user_discover_and_ask() -> N
 
 
 def test_a_folder_role_replaces_its_built_in_namesake() -> None:
-    p = policy(manifest("ClusterRole", "system:discovery", rules=[{"verbs": ["get"], "nonResourceURLs": ["/version"]}]))
+    p = policy(
+        manifest(
+            "ClusterRole", "system:discovery", rules=[{"verbs": ["get"], "nonResourceURLs": ["/version"]}]
+        )
+    )
     assert p.authorize(ALICE, url("get", "/apis")).decision is Decision.NO_OPINION
     assert p.authorize(ALICE, url("get", "/version")).decision is Decision.ALLOW
 
@@ -273,15 +320,23 @@ def test_aggregated_cluster_roles_gather_the_rules_of_the_roles_they_select() ->
         "ClusterRole",
         "wardle-edit",
         labels={"rbac.authorization.k8s.io/aggregate-to-edit": "true"},
-        rules=[{"verbs": ["create", "delete"], "apiGroups": ["wardle.example.com"], "resources": ["flunders"]}],
+        rules=[
+            {"verbs": ["create", "delete"], "apiGroups": ["wardle.example.com"], "resources": ["flunders"]}
+        ],
     )
     mine = manifest(
         "ClusterRole",
         "mine",
-        aggregationRule={"clusterRoleSelectors": [{"matchExpressions": [{"key": "team", "operator": "In", "values": ["a"]}]}]},
+        aggregationRule={
+            "clusterRoleSelectors": [
+                {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a"]}]}
+            ]
+        },
         rules=[{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}],  # replaced by the aggregation
     )
-    tagged = manifest("ClusterRole", "tagged", labels={"team": "a"}, rules=[{"verbs": ["get"], "nonResourceURLs": ["/x"]}])
+    tagged = manifest(
+        "ClusterRole", "tagged", labels={"team": "a"}, rules=[{"verbs": ["get"], "nonResourceURLs": ["/x"]}]
+    )
     p = policy(
         view_flunders,
         edit_flunders,
@@ -292,11 +347,25 @@ def test_aggregated_cluster_roles_gather_the_rules_of_the_roles_they_select() ->
         binding("ClusterRoleBinding", "m", "ClusterRole", "mine", user("mine")),
     )
     # view <- wardle-view; edit <- view (labelled aggregate-to-edit) + wardle-edit; admin <- edit
-    assert p.cluster_roles["view"] == (PolicyRule(("get", "list", "watch"), ("wardle.example.com",), ("flunders",)),)
-    assert p.authorize(UserInfo("viewer"), res("list", "wardle.example.com", "flunders")).decision is Decision.ALLOW
-    assert p.authorize(UserInfo("viewer"), res("delete", "wardle.example.com", "flunders")).decision is Decision.NO_OPINION
-    assert p.authorize(UserInfo("admin"), res("delete", "wardle.example.com", "flunders")).decision is Decision.ALLOW
-    assert p.authorize(UserInfo("admin"), res("watch", "wardle.example.com", "flunders")).decision is Decision.ALLOW
+    assert p.cluster_roles["view"] == (
+        PolicyRule(("get", "list", "watch"), ("wardle.example.com",), ("flunders",)),
+    )
+    assert (
+        p.authorize(UserInfo("viewer"), res("list", "wardle.example.com", "flunders")).decision
+        is Decision.ALLOW
+    )
+    assert (
+        p.authorize(UserInfo("viewer"), res("delete", "wardle.example.com", "flunders")).decision
+        is Decision.NO_OPINION
+    )
+    assert (
+        p.authorize(UserInfo("admin"), res("delete", "wardle.example.com", "flunders")).decision
+        is Decision.ALLOW
+    )
+    assert (
+        p.authorize(UserInfo("admin"), res("watch", "wardle.example.com", "flunders")).decision
+        is Decision.ALLOW
+    )
     assert p.cluster_roles["mine"] == (PolicyRule(("get",), non_resource_urls=("/x",)),)
     assert p.authorize(UserInfo("mine"), res("get", "g", "r")).decision is Decision.NO_OPINION
 
@@ -321,7 +390,9 @@ REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
         "namespaced rules cannot apply to non-resource URLs",
     ),
     "urls and resources": (
-        manifest("ClusterRole", "r", rules=[{"verbs": ["get"], "nonResourceURLs": ["/x"], "resources": ["pods"]}]),
+        manifest(
+            "ClusterRole", "r", rules=[{"verbs": ["get"], "nonResourceURLs": ["/x"], "resources": ["pods"]}]
+        ),
         'ClusterRole.rbac.authorization.k8s.io "r" is invalid: rules[0].nonResourceURLs: Invalid value: '
         '[]string{"/x"}: rules cannot apply to both regular resources and non-resource URLs',
     ),
@@ -340,7 +411,14 @@ REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
         'ClusterRoleBinding.rbac.authorization.k8s.io "b" is invalid: subjects[0].namespace: Required value',
     ),
     "a user with another api group": (
-        binding("RoleBinding", "b", "ClusterRole", "r", {"kind": "User", "name": "x", "apiGroup": "v1"}, namespace="n"),
+        binding(
+            "RoleBinding",
+            "b",
+            "ClusterRole",
+            "r",
+            {"kind": "User", "name": "x", "apiGroup": "v1"},
+            namespace="n",
+        ),
         'RoleBinding.rbac.authorization.k8s.io "b" is invalid: subjects[0].apiGroup: Unsupported value: "v1": '
         'supported values: "rbac.authorization.k8s.io"',
     ),

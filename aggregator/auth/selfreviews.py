@@ -7,7 +7,9 @@ could answer them, so the gateway does, from the authorizer that decides its own
 answer is the gateway's decision for those attributes, as the caller (or the user it
 impersonates), always-allowed groups and paths included.
 
-Ported from `pkg/registry/authorization/selfsubjectaccessreview/rest.go` and
+kubectl sends them as Kubernetes protobuf (its typed clients do for built-in kinds) and accepts
+JSON back; JSON and YAML bodies are read too. Ported from
+`pkg/registry/authorization/selfsubjectaccessreview/rest.go` and
 `selfsubjectrulesreview/rest.go` with their validation (`ValidateSelfSubjectAccessReview`): a
 201 with the review echoed and its `status` filled in; a spec with neither or both attribute
 kinds is a 422; a rules review without a namespace is a 400. Not listed in `/apis` discovery:
@@ -33,6 +35,7 @@ from aggregator.model import fielderrors as fe
 from aggregator.web.context import get_user
 from aggregator.web.responses import json_response, status_response
 from aggregator.web.routing import Route, RouteKind, Router
+from aggregator.wire import protobuf as pb
 
 GROUP = "authorization.k8s.io"
 API_VERSION = f"{GROUP}/v1"
@@ -46,7 +49,7 @@ MAX_BODY = 3 * 1024 * 1024
 _RESOURCE_FIELDS = ("namespace", "verb", "group", "version", "resource", "subresource", "name")
 _SELECTOR_FIELDS = ("fieldSelector", "labelSelector")
 _NON_RESOURCE_FIELDS = ("path", "verb")
-_MEDIA_TYPES = ("application/json", "application/yaml")
+_MEDIA_TYPES = ("application/json", "application/yaml", pb.MEDIA_TYPE)
 
 
 class BadReview(Exception):
@@ -74,6 +77,52 @@ def _go_struct(type_name: str, fields: dict[str, str], order: tuple[str, ...]) -
     return f"authorization.{type_name}{{{inner}}}"
 
 
+_RESOURCE_PB = dict(enumerate(_RESOURCE_FIELDS, start=1))
+_NON_RESOURCE_PB = dict(enumerate(_NON_RESOURCE_FIELDS, start=1))
+_SELECTORS_PB = {8: "fieldSelector", 9: "labelSelector"}
+_META_PB = {1: "name", 2: "generateName", 3: "namespace", 4: "selfLink", 5: "uid", 6: "resourceVersion"}
+_CREATION_TIMESTAMP_PB, _MANAGED_FIELDS_PB = 8, 17
+
+
+def _metadata_from_protobuf(data: bytes) -> dict[str, Any]:
+    """The ObjectMeta fields that are set (Go writes empty strings, a zero generation and an empty
+    creationTimestamp for an empty ObjectMeta)."""
+    metadata: dict[str, Any] = {}
+    for number, _wire, value in pb.fields(data):
+        if number == _MANAGED_FIELDS_PB or value in (b"", 0):
+            continue  # Go writes every scalar of ObjectMeta, set or not
+        name = _META_PB.get(
+            number, "creationTimestamp" if number == _CREATION_TIMESTAMP_PB else f"field{number}"
+        )
+        metadata[name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return metadata
+
+
+def _from_protobuf(body: bytes, kind: str) -> dict[str, Any]:
+    """A self review in kubectl's encoding, as the JSON document it stands for."""
+    api_version, got_kind, raw = pb.unwrap(body)
+    top = pb.messages(raw)
+    doc: dict[str, Any] = {"kind": got_kind or None, "apiVersion": api_version or None}
+    doc["metadata"] = _metadata_from_protobuf(top.get(1, [b""])[-1])
+    spec_bytes = top.get(2, [b""])[-1]
+    if kind == RULES_KIND:
+        doc["spec"] = pb.strings(spec_bytes, {1: "namespace"})
+        return doc
+    spec: dict[str, Any] = {}
+    parts = pb.messages(spec_bytes)
+    if 1 in parts:
+        resource: dict[str, Any] = pb.strings(parts[1][-1], _RESOURCE_PB)
+        selectors = pb.messages(parts[1][-1])
+        for number, name in _SELECTORS_PB.items():
+            if number in selectors:
+                resource[name] = pb.strings(selectors[number][-1], {1: "rawSelector"})
+        spec["resourceAttributes"] = resource
+    if 2 in parts:
+        spec["nonResourceAttributes"] = pb.strings(parts[2][-1], _NON_RESOURCE_PB)
+    doc["spec"] = spec
+    return doc
+
+
 def _decode(body: bytes, content_type: str, kind: str) -> Mapping[str, Any]:
     media = content_type.split(";", 1)[0].strip().lower() or "application/json"
     if media not in _MEDIA_TYPES:
@@ -83,7 +132,10 @@ def _decode(body: bytes, content_type: str, kind: str) -> Mapping[str, Any]:
             + ", ".join(_MEDIA_TYPES),
         )
     try:
-        doc = json.loads(body) if media == "application/json" else yaml.safe_load(body)
+        if media == pb.MEDIA_TYPE:
+            doc = _from_protobuf(body, kind)
+        else:
+            doc = json.loads(body) if media == "application/json" else yaml.safe_load(body)
     except (ValueError, yaml.YAMLError) as err:
         raise BadReview(400, f"the body of the request could not be decoded: {err}") from err
     if not isinstance(doc, Mapping):

@@ -285,13 +285,44 @@ async def test_a_bad_review_gets_kube_apiservers_status(
     assert (status, answer["kind"], answer["message"]) == (code, "Status", message)
 
 
-async def test_protobuf_is_not_spoken(local: Local) -> None:
+def pb_field(number: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field (every field of these messages is one; lengths < 128)."""
+    assert len(payload) < 128
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+def kubectl_can_i(verb: str, resource: str, namespace: str = "default") -> bytes:
+    """What `kubectl auth can-i` posts: a SelfSubjectAccessReview in Kubernetes protobuf."""
+    attributes = pb_field(1, namespace.encode()) + pb_field(2, verb.encode())
+    attributes += pb_field(3, b"wardle.example.com") + pb_field(5, resource.encode())
+    # Go writes an empty ObjectMeta's strings (1-6) empty, its generation (7) 0, creationTimestamp (8) empty.
+    metadata = b"".join(pb_field(n, b"") for n in range(1, 7)) + b"\x38\x00" + pb_field(8, b"")
+    review = pb_field(1, metadata) + pb_field(2, pb_field(1, attributes)) + pb_field(3, b"")
+    type_meta = pb_field(1, b"authorization.k8s.io/v1") + pb_field(2, b"SelfSubjectAccessReview")
+    return b"k8s\x00" + pb_field(1, type_meta) + pb_field(2, review)
+
+
+async def test_kubectls_protobuf_review_is_read(local: Local) -> None:
+    headers = {
+        "Content-Type": "application/vnd.kubernetes.protobuf",
+        "Accept": "application/vnd.kubernetes.protobuf, application/json",
+    }
+    for cert, allowed in (("alice", True), ("bob", False)):
+        status, answer = await local.call(
+            SSAR, cert, method="POST", data=kubectl_can_i("list", "flunders"), headers=headers
+        )
+        assert status == 201, answer
+        assert answer["status"]["allowed"] is allowed
+        assert answer["spec"]["resourceAttributes"] == {
+            "namespace": "default",
+            "verb": "list",
+            "group": "wardle.example.com",
+            "resource": "flunders",
+        }
+    status, answer = await local.call(SSAR, "alice", method="POST", data=b"k8s\x00\x0a\xff", headers=headers)
+    assert (status, answer["reason"]) == (400, "BadRequest")
     status, answer = await local.call(
-        SSAR,
-        "alice",
-        method="POST",
-        data=b"k8s\x00",
-        headers={"Content-Type": "application/vnd.kubernetes.protobuf"},
+        SSAR, "alice", method="POST", data=b"<xml/>", headers={"Content-Type": "application/xml"}
     )
     assert (status, answer["reason"]) == (415, "UnsupportedMediaType")
 

@@ -93,19 +93,6 @@ class Subject:
     name: str
     namespace: str = ""
 
-    def applies_to(self, user: UserInfo, namespace: str) -> bool:
-        """`appliesToUser`: `namespace` is the RoleBinding's (empty for a ClusterRoleBinding)."""
-        if self.kind == USER_KIND:
-            return user.name == self.name
-        if self.kind == GROUP_KIND:
-            return self.name in user.groups
-        if self.kind == SERVICE_ACCOUNT_KIND:
-            account_namespace = self.namespace or namespace
-            if not account_namespace:
-                return False
-            return user.name == f"{SERVICE_ACCOUNT_PREFIX}{account_namespace}:{self.name}"
-        return False
-
     def describe(self, binding_namespace: str) -> str:
         """`describeSubject`: `User "alice"`, `ServiceAccount "name/namespace"`."""
         if self.kind == SERVICE_ACCOUNT_KIND:
@@ -128,13 +115,6 @@ class Binding:
     role_ref: RoleRef
     subjects: tuple[Subject, ...]
     namespace: str = ""
-
-    def subject_for(self, user: UserInfo) -> Subject | None:
-        """`appliesTo`: the first subject that is this user."""
-        for subject in self.subjects:
-            if subject.applies_to(user, self.namespace):
-                return subject
-        return None
 
     def describe(self, subject: Subject) -> str:
         """`clusterRoleBindingDescriber` / `roleBindingDescriber`."""
@@ -177,9 +157,40 @@ EVERYTHING = (
 Visit = tuple[str, PolicyRule] | tuple[None, str]
 
 
+@dataclass(frozen=True, slots=True)
+class _Grant:
+    """One subject of one binding, indexed by who it names: what `VisitRulesFor` would find."""
+
+    order: int  # the binding's place in the visit (ClusterRoleBindings first, then RoleBindings)
+    subject: int  # the subject's place in the binding (`appliesTo` takes the first that matches)
+    role_ref: RoleRef
+    role_namespace: str  # where a Role is looked up: the RoleBinding's namespace
+    source: str  # the binding describer's text, written once here rather than per request
+
+
+# (scope: "" for ClusterRoleBindings or the RoleBinding's namespace, "user" or "group", name)
+_Key = tuple[str, str, str]
+
+
+def _subject_key(subject: Subject, binding_namespace: str) -> tuple[str, str] | None:
+    """Who a subject names, as the user or group name a request carries (`appliesToUser`)."""
+    if subject.kind == USER_KIND:
+        return ("user", subject.name)
+    if subject.kind == GROUP_KIND:
+        return ("group", subject.name)
+    if subject.kind == SERVICE_ACCOUNT_KIND:
+        namespace = subject.namespace or binding_namespace
+        return ("user", f"{SERVICE_ACCOUNT_PREFIX}{namespace}:{subject.name}") if namespace else None
+    return None
+
+
 @dataclass(frozen=True)
 class RBACPolicy:
-    """Roles and bindings as kube-apiserver's listers would hold them (ClusterRoles aggregated)."""
+    """Roles and bindings as kube-apiserver's listers would hold them (ClusterRoles aggregated).
+
+    Bindings are indexed by the users and groups they name, so a request visits only the
+    bindings that apply to its caller, in upstream's order, whatever the number of bindings.
+    """
 
     cluster_roles: Mapping[str, tuple[PolicyRule, ...]] = field(default_factory=dict)
     roles: Mapping[tuple[str, str], tuple[PolicyRule, ...]] = field(default_factory=dict)
@@ -190,6 +201,20 @@ class RBACPolicy:
     present: bool = False
     # What the folder holds, for the log line and the start-up summary.
     counts: Mapping[str, int] = field(default_factory=dict)
+    _index: Mapping[_Key, tuple[_Grant, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index: dict[_Key, list[_Grant]] = {}
+        scoped = [(b, "", b.namespace) for b in self.cluster_role_bindings]
+        scoped += [(b, ns, ns) for ns, bindings in sorted(self.role_bindings.items()) for b in bindings]
+        for order, (binding, scope, namespace) in enumerate(scoped):
+            role_namespace = namespace if binding.kind == ROLE_BINDING else ""
+            for position, subject in enumerate(binding.subjects):
+                key = _subject_key(subject, binding.namespace)
+                if key is not None:
+                    grant = _Grant(order, position, binding.role_ref, role_namespace, binding.describe(subject))
+                    index.setdefault((scope, *key), []).append(grant)
+        object.__setattr__(self, "_index", {key: tuple(grants) for key, grants in index.items()})
 
     def _role_rules(self, ref: RoleRef, namespace: str) -> tuple[PolicyRule, ...] | str:
         """`GetRoleReferenceRules`: the rules, or the error string."""
@@ -201,32 +226,40 @@ class RBACPolicy:
             return f"unsupported role reference kind: {go_quote(ref.kind)}"
         return not_found(ref.kind, ref.name) if rules is None else rules
 
+    def _grants(self, user: UserInfo, namespace: str) -> list[_Grant]:
+        """The bindings that apply to `user` (ClusterRoleBindings, then `namespace`'s
+        RoleBindings, each by name), with the first of its subjects that matched."""
+        found: dict[int, _Grant] = {}
+        names = [("user", user.name), *(("group", group) for group in user.groups)]
+        for scope in ("", namespace) if namespace else ("",):
+            for kind, name in names:
+                for grant in self._index.get((scope, kind, name), ()):
+                    seen = found.get(grant.order)
+                    if seen is None or grant.subject < seen.subject:
+                        found[grant.order] = grant
+        return [found[order] for order in sorted(found)]
+
     def visit(self, user: UserInfo, namespace: str) -> Iterator[Visit]:
         """`VisitRulesFor`: each rule that applies to `user` in `namespace`, with its source."""
-        bindings: list[tuple[Binding, str]] = [(b, "") for b in self.cluster_role_bindings]
-        if namespace:
-            bindings += [(b, namespace) for b in self.role_bindings.get(namespace, ())]
-        for binding, binding_namespace in bindings:
-            subject = binding.subject_for(user)
-            if subject is None:
-                continue
-            rules = self._role_rules(binding.role_ref, binding_namespace)
+        for grant in self._grants(user, namespace):
+            rules = self._role_rules(grant.role_ref, grant.role_namespace)
             if isinstance(rules, str):
                 yield (None, rules)
                 continue
-            source = binding.describe(subject)
             for rule in rules:
-                yield (source, rule)
+                yield (grant.source, rule)
 
     def authorize(self, user: UserInfo, info: RequestInfo) -> Verdict:
         """`RBACAuthorizer.Authorize`: allowed by the first matching rule, else no opinion."""
         errors: list[str] = []
-        for source, item in self.visit(user, info.namespace):
-            if source is None:
-                assert isinstance(item, str)
-                errors.append(item)
-            elif isinstance(item, PolicyRule) and item.allows(info):
-                return Verdict(Decision.ALLOW, f"RBAC: allowed by {source}")
+        for grant in self._grants(user, info.namespace):
+            rules = self._role_rules(grant.role_ref, grant.role_namespace)
+            if isinstance(rules, str):
+                errors.append(rules)
+                continue
+            for rule in rules:
+                if rule.allows(info):
+                    return Verdict(Decision.ALLOW, f"RBAC: allowed by {grant.source}")
         return Verdict(Decision.NO_OPINION, f"RBAC: {aggregate(errors)}" if errors else "")
 
     def rules_for(self, user: UserInfo, namespace: str) -> RuleSet:

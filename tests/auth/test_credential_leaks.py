@@ -32,6 +32,7 @@ from tests.support.backend import (
 from tests.support.pki import PKI
 from tests.support.polling import until
 from tests.support.rawhttp import on_worker, request_bytes
+from tests.support.rbac import cluster_role, cluster_role_binding, group, may_impersonate, rule
 from tests.workers.group import running_group
 
 THINGS = f"{PREFIX}/namespaces/default/things"
@@ -56,40 +57,9 @@ def leaked_forms(value: str) -> list[str]:
 
 
 RBAC = [
-    {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": "things"},
-        "rules": [
-            {"verbs": ["*"], "apiGroups": ["demo.example.com"], "resources": ["things", "things/exec"]}
-        ],
-    },
-    {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": "everyone-things"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "things"},
-        "subjects": [{"kind": "Group", "name": "system:authenticated"}],
-    },
-    {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": "impersonate-bob"},
-        "rules": [
-            {"verbs": ["impersonate"], "apiGroups": [""], "resources": ["users"], "resourceNames": ["bob"]}
-        ],
-    },
-    {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": "ops-as-bob"},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": "impersonate-bob",
-        },
-        "subjects": [{"kind": "User", "name": "ops"}],
-    },
+    cluster_role("things", rule(["*"], ["demo.example.com"], ["things", "things/exec"])),
+    cluster_role_binding("everyone-things", "things", group("system:authenticated")),
+    *may_impersonate("ops", "bob"),
 ]
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",

@@ -35,6 +35,7 @@ from tests.support.fakereviews import FakeReviews, Spec
 from tests.support.kubestack import builtin_v2, builtin_v3, serve_discovery
 from tests.support.pki import PKI
 from tests.support.rawhttp import on_worker, request_bytes
+from tests.support.rbac import cluster_role, cluster_role_binding, may_impersonate, rule, user
 from tests.workers.group import Group, running_group
 
 THINGS = f"{PREFIX}/namespaces/default/things"
@@ -51,39 +52,10 @@ SPDY = [
     ("X-Stream-Protocol-Version", "v4.channel.k8s.io"),
 ]
 
-RBAC_MANIFESTS: list[dict[str, Any]] = [
-    {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": "things-reader"},
-        "rules": [{"verbs": ["get", "list"], "apiGroups": ["demo.example.com"], "resources": ["things"]}],
-    },
-    {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": "readers"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "things-reader"},
-        "subjects": [{"kind": "User", "name": "alice"}, {"kind": "User", "name": "bob"}],
-    },
-    {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": "impersonate-bob"},
-        "rules": [
-            {"verbs": ["impersonate"], "apiGroups": [""], "resources": ["users"], "resourceNames": ["bob"]}
-        ],
-    },
-    {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": "alice-as-bob"},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": "impersonate-bob",
-        },
-        "subjects": [{"kind": "User", "name": "alice"}],
-    },
+RBAC_MANIFESTS = [
+    cluster_role("things-reader", rule(["get", "list"], ["demo.example.com"], ["things"])),
+    cluster_role_binding("readers", "things-reader", user("alice"), user("bob")),
+    *may_impersonate("alice", "bob"),
 ]
 
 

@@ -223,6 +223,33 @@ def test_service_account_subjects_match_their_user_name_and_default_to_the_bindi
     assert p.authorize(impostor, res("list", "x", "y")).decision is Decision.NO_OPINION
 
 
+def test_the_first_binding_by_name_and_its_first_matching_subject_are_the_reason() -> None:
+    """Bindings are looked up by the users and groups they name, yet visited in upstream's order:
+    ClusterRoleBindings, then the namespace's RoleBindings, each by name."""
+    lister = manifest(
+        "ClusterRole", "lister", rules=[{"verbs": ["list"], "apiGroups": ["*"], "resources": ["*"]}]
+    )
+    p = policy(
+        lister,
+        binding("ClusterRoleBinding", "b-by-user", "ClusterRole", "lister", user("alice")),
+        binding(
+            "ClusterRoleBinding",
+            "a-by-group",
+            "ClusterRole",
+            "lister",
+            user("carol"),
+            group("devs"),
+            user("alice"),
+        ),
+        binding("RoleBinding", "0-local", "ClusterRole", "lister", user("alice"), namespace="team"),
+    )
+    assert p.authorize(ALICE, res("list", "g", "r", ns="team")).reason == (
+        'RBAC: allowed by ClusterRoleBinding "a-by-group" of ClusterRole "lister" to Group "devs"'
+    )
+    rules = p.rules_for(ALICE, "team").rules
+    assert rules.count(PolicyRule(("list",), ("*",), ("*",))) == 3  # one per binding that applies
+
+
 def test_a_binding_to_a_missing_role_is_the_reason_of_the_refusal_but_takes_nothing_away() -> None:
     p = policy(
         binding("ClusterRoleBinding", "a", "ClusterRole", "gone", user("alice")),

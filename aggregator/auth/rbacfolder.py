@@ -107,7 +107,9 @@ class RBACFolder:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            return self._unreadable(path, fingerprint, previous, f"{path}: {err}", mentions=bool(kept))
+            if previous is None or not previous.holds_rbac:
+                return _FileState(fingerprint)  # the folder source reports the file; it held no RBAC
+            return self._unreadable(path, fingerprint, previous, f"{path}: {err}", mentions=True)
         if GROUP not in text:
             return _FileState(fingerprint)
         try:

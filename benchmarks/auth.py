@@ -149,7 +149,7 @@ async def run(args: argparse.Namespace) -> int:
             server = GatewayServer(options)
             await server.start()
             try:
-                gates = list(server.gateway.gates)
+                gates = list(server.gateway.pipeline.gates)
                 authorizer = next(
                     g.__self__ for g in gates if isinstance(getattr(g, "__self__", None), Authorizer)
                 )
@@ -161,9 +161,9 @@ async def run(args: argparse.Namespace) -> int:
                 baseline: list[WrkResult] = []
                 authorized: list[WrkResult] = []
                 for _ in range(args.rounds):
-                    server.gateway.gates[:] = authn_only
+                    server.gateway.pipeline.gates[:] = authn_only
                     baseline.append(await wrk("authn only", url, **opts))
-                    server.gateway.gates[:] = gates
+                    server.gateway.pipeline.gates[:] = gates
                     authorized.append(await wrk("authn + authz (warm)", url, **opts))
                 reviewed = len(reviews.access_reviews)
                 per_call = gate_cost(authorizer, server)

@@ -39,6 +39,8 @@ from aggregator.auth.authn import Authenticator
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
 from aggregator.auth.impersonation import Impersonator
+from aggregator.auth.rbacfolder import RBACFolder
+from aggregator.auth.selfreviews import SelfReviews
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import DiscoveryProbe
 from aggregator.availability.status import (
@@ -137,6 +139,8 @@ class Gateway:
     hop: str = ""
     # kube mode: the cluster's authentication ConfigMap being watched (worker processes get copies)
     cluster_auth: AuthConfigMap | None = None
+    # local mode: the folder's RBAC manifests being watched (worker processes get copies)
+    rbac: RBACFolder | None = None
     shutting_down: bool = False
 
     async def start(self) -> None:
@@ -305,7 +309,7 @@ def build_gateway(options: Options) -> Gateway:
         auditor=auditor,
         hop=hop,
         metrics_route=Route(metrics.handle, RouteKind.OWN, "metrics"),
-        routes=[discovery.routes, OpenAPIRoutes(openapi), *([apiregistration] if apiregistration else [])],
+        routes=[discovery.routes, OpenAPIRoutes(openapi), *_local_routes(apiregistration, authorizer)],
     )
 
     gateway = Gateway(
@@ -336,6 +340,7 @@ def build_gateway(options: Options) -> Gateway:
         auth_summary=authentication.summary + authorization.summary,
         hop=hop,
         cluster_auth=authentication.cluster,
+        rbac=authorization.rbac,
     )
     health.add("ping", lambda: None)
     health.add("shutdown", gateway.shutdown_check, livez=False)
@@ -521,9 +526,9 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     if auditor is not None:
         components.append(("audit-log", AuditLog(auditor)))
 
-    # Caches stay per worker; the cluster's ConfigMap is the control's copy.
+    # Caches stay per worker; the cluster's ConfigMap and the folder's RBAC are the control's copies.
     authentication = build_authentication(options, kube=kube, metrics=metrics, watch_cluster=False)
-    authorization = build_authorization(options, kube=kube, metrics=metrics)
+    authorization = build_authorization(options, kube=kube, metrics=metrics, rbac_source=replica.rbac)
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
     replica.bind_cluster_auth(authentication.cluster)
@@ -558,7 +563,7 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
         auditor=auditor,
         hop=hop,
         metrics_route=Route(replica.serve_metrics, RouteKind.OWN, "metrics"),
-        routes=[discovery, OpenAPIRoutes(replica), *([apiregistration] if apiregistration else [])],
+        routes=[discovery, OpenAPIRoutes(replica), *_local_routes(apiregistration, authorizer)],
     )
 
     gateway = WorkerGateway(
@@ -591,6 +596,13 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     for endpoint in ENDPOINTS:
         health.add_notes(endpoint, replica.notes(endpoint))
     return gateway
+
+
+def _local_routes(apiregistration: APIRegistration | None, authorizer: Authorizer) -> list[RouteInstaller]:
+    """Local mode's own APIs: `apiregistration.k8s.io/v1` and the self reviews of `kubectl auth can-i`."""
+    if apiregistration is None:
+        return []
+    return [apiregistration, SelfReviews(authorizer)]
 
 
 def _apiregistration(options: Options, store: Store) -> APIRegistration | None:

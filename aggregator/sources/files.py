@@ -66,7 +66,8 @@ class _FileState:
     error: str | None = None
 
 
-def _manifest_files(directory: Path) -> dict[Path, tuple[int, int, int]]:
+def manifest_files(directory: Path) -> dict[Path, tuple[int, int, int]]:
+    """Every manifest file under `directory` (hidden entries skipped) with its (inode, size, mtime)."""
     found: dict[Path, tuple[int, int, int]] = {}
     for root, dirs, files in os.walk(directory, followlinks=True):
         # Skip hidden entries, which includes Kubernetes volume internals (`..data`, `..2026_...`).
@@ -95,7 +96,7 @@ class FolderSource:
         self._owners: dict[ObjKey, set[Path]] = {}  # which files define each object
         self._watcher = DirectoryWatcher(
             self.directory,
-            lambda: tuple(sorted(_manifest_files(self.directory).items())),
+            lambda: tuple(sorted(manifest_files(self.directory).items())),
             self.reload,
             interval=interval,
             name="apiservices-dir",
@@ -121,7 +122,7 @@ class FolderSource:
         Only the objects of files that changed are compared: one edit in a folder of thousands of
         APIServices costs what that file holds, not what the folder holds.
         """
-        current = _manifest_files(self.directory)
+        current = manifest_files(self.directory)
         affected: set[ObjKey] = set()
         for path in set(self._files) - set(current):
             log.info("manifest file removed", extra=fields(file=str(path)))

@@ -311,3 +311,9 @@ def instrument_as(request: web.BaseRequest, subresource: str, component: str) ->
     ctx = context_of(request)
     if ctx is not None:
         ctx.instrument_as(subresource, component)
+
+
+def user_of(request: web.BaseRequest) -> UserInfo | None:
+    """The user the gates settled on, for a handler that has the protocol's request object."""
+    ctx = context_of(request)
+    return ctx.user if ctx is not None else None

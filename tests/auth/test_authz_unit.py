@@ -14,14 +14,14 @@ import pytest
 from aggregator.auth.authz import (
     AlwaysAllowPaths,
     Authorizer,
-    Decision,
     ReviewStatus,
     SubjectAccessReviewer,
-    Verdict,
+    WebhookMode,
     spec_document,
     spec_key,
     verdict_from_status,
 )
+from aggregator.auth.verdict import Decision, Verdict
 from aggregator.auth.webhook import Backoff, ReviewFailed, WebhookClient
 from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
@@ -184,7 +184,7 @@ def test_equal_requests_share_a_key_and_different_ones_do_not() -> None:
 async def test_a_cache_hit_completes_without_suspending() -> None:
     poster = ScriptedPoster(allowed())
     reviewer = SubjectAccessReviewer(webhook(poster), allowed_ttl=10, denied_ttl=10, metrics=Metrics())
-    authorizer = Authorizer(always_allow_groups=(), always_allow_paths=(), reviewer=reviewer)
+    authorizer = Authorizer(always_allow_groups=(), always_allow_paths=(), modes=[WebhookMode(reviewer)])
     path = "/apis/g/v1/things"
 
     # a miss suspends: it waits for kube-apiserver (the review goes on without this caller)

@@ -12,11 +12,12 @@ from aggregator.backends.addresses import PendingLookup
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.config import Options
 from aggregator.model.apiservice import APIService, ServiceReference
-from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice, Service, ServicePort
+from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice
 from aggregator.proxy.destination import Destination
 from aggregator.proxy.handling import HandlingTable
 from aggregator.sources.store import Kind, Store
 from aggregator.web.metrics import Metrics
+from tests.backends.test_addresses import service
 
 NAME = "v1.demo.example.com"
 
@@ -32,17 +33,6 @@ def apiservice(**kw: object) -> APIService:
     }
     base.update(kw)
     return APIService(**base)  # type: ignore[arg-type]
-
-
-def service(**kw: object) -> Service:
-    base: dict[str, object] = {
-        "namespace": "demo",
-        "name": "api",
-        "cluster_ip": "10.0.0.5",
-        "ports": (ServicePort("https", 443, 8443),),
-    }
-    base.update(kw)
-    return Service(**base)  # type: ignore[arg-type]
 
 
 def endpoints(*addresses: tuple[str, bool | None], name: str = "api-x") -> EndpointSlice:

@@ -10,8 +10,8 @@ import ipaddress
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from aggregator.audit.policy import PolicyError as AuditPolicyError
 from aggregator.audit.policy import load_policy_file

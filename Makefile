@@ -15,9 +15,12 @@ $(BIN)/python:
 	@echo "make: creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 
+# --no-compile: Python compiles what the demo imports when it first imports it; compiling every
+# installed module up front (the kubernetes client alone is 126 MB, and local mode never imports it)
+# made the install three times slower.
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	@echo "make demo: installing the gateway and the packages it runs into $(VENV) (the first time only)"
-	$(BIN)/python -m pip install --disable-pip-version-check -e .
+	$(BIN)/python -m pip install --disable-pip-version-check --no-compile -e .
 	@echo "make demo: installed"
 	touch $@
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from aggregator.commands.demofiles import port_in_use
 from aggregator.util import parentdeath
 from tests.support.ports import free_port
 
@@ -69,15 +69,6 @@ def command_line(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 @dataclass
@@ -145,7 +136,7 @@ def test_every_process_of_the_demo_dies_with_it_after_kill_9(demo: RunningDemo) 
         EXIT_TIMEOUT,
         lambda: f"the demo's processes to exit: {[commands[p] for p in tree if alive(p)]}",
     )
-    assert port_free(demo.port)
+    assert not port_in_use("127.0.0.1", demo.port)
 
 
 def test_a_second_demo_on_the_folder_names_the_pid_that_holds_it(demo: RunningDemo, tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 One demo process for the module: the sample wardle server behind a local-mode gateway, started
 exactly as `make demo` starts it, and stopped with Ctrl-C at the end. The failure walk-through of
-the README runs on a demo of its own: the sample killed, the gateway still serving and saying
+docs/demo.md runs on a demo of its own: the sample killed, the gateway still serving and saying
 which hop fails, then Enter and everything Current and True again.
 """
 
@@ -374,7 +374,7 @@ async def available(kubectl: Kubectl) -> dict[str, str]:
 
 
 async def test_the_sample_dies_the_gateway_says_so_and_recovers(tmp_path: Path) -> None:
-    """The README's 'see a failure' walk-through, with manifests the user edited beforehand."""
+    """docs/demo.md's 'see a failure' walk-through, with manifests the user edited beforehand."""
     certs = tmp_path / "certs"
     subprocess.run(
         [sys.executable, "-m", "aggregator", "certs", "init", "--dir", str(certs)],

@@ -36,6 +36,9 @@ from aggregator.auth.authn import Authenticator
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
 from aggregator.auth.impersonation import Impersonator
+from aggregator.auth.rbacfolder import RBACFolder
+from aggregator.auth.rbacobjects import is_rbac
+from aggregator.auth.selfreviews import SelfReviews
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import DiscoveryProbe
 from aggregator.availability.status import (
@@ -134,6 +137,8 @@ class Gateway:
     hop: str = ""
     # kube mode: the cluster's authentication ConfigMap being watched (worker processes get copies)
     cluster_auth: AuthConfigMap | None = None
+    # local mode: the folder's RBAC manifests being watched (worker processes get copies)
+    rbac: RBACFolder | None = None
     shutting_down: bool = False
 
     async def start(self) -> None:
@@ -231,7 +236,7 @@ def build_gateway(options: Options) -> Gateway:
         kube_source = KubeSource(kube, store, metrics)
         components.append(("kube-source", kube_source))
     if options.apiservices_dir is not None:
-        folder = FolderSource(options.apiservices_dir, store)
+        folder = FolderSource(options.apiservices_dir, store, read_elsewhere=is_rbac)
         components.append(("folder-source", folder))
 
     # 3. who is calling, and may they
@@ -300,6 +305,7 @@ def build_gateway(options: Options) -> Gateway:
     OpenAPIRoutes(openapi).install(router)
     if apiregistration is not None:
         apiregistration.install(router)
+        SelfReviews(authorizer).install(router)
     router.add_claim(proxy.claim)
 
     chain = _pipeline(options, router, metrics, hop, authenticator, authorizer, auditor)
@@ -333,6 +339,7 @@ def build_gateway(options: Options) -> Gateway:
         auth_summary=authentication.summary + authorization.summary,
         hop=hop,
         cluster_auth=authentication.cluster,
+        rbac=authorization.rbac,
     )
     health.add("ping", lambda: None)
     health.add("shutdown", gateway.shutdown_check, livez=False)
@@ -443,10 +450,14 @@ def _pipeline(
     pipeline.add_gate(upgrade_gate(metrics))
     pipeline.add_gate(instrumentation.gate)  # last: the request reaches its handler
     pipeline.on_finish(lambda request, _route, _response, _error: limits.finished(request))
-    pipeline.on_finish(lambda request, route, response, _error: instrumentation.finished(request, route, response))
+    pipeline.on_finish(
+        lambda request, route, response, _error: instrumentation.finished(request, route, response)
+    )
     if auditing is not None:
         pipeline.on_response_head(auditing.head_going_out)
-        pipeline.on_finish(lambda request, _route, response, error: auditing.finished(request, response, error))
+        pipeline.on_finish(
+            lambda request, _route, response, error: auditing.finished(request, response, error)
+        )
     return RequestChain(pipeline, limits, timeouts)
 
 
@@ -467,9 +478,9 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     if auditor is not None:
         components.append(("audit-log", AuditLog(auditor)))
 
-    # Caches stay per worker; the cluster's ConfigMap is the control's copy.
+    # Caches stay per worker; the cluster's ConfigMap and the folder's RBAC are the control's copies.
     authentication = build_authentication(options, kube=kube, metrics=metrics, watch_cluster=False)
-    authorization = build_authorization(options, kube=kube, metrics=metrics)
+    authorization = build_authorization(options, kube=kube, metrics=metrics, rbac_source=replica.rbac)
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
     replica.bind_cluster_auth(authentication.cluster)
@@ -504,6 +515,7 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     OpenAPIRoutes(replica).install(router)
     if options.local_mode:
         APIRegistration(store).install(router)
+        SelfReviews(authorizer).install(router)
     router.add_claim(proxy.claim)
     chain = _pipeline(options, router, metrics, hop, authenticator, authorizer, auditor)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from aggregator.audit.policy import PolicyError as AuditPolicyError
 from aggregator.audit.policy import load_policy_file
+from aggregator.auth.modes import ModeError, check_modes
 from aggregator.tls.policy import DEFAULT_MIN_VERSION, VERSIONS, PolicyError, TLSPolicy
 from aggregator.util.durations import parse_go_duration
 from aggregator.web.accesslog import AccessLogError, AccessLogPolicy
@@ -106,6 +107,8 @@ class Options:
     api_audiences: list[str] = field(default_factory=list)
     authentication_skip_lookup: bool = False
     authorization_kubeconfig: str | None = None
+    # None: the default for where the gateway runs (`auth/modes.py default_modes`)
+    authorization_mode: list[str] | None = None
     authorization_always_allow_paths: list[str] = field(
         default_factory=lambda: list(DEFAULT_ALWAYS_ALLOW_PATHS)
     )
@@ -389,6 +392,13 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
 
     authz = parser.add_argument_group("authorization")
+    authz.add_argument(
+        "--authorization-mode",
+        type=_csv,
+        default=None,
+        help="ordered list of AlwaysAllow, RBAC (manifests in --apiservices-dir), Webhook "
+        "(SubjectAccessReview) (default: Webhook in kube mode; RBAC, then Webhook with a kubeconfig, in local mode).",
+    )
     authz.add_argument(
         "--authorization-kubeconfig",
         help="kubeconfig for SubjectAccessReviews (default: the main kubeconfig or in-cluster account).",
@@ -677,7 +687,8 @@ def validate(opts: Options) -> None:
     kube_only = sorted(opts.explicit_flags & KUBE_MODE_FLAGS.keys()) if opts.local_mode else []
     if kube_only:
         raise ConfigError(
-            KUBE_MODE_FLAGS[kube_only[0]], "only applies in kube mode; it means nothing with --apiservices-dir"
+            KUBE_MODE_FLAGS[kube_only[0]],
+            "only applies in kube mode; it means nothing with --apiservices-dir",
         )
     for cidr in opts.deny_cidrs:
         try:
@@ -720,6 +731,15 @@ def validate(opts: Options) -> None:
             raise ConfigError(
                 "--authorization-always-allow-paths", f"{entry!r}: '*' is only allowed at the end"
             )
+    if opts.authorization_mode is not None:
+        try:
+            check_modes(
+                opts.authorization_mode,
+                local_mode=opts.local_mode,
+                has_kubeconfig=bool(opts.kubeconfig or opts.authorization_kubeconfig or opts.kube_mode),
+            )
+        except ModeError as err:
+            raise ConfigError("--authorization-mode", str(err)) from err
     _check_audit(opts)
     _check_limits(opts)
 

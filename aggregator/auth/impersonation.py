@@ -11,9 +11,11 @@ authorization on every path, aggregated ones included:
   Groups, extras or a uid without a user: 500 `requested [...] without impersonating a user`.
 - Each is checked in that order with verb `impersonate` on users, serviceaccounts, groups,
   `userextras/<key>` (group authentication.k8s.io) or uids (same group), asked as the
-  authenticated caller through the gateway's authorizer: always-allow groups, then the cached,
-  coalesced SubjectAccessReview. The first refusal is upstream's 403 Status; a failed review
-  refuses too (upstream: `err != nil || decision != allow`).
+  authenticated caller through the gateway's authorizer: always-allow groups, then the
+  `--authorization-mode` authorizers (the cached, coalesced SubjectAccessReview, RBAC from the
+  folder). The first refusal is upstream's 403 Status; a failed review refuses too (upstream:
+  `err != nil || decision != allow`). Impersonation is never allowed by default: local mode
+  without any authorizer refuses it with a reason that says how to enable it (`modes.py`).
 - The request then runs as the impersonated user, and nothing else: its groups are the
   impersonated ones (a service account's own groups when none are given), plus
   system:authenticated (or system:unauthenticated for system:anonymous) unless already there.
@@ -35,9 +37,10 @@ from typing import Protocol
 
 from aiohttp import web
 
-from aggregator.auth.authz import Authorizer, Decision, Verdict, forbidden, internal_error
+from aggregator.auth.authz import forbidden, internal_error
 from aggregator.auth.gourl import EscapeError, path_unescape
 from aggregator.auth.requestinfo import RequestInfo
+from aggregator.auth.verdict import Decision, Verdict
 from aggregator.auth.webhook import ReviewFailed
 from aggregator.model.fielderrors import is_dns1123_label, is_dns1123_subdomain
 from aggregator.model.userinfo import ANONYMOUS_USER, AUTHENTICATED_GROUP, UNAUTHENTICATED_GROUP, UserInfo
@@ -291,21 +294,3 @@ class Impersonator:
             )
             # The webhook's `decisionOnError` with an empty reason: a plain 403.
             return Verdict(Decision.NO_OPINION, error=str(err))
-
-
-def announce(authorizer: Authorizer, *, anonymous_auth: bool) -> str | None:
-    """Log, at start, that impersonation goes unchecked when authorization is off.
-
-    Call it next to the AUTHORIZATION IS OFF warning. Returns the line for the start-up
-    summary, or None when impersonation is checked.
-    """
-    if authorizer.reviewer is not None or not authorizer.allow_all:
-        return None
-    who = "every caller, anonymous ones included," if anonymous_auth else "every authenticated caller"
-    log.warning(
-        f"IMPERSONATION IS UNCHECKED: with authorization off, {who} may impersonate any user, group, "
-        "uid or extra with Impersonate-* headers, and backends are told the impersonated identity; "
-        "pass --kubeconfig or --authorization-kubeconfig to check impersonation",
-        extra=fields(anonymous_auth=anonymous_auth),
-    )
-    return "impersonation: ALLOWED for every caller (no kubeconfig)"

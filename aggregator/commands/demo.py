@@ -2,9 +2,10 @@
 
 Creates the PKI in `certs/` (once), a serving certificate for the sample server valid for
 `api.wardle.svc` (the name the gateway verifies), two users (admin in system:masters, and alice
-with no rights), the APIService/Service/EndpointSlice manifests that register the sample
-(`demofiles.py`: ports checked first, the user's edits never overwritten), then starts the sample
-extension API server and the gateway in local mode as child processes and prints what to try.
+who may only read fischers), the APIService/Service/EndpointSlice manifests that register the
+sample and the RBAC manifests that say so (`demorbac.py`; `demofiles.py`: ports checked first, the
+user's edits never overwritten), then starts the sample extension API server and the gateway in
+local mode as child processes and prints what to try.
 
 The demo exists to show the gateway's headline feature, so the sample dying is part of the show:
 the gateway keeps serving (wardle.example.com answers 503, stays in `/apis` marked Stale, its
@@ -50,6 +51,7 @@ from aggregator.commands.demofiles import (
     folder_lock,
     yaml_bytes,
 )
+from aggregator.commands.demorbac import VIEWERS, demo_rbac, rbac_manifests
 from aggregator.sample.api import GROUP, VERSIONS
 from aggregator.util import parentdeath
 
@@ -72,7 +74,7 @@ def prepare(layout: DemoLayout, ports: Ports, files: GeneratedFiles, *, host: st
         write_pair(certs, "wardle-serving", serving)
     if not (certs / "alice.crt").exists():
         write_pair(
-            certs, "alice", issue_client_cert(load_pair(certs, "client-ca"), "alice", ["wardle-viewers"])
+            certs, "alice", issue_client_cert(load_pair(certs, "client-ca"), "alice", [VIEWERS])
         )
     ca_pem = (certs / "ca.crt").read_bytes()
     for path, user in ((layout.admin_kubeconfig, "admin"), (layout.alice_kubeconfig, "alice")):
@@ -83,6 +85,7 @@ def prepare(layout: DemoLayout, ports: Ports, files: GeneratedFiles, *, host: st
 
     layout.apiservices.mkdir(parents=True, exist_ok=True)
     files.write(layout.wardle_manifests, yaml_bytes(local_manifests(ca_pem, ports.sample, address=host)))
+    files.write(rbac_manifests(layout), yaml_bytes(demo_rbac()))
     files.save()
 
 
@@ -103,6 +106,9 @@ def sample_command(layout: DemoLayout, port: int, host: str) -> list[str]:
         layout.path("front-proxy-ca.crt"),
         "--requestheader-allowed-names",
         "front-proxy-client",
+        # The gateway's RBAC decides what alice may do (demorbac.py); the sample trusts her group.
+        "--authorization-allow-groups",
+        f"system:masters,{VIEWERS}",
     ]
 
 
@@ -163,7 +169,9 @@ Try, from another terminal:
   kubectl create -f examples/flunder.yaml
   kubectl get flunders -o wide
   kubectl explain flunders.spec
-  kubectl --kubeconfig {layout.alice_kubeconfig} get flunders    # alice has no rights: Forbidden
+  kubectl --kubeconfig {layout.alice_kubeconfig} get fischers    # alice may read fischers ({rbac_manifests(layout)})
+  kubectl --kubeconfig {layout.alice_kubeconfig} get flunders    # but not flunders: Forbidden, by the gateway
+  kubectl --kubeconfig {layout.alice_kubeconfig} --as=x --as-group=system:masters get flunders   # nor impersonate
   curl --cacert {c}/ca.crt --cert {c}/admin.crt --key {c}/admin.key {url}/apis
   {aggregator_command()} check --all --apiservices-dir {layout.apiservices}
 

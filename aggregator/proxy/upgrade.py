@@ -9,11 +9,13 @@ removed, and reads the backend's answer:
 - `>= 400`: relay the backend's answer, then close the client connection;
 - anything else: 503 `invalid upgrade response: status code N`, then close.
 
-A request body (`Content-Length`, or chunked) is sent to the backend before its answer is read,
-as upstream's `req.Write` does (`upgradeaware.go`, `dial`): announcing a length and never sending
-the bytes would leave the backend waiting for them. The body is re-framed as it was announced (the
-exact bytes for a length, chunks for chunked), so the backend sees where it ends exactly where the
-gateway did, and the whole exchange up to the answer's head has one deadline.
+A request body (`Content-Length`, or chunked) is sent to the backend while its answer is awaited,
+as upstream's `req.Write` sends it first (`upgradeaware.go`, `dial`): announcing a length and
+never sending the bytes would leave the backend waiting for them. The body is re-framed as it was
+announced (the exact bytes for a length, chunks for chunked), so the backend sees where it ends
+exactly where the gateway did, and the whole exchange up to the answer's head has one deadline.
+An answer other than 101 ends the body at once (`_BodySender`): no byte the client sends after
+it, and none beyond the declared body ever, reaches that backend.
 
 The backend connection is never pooled and never reused, and the client connection is closed
 whenever no tunnel was established, so bytes a client pipelines behind a refused upgrade are
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from aiohttp import web
@@ -132,9 +135,21 @@ async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[str, str]
     return await reader.read(ERROR_BODY_LIMIT)
 
 
+class ClientBodyError(Exception):
+    """The client's body could not be read (it went away, or its chunks are malformed)."""
+
+
+async def _client_chunks(body: StreamReader) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in body.iter_any():
+            yield chunk
+    except Exception as err:  # aiohttp raises connection and payload errors alike here
+        raise ClientBodyError(str(err) or type(err).__name__) from err
+
+
 async def _send_body(body: StreamReader, writer: asyncio.StreamWriter, *, chunked: bool) -> None:
     """The upgrade request's body, as announced: its exact bytes, or re-chunked."""
-    async for chunk in body.iter_any():
+    async for chunk in _client_chunks(body):
         if chunked:
             writer.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
         else:
@@ -142,6 +157,49 @@ async def _send_body(body: StreamReader, writer: asyncio.StreamWriter, *, chunke
         await writer.drain()
     if chunked:
         writer.write(b"0\r\n\r\n")
+
+
+class _BodySender:
+    """Sends the upgrade request's body while the backend's answer is awaited.
+
+    Upstream writes the whole request before reading the answer (`req.Write`), so a backend that
+    answers at once still gets every byte of a body the client is slow to send. Here the body
+    goes out as it arrives, and an answer that comes first ends it: a backend that refused the
+    upgrade receives nothing more (`abandon`), and a 101 waits for the body to be complete
+    before any tunnelled byte follows it (`finished`).
+    """
+
+    def __init__(self, request: web.Request, writer: asyncio.StreamWriter, *, chunked: bool) -> None:
+        self._task: asyncio.Task[None] | None = None
+        if request.body_exists:
+            self._task = asyncio.get_running_loop().create_task(
+                _send_body(request.content, writer, chunked=chunked), name="upgrade-request-body"
+            )
+
+    async def until_answered(self, answer: Awaitable[bytes]) -> bytes:
+        """The backend's response head; the body keeps going meanwhile. A body that cannot be
+        read from the client (it went away) or written to the backend ends the exchange."""
+        head = asyncio.ensure_future(answer)
+        if self._task is None or self._task.done():
+            return await head
+        try:
+            await asyncio.wait({head, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            if not head.done():
+                self._task.result()  # the body failed: raise that, or it finished: wait on
+            return await head
+        finally:
+            head.cancel()
+
+    async def finished(self) -> None:
+        if self._task is not None:
+            await self._task
+
+    async def abandon(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
 
 class _ClientBytes:
@@ -225,16 +283,24 @@ class UpgradeTunnel:
         except BackendError as err:
             return self._error(request, name, err.cause, err.hop.value)
         writer = asyncio.StreamWriter(transport, stream_protocol, reader, loop)
+        body = _BodySender(request, writer, chunked=chunked)
         try:
             writer.write(head.encode("latin-1") + b"\r\n")
             async with asyncio.timeout(RESPONSE_HEAD_TIMEOUT):
-                if request.body_exists:
-                    await _send_body(request.content, writer, chunked=chunked)
-                response_head = await reader.readuntil(b"\r\n\r\n")
-            status, reason, response_fields = _parse_head(response_head)
+                response_head = await body.until_answered(reader.readuntil(b"\r\n\r\n"))
+                status, reason, response_fields = _parse_head(response_head)
+                if status == 101:
+                    await body.finished()  # the body goes before any tunnelled byte
             if status != 101:
+                await body.abandon()  # no byte more reaches a backend that refused
                 return await self._refused(request, name, status, reason, response_fields, reader)
             return await self._splice(request, response_head, reader, writer)
+        except ClientBodyError as err:
+            # The client, not the backend, failed: nothing to count against the APIService.
+            log.info("upgrade request body not read", extra=fields(apiservice=name, reason=str(err)))
+            response = status_response(request, 400, f"the request body could not be read: {err}")
+            response.force_close()
+            return response
         except (
             OSError,
             TimeoutError,
@@ -250,6 +316,8 @@ class UpgradeTunnel:
             hop, cause = await backend.diagnose(hop, cause, dest.address)
             return self._error(request, name, cause, hop.value)
         finally:
+            await body.abandon()
+            # Never pooled, never reused: whatever the backend answered, this connection ends here.
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

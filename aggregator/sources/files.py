@@ -15,6 +15,7 @@ import json
 import logging
 import os
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,8 @@ class _FileState:
     error: str | None = None
 
 
-def _manifest_files(directory: Path) -> dict[Path, tuple[int, int, int]]:
+def manifest_files(directory: Path) -> dict[Path, tuple[int, int, int]]:
+    """Every manifest file under `directory` (hidden entries skipped) with its (inode, size, mtime)."""
     found: dict[Path, tuple[int, int, int]] = {}
     for root, dirs, files in os.walk(directory, followlinks=True):
         # Skip hidden entries, which includes Kubernetes volume internals (`..data`, `..2026_...`).
@@ -89,16 +91,24 @@ class FolderSource:
     """Keeps the store equal to the valid objects in `directory`."""
 
     def __init__(
-        self, directory: str | Path, store: Store, *, interval: float = 1.0, use_inotify: bool = True
+        self,
+        directory: str | Path,
+        store: Store,
+        *,
+        interval: float = 1.0,
+        use_inotify: bool = True,
+        read_elsewhere: Callable[[Mapping[str, Any]], bool] = lambda _doc: False,
     ) -> None:
         self.directory = Path(directory)
         self.store = store
+        # Documents of the folder another component reads (local mode's RBAC): not "skipped".
+        self.read_elsewhere = read_elsewhere
         self._files: dict[Path, _FileState] = {}
         self._owners: dict[ObjKey, set[Path]] = {}  # which files define each object
         self._reported: set[tuple[Path, str, str]] = set()  # (file, apiVersion, kind) skipped and said
         self._watcher = DirectoryWatcher(
             self.directory,
-            lambda: tuple(sorted(_manifest_files(self.directory).items())),
+            lambda: tuple(sorted(manifest_files(self.directory).items())),
             self.reload,
             interval=interval,
             name="apiservices-dir",
@@ -124,7 +134,7 @@ class FolderSource:
         Only the objects of files that changed are compared: one edit in a folder of thousands of
         APIServices costs what that file holds, not what the folder holds.
         """
-        current = _manifest_files(self.directory)
+        current = manifest_files(self.directory)
         affected: set[ObjKey] = set()
         for path in set(self._files) - set(current):
             log.info("manifest file removed", extra=fields(file=str(path)))
@@ -169,7 +179,8 @@ class FolderSource:
             if result is None:
                 continue
             if isinstance(result, Ignored):
-                self._skipped(path, result)
+                if not self.read_elsewhere(doc):
+                    self._skipped(path, result)
                 continue
             if isinstance(result, Rejected):
                 name = (doc.get("metadata") or {}).get("name") if isinstance(doc, dict) else None
@@ -196,8 +207,9 @@ class FolderSource:
             return
         self._reported.add(seen)
         log.warning(
-            "manifest skipped: the gateway reads only APIService (apiregistration.k8s.io/v1), Service (v1) "
-            "and EndpointSlice (discovery.k8s.io/v1)",
+            "manifest skipped: the gateway reads only APIService (apiregistration.k8s.io/v1), Service (v1), "
+            "EndpointSlice (discovery.k8s.io/v1), and Role, ClusterRole, RoleBinding and ClusterRoleBinding "
+            "(rbac.authorization.k8s.io/v1)",
             extra=fields(file=str(path), apiVersion=ignored.api_version, kind=ignored.kind),
         )
 

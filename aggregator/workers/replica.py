@@ -24,6 +24,7 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from aggregator.auth.authconfigmap import AuthConfigMap
+from aggregator.auth.modes import PolicyHolder
 from aggregator.discovery.aggregated import HEADERS as AGGREGATED_HEADERS
 from aggregator.discovery.routes import DiscoveryRoutes
 from aggregator.model.apiservice import Condition
@@ -123,6 +124,8 @@ class Replica:
         self._v2: V2Published = build_v2([V2Input("gateway", base_document())])
         self._v3: V3Published = EMPTY_V3
         self._cluster: AuthConfigMap | None = None
+        # Local mode: the control's RBAC policy (the snapshot carries it, before anything is built).
+        self.rbac = PolicyHolder()
         self._collect: Callable[[], list[Metric]] = list
         self._suspected: dict[str, float] = {}
         self._scrapes: dict[int, asyncio.Future[list[Metric]]] = {}
@@ -212,10 +215,14 @@ class Replica:
             self._v3 = V3Published(state.openapi_v3_index or self._v3.index, documents)
         if state.cluster_auth is not None and self._cluster is not None:
             self._cluster.use(state.cluster_auth)
+        if state.rbac is not None:
+            self.rbac.use(state.rbac)
         self.first_state.set()
 
     def _apply_discovery(self, docs: AggregatedDocs) -> None:
-        self._aggregated = {version: _Received(_UNPARSED, body, etag) for version, body, etag in docs.documents}
+        self._aggregated = {
+            version: _Received(_UNPARSED, body, etag) for version, body, etag in docs.documents
+        }
         self._legacy_only = docs.legacy_only
         if self._routes is not None:
             self._routes.aggregated = None if docs.legacy_only else self

@@ -15,15 +15,15 @@ from aiohttp.test_utils import make_mocked_request
 from aggregator.auth.authz import (
     AlwaysAllowPaths,
     Authorizer,
-    Decision,
     ReviewStatus,
     SubjectAccessReviewer,
-    Verdict,
+    WebhookMode,
     spec_document,
     spec_key,
     verdict_from_status,
 )
 from aggregator.auth.requestinfo import RequestInfo, new_request_info
+from aggregator.auth.verdict import Decision, Verdict
 from aggregator.auth.webhook import Backoff, ReviewFailed, WebhookClient
 from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
@@ -193,7 +193,7 @@ def mocked(path: str, user: UserInfo) -> web.Request:
 async def test_a_cache_hit_completes_without_suspending() -> None:
     poster = ScriptedPoster(allowed())
     reviewer = SubjectAccessReviewer(webhook(poster), allowed_ttl=10, denied_ttl=10, metrics=Metrics())
-    authorizer = Authorizer(always_allow_groups=(), always_allow_paths=(), reviewer=reviewer)
+    authorizer = Authorizer(always_allow_groups=(), always_allow_paths=(), modes=[WebhookMode(reviewer)])
     route = Route(lambda r: None, RouteKind.OWN, "x")  # type: ignore[arg-type,return-value]
     path = "/apis/g/v1/things"
 

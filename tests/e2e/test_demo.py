@@ -221,19 +221,70 @@ async def test_watch_sees_an_event(demo: Demo, binary: str, tmp_path: Path) -> N
         await kubectl("delete", "flunder", name, "--ignore-not-found")
 
 
+async def proxied_refusals(demo: Demo) -> float:
+    """How many 403s the sample server answered through the gateway (`aggregator_proxy_requests_total`)."""
+    ctx = ssl.create_default_context(cafile=str(demo.certs / "ca.crt"))
+    ctx.load_cert_chain(str(demo.certs / "admin.crt"), str(demo.certs / "admin.key"))
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"https://127.0.0.1:{demo.port}/metrics", ssl=ctx) as resp,
+    ):
+        text = await resp.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("aggregator_proxy_requests_total{") and 'code="403"' in line
+    )
+
+
+FORBIDDEN_LIST = (
+    'Error from server (Forbidden): flunders.wardle.example.com is forbidden: User "alice" cannot list '
+    'resource "flunders" in API group "wardle.example.com" in the namespace "default"'
+)
+FORBIDDEN_AS = (
+    'Error from server (Forbidden): users "x" is forbidden: User "alice" cannot impersonate resource "users" '
+    'in API group "" at the cluster scope'
+)
+
+
 @pytest.mark.parametrize("binary", KUBECTLS)
-async def test_a_user_without_rights_is_refused(demo: Demo, binary: str, tmp_path: Path) -> None:
+async def test_alice_is_refused_by_the_gateways_rbac_with_and_without_as(
+    demo: Demo, binary: str, tmp_path: Path
+) -> None:
+    """The README's walk-through: the demo's RBAC manifests let alice read fischers and nothing
+    else, and the refusals come from the gateway (the sample never sees them)."""
     admin = demo.kubectl(binary, tmp_path)
     await wait_available(admin)
     alice = demo.kubectl(binary, tmp_path, user="alice")
+    refusals = await proxied_refusals(demo)
+    _, out, err = await alice("get", "fischers")  # allowed by the gateway and served by the sample
+    assert "No resources found" in err or out.startswith("NAME")
     code, _, err = await alice("get", "flunders", check=False)
-    assert code != 0
-    assert (
-        'Error from server (Forbidden): flunders.wardle.example.com is forbidden: User "alice" cannot list '
-        'resource "flunders" in API group "wardle.example.com" in the namespace "default"'
-    ) in err
+    assert code != 0 and FORBIDDEN_LIST in err
+    code, _, err = await alice("--as=x", "--as-group=system:masters", "get", "flunders", check=False)
+    assert code != 0 and FORBIDDEN_AS in err
     code, _, err = await alice("create", "-f", str(REPO / "examples" / "flunder.yaml"), check=False)
     assert code != 0 and "Forbidden" in err
+    assert await proxied_refusals(demo) == refusals  # every refusal was the gateway's own
+
+
+@pytest.mark.parametrize("binary", KUBECTLS)
+async def test_kubectl_auth_can_i_asks_the_gateway(demo: Demo, binary: str, tmp_path: Path) -> None:
+    alice = demo.kubectl(binary, tmp_path, user="alice")
+    assert (await alice("auth", "can-i", "list", "fischers"))[1].strip() == "yes"
+    code, out, _ = await alice("auth", "can-i", "list", "flunders", check=False)
+    assert (code, out.strip()) == (1, "no")
+    code, out, _ = await alice("auth", "can-i", "impersonate", "users", check=False)
+    assert (code, out.strip()) == (1, "no")
+    _, listed, _ = await alice("auth", "can-i", "--list")
+    rows = {line.split()[0]: line for line in listed.splitlines()[1:] if line.strip()}
+    assert rows["fischers.wardle.example.com"].endswith("[get list watch]")
+    assert "flunders.wardle.example.com" not in rows
+    admin = demo.kubectl(binary, tmp_path)
+    assert (await admin("auth", "can-i", "delete", "flunders"))[1].strip() == "yes"
+    # as someone else: the impersonation is checked, then the question is asked as them
+    code, _, err = await alice("auth", "can-i", "list", "fischers", "--as=x", check=False)
+    assert code != 0 and "cannot impersonate" in err
 
 
 @pytest.mark.parametrize("binary", KUBECTLS)

@@ -226,6 +226,12 @@ async def test_a_document_of_another_kind_is_said_once_per_file(
     assert len(skipped) == 1, [r.getMessage() for r in skipped]
     assert skipped[0].fields == {"file": str(path), "apiVersion": "apps/v1", "kind": "Deployment"}  # type: ignore[attr-defined]
     assert "reads only APIService (apiregistration.k8s.io/v1), Service (v1)" in skipped[0].getMessage()
+    # What another reader of the folder takes (local mode's RBAC) is not said to be skipped.
+    source.read_elsewhere = lambda doc: doc.get("kind") == "ClusterRole"
+    rbac = "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: r\nrules: []\n"
+    (tmp_path / "rbac.yaml").write_text(rbac)
+    source.reload()
+    assert len([r for r in caplog.records if r.getMessage().startswith("manifest skipped")]) == 1
     # Another file is another line.
     (tmp_path / "other.yaml").write_text(deployment)
     await until(lambda: len([r for r in caplog.records if r.getMessage().startswith("manifest skipped")]) == 2)

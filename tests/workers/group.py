@@ -57,14 +57,14 @@ class Group:
         return self.log_path.read_text()
 
 
-def serve_args(pki: PKI, apiservices_dir: Path, port: int, *extra: str) -> list[str]:
+def serve_args(pki: PKI, apiservices_dir: Path | None, port: int, *extra: str) -> list[str]:
+    """Local mode in `apiservices_dir`; None: kube mode (`extra` names the kubeconfig)."""
     return [
         sys.executable,
         "-m",
         "aggregator",
         "serve",
-        "--apiservices-dir",
-        str(apiservices_dir),
+        *(["--apiservices-dir", str(apiservices_dir)] if apiservices_dir is not None else []),
         "--bind-address",
         "127.0.0.1",
         "--secure-port",
@@ -89,7 +89,7 @@ def serve_args(pki: PKI, apiservices_dir: Path, port: int, *extra: str) -> list[
 
 @contextlib.asynccontextmanager
 async def running_group(
-    pki: PKI, apiservices_dir: Path, log_path: Path, *extra: str, serving: tuple[str, str] | None = None
+    pki: PKI, apiservices_dir: Path | None, log_path: Path, *extra: str, serving: tuple[str, str] | None = None
 ) -> AsyncIterator[Group]:
     """The gateway in local mode as a subprocess, ready (`/readyz` 200); SIGTERM and exit 0 on the way out."""
     port = free_port()

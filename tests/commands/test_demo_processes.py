@@ -118,7 +118,20 @@ def demo(tmp_path: Path) -> Iterator[RunningDemo]:
             running.process.wait(timeout=EXIT_TIMEOUT)
 
 
-def test_every_process_of_the_demo_dies_with_it_after_kill_9(demo: RunningDemo) -> None:
+def test_a_second_demo_names_the_first_and_every_process_of_the_first_dies_with_it(
+    demo: RunningDemo, tmp_path: Path
+) -> None:
+    # A second demo on the folder names the pid holding it, whatever port it asks for, even the busy
+    # one: the lock is taken before the ports are chosen.
+    for port in (demo.port, free_port()):
+        second = start_demo(tmp_path, tmp_path / "certs", port)
+        assert second.process.wait(timeout=START_TIMEOUT) == 1, second.output()
+        assert (
+            f"another aggregator demo (pid {demo.process.pid}) is using {tmp_path / 'certs'}"
+            in second.err.read_text()
+        ), second.output()
+    assert (tmp_path / "certs" / "demo" / ".lock").read_text() == f"{demo.process.pid}\n"
+
     tree = descendants(demo.process.pid)
     commands = {pid: command_line(pid) for pid in tree}
     sample = [p for p, c in commands.items() if "-m aggregator.sample" in c]
@@ -137,18 +150,6 @@ def test_every_process_of_the_demo_dies_with_it_after_kill_9(demo: RunningDemo) 
         lambda: f"the demo's processes to exit: {[commands[p] for p in tree if alive(p)]}",
     )
     assert not port_in_use("127.0.0.1", demo.port)
-
-
-def test_a_second_demo_on_the_folder_names_the_pid_that_holds_it(demo: RunningDemo, tmp_path: Path) -> None:
-    """Whatever port it asks for, even the busy one: the lock is taken before the ports are chosen."""
-    for port in (demo.port, free_port()):
-        second = start_demo(tmp_path, tmp_path / "certs", port)
-        assert second.process.wait(timeout=START_TIMEOUT) == 1, second.output()
-        assert (
-            f"another aggregator demo (pid {demo.process.pid}) is using {tmp_path / 'certs'}"
-            in second.err.read_text()
-        ), second.output()
-    assert (tmp_path / "certs" / "demo" / ".lock").read_text() == f"{demo.process.pid}\n"
 
 
 def test_a_command_started_after_its_parent_died_does_not_run(tmp_path: Path) -> None:

@@ -228,12 +228,17 @@ async def test_404_is_retried_with_backoff_until_the_backend_publishes(
     # first wait may precede `fast`), each jittered down by at most 10%
     assert time.monotonic() - started >= 0.27 and len(seen) < 10
     metrics = server.gateway.metrics.registry
-    assert (
-        metrics.get_sample_value(
-            "aggregator_openapi_fetches_total",
-            {"apiservice": "v1.late.example.com", "document": "v2", "result": "not_found"},
+    # Counted once the answer is read: the backend has seen the 4th request a moment before.
+    await until(
+        lambda: (
+            metrics.get_sample_value(
+                "aggregator_openapi_fetches_total",
+                {"apiservice": "v1.late.example.com", "document": "v2", "result": "not_found"},
+            )
+            or 0
         )
-        >= 4
+        >= 4,
+        what="four 404s counted",
     )
 
     backend.status = {}  # the backend starts publishing; no APIService changes
@@ -263,7 +268,9 @@ async def test_refreshes_revalidate_share_one_download_per_service_and_keep_docu
     server = await start_gateway()
     aggregation = fast(server.gateway, interval=0.1)
     await until(lambda: len(backend.requests("/openapi/v2")) >= 3, what="three refreshes")
-    assert aggregation.v2.sources == ("gateway", "v2.multi.example.com", "v1.multi.example.com")
+    # The merge runs in a thread after the download that fed it: wait for it, not for a guess.
+    merged = ("gateway", "v2.multi.example.com", "v1.multi.example.com")
+    await until(lambda: aggregation.v2.sources == merged, what="the merged v2 document")
     v2_requests = backend.requests("/openapi/v2")
     # two APIServices, one Service: one download per refresh, revalidated with the server's ETag
     assert len(backend.requests("/openapi/v3")) in (len(v2_requests), len(v2_requests) + 1)

@@ -40,6 +40,7 @@ from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
 from aggregator.auth.impersonation import Impersonator
 from aggregator.auth.rbacfolder import RBACFolder
+from aggregator.auth.rbacobjects import is_rbac
 from aggregator.auth.selfreviews import SelfReviews
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import DiscoveryProbe
@@ -238,7 +239,7 @@ def build_gateway(options: Options) -> Gateway:
         kube_source = KubeSource(kube, store, metrics)
         components.append(("kube-source", kube_source))
     if options.apiservices_dir is not None:
-        folder = FolderSource(options.apiservices_dir, store)
+        folder = FolderSource(options.apiservices_dir, store, read_elsewhere=is_rbac)
         components.append(("folder-source", folder))
 
     # 3. who is calling, and may they

@@ -373,6 +373,20 @@ class AvailabilityChecker:
                     message=after.message if after else "",
                 ),
             )
+        elif after is not None and before.reason != after.reason:
+            # Still unavailable, but for another reason (EndpointsNotFound, then FailedDiscoveryCheck
+            # once the pods are up): the next thing to fix moved. Upstream logs any condition change
+            # (`updateAPIServiceStatus`: "changing APIService availability").
+            log.info(
+                "APIService availability reason changed",
+                extra=fields(
+                    apiservice=name,
+                    status=after.status,
+                    old_reason=before.reason,
+                    reason=after.reason,
+                    message=after.message,
+                ),
+            )
 
     def _notify(self, name: str) -> None:
         for listener in self._listeners:

@@ -13,7 +13,9 @@ APIServices turn False within about a second), the demo says so, and Enter start
 again on the same port; the demo then asks the gateway for wardle.example.com, which has the
 gateway re-check it at once, and reports when both APIServices are Available again. The gateway
 dying, or Ctrl-C, stops the demo. The children run in their own session, so Ctrl-C in the
-terminal reaches the demo only, which stops them in order.
+terminal reaches the demo only, which stops them in order; and they die with the demo however it
+ends (`kill -9` included: the kernel sends them SIGTERM, util/parentdeath.py), so none is left
+holding a port or serving files a new demo rewrites.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from aggregator.commands.demofiles import (
 from aggregator.commands.demorbac import VIEWERS, demo_rbac, rbac_manifests
 from aggregator.sample.api import GROUP, VERSIONS
 from aggregator.tls.issue import issue_client_cert, issue_serving_cert, load_pair, write_pair
+from aggregator.util import parentdeath
 
 WARDLE_SERVER_NAME = "api.wardle.svc"
 READY_TIMEOUT = 30.0
@@ -151,7 +154,8 @@ def banner(layout: DemoLayout, ports: Ports, host: str, *, sample_pid: int, inte
     )
     return f"""
 The gateway is serving on {url}, in front of the sample extension API server (wardle.example.com,
-pid {sample_pid}). Try, from another terminal:
+pid {sample_pid}; it keeps its objects in memory, so they are gone when it restarts).
+Try, from another terminal:
 
   export KUBECONFIG={shlex.quote(str(layout.admin_kubeconfig.resolve()))}
   kubectl api-resources
@@ -295,8 +299,12 @@ class Demo:
         self.ports = ports
         self.host = host
         self.out = out
-        self.sample = Child("sample", sample_command(layout, ports.sample, host))
-        self.gateway = Child("gateway", gateway_command(layout, ports.gateway, host, gateway_args))
+        # Both die with the demo, however it ends (kill -9 included): see util/parentdeath.py.
+        me = os.getpid()
+        self.sample = Child("sample", parentdeath.command(me, sample_command(layout, ports.sample, host)))
+        self.gateway = Child(
+            "gateway", parentdeath.command(me, gateway_command(layout, ports.gateway, host, gateway_args))
+        )
         self.ctx = ssl.create_default_context(cafile=layout.path("ca.crt"))
         self.ctx.check_hostname = False
         self.interactive = _interactive()
@@ -462,16 +470,17 @@ async def run_demo(
 ) -> int:
     out = out or sys.stdout
     layout = DemoLayout(Path(certs_dir))
-    files = GeneratedFiles.load(layout)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        # Ports first: a demo that cannot start must not touch the files a running one serves.
-        ports = choose_ports(layout, files, host=host, gateway_port=gateway_port, sample_port=sample_port)
+        # The lock first (a second demo on this folder names the first one's pid, whatever port it
+        # asks for), then the ports: a demo that cannot start touches none of the files.
         with folder_lock(layout):
+            files = GeneratedFiles.load(layout)
+            ports = choose_ports(layout, files, host=host, gateway_port=gateway_port, sample_port=sample_port)
             prepare(layout, ports, files, host=host)
             files.report(out)
             code = await Demo(layout, ports, host, gateway_args or [], out).run(stop)

@@ -223,7 +223,12 @@ class DiscoveryFetcher(LoopComponent):
             state.last_error = message
             self._count(svc.name, "error")
             (log.warning if first_failure else log.debug)(
-                "discovery fetch failed; serving the last good resources as Stale",
+                "discovery fetch failed; "
+                + (
+                    "serving the last good resources as Stale"
+                    if state.resources is not None
+                    else "its group-version is listed as Stale, with no resources until a fetch succeeds"
+                ),
                 extra=fields(apiservice=svc.name, hop=hop, error=message, failures=state.failures),
             )
             return False

@@ -354,6 +354,7 @@ class OpenAPIAggregation:
                     wants=self._wanted_by(key),
                     metrics=self.metrics,
                     legacy_keys=self._keys_of(key),
+                    apiservices=self._names_of(key),
                 )
                 # Same server, new TLS settings (a rotated caBundle): serve its documents until
                 # the first download through the new settings replaces them.
@@ -395,6 +396,9 @@ class OpenAPIAggregation:
         return source is not None and any(
             item[0] == KUBE_APISERVER and item[1] == (source.name, source.v2_revision) for item in signature
         )
+
+    def _names_of(self, key: BackendKey) -> Callable[[], list[str]]:
+        return lambda: [s.name for s in self.members.get(key, ())]
 
     def _keys_of(self, key: BackendKey) -> Callable[[], list[str]]:
         return lambda: [gv_key(s) for s in self.members.get(key, ())]

@@ -1,31 +1,7 @@
-"""Go-style duration strings (`10s`, `1m30s`, `500ms`), as kube-apiserver's flags take them."""
+"""Go duration strings (`10s`, `1m30s`, `500ms`), read as Go's `time.ParseDuration` reads them: for
+kube-apiserver's duration flags (pflag) and a request's `?timeout=`."""
 
 from __future__ import annotations
-
-import re
-
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds for a Go duration; a bare number is taken as seconds. Raises ValueError."""
-    s = text.strip()
-    if not s:
-        raise ValueError("empty duration")
-    if re.fullmatch(r"\d+(?:\.\d+)?", s):
-        return float(s)
-    sign = -1.0 if s.startswith("-") else 1.0
-    s = s.lstrip("+-")
-    pos, total = 0, 0.0
-    while pos < len(s):
-        m = _PART.match(s, pos)
-        if not m:
-            raise ValueError(f"invalid duration {text!r}")
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    return sign * total
-
 
 # Go's time.unitMap, in nanoseconds; both micro signs (U+00B5, U+03BC) are accepted.
 _GO_UNITS = {
@@ -59,8 +35,8 @@ def _time_quote(raw: bytes) -> str:
 def parse_go_duration(text: str) -> float:
     """Seconds for `text` exactly as Go's `time.ParseDuration` reads it, errors worded as Go's.
 
-    Unlike `parse_duration` (flags), a bare number other than `0` is an error (`missing unit`), as
-    it is for a request's `?timeout=` in kube-apiserver. Raises ValueError.
+    A bare number other than `0` is an error (`missing unit`), for a flag as for a request's
+    `?timeout=` in kube-apiserver. Raises ValueError.
     """
     orig = text.encode()
     s = orig

@@ -226,9 +226,10 @@ class Metrics:
         # OpenAPI aggregation
         self.openapi_fetches = Counter(
             "aggregator_openapi_fetches",
-            "OpenAPI downloads, by source (backend Service or kube-apiserver), document (v2, v3) and "
-            "outcome (ok, not_modified, not_found, error; moved: a document's hash moved, the index is read again).",
-            ["source", "document", "result"],
+            "OpenAPI downloads, by APIService (or kube-apiserver; a download shared by the APIServices of "
+            "one Service counts for each), document (v2, v3) and outcome (ok, not_modified, not_found, "
+            "error; moved: a document's hash moved, the index is read again).",
+            ["apiservice", "document", "result"],
             registry=r,
         )
         self.openapi_v2_merges = Counter(

@@ -2,7 +2,7 @@
 
 One demo process for the module: the sample wardle server behind a local-mode gateway, started
 exactly as `make demo` starts it, and stopped with Ctrl-C at the end. The failure walk-through of
-the README runs on a demo of its own: the sample killed, the gateway still serving and saying
+docs/demo.md runs on a demo of its own: the sample killed, the gateway still serving and saying
 which hop fails, then Enter and everything Current and True again.
 """
 
@@ -82,6 +82,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
         banner = out.read_text()
         assert f"https://127.0.0.1:{port}" in banner
         assert "kubectl --kubeconfig" in banner and "api-resources" in banner
+        assert "it keeps its objects in memory, so they are gone when it restarts" in banner
         yield Demo(workdir / "certs", port, log, banner)
     finally:
         proc.send_signal(signal.SIGINT)
@@ -338,9 +339,11 @@ async def test_a_second_demo_on_a_busy_port_or_the_same_folder_touches_nothing(
     """The running demo keeps working: its manifests and kubeconfigs are left exactly as they were."""
     watched = [demo.certs / "demo" / "apiservices" / "wardle.yaml", demo.certs / "demo.kubeconfig"]
     before = [(p.read_bytes(), p.stat().st_mtime_ns) for p in watched]
-    for port, message in (
-        (demo.port, f"port {demo.port} on 127.0.0.1 is in use"),
-        (free_port(), "another aggregator demo (pid"),
+    other = tmp_path / "other-certs"
+    for folder, port, message in (
+        (demo.certs, demo.port, "another aggregator demo (pid"),  # the lock is taken before the ports
+        (demo.certs, free_port(), "another aggregator demo (pid"),
+        (other, demo.port, f"port {demo.port} on 127.0.0.1 is in use"),
     ):
         done = subprocess.run(
             [
@@ -349,7 +352,7 @@ async def test_a_second_demo_on_a_busy_port_or_the_same_folder_touches_nothing(
                 "aggregator",
                 "demo",
                 "--dir",
-                str(demo.certs),
+                str(folder),
                 "--secure-port",
                 str(port),
             ],
@@ -361,6 +364,7 @@ async def test_a_second_demo_on_a_busy_port_or_the_same_folder_touches_nothing(
         )
         assert done.returncode == 1 and message in done.stderr, done.stderr
         assert [(p.read_bytes(), p.stat().st_mtime_ns) for p in watched] == before
+    assert not (other / "demo" / "apiservices").exists() and not (other / "demo.kubeconfig").exists()
     await wait_available(demo.kubectl(KUBECTLS[0], tmp_path))
 
 
@@ -421,7 +425,7 @@ async def available(kubectl: Kubectl) -> dict[str, str]:
 
 
 async def test_the_sample_dies_the_gateway_says_so_and_recovers(tmp_path: Path) -> None:
-    """The README's 'see a failure' walk-through, with manifests the user edited beforehand."""
+    """docs/demo.md's 'see a failure' walk-through, with manifests the user edited beforehand."""
     certs = tmp_path / "certs"
     subprocess.run(
         [sys.executable, "-m", "aggregator", "certs", "init", "--dir", str(certs)],

@@ -395,6 +395,9 @@ async def test_a_worker_started_after_a_bad_edit_keeps_the_last_good_rules(
         before = {await group.worker_pid() for _ in range(20)}
         victim = await group.worker_pid()
         os.kill(victim, signal.SIGKILL)
+        # Until the supervisor has reaped it, a fresh connection may land in the dead worker's
+        # accept queue and be reset: ask only once its listening socket is gone.
+        await until(lambda: "killed by SIGKILL" in group.log(), what="the supervisor to notice")
 
         async def replaced() -> bool:
             return await group.worker_pid() not in before

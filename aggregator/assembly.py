@@ -312,6 +312,7 @@ def build_gateway(options: Options) -> Gateway:
         metrics_route=Route(metrics.handle, RouteKind.OWN, "metrics"),
         routes=[discovery.routes, OpenAPIRoutes(openapi), *_local_routes(apiregistration, authorizer)],
     )
+    components.append(("endpoint-probes", path.proxy.handling))
 
     gateway = Gateway(
         options=options,
@@ -461,23 +462,24 @@ def build_request_path(
     router = _own_routes(options, forwarding.fallback, health, metrics_route)
     for installer in routes:
         installer.install(router)
-    proxy = APIServiceProxy(
-        store,
-        availability=availability,
-        handling=HandlingTable(store, backends),
-        forwarder=forwarding.forwarder,
-        fallback=forwarding.fallback.handler,
-        recheck=forwarding.forwarder.recheck,
-    )
-    store.add_listener(proxy.on_store_event)
-    router.add_claim(proxy.claim)
-
-    access_log = AccessLog(AccessLogPolicy.parse(options.access_log, verbosity=options.verbosity))
     timeouts = RequestTimeouts(
         metrics.apiserver,
         request_timeout=options.request_timeout,
         min_request_timeout=options.min_request_timeout,
     )
+    proxy = APIServiceProxy(
+        store,
+        availability=availability,
+        handling=HandlingTable(store, backends, metrics=forwarding.forwarder.endpoint_metrics),
+        forwarder=forwarding.forwarder,
+        fallback=forwarding.fallback.handler,
+        recheck=forwarding.forwarder.recheck,
+        timeouts=timeouts,
+    )
+    store.add_listener(proxy.on_store_event)
+    router.add_claim(proxy.claim)
+
+    access_log = AccessLog(AccessLogPolicy.parse(options.access_log, verbosity=options.verbosity))
     limits = MaxInFlight(
         metrics.apiserver,
         read_only=options.max_requests_inflight,
@@ -566,6 +568,7 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
         metrics_route=Route(replica.serve_metrics, RouteKind.OWN, "metrics"),
         routes=[discovery, OpenAPIRoutes(replica), *_local_routes(apiregistration, authorizer)],
     )
+    components.append(("endpoint-probes", path.proxy.handling))
 
     gateway = WorkerGateway(
         options=options,

@@ -11,6 +11,8 @@ certificate: x509: certificate is valid for a.svc, not b.svc`, `remote error: tl
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from cryptography import x509
 
 from aggregator.backends import tlsdiag
 from aggregator.backends.errors import BackendError, Hop, classify
-from aggregator.backends.h1 import KEEPALIVE, H1Pool, serialize_head
+from aggregator.backends.h1 import KEEPALIVE, DialTimes, H1Pool, serialize_head
 from aggregator.backends.tls import client_context
 from aggregator.contracts import FetchedResponse
 from aggregator.tls.pem import CertKeyPair
@@ -35,6 +37,14 @@ ALERT_TTL = 5.0
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 
 P = TypeVar("P", bound=asyncio.BaseProtocol)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,19 +91,31 @@ class Backend:
     # --- connections -------------------------------------------------------------------------------
 
     async def dial(
-        self, address: Address, factory: Callable[[], P], *, within: float = CONNECT_TIMEOUT
+        self,
+        address: Address,
+        factory: Callable[[], P],
+        *,
+        within: float = CONNECT_TIMEOUT,
+        times: DialTimes | None = None,
     ) -> tuple[asyncio.Transport, P]:
-        """TCP connect and TLS handshake within `within` seconds; a failure raises BackendError in Go's words."""
+        """TCP connect and TLS handshake within `within` seconds; a failure raises BackendError in Go's words.
+
+        An IP address (every APIService target) is connected first and handshaken on the connected
+        socket, so that `times` can tell the two phases apart (a hung TCP connect is a dead host, a
+        hung handshake a stopped process); a host name goes through the loop's own resolver."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(within):
-                transport, protocol = await loop.create_connection(
-                    factory,
-                    address.host,
-                    address.port,
-                    ssl=self.context or False,
-                    server_hostname=address.tls_name if self.context is not None else None,
-                )
+                if times is not None and self.context is not None and _is_ip(address.host):
+                    transport, protocol = await self._dial_timed(address, factory, times)
+                else:
+                    transport, protocol = await loop.create_connection(
+                        factory,
+                        address.host,
+                        address.port,
+                        ssl=self.context or False,
+                        server_hostname=address.tls_name if self.context is not None else None,
+                    )
         except TimeoutError as err:
             raise BackendError(Hop.CONNECT, f"dial tcp {address.authority}: i/o timeout") from err
         except ssl.SSLCertVerificationError as err:
@@ -104,9 +126,37 @@ class Backend:
             raise BackendError(hop, cause) from err
         return transport, protocol
 
-    async def _dial_http(self, host: str, port: int, server_name: str | None) -> ResponseHandler:
+    async def _dial_timed(
+        self, address: Address, factory: Callable[[], P], times: DialTimes
+    ) -> tuple[asyncio.Transport, P]:
         loop = asyncio.get_running_loop()
-        _, protocol = await self.dial(Address(host, port, server_name), lambda: response_protocol(loop))
+        sock = socket.socket(socket.AF_INET6 if ":" in address.host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            started = loop.time()
+            await loop.sock_connect(sock, (address.host, address.port))
+            connected = loop.time()
+            times.tcp = connected - started
+            transport, protocol = await loop.create_connection(
+                factory, sock=sock, ssl=self.context, server_hostname=address.tls_name
+            )
+            times.tls = loop.time() - connected
+        except BaseException:
+            sock.close()
+            raise
+        return transport, protocol
+
+    async def _dial_http(
+        self, host: str, port: int, server_name: str | None, within: float | None, times: DialTimes | None
+    ) -> ResponseHandler:
+        loop = asyncio.get_running_loop()
+        _, protocol = await self.dial(
+            Address(host, port, server_name),
+            lambda: response_protocol(loop),
+            within=CONNECT_TIMEOUT if within is None else within,
+            times=times,
+        )
         return protocol
 
     async def describe(self, err: BaseException, address: Address) -> BackendError:

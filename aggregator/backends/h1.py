@@ -33,8 +33,21 @@ from aggregator.util._aiohttp import (
 )
 
 Key = tuple[str, int, str | None]
-# Opens a connection to (host, port) verified for the TLS name; raises BackendError.
-Dial = Callable[[str, int, str | None], Awaitable[ResponseHandler]]
+
+
+class DialTimes:
+    """How long a new connection's TCP connect and TLS handshake took (seconds; None: not timed)."""
+
+    __slots__ = ("tcp", "tls")
+
+    def __init__(self) -> None:
+        self.tcp: float | None = None
+        self.tls: float | None = None
+
+
+# Opens a connection to (host, port) verified for the TLS name within a time limit (None: the
+# backend's default), noting its phases' times when given somewhere to; raises BackendError.
+Dial = Callable[[str, int, str | None, float | None, DialTimes | None], Awaitable[ResponseHandler]]
 
 MAX_LINE = 65536
 READ_BUFSIZE = 1 << 16
@@ -55,6 +68,10 @@ def serialize_head(method: str, target: str, headers: Iterable[tuple[str, str]])
     parts.extend(f"{name}: {value}\r\n" for name, value in headers)
     parts.append("\r\n")
     return "".join(parts).encode("utf-8", "surrogateescape")
+
+
+class NotWritten(ConnectionError):
+    """The connection was closed before the request was written: the backend never saw it."""
 
 
 class BodyTap(Protocol):
@@ -89,9 +106,10 @@ class Exchange:
         tap: BodyTap | None = None,
     ) -> None:
         protocol = self.protocol
-        prepare_response(protocol, head_only=head_only, read_bufsize=READ_BUFSIZE, max_line=MAX_LINE)
         transport = protocol.transport
-        assert transport is not None
+        if transport is None or transport.is_closing():
+            raise NotWritten("EOF")
+        prepare_response(protocol, head_only=head_only, read_bufsize=READ_BUFSIZE, max_line=MAX_LINE)
         transport.write(head)
         if body is not None:
             # Kept on the exchange and cancelled by `finish`: the body never outlives the exchange.
@@ -185,9 +203,17 @@ class H1Pool:
                 protocol.close()
         return None
 
-    async def new_exchange(self, host: str, port: int, server_name: str | None) -> Exchange:
-        """An exchange on a new connection."""
-        protocol = await self._dial(host, port, server_name)
+    async def new_exchange(
+        self,
+        host: str,
+        port: int,
+        server_name: str | None,
+        *,
+        within: float | None = None,
+        times: DialTimes | None = None,
+    ) -> Exchange:
+        """An exchange on a new connection (dialed within `within` seconds, or the default)."""
+        protocol = await self._dial(host, port, server_name, within, times)
         self.in_use += 1
         return Exchange(self, (host, port, server_name), protocol, False)
 

@@ -100,7 +100,12 @@ class FetchState:
         if cached is not None and cached[0] is svc and cached[1] is self.resources and cached[2] == freshness:
             return cached[3]
         entry = VersionEntry(
-            svc.group, svc.version, svc.group_priority_minimum, svc.version_priority, self.resources, freshness
+            svc.group,
+            svc.version,
+            svc.group_priority_minimum,
+            svc.version_priority,
+            self.resources,
+            freshness,
         )
         self._entry = (svc, self.resources, freshness, entry)
         return entry

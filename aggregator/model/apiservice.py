@@ -75,6 +75,8 @@ class APIService:
     conditions: tuple[Condition, ...] = ()
     namespace: str = ""
     resource_version: str = ""
+    # metadata.annotations, sorted (the per-APIService bounds read them: `backends/bounds.py`).
+    annotations: tuple[tuple[str, str], ...] = ()
     # The decoded manifest (metadata and all), kept to serve the object back unchanged.
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -126,6 +128,14 @@ def _decode_conditions(status: Mapping[str, Any]) -> tuple[Condition, ...]:
     return tuple(out)
 
 
+def _decode_annotations(metadata: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    annotations = mapping(metadata, "annotations", "metadata.annotations")
+    for key, value in annotations.items():
+        if not isinstance(value, str):
+            raise DecodeError(f"metadata.annotations.{key}: expected string")
+    return tuple(sorted(annotations.items()))
+
+
 def decode_apiservice(obj: Mapping[str, Any]) -> APIService:
     """Decode and default (`service.port` -> 443). Raises DecodeError on wrong types or bad base64."""
     metadata = mapping(obj, "metadata", "metadata")
@@ -158,6 +168,7 @@ def decode_apiservice(obj: Mapping[str, Any]) -> APIService:
         group_priority_minimum=int32(spec, "groupPriorityMinimum", "spec.groupPriorityMinimum", 0) or 0,
         version_priority=int32(spec, "versionPriority", "spec.versionPriority", 0) or 0,
         conditions=_decode_conditions(mapping(obj, "status", "status")),
+        annotations=_decode_annotations(metadata),
         raw=obj,
     )
 

@@ -19,19 +19,25 @@ from functools import partial
 from aiohttp import web
 
 from aggregator.backends.addresses import PendingLookup
+from aggregator.backends.bounds import read_bounds
 from aggregator.backends.errors import BackendError
 from aggregator.backends.hops import LOOP_STATUS, PROXY_LOOP
 from aggregator.contracts import Availability, Recheck
 from aggregator.model.apiservice import APIService
-from aggregator.proxy.forward import Forwarder
-from aggregator.proxy.handling import HandlingTable
+from aggregator.model.userinfo import UserInfo
+from aggregator.proxy.forward import Forwarder, verb_of
+from aggregator.proxy.handling import HandlingInfo, HandlingTable
 from aggregator.sources.store import DELETED, Event, Kind, Store
-from aggregator.web.context import context_of
+from aggregator.web.context import RequestContext, context_of
+from aggregator.web.responses import status_response
 from aggregator.web.routing import Handler, Route, RouteKind
+from aggregator.web.timeout import RequestTimeouts
 
 # Group served by the gateway itself; an APIService for it never takes its paths (upstream's
 # go-restful container wins over the proxy mux).
 OWN_GROUP = "apiregistration.k8s.io"
+# The Retry-After of a 429 at an APIService's max-concurrent-requests (kube-apiserver's max-in-flight's).
+RETRY_AFTER_SECONDS = 1
 
 
 class APIServiceProxy:
@@ -50,6 +56,7 @@ class APIServiceProxy:
         forwarder: Forwarder,
         fallback: Handler,
         recheck: Recheck | None = None,
+        timeouts: RequestTimeouts | None = None,
     ) -> None:
         self.store = store
         self.availability = availability
@@ -57,7 +64,11 @@ class APIServiceProxy:
         self.handling = handling
         self.forwarder = forwarder
         self.fallback = fallback
-        self._routes: dict[tuple[str, str], tuple[str, Route, Route]] = {}
+        self.timeouts = timeouts
+        # (group, version) -> (APIService name, its annotations, discovery route, other paths' route)
+        self._routes: dict[tuple[str, str], tuple[str, tuple[tuple[str, str], ...], Route, Route]] = {}
+        # Requests in flight per APIService with a max-concurrent-requests bound.
+        self._active: dict[str, int] = {}
         for svc in store.apiservices():
             self._register(svc)
 
@@ -74,22 +85,32 @@ class APIServiceProxy:
         if entry is None:
             return None
         if len(parts) == 4 or not parts[4]:
-            return entry[1]
-        return entry[2]
+            return entry[2]
+        return entry[3]
 
     def _register(self, svc: APIService) -> None:
         key = (svc.group, svc.version)
         if svc.local or not svc.group or svc.group == OWN_GROUP:
             self._routes.pop(key, None)
             return
-        if key in self._routes and self._routes[key][0] == svc.name:
+        entry = self._routes.get(key)
+        if entry is not None and entry[0] == svc.name and entry[1] == svc.annotations:
             return
         name = svc.name
+        # The extra long-running paths are the route's, so the request's context knows at once.
+        long_running = read_bounds(svc.annotations).long_running
         # Upgrades are never tunnelled on the discovery path (k/k#72113, CVE-2018-1002105).
         self._routes[key] = (
             name,
+            svc.annotations,
             Route(partial(self.serve, name=name, discovery=True), RouteKind.BACKEND, name, upgradable=False),
-            Route(partial(self.serve, name=name, discovery=False), RouteKind.BACKEND, name, upgradable=True),
+            Route(
+                partial(self.serve, name=name, discovery=False),
+                RouteKind.BACKEND,
+                name,
+                upgradable=True,
+                long_running=long_running,
+            ),
         )
 
     def on_store_event(self, event: Event) -> None:
@@ -130,12 +151,60 @@ class APIServiceProxy:
         user = ctx.user
         if user is None:
             return forwarder.answer(ctx, name, 500, "missing user")
+        bounds = info.bounds
+        if bounds.request_timeout is not None and self.timeouts is not None and not ctx.long_running:
+            self.timeouts.rearm(ctx, bounds.request_timeout)
+        limit = bounds.max_concurrent_requests
+        if not limit:
+            return await self._forward(ctx, info, user, discovery)
+        active = self._active.get(name, 0)
+        if active >= limit:
+            return self._too_many(ctx, name, limit)
+        self._active[name] = active + 1
         try:
-            dest = info.pick(self.handling.backends.resolver.rng.randrange)
-            if isinstance(dest, PendingLookup):
-                target = await self.handling.backends.resolver.finish_lookup(dest)
-                dest = info.looked_up_destination(target)
+            return await self._forward(ctx, info, user, discovery)
+        finally:
+            left = self._active[name] - 1
+            if left:
+                self._active[name] = left
+            else:
+                del self._active[name]
+
+    async def _forward(
+        self, ctx: RequestContext, info: HandlingInfo, user: UserInfo, discovery: bool
+    ) -> web.StreamResponse:
+        forwarder = self.forwarder
+        try:
+            endpoint = info.pick()
+            if isinstance(endpoint, PendingLookup):
+                target = await self.handling.backends.resolver.finish_lookup(endpoint)
+                endpoint = info.looked_up_endpoint(target)
         except BackendError as err:
-            return forwarder.unresolvable(ctx, name, err)
+            return forwarder.unresolvable(ctx, info.name, err)
         deadline = info.discovery_timeout if discovery else None
-        return await forwarder.send(ctx, dest, user, deadline_seconds=deadline)
+        return await forwarder.send(
+            ctx,
+            endpoint.destination,
+            user,
+            deadline_seconds=deadline,
+            endpoint=endpoint,
+            endpoints=info.endpoints,
+            bounds=info.bounds,
+        )
+
+    def _too_many(self, ctx: RequestContext, name: str, limit: int) -> web.Response:
+        """At the APIService's max-concurrent-requests: a 429 at once, as kube-apiserver's
+        max-in-flight answers, but as a Status naming the APIService (apierrors.NewTooManyRequests)."""
+        self.forwarder.metrics.apiservice_rejected.labels(name).inc()
+        self.forwarder.count(name, verb_of(ctx), 429)
+        message = (
+            f"Too many requests: APIService {name} already has {limit} requests in flight "
+            "(its aggregator.dev/max-concurrent-requests), please try again later."
+        )
+        return status_response(
+            ctx,
+            429,
+            message,
+            details={"retryAfterSeconds": RETRY_AFTER_SECONDS},
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )

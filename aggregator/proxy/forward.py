@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -26,12 +27,16 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 
 from aggregator.backends.backend import IDEMPOTENT
+from aggregator.backends.bounds import DEFAULT_BOUNDS, Bounds
 from aggregator.backends.errors import BackendError, Hop, classify
-from aggregator.backends.h1 import Exchange, serialize_head
+from aggregator.backends.h1 import DialTimes, Exchange, NotWritten, serialize_head
 from aggregator.backends.headers import forwarded_headers, forwarded_uri, response_headers
 from aggregator.contracts import Recheck
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.destination import Destination
+from aggregator.proxy.endpointmetrics import IDEMPOTENT as IDEMPOTENT_RETRY
+from aggregator.proxy.endpointmetrics import UNSENT, EndpointMetrics
+from aggregator.proxy.endpoints import BAD_ANSWERS, Endpoint, Endpoints
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_refusal
 from aggregator.util._aiohttp import HeadersWithBody
 from aggregator.util.logs import fields
@@ -66,6 +71,132 @@ def has_impersonation(ctx: RequestContext) -> str | None:
 
 # The failures that say the backend itself is gone, rather than slow or misbehaving.
 SUSPICIOUS_HOPS = frozenset({Hop.CONNECT, Hop.TLS})
+# Go's http.Transport error when ResponseHeaderTimeout passes.
+HEADER_TIMEOUT_CAUSE = "net/http: timeout awaiting response headers"
+# A connection still not made after this long has the checker look at the APIService at once: a
+# TCP connect and TLS handshake take milliseconds in a cluster, and the check then ends within one
+# probe timeout of the first client that noticed.
+SLOW_DIAL = 0.5
+
+
+@dataclass(slots=True)
+class _Failure:
+    """How one attempt failed: `unsent` (the backend never saw the request), on a `reused`
+    connection, and whether it says the endpoint itself is broken (`eject`)."""
+
+    error: BackendError
+    unsent: bool
+    reused: bool
+    eject: bool
+
+
+class _Attempts:
+    """One request's attempts: where the current one goes, and the bookkeeping of each (the
+    endpoint's requests in flight, its answers and failures, metrics, the access log's fields)."""
+
+    __slots__ = (
+        "bounds",
+        "chunked",
+        "ctx",
+        "dest",
+        "endpoint",
+        "endpoints",
+        "head",
+        "head_for",
+        "metrics",
+        "sent",
+        "tries",
+    )
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        dest: Destination,
+        endpoint: Endpoint | None,
+        endpoints: Endpoints | None,
+        bounds: Bounds,
+        head_for: Callable[[Destination], bytes],
+        chunked: bool,
+        metrics: EndpointMetrics | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.dest = dest
+        self.endpoint = endpoint
+        self.endpoints = endpoints
+        self.bounds = bounds
+        self.head_for = head_for
+        self.head = head_for(dest)
+        self.chunked = chunked
+        self.metrics = metrics
+        self.tries = 0
+        self.sent = 0.0
+
+    def begin(self) -> None:
+        endpoint = self.endpoint
+        if endpoint is not None and not self.ctx.long_running:
+            endpoint.outstanding += 1
+        self.sent = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.requests(self.dest.name, self.dest.authority).inc()
+
+    def _leave(self) -> None:
+        endpoint = self.endpoint
+        if endpoint is not None and not self.ctx.long_running:
+            endpoint.outstanding -= 1
+
+    def failed(self) -> None:
+        self._leave()
+
+    def answered(self, status: int) -> None:
+        dest = self.dest
+        self.ctx.endpoint = dest.authority
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.first_byte(dest.name, dest.authority).observe(time.monotonic() - self.sent)
+            if status in BAD_ANSWERS:
+                metrics.errors(dest.name, dest.authority, "answer").inc()
+        if self.endpoint is not None and self.endpoints is not None:
+            self.endpoints.answered(self.endpoint, status)
+
+    def done(self) -> None:
+        """The exchange that answered has ended."""
+        self._leave()
+
+    def timed_out(self) -> None:
+        """The time for the answer's head ran out during the current attempt (already left)."""
+        if self.metrics is not None:
+            self.metrics.errors(self.dest.name, self.dest.authority, "timeout").inc()
+
+    def retry_reason(self, failure: _Failure) -> str | None:
+        """Why a second attempt is safe, or None: never more than one retry; one that never
+        reached the backend whatever its method; an idempotent one without a body (a GET, HEAD or
+        OPTIONS, a watch included: nothing of its answer came yet)."""
+        error = failure.error
+        if self.metrics is not None:
+            kind = "reset" if not failure.unsent and error.hop is Hop.CONNECT else error.hop.value
+            self.metrics.errors(self.dest.name, self.dest.authority, kind).inc()
+        if failure.eject and self.endpoint is not None and self.endpoints is not None:
+            self.endpoints.unreachable(self.endpoint, error.cause)
+        if self.tries:
+            return None
+        if failure.unsent:
+            return UNSENT
+        if self.ctx.method in IDEMPOTENT and not self.ctx.request.body_exists:
+            return IDEMPOTENT_RETRY
+        return None
+
+    def retry(self, failure: _Failure, reason: str) -> None:
+        """Move to another endpoint (the same address when there is no other)."""
+        dest = self.dest
+        if self.metrics is not None:
+            self.metrics.retries(dest.name, dest.authority, reason).inc()
+        self.ctx.retried = f"{dest.authority}: {failure.error.cause}"
+        self.tries += 1
+        if self.endpoints is not None and self.endpoint is not None and len(self.endpoints.all) > 1:
+            self.endpoint = self.endpoints.choose(avoid=self.endpoint)
+            if self.endpoint.destination is not dest:
+                self.dest = self.endpoint.destination
+                self.head = self.head_for(self.dest)
 
 
 class Forwarder:
@@ -85,6 +216,8 @@ class Forwarder:
         # `aggregator_proxy_requests_total{apiservice, verb, code}` and the duration histogram.
         self._requests = Children(metrics.proxy_requests)
         self._durations = Children(metrics.proxy_duration)
+        # Per APIService and endpoint (the delegate's requests are not counted there).
+        self.endpoint_metrics = EndpointMetrics(metrics)
         self._last_logged: dict[tuple[str, str], float] = {}
 
     async def send(
@@ -94,10 +227,16 @@ class Forwarder:
         user: UserInfo,
         *,
         deadline_seconds: float | None = None,
+        endpoint: Endpoint | None = None,
+        endpoints: Endpoints | None = None,
+        bounds: Bounds = DEFAULT_BOUNDS,
     ) -> web.StreamResponse:
         """Forward (or tunnel, for an upgrade) the request to `dest` as `user`.
 
         `deadline_seconds` bounds the whole exchange (upstream's 5 s for discovery requests).
+        An APIService's request names its first `endpoint` (`dest` is its destination) and the
+        `endpoints` a retry may choose from, and its `bounds`: the connect timeout, and the
+        response-header timeout, which bounds every attempt together up to the answer's head.
         """
         if ctx.upgrade:
             refusal = upgrade_refusal(ctx.headers)
@@ -111,35 +250,60 @@ class Forwarder:
         raw_path = ctx.target
         if not raw_path.startswith("/"):  # absolute-form request target
             raw_path = ctx.raw_path + ("?" + ctx.raw_query if ctx.raw_query else "")
-        headers = forwarded_headers(
-            ctx.headers.items(),
-            user,
-            dest.policy,
-            authority=dest.authority,
-            client_ip=ctx.remote,
-            forwarded_uri=forwarded_uri(raw_path),
-            impersonate=dest.impersonate,
-            extra=dest.credentials,
-            hop=dest.hop,
-        )
-        method = ctx.method
         has_body = request.body_exists
-        chunked = has_body and not any(name.lower() == "content-length" for name, _ in headers)
-        if chunked:
-            headers.append(("Transfer-Encoding", "chunked"))
-        head = serialize_head(method, dest.base_path + raw_path, headers)
+        # A body without a length (the client's own chunks) goes chunked; Content-Length crosses as sent.
+        chunked = has_body and "Content-Length" not in ctx.headers
+
+        def head_for(dest: Destination) -> bytes:
+            headers = forwarded_headers(
+                ctx.headers.items(),
+                user,
+                dest.policy,
+                authority=dest.authority,
+                client_ip=ctx.remote,
+                forwarded_uri=forwarded_uri(raw_path),
+                impersonate=dest.impersonate,
+                extra=dest.credentials,
+                hop=dest.hop,
+            )
+            if chunked:
+                headers.append(("Transfer-Encoding", "chunked"))
+            return serialize_head(ctx.method, dest.base_path + raw_path, headers)
+
         verb = verb_of(ctx)
         name = dest.name
         deadline = None
         started = time.monotonic()
+        header_timeout = bounds.response_header_timeout
+        limit = deadline_seconds
+        if header_timeout is not None and (limit is None or header_timeout < limit):
+            limit = header_timeout
+        attempts = _Attempts(
+            ctx,
+            dest,
+            endpoint,
+            endpoints,
+            bounds,
+            head_for,
+            chunked,
+            self.endpoint_metrics if endpoint is not None else None,
+        )
         try:
-            if deadline_seconds:
-                deadline = asyncio.get_running_loop().time() + deadline_seconds
-                async with asyncio.timeout_at(deadline):
-                    exchange, message, payload = await self._exchange(ctx, dest, head, has_body, chunked)
+            if limit:
+                now = asyncio.get_running_loop().time()
+                if deadline_seconds:
+                    deadline = now + deadline_seconds
+                async with asyncio.timeout_at(now + limit):
+                    exchange, message, payload = await self._attempts(attempts)
             else:
-                exchange, message, payload = await self._exchange(ctx, dest, head, has_body, chunked)
+                exchange, message, payload = await self._attempts(attempts)
         except TimeoutError:
+            attempts.timed_out()
+            if limit == header_timeout and header_timeout is not None:
+                # A blackholed backend: the checker should hear of it now, not after its next round.
+                if self.recheck is not None:
+                    self.recheck.suspect(name)
+                return self.unreachable(ctx, name, Hop.TIMEOUT, HEADER_TIMEOUT_CAUSE, verb)
             return self.unreachable(ctx, name, Hop.TIMEOUT, "context deadline exceeded", verb)
         except BackendError as err:
             return self.unreachable(ctx, name, err.hop, err.cause, verb)
@@ -148,43 +312,93 @@ class Forwarder:
             return await self._relay(ctx, name, verb, message, payload, dest.pass_redirects, deadline)
         finally:
             exchange.finish()
+            attempts.done()
 
-    async def _exchange(
-        self, ctx: RequestContext, dest: Destination, head: bytes, has_body: bool, chunked: bool
-    ) -> tuple[Exchange, RawResponseMessage, StreamReader]:
-        """Send the request and wait for the answer's head; raises BackendError in Go's words."""
+    async def _attempts(self, attempts: _Attempts) -> tuple[Exchange, RawResponseMessage, StreamReader]:
+        """The request, sent once, or twice when the first attempt failed in a way that makes a
+        second one safe (`_Attempts.retry_reason`); raises the last failure in Go's words."""
+        while True:
+            failure = await self._attempt(attempts)
+            if isinstance(failure, tuple):
+                return failure
+            reason = attempts.retry_reason(failure)
+            if reason is None:
+                raise failure.error
+            attempts.retry(failure, reason)
+
+    async def _attempt(
+        self, attempts: _Attempts
+    ) -> tuple[Exchange, RawResponseMessage, StreamReader] | _Failure:
+        """One attempt on `attempts.dest`: the answer's head, or how it failed."""
+        ctx, dest = attempts.ctx, attempts.dest
         backend = dest.backend
         method = ctx.method
+        has_body = ctx.request.body_exists
         audit = ctx.audit
-        tap = audit.request_capture() if has_body and audit is not None else None
         pool = backend.pool
-        for attempt in (1, 2):
-            exchange = pool.idle_exchange(dest.host, dest.port, dest.server_name)
+        attempts.begin()
+        exchange = pool.idle_exchange(dest.host, dest.port, dest.server_name)
+        reused = exchange is not None
+        try:
             if exchange is None:
-                exchange = await pool.new_exchange(dest.host, dest.port, dest.server_name)
-            try:
-                exchange.send(
-                    head,
-                    ctx.request.content if has_body else None,
-                    chunked=chunked,
-                    head_only=method == "HEAD",
-                    tap=tap,
-                )
-                message, payload = await exchange.response()
-                return exchange, message, payload
-            except aiohttp.ServerDisconnectedError as err:
+                exchange = await self._dial(attempts)
+            tap = audit.request_capture() if has_body and audit is not None and not attempts.tries else None
+            exchange.send(
+                attempts.head,
+                ctx.request.content if has_body else None,
+                chunked=attempts.chunked,
+                head_only=method == "HEAD",
+                tap=tap,
+            )
+            message, payload = await exchange.response()
+        except BackendError as err:  # the dial: nothing was sent
+            attempts.failed()
+            return _Failure(err, unsent=True, reused=False, eject=err.hop in SUSPICIOUS_HOPS)
+        except NotWritten as err:
+            assert exchange is not None
+            exchange.finish()
+            attempts.failed()
+            return _Failure(await backend.describe(err, dest.address), unsent=True, reused=True, eject=False)
+        except (aiohttp.ClientError, HttpProcessingError, OSError) as err:
+            assert exchange is not None
+            exchange.finish()
+            attempts.failed()
+            # A pooled connection the backend had just closed (EOF) is its keep-alive, not a fault.
+            stale = reused and isinstance(err, aiohttp.ServerDisconnectedError)
+            return _Failure(
+                await backend.describe(err, dest.address), unsent=False, reused=reused, eject=not stale
+            )
+        except BaseException:
+            if exchange is not None:
                 exchange.finish()
-                # A pooled connection the backend had just closed: Go retries such requests once.
-                if attempt == 1 and exchange.reused and not has_body and method in IDEMPOTENT:
-                    continue
-                raise await backend.describe(err, dest.address) from err
-            except (aiohttp.ClientError, HttpProcessingError, OSError) as err:
-                exchange.finish()
-                raise await backend.describe(err, dest.address) from err
-            except BaseException:
-                exchange.finish()
-                raise
-        raise AssertionError("unreachable")
+            attempts.failed()
+            raise
+        attempts.answered(message.code)
+        return exchange, message, payload
+
+    async def _dial(self, attempts: _Attempts) -> Exchange:
+        """A new connection for the attempt, timed; one still connecting after `SLOW_DIAL` seconds
+        has the checker look at the APIService at once (a blackholed backend is found while this
+        request still waits)."""
+        dest = attempts.dest
+        metrics = attempts.metrics
+        times = DialTimes() if metrics is not None else None
+        recheck = self.recheck
+        timer = (
+            asyncio.get_running_loop().call_later(SLOW_DIAL, recheck.suspect, dest.name)
+            if recheck is not None
+            else None
+        )
+        try:
+            exchange = await dest.backend.pool.new_exchange(
+                dest.host, dest.port, dest.server_name, within=attempts.bounds.connect_timeout, times=times
+            )
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if times is not None and metrics is not None:
+            metrics.dialed(dest.name, dest.authority, times)
+        return exchange
 
     async def _relay(
         self,

@@ -4,33 +4,44 @@ kube-aggregator keeps one `proxyHandlingInfo` per APIService (handler_proxy.go),
 `updateAPIService` when the APIService changes, so that `ServeHTTP` only reads it. `HandlingInfo`
 is the gateway's: the APIService, the backend (its TLS context and connection pool, or why the
 TLS settings cannot be built), where requests may go (`backends.addresses.Addresses`: the cluster
-IP, or the ready endpoints), the destinations built from those, and the identity-header policy
-and loop mark every request carries. `HandlingTable` keeps them by name: a store event for the
+IP, or the ready endpoints), the identity-header policy and loop mark every request carries, the
+bounds its annotations set (`backends/bounds.py`), and its `Endpoints` (`endpoints.py`: balancing,
+ejection, requests in flight). `HandlingTable` keeps them by name: a store event for the
 APIService, its Service or an EndpointSlice of that Service drops the entry, and the next request
 prepares it again; a rotated front-proxy client certificate or new front-proxy header names are
-noticed by two identity checks. A request does one lookup and reads, never derives.
-
-The shape is meant to grow: the per-APIService resilience settings (endpoint balancing, outlier
-ejection, retries, timeouts and concurrency limits from annotations) belong on `HandlingInfo`,
-beside the addresses they act on.
+noticed by two identity checks. The `Endpoints` of an APIService outlive those rebuilds (an
+EndpointSlice update must not forget which replica was just found dead). A request does one
+lookup and reads, never derives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import logging
+import random
 from dataclasses import dataclass, field
 
 from aggregator.backends.addresses import Addresses, PendingLookup, Target
 from aggregator.backends.backend import Backend
-from aggregator.backends.errors import BackendError
+from aggregator.backends.bounds import DEFAULT_BOUNDS, Bounds, read_bounds
+from aggregator.backends.errors import BackendError, Hop
 from aggregator.backends.headers import IdentityHeaderPolicy
 from aggregator.backends.registry import BackendRegistry
 from aggregator.model.apiservice import APIService
+from aggregator.model.userinfo import AGGREGATOR
 from aggregator.proxy.destination import Destination
-from aggregator.sources.store import Event, Kind, Store
+from aggregator.proxy.endpointmetrics import EndpointMetrics
+from aggregator.proxy.endpoints import Endpoint, Endpoints
+from aggregator.sources.store import DELETED, Event, Kind, Store
+from aggregator.util.logs import fields
+from aggregator.util.tasks import TaskSet
 
-# Entries of a `Choices` group: where to go, or the error a denied address gets.
-Choice = Destination | BackendError
+log = logging.getLogger(__name__)
+
+# The discovery body an ejected endpoint's probe reads at most (only its status matters).
+PROBE_MAX_BODY = 1 << 20
+# How long the probe of an ejected endpoint waits for its answer, beyond the connect timeout.
+PROBE_TIMEOUT = 5.0
 # Bound on the ExternalName destinations kept per APIService (one per address DNS gave).
 _MAX_LOOKED_UP = 16
 
@@ -42,15 +53,18 @@ class HandlingInfo:
     apiservice: APIService
     backend: Backend
     addresses: Addresses
-    # `addresses.groups` as destinations (same shape); empty for an ExternalName or an error.
-    choices: tuple[tuple[Choice, ...], ...]
+    # The ready endpoints (or the cluster IP) as the balancer sees them; None for an ExternalName.
+    endpoints: Endpoints | None
+    # Why no endpoint may be dialed (every address is denied), when none may.
+    denied: BackendError | None
     policy: IdentityHeaderPolicy
     cert_generation: int
     hop: str
     # Upstream bounds proxied discovery requests (`/apis/<g>/<v>`) to this many seconds.
     discovery_timeout: float
-    # ExternalName: the destination for each address a lookup returned.
-    looked_up: dict[Target, Destination] = field(default_factory=dict)
+    bounds: Bounds = DEFAULT_BOUNDS
+    # ExternalName: the endpoint for each address a lookup returned (never ejected: one address).
+    looked_up: dict[Target, Endpoint] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -75,38 +89,50 @@ class HandlingInfo:
             hop=self.hop,
         )
 
-    def pick(self, pick_index: Callable[[int], int]) -> Destination | PendingLookup:
-        """Where this request goes: a random choice among the candidates (raises BackendError
-        for an address that cannot be used); an ExternalName still needs its lookup."""
+    def pick(self) -> Endpoint | PendingLookup:
+        """Where this request goes first (`Endpoints.choose`; raises BackendError when no address
+        can be used); an ExternalName still needs its lookup."""
+        endpoints = self.endpoints
+        if endpoints is not None and endpoints.all:
+            return endpoints.choose()
         addresses = self.addresses
         if addresses.error is not None:
             raise BackendError(addresses.error.hop, addresses.error.cause)
         if addresses.lookup is not None:
             return addresses.lookup
-        choices = self.choices
-        group = choices[0] if len(choices) == 1 else choices[pick_index(len(choices))]
-        choice = group[0] if len(group) == 1 else group[pick_index(len(group))]
-        if isinstance(choice, BackendError):
-            raise BackendError(choice.hop, choice.cause)
-        return choice
+        denied = self.denied
+        assert denied is not None, "addresses without an endpoint carry why"
+        raise BackendError(denied.hop, denied.cause)
 
-    def looked_up_destination(self, target: Target) -> Destination:
-        """The destination of an ExternalName's address, built once per address."""
-        dest = self.looked_up.get(target)
-        if dest is None:
+    def looked_up_endpoint(self, target: Target) -> Endpoint:
+        """The endpoint of an ExternalName's address, built once per address."""
+        endpoint = self.looked_up.get(target)
+        if endpoint is None:
             if len(self.looked_up) >= _MAX_LOOKED_UP:
                 self.looked_up.clear()
-            dest = self.looked_up[target] = self.destination(target)
-        return dest
+            endpoint = self.looked_up[target] = Endpoint(self.destination(target))
+        return endpoint
 
 
 class HandlingTable:
     """The `HandlingInfo` of every remote APIService, prepared on first use after a change."""
 
-    def __init__(self, store: Store, backends: BackendRegistry) -> None:
+    def __init__(
+        self,
+        store: Store,
+        backends: BackendRegistry,
+        *,
+        metrics: EndpointMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.store = store
         self.backends = backends
+        self.metrics = metrics
+        self.rng = rng or random.Random()
         self._infos: dict[str, HandlingInfo] = {}
+        self._endpoints: dict[str, Endpoints] = {}
+        # The probes of ejected endpoints.
+        self.tasks = TaskSet("endpoint-probes")
 
     def get(self, name: str) -> HandlingInfo | None:
         """The APIService's handling info, None when it is gone or local (no `spec.service`)."""
@@ -119,36 +145,108 @@ class HandlingTable:
             return info
         return self._prepare(name)
 
+    def endpoints(self, name: str) -> Endpoints | None:
+        """The APIService's endpoints as the balancer last saw them (ejections and all)."""
+        return self._endpoints.get(name)
+
     def _prepare(self, name: str) -> HandlingInfo | None:
         svc = self.store.apiservice(name)
         if svc is None or svc.service is None:
             self._infos.pop(name, None)
+            self._forget_endpoints(name)
             return None
         backends = self.backends
         addresses = backends.resolver.addresses(svc)
+        bounds = read_bounds(svc.annotations)
+        previous = self._infos.get(name)
+        if bounds.problems and (previous is None or previous.apiservice.annotations != svc.annotations):
+            log.warning(
+                "APIService annotations ignored",
+                extra=fields(apiservice=name, problems="; ".join(bounds.problems)),
+            )
         info = HandlingInfo(
             apiservice=svc,
             backend=backends.backend_for(svc),
             addresses=addresses,
-            choices=(),
+            endpoints=None,
+            denied=None,
             policy=backends.policy,
             cert_generation=backends.client_certificate.generation,
             hop=backends.hop,
             discovery_timeout=backends.discovery_timeout,
+            bounds=bounds,
         )
-        info.choices = tuple(
-            tuple(c if isinstance(c, BackendError) else info.destination(c) for c in group)
-            for group in addresses.groups
-        )
+        destinations: dict[str, Destination] = {}
+        for group in addresses.groups:
+            for choice in group:
+                if isinstance(choice, BackendError):
+                    info.denied = info.denied or choice
+                else:
+                    dest = info.destination(choice)
+                    destinations.setdefault(dest.authority, dest)
+        if addresses.lookup is None and addresses.error is None:
+            endpoints = self._endpoints.get(name)
+            if endpoints is None:
+                endpoints = self._endpoints[name] = Endpoints(
+                    name,
+                    rng=self.rng,
+                    prober=self._probe,
+                    listener=self.metrics.ejection if self.metrics is not None else None,
+                )
+            gone = endpoints.update(tuple(destinations.values()), bounds)
+            if self.metrics is not None:
+                for endpoint in gone:
+                    self.metrics.forget(name, endpoint.authority)
+            info.endpoints = endpoints
         self._infos[name] = info
         return info
+
+    def _forget_endpoints(self, name: str) -> None:
+        endpoints = self._endpoints.pop(name, None)
+        if endpoints is not None and self.metrics is not None:
+            for endpoint in endpoints.all:
+                self.metrics.forget(name, endpoint.authority)
+
+    def _probe(self, endpoints: Endpoints, endpoint: Endpoint) -> None:
+        self.tasks.spawn(self._run_probe(endpoints, endpoint), name=f"{endpoints.name}/{endpoint.authority}")
+
+    async def _run_probe(self, endpoints: Endpoints, endpoint: Endpoint) -> None:
+        """GET the group-version's discovery from the ejected endpoint, as availability would: any
+        answer but a 5xx brings it back."""
+        failure: str | None = None
+        svc = self.store.apiservice(endpoints.name)
+        dest = endpoint.destination
+        try:
+            if svc is None:
+                raise BackendError(Hop.SERVICE, "the APIService is gone")
+            path = f"/apis/{svc.group}/{svc.version}"
+            target = Target(dest.host, dest.port, dest.server_name or dest.host)
+            async with asyncio.timeout(endpoints.bounds.connect_timeout + PROBE_TIMEOUT):
+                response = await self.backends.get_from(
+                    svc, target, path, headers={}, user=AGGREGATOR, max_body=PROBE_MAX_BODY
+                )
+            if response.status >= 500:
+                failure = f"probe answered {response.status}"
+        except BackendError as err:
+            failure = err.cause
+        except TimeoutError:
+            failure = "probe: no answer in time"
+        endpoints.probed(endpoint, failure)
 
     def on_store_event(self, event: Event) -> None:
         """Forget what the change may affect: the APIService itself, or the APIServices of a
         Service and of its EndpointSlices."""
         if event.kind is Kind.APISERVICE:
             self._infos.pop(event.obj.name, None)
+            if event.type == DELETED:
+                self._forget_endpoints(event.obj.name)
             return
         for namespace, service in event.services():
             for svc in self.store.apiservices_for_service(namespace, service):
                 self._infos.pop(svc.name, None)
+
+    async def start(self) -> None:
+        """`contracts.Component`: nothing runs until an endpoint is ejected."""
+
+    async def stop(self) -> None:
+        await self.tasks.close()

@@ -71,15 +71,17 @@ class AccessLog:
         if not self.wanted(code) or not log.isEnabledFor(logging.INFO):
             return
         user = ctx.user
-        log.info(
-            "request",
-            extra=fields(
-                method=ctx.method,
-                path=ctx.path,
-                status=code,
-                duration_ms=round((time.monotonic() - ctx.received) * 1000, 2),
-                user=user.name if user is not None else "",
-                route=ctx.route.name,
-                remote=ctx.remote or "",
-            ),
+        values = fields(
+            method=ctx.method,
+            path=ctx.path,
+            status=code,
+            duration_ms=round((time.monotonic() - ctx.received) * 1000, 2),
+            user=user.name if user is not None else "",
+            route=ctx.route.name,
+            remote=ctx.remote or "",
         )
+        if ctx.endpoint is not None:
+            values["fields"]["endpoint"] = ctx.endpoint
+        if ctx.retried is not None:
+            values["fields"]["retried"] = ctx.retried
+        log.info("request", extra=values)

@@ -138,6 +138,7 @@ class RequestContext:
         "authorization",
         "connection",
         "deadline",
+        "endpoint",
         "handled",
         "headers",
         "inflight_kind",
@@ -154,6 +155,7 @@ class RequestContext:
         "request",
         "requester",
         "response",
+        "retried",
         "route",
         "status",
         "target",
@@ -200,7 +202,9 @@ class RequestContext:
             self.info = None
             self.info_error = str(err)
         self.upgrade = is_upgrade_request(headers)
-        self.long_running = is_long_running(self.info, self.upgrade)
+        self.long_running = is_long_running(self.info, self.upgrade) or (
+            route.long_running is not None and route.long_running(self.path)
+        )
         # What the gates learn.
         self.user: UserInfo | None = None
         # Set only when the caller impersonates someone: `user` is then the impersonated user
@@ -222,6 +226,9 @@ class RequestContext:
         self.status: int | None = None  # the first status line written
         self.response: web.StreamResponse | None = None  # the response whose head went out
         self.handled = False  # every gate let it through: its handler runs
+        # A proxied request: the endpoint that answered (`ip:port`), and what made it retry, if it did.
+        self.endpoint: str | None = None
+        self.retried: str | None = None
         # Set by a handler upstream wraps in `metrics.InstrumentHandlerFunc` with fixed labels
         # (aggregated discovery, OpenAPI v3): the (subresource, component) it is counted under.
         self.instrumented_as: tuple[str, str] | None = None

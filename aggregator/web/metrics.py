@@ -39,6 +39,8 @@ from aggregator.web.version import version_info
 
 M = TypeVar("M", Counter, Gauge, Histogram)
 
+# Connect and handshake phases: loopback and in-cluster ones take well under a millisecond.
+_PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -189,6 +191,67 @@ class Metrics:
             "aggregator_backend_errors",
             "Failures reaching a backend, by APIService and kind (resolve, connect, tls, timeout, redirect).",
             ["apiservice", "kind"],
+            registry=r,
+        )
+        # per APIService and endpoint (`proxy/endpoints.py`): the endpoint label is `ip:port` of a
+        # ready endpoint (the cluster IP without --enable-aggregator-routing), so a Service's series
+        # are as many as its endpoints; an endpoint's series go when it leaves the Service.
+        self.endpoint_requests = Counter(
+            "aggregator_endpoint_requests",
+            "Attempts sent to each endpoint of an APIService (a retried request counts twice).",
+            ["apiservice", "endpoint"],
+            registry=r,
+        )
+        self.endpoint_errors = Counter(
+            "aggregator_endpoint_errors",
+            "Failed attempts per endpoint, by kind (connect, tls, timeout, reset, answer: a 502/503/504).",
+            ["apiservice", "endpoint", "kind"],
+            registry=r,
+        )
+        self.endpoint_retries = Counter(
+            "aggregator_endpoint_retries",
+            "Requests retried on another endpoint after this one failed, by why they could be "
+            "(unsent: never reached it; idempotent: a GET, HEAD or OPTIONS with no answer yet).",
+            ["apiservice", "endpoint", "reason"],
+            registry=r,
+        )
+        self.endpoint_ejections = Counter(
+            "aggregator_endpoint_ejections",
+            "Endpoints ejected by passive outlier detection, by reason (unreachable, answers).",
+            ["apiservice", "endpoint", "reason"],
+            registry=r,
+        )
+        self.endpoint_ejected = Gauge(
+            "aggregator_endpoint_ejected",
+            "1 while the endpoint is ejected (with --workers N: how many workers hold it ejected).",
+            ["apiservice", "endpoint"],
+            registry=r,
+        )
+        self.endpoint_dial = Histogram(
+            "aggregator_endpoint_dial_duration_seconds",
+            "TCP connect time of new connections, per endpoint.",
+            ["apiservice", "endpoint"],
+            buckets=_PHASE_BUCKETS,
+            registry=r,
+        )
+        self.endpoint_tls = Histogram(
+            "aggregator_endpoint_tls_handshake_duration_seconds",
+            "TLS handshake time of new connections, per endpoint.",
+            ["apiservice", "endpoint"],
+            buckets=_PHASE_BUCKETS,
+            registry=r,
+        )
+        self.endpoint_first_byte = Histogram(
+            "aggregator_endpoint_first_byte_duration_seconds",
+            "Time from sending a request to the answer's head, per endpoint.",
+            ["apiservice", "endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.apiservice_rejected = Counter(
+            "aggregator_apiservice_rejected_requests",
+            "Requests answered 429 because the APIService's max-concurrent-requests were in flight.",
+            ["apiservice"],
             registry=r,
         )
         self.insecure_backends = Gauge(

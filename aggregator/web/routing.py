@@ -33,6 +33,8 @@ class Route:
     public: bool = False
     # Whether a protocol upgrade (exec, attach, port-forward) may be tunnelled through this route.
     upgradable: bool = False
+    # More long-running paths than kube-apiserver's rule knows (an APIService's annotation).
+    long_running: Callable[[str], bool] | None = None
 
 
 # Claims a dynamic path (the APIService table), or returns None to let the next rule decide.

@@ -171,7 +171,9 @@ class RequestTimeouts:
                         given = parse_go_duration(values[0])
                     except ValueError as err:
                         message = f"{INVALID_TIMEOUT} - {err}"
-                        log.info("bad request", extra=fields(method=ctx.method, path=ctx.path, reason=message))
+                        log.info(
+                            "bad request", extra=fields(method=ctx.method, path=ctx.path, reason=message)
+                        )
                         return status_response(ctx, 400, message)
                     if 0 < given < seconds or (seconds == 0 and given > 0):
                         seconds = given
@@ -181,6 +183,33 @@ class RequestTimeouts:
         ctx.task = asyncio.current_task()
         self.timer.add(ctx)
         return None
+
+    @staticmethod
+    def _seconds(ctx: RequestContext, seconds: float) -> float:
+        """`seconds`, or the request's `?timeout=` when shorter and above zero (ValueError: not a
+        Go duration)."""
+        if "timeout" in ctx.raw_query:
+            values = ctx.query.get("timeout")
+            if values and values[0]:
+                given = parse_go_duration(values[0])
+                if 0 < given < seconds or (seconds == 0 and given > 0):
+                    return given
+        return seconds
+
+    def rearm(self, ctx: RequestContext, request_timeout: float) -> None:
+        """An APIService's own request timeout replaces --request-timeout for this request (the
+        request's shorter `?timeout=` still wins; `arm` already refused one that does not parse)."""
+        if ctx.long_running:
+            return
+        try:
+            seconds = self._seconds(ctx, request_timeout)
+        except ValueError:
+            return
+        if ctx.deadline is not None:
+            self.timer.discard(ctx)
+        ctx.deadline = ctx.received + seconds
+        ctx.task = asyncio.current_task()
+        self.timer.add(ctx)
 
     def disarm(self, ctx: RequestContext) -> None:
         self.timer.discard(ctx)

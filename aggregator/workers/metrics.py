@@ -4,7 +4,8 @@ A scrape reaches one worker (through the Service), so that worker asks the contr
 collects every worker's families over their channels and merges them with its own:
 - counters, histograms and summaries are summed series by series: `apiserver_request_total` is
   the group's, as kube-apiserver's is its one process's;
-- `*inflight*` / `*in_flight*` gauges are summed too (requests in flight in the group);
+- `*inflight*` / `*in_flight*` gauges are summed too (requests in flight in the group), and so
+  is `aggregator_endpoint_ejected` (each worker ejects on its own: how many hold it ejected);
 - `process_*` gauges (memory, file descriptors, start time) are per process: one series per
   process with a `worker` label (`control`, or the worker's index);
 - every other gauge is a fact every process computes alike (build info, certificate expiry) or
@@ -30,7 +31,12 @@ WORKER_LABEL = "worker"
 
 
 def _summed(metric: Metric) -> bool:
-    return metric.type in SUMMED_TYPES or "inflight" in metric.name or "in_flight" in metric.name
+    return (
+        metric.type in SUMMED_TYPES
+        or "inflight" in metric.name
+        or "in_flight" in metric.name
+        or metric.name.endswith("_ejected")
+    )
 
 
 def _per_process(metric: Metric) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import pytest
@@ -14,6 +13,7 @@ from aggregator.config import Options
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice
 from aggregator.proxy.destination import Destination
+from aggregator.proxy.endpoints import Endpoint as Balanced
 from aggregator.proxy.handling import HandlingTable
 from aggregator.sources.store import Kind, Store
 from aggregator.web.metrics import Metrics
@@ -59,9 +59,9 @@ def table(*objs: object, endpoint_routing: bool = False) -> tuple[Store, Handlin
 def destination(handling: HandlingTable) -> Destination:
     info = handling.get(NAME)
     assert info is not None
-    picked = info.pick(random.Random(1).randrange)
-    assert isinstance(picked, Destination)
-    return picked
+    picked = info.pick()
+    assert isinstance(picked, Balanced)
+    return picked.destination
 
 
 def test_one_preparation_serves_every_request_until_something_it_depends_on_changes() -> None:
@@ -105,7 +105,7 @@ def test_an_unresolvable_service_is_an_error_picked_per_request() -> None:
     info = handling.get(NAME)
     assert info is not None
     with pytest.raises(BackendError) as failed:
-        info.pick(random.Random(1).randrange)
+        info.pick()
     assert (failed.value.hop, failed.value.cause) == (Hop.SERVICE, 'service "api" not found')
     store.upsert(service())  # the Service appears: the next request resolves
     assert destination(handling).host == "10.0.0.5"
@@ -120,8 +120,7 @@ def test_endpoint_routing_picks_among_the_ready_endpoints_only() -> None:
     )
     info = handling.get(NAME)
     assert info is not None
-    rng = random.Random(7)
-    picked = {info.pick(rng.randrange).host for _ in range(200)}  # type: ignore[union-attr]
+    picked = {info.pick().destination.host for _ in range(200)}  # type: ignore[union-attr]
     assert picked == {"10.1.0.1", "10.1.0.3"}
     store.upsert(endpoints(("10.1.0.9", True)))  # the slice changes: so does where requests go
     assert {destination(handling).host} == {"10.1.0.9"}
@@ -133,5 +132,5 @@ def test_an_external_name_is_looked_up_per_request_and_its_destinations_kept() -
     store.upsert(replace(service(type="ExternalName", external_name="api.example.net"), resource_version="2"))
     info = handling.get(NAME)
     assert info is not None
-    pending = info.pick(random.Random(1).randrange)
+    pending = info.pick()
     assert isinstance(pending, PendingLookup) and pending.host == "api.example.net"

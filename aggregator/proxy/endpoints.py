@@ -1,0 +1,191 @@
+"""Where each proxied request of one APIService goes, and which endpoints are left out for a while.
+
+Upstream's `ResolveEndpoint` picks a random ready endpoint per request and never tries another; a
+dead replica then fails its share of requests until its EndpointSlice says it is not ready. Here,
+one `Endpoints` per APIService (kept across changes of its objects by `HandlingTable`):
+
+- balancing: power of two choices on the requests outstanding at each endpoint (two endpoints at
+  random, the one with fewer requests in flight; long-running requests are not counted, a watch
+  is not load). A slow replica keeps requests longer, so it is picked less.
+- passive outlier ejection: an endpoint that refuses or resets a connection, fails TLS or does not
+  connect in time is ejected at once; `consecutive_errors` 502/503/504 answers in a row eject it
+  too. The cooldown starts at `ejection_time` and doubles each time it is ejected again without a
+  good answer in between, up to `max_ejection_time`. Never more than half of the endpoints are
+  ejected (the rest keep their share rather than overload the healthy ones on a hunch). After
+  its cooldown an endpoint gets one probe (the discovery GET availability makes) and is back only
+  when it answers; until then it stays ejected.
+
+The state is per process: with `--workers N` every worker ejects on what its own requests see (a
+dead replica costs each worker one retried request, never a failed one) and probes on its own.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+
+from aggregator.backends.bounds import DEFAULT_BOUNDS, Bounds
+from aggregator.proxy.destination import Destination
+
+# The answers that count towards `consecutive_errors`.
+BAD_ANSWERS = frozenset({502, 503, 504})
+
+
+class Endpoint:
+    """One address of the Service as the proxy sees it."""
+
+    __slots__ = (
+        "authority",
+        "bad_answers",
+        "destination",
+        "ejected_until",
+        "ejections",
+        "outstanding",
+        "probing",
+        "reason",
+    )
+
+    def __init__(self, destination: Destination) -> None:
+        self.destination = destination
+        self.authority = destination.authority
+        self.outstanding = 0
+        self.bad_answers = 0  # consecutive 502/503/504
+        self.ejected_until: float | None = None  # set while ejected (past it: waiting for a probe)
+        self.ejections = 0  # ejections since the last good answer (the cooldown's doubling)
+        self.reason = ""
+        self.probing = False
+
+
+# Told of an ejection (name, endpoint, why) and of a return (reason ""): metrics and logs.
+Listener = Callable[[str, Endpoint, str], None]
+# Starts the probe of an ejected endpoint; the probe calls `Endpoints.probed` when it is done.
+Prober = Callable[["Endpoints", Endpoint], None]
+
+
+class Endpoints:
+    """The endpoints of one APIService: balancing and ejection (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        rng: random.Random,
+        prober: Prober | None = None,
+        listener: Listener | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.rng = rng
+        self.prober = prober
+        self.listener = listener
+        self.clock = clock
+        self.bounds = DEFAULT_BOUNDS
+        self.all: tuple[Endpoint, ...] = ()
+        self._by_authority: dict[str, Endpoint] = {}
+        self.ejected_count = 0
+
+    def update(self, destinations: Sequence[Destination], bounds: Bounds) -> list[Endpoint]:
+        """The Service's endpoints changed: keep the state of those still there; returns the gone."""
+        self.bounds = bounds
+        kept: dict[str, Endpoint] = {}
+        for dest in destinations:
+            endpoint = self._by_authority.get(dest.authority)
+            if endpoint is None or endpoint.destination != dest:
+                previous = endpoint
+                endpoint = Endpoint(dest)
+                if previous is not None:  # same address, new settings: its record goes on
+                    endpoint.ejected_until, endpoint.ejections = previous.ejected_until, previous.ejections
+                    endpoint.reason, endpoint.bad_answers = previous.reason, previous.bad_answers
+            kept[dest.authority] = endpoint
+        gone = [e for a, e in self._by_authority.items() if a not in kept]
+        self._by_authority = kept
+        self.all = tuple(kept.values())
+        self.ejected_count = sum(1 for e in self.all if e.ejected_until is not None)
+        return gone
+
+    # --- choosing ------------------------------------------------------------------------------------
+
+    def choose(self, avoid: Endpoint | None = None) -> Endpoint:
+        """The endpoint for the next attempt, never `avoid` when there is another one."""
+        candidates = self.all
+        if self.ejected_count:
+            now = self.clock()
+            healthy = []
+            for endpoint in candidates:
+                until = endpoint.ejected_until
+                if until is None:
+                    healthy.append(endpoint)
+                elif until <= now and not endpoint.probing and self.prober is not None:
+                    endpoint.probing = True
+                    self.prober(self, endpoint)
+            if healthy:
+                candidates = tuple(healthy)
+        if avoid is not None and len(candidates) > 1:
+            candidates = tuple(e for e in candidates if e is not avoid)
+        if len(candidates) == 1:
+            return candidates[0]
+        first, second = self.rng.sample(candidates, 2)
+        return second if second.outstanding < first.outstanding else first
+
+    # --- what happened -------------------------------------------------------------------------------
+
+    def answered(self, endpoint: Endpoint, status: int) -> None:
+        """The endpoint answered (its response head arrived)."""
+        if status in BAD_ANSWERS:
+            endpoint.bad_answers += 1
+            limit = self.bounds.consecutive_errors
+            if limit and endpoint.bad_answers >= limit:
+                self.eject(endpoint, f"{endpoint.bad_answers} consecutive {status} answers")
+            return
+        endpoint.bad_answers = 0
+        endpoint.ejections = 0
+
+    def unreachable(self, endpoint: Endpoint, cause: str) -> None:
+        """The endpoint refused or reset a connection, failed TLS, or did not connect in time."""
+        self.eject(endpoint, cause)
+
+    def eject(self, endpoint: Endpoint, reason: str) -> bool:
+        """Leave the endpoint out for its cooldown; False when it is ejected already or when half of
+        the endpoints are."""
+        if endpoint.ejected_until is not None:
+            return False
+        if (self.ejected_count + 1) * 2 > len(self.all):
+            return False
+        self._cool_down(endpoint, reason)
+        endpoint.bad_answers = 0
+        self.ejected_count += 1
+        if self.listener is not None:
+            self.listener(self.name, endpoint, reason)
+        return True
+
+    def _cool_down(self, endpoint: Endpoint, reason: str) -> None:
+        """Eject for `ejection_time`, doubled for each ejection since the last good answer, capped."""
+        bounds = self.bounds
+        cooldown = min(bounds.ejection_time * (1 << min(endpoint.ejections, 30)), bounds.max_ejection_time)
+        endpoint.ejected_until = self.clock() + cooldown
+        endpoint.ejections += 1
+        endpoint.reason = reason
+
+    def probed(self, endpoint: Endpoint, failure: str | None) -> None:
+        """The probe of an ejected endpoint ended: back when it answered, else a longer cooldown."""
+        endpoint.probing = False
+        if endpoint.ejected_until is None or endpoint not in self.all:
+            return
+        if failure is not None:
+            self._cool_down(endpoint, failure)
+            return
+        endpoint.ejected_until = None
+        endpoint.reason = ""
+        self.ejected_count -= 1
+        if self.listener is not None:
+            self.listener(self.name, endpoint, "")
+
+    def ejected(self) -> list[tuple[str, str, float]]:
+        """(endpoint, why, seconds of cooldown left) for every ejected endpoint."""
+        now = self.clock()
+        return [
+            (e.authority, e.reason, max(0.0, e.ejected_until - now))
+            for e in self.all
+            if e.ejected_until is not None
+        ]

@@ -122,7 +122,7 @@ def read_bounds(annotations: Iterable[tuple[str, str]]) -> Bounds:
         try:
             values[attribute] = parse(text)
         except ValueError as err:
-            problems.append(f"annotation {key}={text!r} ignored: {err}; using the default ({default})")
+            problems.append(f'annotation {key}="{text}" ignored: {err}; using the default ({default})')
     if not values and not problems:
         return DEFAULT_BOUNDS
     ejection = values.get("ejection_time", DEFAULT_EJECTION_TIME)

@@ -1,0 +1,66 @@
+"""Per-APIService bounds from annotations: what each one sets, and what a bad one costs (nothing)."""
+
+from __future__ import annotations
+
+from aggregator.backends.bounds import DEFAULT_BOUNDS, read_bounds
+
+
+def test_no_annotation_of_ours_keeps_every_default() -> None:
+    assert read_bounds([("kubectl.kubernetes.io/last-applied-configuration", "{}")]) is DEFAULT_BOUNDS
+    assert DEFAULT_BOUNDS.connect_timeout == 5.0
+    assert DEFAULT_BOUNDS.response_header_timeout is None and DEFAULT_BOUNDS.request_timeout is None
+    assert DEFAULT_BOUNDS.max_concurrent_requests == 0 and DEFAULT_BOUNDS.long_running is None
+
+
+def test_every_annotation_sets_its_bound() -> None:
+    bounds = read_bounds(
+        [
+            ("aggregator.dev/connect-timeout", "1500ms"),
+            ("aggregator.dev/response-header-timeout", "2s"),
+            ("aggregator.dev/request-timeout", "1m30s"),
+            ("aggregator.dev/long-running-paths", "/apis/g/v/namespaces/*/things/*/stream, /apis/g/v/tail"),
+            ("aggregator.dev/max-concurrent-requests", "20"),
+            ("aggregator.dev/outlier-consecutive-errors", "3"),
+            ("aggregator.dev/outlier-ejection-time", "2s"),
+            ("aggregator.dev/outlier-max-ejection-time", "1m"),
+        ]
+    )
+    assert (bounds.connect_timeout, bounds.response_header_timeout, bounds.request_timeout) == (
+        1.5,
+        2.0,
+        90.0,
+    )
+    assert (bounds.max_concurrent_requests, bounds.consecutive_errors) == (20, 3)
+    assert (bounds.ejection_time, bounds.max_ejection_time) == (2.0, 60.0)
+    assert bounds.problems == ()
+    assert bounds.long_running is not None
+    assert bounds.long_running("/apis/g/v/namespaces/a/things/b/stream")
+    assert bounds.long_running("/apis/g/v/tail")
+    assert not bounds.long_running("/apis/g/v/namespaces/a/things/b")
+
+
+def test_a_bad_value_is_named_and_its_default_used() -> None:
+    bounds = read_bounds(
+        [
+            ("aggregator.dev/connect-timeout", "5"),  # Go durations need a unit
+            ("aggregator.dev/response-header-timeout", "-1s"),
+            ("aggregator.dev/max-concurrent-requests", "many"),
+            ("aggregator.dev/long-running-paths", "stream"),
+            ("aggregator.dev/outlier-ejection-time", "10s"),
+            ("aggregator.dev/outlier-max-ejection-time", "1s"),
+            ("aggregator.dev/retries", "3"),
+        ]
+    )
+    assert bounds.connect_timeout == 5.0 and bounds.response_header_timeout is None
+    assert bounds.max_concurrent_requests == 0 and bounds.long_running is None
+    assert (bounds.ejection_time, bounds.max_ejection_time) == (10.0, 10.0)
+    assert bounds.problems == (
+        'annotation aggregator.dev/connect-timeout="5" ignored: not a duration '
+        '(time: missing unit in duration "5"); using the default (5s)',
+        'annotation aggregator.dev/response-header-timeout="-1s" ignored: must be above zero; using the default (none)',
+        'annotation aggregator.dev/max-concurrent-requests="many" ignored: not an integer; using the default (no limit)',
+        "annotation aggregator.dev/long-running-paths=\"stream\" ignored: pattern 'stream' does not start with /; "
+        "using the default (none)",
+        "annotation aggregator.dev/retries is not one the gateway knows; ignored",
+        "annotation aggregator.dev/outlier-max-ejection-time is below the ejection time; using 10s",
+    )

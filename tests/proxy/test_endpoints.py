@@ -83,7 +83,7 @@ def test_an_unreachable_endpoint_is_ejected_at_once_and_back_only_after_a_probe(
 
 
 def test_the_cooldown_is_capped_and_starts_over_after_a_good_answer() -> None:
-    set_, clock, _ = endpoints(
+    set_, _, _ = endpoints(
         "10.0.0.1",
         "10.0.0.2",
         annotations=(

@@ -39,6 +39,7 @@ from aggregator.availability import conditions as cond
 from aggregator.availability.conditions import Verdict
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
 from aggregator.availability.status import Change, StatusSink
+from aggregator.backends.bounds import read_bounds
 from aggregator.model.apiservice import APIService, Condition
 from aggregator.sources.store import DELETED, MODIFIED, Event, Store
 from aggregator.util.logs import fields
@@ -309,6 +310,9 @@ class AvailabilityChecker:
             self._settled(name)  # a broken check must not hold readiness
             return True
         self.checks += 1
+        problems = read_bounds(svc.annotations).problems
+        if problems:  # named where operators look, whatever the verdict
+            report.verdict = replace(report.verdict, message="; ".join((report.verdict.message, *problems)))
         current = self.store.apiservice(name)
         if current is not None and current is not svc and _spec_changed(svc, current):
             # The APIService changed while it was being checked (a new caBundle, another Service):

@@ -71,6 +71,8 @@ def has_impersonation(ctx: RequestContext) -> str | None:
 
 # The failures that say the backend itself is gone, rather than slow or misbehaving.
 SUSPICIOUS_HOPS = frozenset({Hop.CONNECT, Hop.TLS})
+# How a connect that did not finish in time ends (`Backend.dial`).
+DIAL_TIMEOUT = ": i/o timeout"
 # Go's http.Transport error when ResponseHeaderTimeout passes.
 HEADER_TIMEOUT_CAUSE = "net/http: timeout awaiting response headers"
 # A connection still not made after this long has the checker look at the APIService at once: a
@@ -180,10 +182,16 @@ class _Attempts:
         if self.tries:
             return None
         if failure.unsent:
+            if error.cause.endswith(DIAL_TIMEOUT) and not self._elsewhere():
+                return None  # the same address again would only wait as long again
             return UNSENT
         if self.ctx.method in IDEMPOTENT and not self.ctx.request.body_exists:
             return IDEMPOTENT_RETRY
         return None
+
+    def _elsewhere(self) -> bool:
+        """Whether a retry could go to another endpoint."""
+        return self.endpoints is not None and len(self.endpoints.all) > 1
 
     def retry(self, failure: _Failure, reason: str) -> None:
         """Move to another endpoint (the same address when there is no other)."""
@@ -192,7 +200,7 @@ class _Attempts:
             self.metrics.retries(dest.name, dest.authority, reason).inc()
         self.ctx.retried = f"{dest.authority}: {failure.error.cause}"
         self.tries += 1
-        if self.endpoints is not None and self.endpoint is not None and len(self.endpoints.all) > 1:
+        if self.endpoints is not None and self.endpoint is not None and self._elsewhere():
             self.endpoint = self.endpoints.choose(avoid=self.endpoint)
             if self.endpoint.destination is not dest:
                 self.dest = self.endpoint.destination

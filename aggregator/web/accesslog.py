@@ -1,7 +1,9 @@
 """Which requests get an access-log line: `--access-log` (off | errors | sampled[:N] | all).
 
 One formatted line per request costs more than some requests themselves, so the default logs only
-the failures the gateway must explain (5xx, and clients that went away); `-v 3` and above logs
+the failures the gateway must explain (5xx, clients that went away, and proxied requests that
+were retried on another endpoint: their line names the endpoint that answered and why the first
+attempt failed, `endpoint` and `retried`); `-v 3` and above logs
 every request, as kube-apiserver's httplog does at verbosity 3 (`WithLogging`'s `klog.V(3)`).
 `sampled:N` logs one request in N plus every failure. Lines are written by the logging thread
 (`util/logs.py`), never on the event loop.
@@ -68,7 +70,9 @@ class AccessLog:
         return mode == "sampled" and next(self._counter) % self.policy.every == 0
 
     def record(self, ctx: RequestContext, code: int) -> None:
-        if not self.wanted(code) or not log.isEnabledFor(logging.INFO):
+        if not (self.wanted(code) or (ctx.retried is not None and self._mode != "off")):
+            return
+        if not log.isEnabledFor(logging.INFO):
             return
         user = ctx.user
         values = fields(

@@ -139,7 +139,9 @@ def test_panels_sit_on_the_grid_without_overlapping() -> None:
         assert pos["x"] >= 0 and pos["w"] > 0 and pos["x"] + pos["w"] <= GRID_WIDTH, panel["title"]
         if panel["type"] == "row":
             assert (pos["h"], pos["w"], pos["x"]) == (1, GRID_WIDTH, 0)
-        cells = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
+        cells = {
+            (x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])
+        }
         assert not cells & taken, f"{panel['title']} overlaps another panel"
         taken |= cells
 
@@ -234,12 +236,19 @@ def dead_backend(port: int) -> list[JSON]:
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": {"namespace": "dead", "name": "api"},
-            "spec": {"clusterIP": "127.0.0.1", "ports": [{"name": "https", "port": port, "targetPort": port}]},
+            "spec": {
+                "clusterIP": "127.0.0.1",
+                "ports": [{"name": "https", "port": port, "targetPort": port}],
+            },
         },
         {
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
-            "metadata": {"namespace": "dead", "name": "api-1", "labels": {"kubernetes.io/service-name": "api"}},
+            "metadata": {
+                "namespace": "dead",
+                "name": "api-1",
+                "labels": {"kubernetes.io/service-name": "api"},
+            },
             "addressType": "IPv4",
             "ports": [{"name": "https", "port": port}],
             "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
@@ -308,7 +317,9 @@ async def until_true(check: Any, timeout: float, what: str | Callable[[], str]) 
     deadline = time.monotonic() + timeout
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
+            raise AssertionError(
+                f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}"
+            )
         await asyncio.sleep(0.5)
 
 
@@ -350,10 +361,14 @@ async def test_every_query_evaluates_against_prometheus_scraping_a_gateway(pki: 
                     assert query is not None
                     offered[name] = await prom.label_values(query[1], query[0])
                     # A single-value variable takes the first value (none: empty); "All" is allValue.
-                    values[name] = variable.get("allValue", ".*") if variable["includeAll"] else (
-                        offered[name][0] if offered[name] else ""
+                    values[name] = (
+                        variable.get("allValue", ".*")
+                        if variable["includeAll"]
+                        else (offered[name][0] if offered[name] else "")
                     )
-                return DEAD_APISERVICE in offered["apiservice"] and HEALTHY_APISERVICE in offered["apiservice"]
+                return (
+                    DEAD_APISERVICE in offered["apiservice"] and HEALTHY_APISERVICE in offered["apiservice"]
+                )
 
             await until_true(variables_offer_values, 30, "the variables to offer values")
             assert offered["cluster"] == [] and offered["job"] == ["aggregator"]
@@ -380,7 +395,10 @@ async def test_every_query_evaluates_against_prometheus_scraping_a_gateway(pki: 
             states = {r["metric"]["name"]: r["value"][1] for r in unavailable}
             assert states[DEAD_APISERVICE] == "1" and states[HEALTHY_APISERVICE] == "0"
             assert results[("Unavailable APIServices", "unavailable")][0]["value"][1] == "1"
-            reasons = {r["metric"]["reason"] for r in results[("Became unavailable, by reason", "{{name}}: {{reason}}")]}
+            reasons = {
+                r["metric"]["reason"]
+                for r in results[("Became unavailable, by reason", "{{name}}: {{reason}}")]
+            }
             assert "FailedDiscoveryCheck" in reasons
             workers = results[("Workers and restarts", "workers {{instance}}")]
             assert [r["value"][1] for r in workers] == ["2"]

@@ -198,5 +198,3 @@ def fast(
     for key in refresher.tracked():
         refresher.poke(key)
     return aggregation
-
-

@@ -50,5 +50,3 @@ async def raw_gateway(
     yield start
     for raw in backends:
         await raw.stop()
-
-

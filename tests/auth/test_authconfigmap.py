@@ -153,6 +153,7 @@ async def test_changes_after_a_compacted_watch_are_still_seen(
 async def test_configmap_created_after_start_is_picked_up(
     start_kube_gateway: Start, fake_kube: FakeKube, pki: PKI, caplog: pytest.LogCaptureFixture
 ) -> None:
+    fake_kube.delete_object("configmaps", "extension-apiserver-authentication", "kube-system")
     pki.issue_user("alice", "alice")
     _server, call = await start_kube_gateway()
     assert await call("alice") == (401, UNAUTHORIZED)

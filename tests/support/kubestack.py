@@ -390,6 +390,16 @@ class KubeStack:
         write_kubeconfig(config, kubeconfig(self.url, ca, load_pair(self.kube.dir, stem)))
         return Kubectl(binary, config, self.workdir / f"home-{self._homes}")
 
-    async def get(self, path: str, *, cert: tuple[str, str] | None = None) -> tuple[int, bytes]:
-        """GET as the cluster's admin (or `cert`) on a fresh connection."""
-        return await self.served.get(path, cert=cert or self.admin)
+    async def get(
+        self,
+        path: str,
+        *,
+        cert: tuple[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        token: str | None = None,
+    ) -> tuple[int, bytes]:
+        """GET on a fresh connection as the cluster's admin, or with `cert`, or with a bearer
+        `token` (and no client certificate)."""
+        if token is not None:
+            return await self.served.get(path, headers={**(headers or {}), "Authorization": f"Bearer {token}"})
+        return await self.served.get(path, cert=cert or self.admin, headers=headers)

@@ -285,13 +285,21 @@ def build_gateway(options: Options) -> Gateway:
         kube=kube if options.kube_mode else None,
         metrics=metrics,
         fallback=fallback.handler,
+        reachability=availability,
     )
-    # A verdict flip sends discovery back to the backend at once: an APIService found down goes
-    # Stale now, not at the next refresh, and Current again as soon as it is back.
+    # A verdict flip sends discovery and OpenAPI back to the backend at once: an APIService found
+    # down goes Stale now, not at the next refresh, and Current again as soon as it is back. Until
+    # then they do not dial what the checker found unreachable: one verdict per backend.
     availability.add_listener(discovery.fetcher.poke)
     openapi = OpenAPIAggregation(
-        store, backends=backends, kube=kube, metrics=metrics, local_mode=options.local_mode
+        store,
+        backends=backends,
+        kube=kube,
+        metrics=metrics,
+        local_mode=options.local_mode,
+        reachability=availability,
     )
+    availability.add_listener(openapi.apiservice_changed)
     apiregistration = APIRegistration(store) if options.local_mode else None
     components += [("discovery", discovery), ("openapi", openapi), ("availability", availability)]
 

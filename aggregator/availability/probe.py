@@ -76,6 +76,9 @@ class Report:
     steps: list[Step] = field(default_factory=list)
     # The 2xx discovery body, when the GET succeeded (the CLI decodes it).
     body: bytes | None = None
+    # The backend could not be reached at all (a missing Service, port or endpoint, a refused or
+    # hung connection, a failed handshake), as opposed to reached and answering badly.
+    unreachable: bool = False
 
     @property
     def failed_step(self) -> Step | None:
@@ -308,8 +311,9 @@ class DiscoveryProbe:
             result.error = BackendError(Hop.TIMEOUT, TIMEOUT_CAUSE, url=result.url)
         return result
 
-    async def run(self, svc: APIService, path: str) -> tuple[Attempt, int]:
-        """Up to `attempts` GETs; the first 2xx wins, else the last to finish. Also: how many failed.
+    async def run(self, svc: APIService, path: str, *, attempts: int | None = None) -> tuple[Attempt, int]:
+        """Up to `attempts` GETs (default: the probe's); the first 2xx wins, else the last to
+        finish. Also: how many failed.
 
         Upstream starts its 5 attempts at once, each on a new connection. Here the first goes
         alone, on a pooled connection when there is one; the others start only if it fails or has
@@ -317,8 +321,16 @@ class DiscoveryProbe:
         instead of five handshakes, and a flaky one still gets every chance upstream gives it.
         Every attempt ends when the first one's timeout does, as upstream's parallel ones do.
         """
+        attempts = self.attempts if attempts is None else attempts
         deadline = asyncio.get_running_loop().time() + self.timeout
-        tasks = [asyncio.ensure_future(self.attempt(svc, path, deadline=deadline))]
+        first = asyncio.ensure_future(self.attempt(svc, path, deadline=deadline))
+        if attempts <= 1:  # nothing to hedge with: no extra tasks, no extra timer
+            try:
+                result = await first
+            finally:
+                first.cancel()
+            return result, 0 if result.ok else 1
+        tasks = [first]
         last = Attempt(error=BackendError(Hop.CONNECT, "no attempt was made"))
         failed = 0
         try:
@@ -327,7 +339,7 @@ class DiscoveryProbe:
                 return tasks[0].result(), 0
             tasks += [
                 asyncio.ensure_future(self.attempt(svc, path, deadline=deadline))
-                for _ in range(self.attempts - 1)
+                for _ in range(attempts - 1)
             ]
             for next_done in asyncio.as_completed(tasks):
                 result = await next_done
@@ -476,16 +488,17 @@ async def check_apiservice(
     access: AccessError | None = None,
     inspect_tls: bool = False,
     detail: bool = True,
+    attempts: int | None = None,
 ) -> Report:
     """Every hop for one APIService, in upstream's order, ending in its verdict.
 
     `detail=False` (the checker, every 30 s for every APIService) skips the words of hops that
     pass: a healthy APIService's report then has no steps, only its verdict. A failure is always
-    explained in full.
+    explained in full. `attempts` overrides the probe's number of GETs.
     """
     quick: Attempt | None = None
     if not detail and svc.service is not None and _objects_pass(svc, store):
-        quick, _failed = await probe.run(svc, discovery_path(svc))
+        quick, _failed = await probe.run(svc, discovery_path(svc), attempts=attempts)
         if quick.ok:
             return Report(svc.name, PASSED, body=quick.body)
     if svc.service is None:
@@ -497,13 +510,13 @@ async def check_apiservice(
     object_steps, verdict = check_objects(svc, store, access)
     steps += object_steps
     if verdict is not None:
-        return Report(svc.name, verdict, steps)
+        return Report(svc.name, verdict, steps, unreachable=True)
     path = discovery_path(svc)
     # The quick path's failed attempt is explained as it is, not made again.
-    attempt, failed = (quick, 0) if quick is not None else await probe.run(svc, path)
+    attempt, failed = (quick, 0) if quick is not None else await probe.run(svc, path, attempts=attempts)
     if not attempt.ok:
         verdict, more = await probe.explain(svc, store, attempt)
-        return Report(svc.name, verdict, steps + more)
+        return Report(svc.name, verdict, steps + more, unreachable=attempt.status is None)
     target = attempt.target
     assert target is not None
     steps.append(Step("address", PASS, f"{target.authority}, {probe.route(svc, store)}"))

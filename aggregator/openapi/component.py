@@ -5,7 +5,11 @@ caBundle shares one download) and, in kube mode, kube-apiserver itself. They ref
 at once when an APIService, its Service or its EndpointSlices change, and with backoff after a
 failure or a 404; kube-apiserver's first download is retried every second instead, and awaited by
 `/readyz` (`readiness.py`). Nothing is fetched on the request path: each change re-renders what is
-served.
+served. Downloads start once the store has synced (before, a Service not listed yet would read as
+missing, and kube-apiserver's document would be downloaded with the remote group-versions still in
+it). A backend whose APIServices the availability checker all found unreachable
+(`contracts.Reachability`) is not dialed: its last good documents stay, and it is downloaded again
+as soon as the checker reaches one of them (`apiservice_changed`), or at the refresh interval.
 
 Published `/openapi/v3`: for each remote APIService, its backend's document for exactly its own
 group-version (a backend cannot publish someone else's; one without `/openapi/v3` gets its v2
@@ -34,7 +38,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from aggregator import __version__
-from aggregator.contracts import BackendFetcher
+from aggregator.contracts import BackendFetcher, Reachability
 from aggregator.kube.calls import GET_OPENAPI_V2, GET_OPENAPI_V3, GET_OPENAPI_V3_GROUP_VERSION
 from aggregator.kube.client import KubeClient
 from aggregator.model.apiservice import APIService
@@ -239,9 +243,11 @@ class OpenAPIAggregation:
         debounce: float = 0.05,
         concurrency: int = 4,
         first_download: FirstDownload | None = None,
+        reachability: Reachability | None = None,
     ) -> None:
         self.store = store
         self.backends = backends
+        self.reachability = reachability
         self.kube = kube
         self.metrics = metrics
         self.timeout = timeout
@@ -250,6 +256,8 @@ class OpenAPIAggregation:
         self.sources: dict[SourceKey, OpenAPISource] = {}
         # Remote APIServices per backend, by name (the first one makes the backend calls).
         self.members: dict[BackendKey, list[APIService]] = {}
+        self._backend_of: dict[str, BackendKey] = {}  # remote APIService name -> its backend
+        self._skipped: set[BackendKey] = set()  # last run not dialed: the backend was unreachable
         self.first_download = first_download or FirstDownload()
         self.refresher: KeyedLoops[SourceKey] = KeyedLoops(
             "openapi",
@@ -285,6 +293,17 @@ class OpenAPIAggregation:
     # --- lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Downloads begin once the store has synced (at once in local mode)."""
+        if self.store.synced:
+            self._begin()
+        else:
+            self._tasks.spawn(self._begin_when_synced(), name="start")
+
+    async def _begin_when_synced(self) -> None:
+        await self.store.wait_synced()
+        self._begin()
+
+    def _begin(self) -> None:
         self._started = True
         if self.kube_mode and self.kube is not None:
             kube = OpenAPISource(
@@ -297,6 +316,22 @@ class OpenAPIAggregation:
             self.refresher.ensure(KUBE_APISERVER)
         self._sync()
         self.refresher.start()
+
+    def apiservice_changed(self, name: str) -> None:
+        """The availability checker's verdict on this APIService changed: download its backend's
+        documents now if it is reachable again (a listener of `AvailabilityChecker`)."""
+        key = self._backend_of.get(name)
+        if key is not None and key in self._skipped and not self._unreachable(key):
+            self._skipped.discard(key)
+            self.refresher.poke(key)
+
+    def _unreachable(self, key: SourceKey) -> bool:
+        """Every APIService of this backend was found unreachable by the last check."""
+        reachability = self.reachability
+        if reachability is None or isinstance(key, str):
+            return False
+        members = self.members.get(key, [])
+        return bool(members) and all(reachability.unreachable(s.name) is not None for s in members)
 
     async def stop(self) -> None:
         self._started = False
@@ -342,11 +377,13 @@ class OpenAPIAggregation:
                 members.setdefault(backend_key(svc), []).append(svc)
         previous = self.members
         self.members = members
+        self._backend_of = {s.name: key for key, group in members.items() for s in group}
         retired = {
             k: self.sources.pop(k) for k in list(self.sources) if k != KUBE_APISERVER and k not in members
         }
         for key in retired:
             self.refresher.discard(key)
+            self._skipped.discard(key)
         for key, group in members.items():
             if key not in self.sources:
                 source = OpenAPISource(
@@ -374,7 +411,10 @@ class OpenAPIAggregation:
         self._schedule_v2()
 
     def _next_delay(self, key: SourceKey, ok: bool, failures: int) -> float | None:
-        """kube-apiserver's failed first download: again within a second, not on the backoff."""
+        """kube-apiserver's failed first download: again within a second, not on the backoff. An
+        unreachable backend: the refresh interval (the checker pokes it when it is back)."""
+        if not ok and self._unreachable(key):
+            return self.refresher.interval
         source = self.sources.get(key) if key == KUBE_APISERVER else None
         if ok or source is None:
             return None
@@ -410,6 +450,11 @@ class OpenAPIAggregation:
         source = self.sources.get(key)
         if source is None:
             return True
+        if isinstance(key, tuple):
+            if self._unreachable(key):
+                self._skipped.add(key)
+                return False  # not dialed: the last good documents stay
+            self._skipped.discard(key)
         result = await source.refresh()
         if self.sources.get(key) is not source:
             return result.ok  # removed while it ran

@@ -20,7 +20,9 @@ successful, so the scheduler retries with backoff (upstream never retries a 404 
 APIService changes: a backend that comes up without OpenAPI stays invisible to kubectl). A server
 with v2 but no `/openapi/v3` is a healthy legacy server: its group-versions are served from the v2
 document converted (`convert.py`), as kube-aggregator does. Any other failure keeps the last good
-documents. Each transition is logged once; repeats are debug lines.
+documents. Each transition is logged once; repeats are debug lines. A backend that cannot be
+reached at all (`BackendError`) is the availability checker's to report: that failure and its
+recovery are debug lines here.
 
 Backends are asked as the gateway's own identity (system:kube-aggregator, system:masters), like
 the discovery fetcher; upstream uses `system:aggregator` without groups, which extension servers
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from aggregator.backends.errors import BackendError
 from aggregator.openapi.convert import group_version_document
 from aggregator.openapi.documents import Document
 from aggregator.util.logs import fields
@@ -194,6 +197,7 @@ class OpenAPISource:
     # revalidation, and nothing has to be parsed (kube-openapi serves the index with ServeContent).
     _index: tuple[str, Mapping[str, Any]] | None = None
     _failing: set[str] = field(default_factory=set)  # documents whose last attempt failed
+    _warned: set[str] = field(default_factory=set)  # ... of which the failure was a warning
     _converted: tuple[int, tuple[str, ...]] | None = None  # (v2 revision, keys) the v3 came from
     _v3_touched: bool = False  # `v3` changed during the refresh in progress
     _counters: dict[tuple[str, str], Any] = field(default_factory=dict)  # labelled fetch counters
@@ -403,7 +407,10 @@ class OpenAPISource:
             message = "timed out"
         self.last_error = f"{document}: {message}"
         self._count(document, "error")
-        (log.warning if first else log.debug)(
+        warn = first and not isinstance(err, BackendError)  # unreachable: the checker reports it
+        if warn:
+            self._warned.add(document)
+        (log.warning if warn else log.debug)(
             f"OpenAPI {document} download failed; serving the last good documents",
             extra=fields(
                 source=self.name,
@@ -417,7 +424,9 @@ class OpenAPISource:
     def _recovered(self, document: str) -> None:
         if document in self._failing:
             self._failing.discard(document)
-            log.info(f"OpenAPI {document} download recovered", extra=fields(source=self.name))
+            level = log.info if document in self._warned else log.debug
+            self._warned.discard(document)
+            level(f"OpenAPI {document} download recovered", extra=fields(source=self.name))
 
     def _drop(self, document: str) -> bool:
         if document == "v3":

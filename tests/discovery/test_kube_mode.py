@@ -42,7 +42,7 @@ from aggregator.kube.calls import GET_APIS, is_declared
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.server import GatewayServer
 from aggregator.sources.store import Store
-from tests.support.backend import BackendPKI, FakeBackend, service_manifest
+from tests.support.backend import BackendPKI, FakeBackend, endpointslice_manifest, service_manifest
 from tests.support.e2e import Kubectl, kubectl_binaries, logged_requests
 from tests.support.fakekube import GATEWAY_USER, FakeKube, kube_options
 from tests.support.fixtures import backend_pki  # noqa: F401 - fixture
@@ -307,6 +307,16 @@ def populate(fake: FakeKube, metrics_port: int, ca_pem: bytes) -> None:
     fake.add_object("apiservices", metrics_apiservice(metrics_port, ca_pem))
     fake.add_object(
         "services", service_manifest(port=metrics_port, namespace="kube-system", name="metrics-server")
+    )
+    fake.add_object(
+        "endpointslices",
+        endpointslice_manifest(
+            "metrics-server-1",
+            [("127.0.0.1", True)],
+            port=metrics_port,
+            namespace="kube-system",
+            service="metrics-server",
+        ),
     )
 
 

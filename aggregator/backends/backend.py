@@ -85,6 +85,9 @@ class Backend:
     ) -> tuple[asyncio.Transport, P]:
         """TCP connect and TLS handshake within `within` seconds; a failure raises BackendError in Go's words."""
         loop = asyncio.get_running_loop()
+        # The failure is worded inside the handler and raised outside it: a dead backend's every
+        # failed dial carries no chain of the socket error and its traceback.
+        failure: BackendError
         try:
             async with asyncio.timeout(within):
                 transport, protocol = await loop.create_connection(
@@ -94,15 +97,15 @@ class Backend:
                     ssl=self.context or False,
                     server_hostname=address.tls_name if self.context is not None else None,
                 )
-        except TimeoutError as err:
-            raise BackendError(Hop.CONNECT, f"dial tcp {address.authority}: i/o timeout") from err
+            return transport, protocol
+        except TimeoutError:
+            failure = BackendError(Hop.CONNECT, f"dial tcp {address.authority}: i/o timeout")
         except ssl.SSLCertVerificationError as err:
             cause, certificate = await self.explain_verification(address, err)
-            raise BackendError(Hop.TLS, cause, verification=True, certificate=certificate) from err
+            failure = BackendError(Hop.TLS, cause, verification=True, certificate=certificate)
         except (OSError, ssl.SSLError) as err:
-            hop, cause = classify(err, address.authority)
-            raise BackendError(hop, cause) from err
-        return transport, protocol
+            failure = BackendError(*classify(err, address.authority))
+        raise failure
 
     async def _dial_http(self, host: str, port: int, server_name: str | None) -> ResponseHandler:
         loop = asyncio.get_running_loop()
@@ -153,11 +156,12 @@ class Backend:
             except aiohttp.ServerDisconnectedError as err:
                 if attempt == 1 and exchange.reused:
                     continue  # a pooled connection the backend had just closed: Go retries once
-                raise await self.describe(err, address) from err
+                failure = await self.describe(err, address)
             except (aiohttp.ClientError, HttpProcessingError, OSError, asyncio.IncompleteReadError) as err:
-                raise await self.describe(err, address) from err
+                failure = await self.describe(err, address)
             finally:
                 exchange.finish()
+            raise failure  # worded from the error, without its chain
         raise AssertionError("unreachable")
 
     # --- failure detail ----------------------------------------------------------------------------

@@ -210,7 +210,8 @@ class BackendRegistry:
         try:
             return await backend.get(address_of(target), path, out.items(), max_body=max_body)
         except BackendError as err:
-            raise err.at(url) from err
+            failure = err.at(url)
+        raise failure
 
     async def fetch(
         self,
@@ -236,10 +237,9 @@ class BackendRegistry:
                 target = await self.resolve(apiservice)
                 url = target.base_url + path
                 return await self.get_from(apiservice, target, path, headers=headers, user=user)
-        except TimeoutError as err:
+        except TimeoutError:
             failure = BackendError(Hop.TIMEOUT, "context deadline exceeded", url=url)
-            self.metrics.backend_errors.labels(apiservice.name, failure.hop.value).inc()
-            raise failure from err
         except BackendError as err:
-            self.metrics.backend_errors.labels(apiservice.name, err.hop.value).inc()
-            raise
+            failure = err
+        self.metrics.backend_errors.labels(apiservice.name, failure.hop.value).inc()
+        raise failure

@@ -50,6 +50,11 @@ class Reachability(Protocol):
         ...
 
 
+# How long a fetcher waits, without dialing, before it looks at an unreachable backend again on its
+# own: the checker's word that it is back normally comes first (a listener pokes the fetcher).
+UNREACHABLE_RECHECK = 600.0
+
+
 class Recheck(Protocol):
     """A request could not reach this APIService's backend: check its availability again now.
 

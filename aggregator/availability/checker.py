@@ -302,6 +302,7 @@ class AvailabilityChecker:
         had = self._verdicts.pop(name, None)
         self.metrics.unavailable_apiservice.forget(name)
         self.sink.forget(name)
+        self.probe.forget(name)
         self._unreachable.pop(name, None)
         if had is not None:
             self._notify(name)

@@ -132,18 +132,20 @@ class Backend:
         self,
         address: Address,
         target: str,
-        headers: Iterable[tuple[str, str]],
+        headers: Callable[[], Iterable[tuple[str, str]]],
         *,
         max_body: int,
     ) -> FetchedResponse:
         """GET `target` and read the whole answer (at most `max_body` bytes of it).
 
+        `headers` are built once there is a connection (a dial that fails costs no headers).
         Redirects are returned, never followed. Raises BackendError; the caller bounds the time.
         """
-        head = serialize_head("GET", target, headers)
+        head = b""
         for attempt in (1, 2):
             exchange = await self.pool.exchange(address.host, address.port, address.server_name)
             try:
+                head = head or serialize_head("GET", target, headers())
                 exchange.send(head, None, chunked=False, head_only=False)
                 message, payload = await exchange.response()
                 body = bytearray()

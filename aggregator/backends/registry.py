@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from aggregator.backends.addresses import AddressResolver, Target
 from aggregator.backends.backend import Address, Backend
@@ -206,9 +206,13 @@ class BackendRegistry:
         backend = self.backend_for(apiservice)
         if backend.error is not None or backend.context is None:
             raise BackendError(Hop.TRANSPORT, backend.error or "no TLS context")
-        out = request_headers(headers.items(), user, self.policy, authority=target.authority, hop=self.hop)
+        def head() -> Iterable[tuple[str, str]]:
+            return request_headers(
+                headers.items(), user, self.policy, authority=target.authority, hop=self.hop
+            ).items()
+
         try:
-            return await backend.get(address_of(target), path, out.items(), max_body=max_body)
+            return await backend.get(address_of(target), path, head, max_body=max_body)
         except BackendError as err:
             failure = err.at(url)
         raise failure

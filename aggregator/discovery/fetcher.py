@@ -13,7 +13,8 @@ front-proxy client certificate): anything that is a `contracts.BackendFetcher`.
 Fetches start once the store has synced (a Service not listed yet is not a missing Service). A
 backend the availability checker found unreachable (`contracts.Reachability`) is not dialed: the
 APIService goes Stale with the checker's reason, and is fetched again as soon as the checker
-reaches its backend (it pokes the fetcher), or at the refresh interval. Failures to reach a
+reaches its backend (it pokes the fetcher); meanwhile its loop is parked (a look every 10 minutes
+as a backstop), so thousands of dead backends cost the fetcher nothing. Failures to reach a
 backend are the checker's to report: they are logged here at debug level; a backend that answers
 with something unusable is a warning, once per change.
 """
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aggregator.backends.errors import BackendError
-from aggregator.contracts import BackendFetcher, FetchedResponse, Reachability
+from aggregator.contracts import UNREACHABLE_RECHECK, BackendFetcher, FetchedResponse, Reachability
 from aggregator.discovery.aggregated import (
     CURRENT,
     STALE,
@@ -224,10 +225,10 @@ class DiscoveryFetcher(LoopComponent):
     # --- one run ------------------------------------------------------------------------------------
 
     def _next_delay(self, name: str, ok: bool, _failures: int) -> float | None:
-        """While the checker finds the backend unreachable: the refresh interval (its flip back
-        pokes this loop); otherwise the engine's interval or backoff."""
+        """While the checker finds the backend unreachable: parked (its flip back pokes this loop;
+        `UNREACHABLE_RECHECK` is the backstop); otherwise the engine's interval or backoff."""
         if not ok and self.reachability is not None and self.reachability.unreachable(name) is not None:
-            return self.loops.interval
+            return max(self.loops.interval, UNREACHABLE_RECHECK)
         return None
 
     async def _fetch_named(self, name: str) -> bool:

@@ -9,7 +9,8 @@ served. Downloads start once the store has synced (before, a Service not listed 
 missing, and kube-apiserver's document would be downloaded with the remote group-versions still in
 it). A backend whose APIServices the availability checker all found unreachable
 (`contracts.Reachability`) is not dialed: its last good documents stay, and it is downloaded again
-as soon as the checker reaches one of them (`apiservice_changed`), or at the refresh interval.
+as soon as the checker reaches one of them (`apiservice_changed`); meanwhile it is parked (a look
+every 10 minutes as a backstop).
 
 Published `/openapi/v3`: for each remote APIService, its backend's document for exactly its own
 group-version (a backend cannot publish someone else's; one without `/openapi/v3` gets its v2
@@ -38,7 +39,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from aggregator import __version__
-from aggregator.contracts import BackendFetcher, Reachability
+from aggregator.contracts import UNREACHABLE_RECHECK, BackendFetcher, Reachability
 from aggregator.kube.calls import GET_OPENAPI_V2, GET_OPENAPI_V3, GET_OPENAPI_V3_GROUP_VERSION
 from aggregator.kube.client import KubeClient
 from aggregator.model.apiservice import APIService
@@ -412,9 +413,10 @@ class OpenAPIAggregation:
 
     def _next_delay(self, key: SourceKey, ok: bool, failures: int) -> float | None:
         """kube-apiserver's failed first download: again within a second, not on the backoff. An
-        unreachable backend: the refresh interval (the checker pokes it when it is back)."""
+        unreachable backend: parked (the checker pokes it when it is back; `UNREACHABLE_RECHECK`
+        is the backstop)."""
         if not ok and self._unreachable(key):
-            return self.refresher.interval
+            return max(self.refresher.interval, UNREACHABLE_RECHECK)
         source = self.sources.get(key) if key == KUBE_APISERVER else None
         if ok or source is None:
             return None

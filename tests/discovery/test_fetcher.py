@@ -187,7 +187,7 @@ async def test_a_backend_the_checker_found_unreachable_is_not_dialed_until_it_is
         assert fakes.calls == []
         assert state.entry().freshness == "Stale"
         assert state.last_error == "backend unreachable: dial tcp 10.0.0.5:443: connect: connection refused"
-        # no backoff while it is down: the next look is at the refresh interval (60 s), not in 10 ms
+        # no backoff while it is down: parked until the checker says it is back, not retried in 10 ms
         await asyncio.sleep(0.2)
         assert state.failures == 1 and fakes.calls == []
         # the checker reaches it again and tells the fetcher (its listener): fetched at once

@@ -82,6 +82,12 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+# Caches keyed by Services or addresses are bounded by what the store holds; the limit only drops
+# keys of deleted objects now and then. It is far above any cluster's count (5000 APIServices is a
+# large one): a limit below it would empty the cache on every pass over them.
+CACHE_LIMIT = 1 << 16
+
+
 def _family(address: str) -> str:
     return "IPv6" if ":" in address else "IPv4"
 
@@ -116,7 +122,7 @@ class DenyList:
             network = first(self.networks)
             if network is not None:
                 verdict = f"in --backend-deny-cidrs range {network}"
-        if len(self._verdicts) > 4096:
+        if len(self._verdicts) > CACHE_LIMIT:
             self._verdicts.clear()
         self._verdicts[address] = verdict
         return verdict
@@ -169,7 +175,7 @@ class AddressResolver:
             return found
         target = self._checked(found, ref)
         if svc is not None:
-            if len(self._cluster_cache) > 4096:
+            if len(self._cluster_cache) > CACHE_LIMIT:
                 self._cluster_cache.clear()
             self._cluster_cache[key] = (svc, target)
         return target

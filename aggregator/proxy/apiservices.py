@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from aggregator.backends.addresses import Target
+from aggregator.backends.addresses import CACHE_LIMIT, Target
 from aggregator.backends.errors import BackendError
 from aggregator.backends.hops import LOOP_STATUS, PROXY_LOOP
 from aggregator.backends.registry import BackendRegistry
@@ -152,7 +152,7 @@ class APIServiceProxy:
             dest = Destination(
                 name, backend, target.ip, target.port, target.server_name, policy, hop=self.backends.hop
             )
-            if len(self._destinations) > 4096:
+            if len(self._destinations) > CACHE_LIMIT:
                 self._destinations.clear()
             self._destinations[name] = dest
         deadline = self.backends.discovery_timeout if discovery else None

@@ -152,12 +152,19 @@ def _objects_pass(svc: APIService, store: Store) -> bool:
 
 
 def _has_ready_endpoint(slices: Sequence[EndpointSlice], port_name: str) -> bool:
-    """Upstream's `hasAvailableEndpoint`: a slice with a ready (or unknown) endpoint and the named port."""
-    return any(
-        any(e.ready is None or e.ready for e in eps.endpoints)
-        and any(p.name is not None and p.name == port_name and p.port is not None for p in eps.ports)
-        for eps in slices
-    )
+    """Upstream's `hasAvailableEndpoint`: a slice with a ready (or unknown) endpoint and the named port.
+
+    (Plain loops: it runs on every check of every APIService, dead ones included.)"""
+    for eps in slices:
+        for e in eps.endpoints:
+            if e.ready is None or e.ready:
+                break
+        else:
+            continue
+        for p in eps.ports:
+            if p.name is not None and p.name == port_name and p.port is not None:
+                return True
+    return False
 
 
 def _slices_text(slices: Sequence[EndpointSlice]) -> str:

@@ -15,9 +15,9 @@ configured) starts on a folder of manifests:
   word (a hung pod, a firewall that accepts and drops): each dial hangs until its timeout.
 The script prints:
 - time to listening (the port accepts connections) and to ready (`/readyz` 200);
-- time until settled (healthy: every APIService Available; dead: every APIService found
-  unavailable and a minute past ready, so every retry is at its 30 s cap; blackhole: a minute past
-  ready; and the gateway's CPU below 20% over a second);
+- time until settled (healthy: every APIService Available; dead: a minute after every APIService
+  was found unavailable, so every retry is at its 30 s cap; blackhole: a minute past ready; and
+  the gateway's CPU below 20% over a second);
 - RSS once settled, and again after the idle window (steady state: start-up's spare connections
   to the backends have closed by then);
 - idle CPU over a window after settling (background probes, discovery and OpenAPI refreshes only;
@@ -257,19 +257,23 @@ def verdict_counts(client: Client) -> tuple[int, int]:
     return available, unavailable
 
 
-# Retries of a failed check double from 0.5 s to the 30 s cap: a minute after the first verdicts,
-# every dead backend is retried at the cap (the steady state the idle window measures).
+# Retries of a failed check double from 0.5 s to the 30 s cap: a minute after its first verdict,
+# a dead backend is retried at the cap (the steady state the idle window measures).
 RETRIES_AT_CAP = 60.0
 
 
-def settled(client: Client, count: int, kind: str, since_ready: float) -> bool:
+def settled(client: Client, count: int, kind: str, since: dict[str, float]) -> bool:
+    """`since` holds when the first verdicts were all in (dead backends), set here."""
     if kind == "healthy":
         return verdict_counts(client)[0] == count
-    if since_ready < RETRIES_AT_CAP:
-        return False
-    # A blackholed backend's verdict takes a probe timeout (5 checks at a time, as upstream), so
-    # they keep coming in for a long time: the idle window covers those checks.
-    return kind == "blackhole" or verdict_counts(client)[1] == count
+    now = time.monotonic()
+    if kind == "blackhole":
+        # A blackholed backend's verdict takes a probe timeout (5 checks at a time, as upstream),
+        # so they keep coming in for a long time: the idle window covers those checks.
+        return now - since["ready"] >= RETRIES_AT_CAP
+    if "verdicts" not in since and verdict_counts(client)[1] == count:
+        since["verdicts"] = now
+    return "verdicts" in since and now - since["verdicts"] >= RETRIES_AT_CAP
 
 
 def run(
@@ -317,9 +321,9 @@ def run(
                     if time.monotonic() - started > 600:
                         raise RuntimeError("not ready after 10 minutes")
                     time.sleep(0.1)
+                since = {"ready": started + figures["ready"]}
                 while "settled" not in figures:
-                    since_ready = time.monotonic() - started - figures["ready"]
-                    if settled(client, count, kind, since_ready) and cpu_fraction(proc.pid, 1.0) < 0.2:
+                    if settled(client, count, kind, since) and cpu_fraction(proc.pid, 1.0) < 0.2:
                         figures["settled"] = time.monotonic() - started
                     elif time.monotonic() - started > 900:
                         raise RuntimeError("not settled after 15 minutes")

@@ -189,6 +189,12 @@ class DiscoveryFetcher(LoopComponent):
             assert isinstance(event.obj, APIService)
             if event.type == DELETED:
                 self._forget(event.obj.name)
+            elif event.status_only:
+                # A recorded verdict (ours in local mode, a status write read back in kube mode):
+                # nothing discovery shows changed, so no fetch and no re-render of `/apis`.
+                state = self.states.get(event.obj.name)
+                if state is not None:
+                    state.apiservice = event.obj
             else:
                 self._track(event.obj)
             return

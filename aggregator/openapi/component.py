@@ -258,7 +258,7 @@ class OpenAPIAggregation:
         # Remote APIServices per backend, by name (the first one makes the backend calls).
         self.members: dict[BackendKey, list[APIService]] = {}
         self._backend_of: dict[str, BackendKey] = {}  # remote APIService name -> its backend
-        self._skipped: set[BackendKey] = set()  # last run not dialed: the backend was unreachable
+        self._parked: set[BackendKey] = set()  # unreachable: waiting for the checker's word
         self.first_download = first_download or FirstDownload()
         self.refresher: KeyedLoops[SourceKey] = KeyedLoops(
             "openapi",
@@ -319,11 +319,16 @@ class OpenAPIAggregation:
         self.refresher.start()
 
     def apiservice_changed(self, name: str) -> None:
-        """The availability checker's verdict on this APIService changed: download its backend's
-        documents now if it is reachable again (a listener of `AvailabilityChecker`)."""
+        """The availability checker's verdict on this APIService changed: if its backend is
+        reachable again (parked as unreachable, or its last download could not reach it),
+        download its documents now instead of at the end of a backoff (a listener of
+        `AvailabilityChecker`)."""
         key = self._backend_of.get(name)
-        if key is not None and key in self._skipped and not self._unreachable(key):
-            self._skipped.discard(key)
+        if key is None or self._unreachable(key):
+            return
+        source = self.sources.get(key)
+        if key in self._parked or (source is not None and source.unreachable):
+            self._parked.discard(key)
             self.refresher.poke(key)
 
     def _unreachable(self, key: SourceKey) -> bool:
@@ -384,7 +389,7 @@ class OpenAPIAggregation:
         }
         for key in retired:
             self.refresher.discard(key)
-            self._skipped.discard(key)
+            self._parked.discard(key)
         for key, group in members.items():
             if key not in self.sources:
                 source = OpenAPISource(
@@ -415,8 +420,11 @@ class OpenAPIAggregation:
         """kube-apiserver's failed first download: again within a second, not on the backoff. An
         unreachable backend: parked (the checker pokes it when it is back; `UNREACHABLE_RECHECK`
         is the backstop)."""
-        if not ok and self._unreachable(key):
-            return max(self.refresher.interval, UNREACHABLE_RECHECK)
+        if isinstance(key, tuple):
+            if not ok and self._unreachable(key):
+                self._parked.add(key)
+                return max(self.refresher.interval, UNREACHABLE_RECHECK)
+            self._parked.discard(key)
         source = self.sources.get(key) if key == KUBE_APISERVER else None
         if ok or source is None:
             return None
@@ -452,11 +460,8 @@ class OpenAPIAggregation:
         source = self.sources.get(key)
         if source is None:
             return True
-        if isinstance(key, tuple):
-            if self._unreachable(key):
-                self._skipped.add(key)
-                return False  # not dialed: the last good documents stay
-            self._skipped.discard(key)
+        if self._unreachable(key):
+            return False  # not dialed: the last good documents stay
         result = await source.refresh()
         if self.sources.get(key) is not source:
             return result.ok  # removed while it ran

@@ -196,6 +196,8 @@ class OpenAPISource:
     # The index as last read, with the ETag it came with: a steady source answers 304 to a
     # revalidation, and nothing has to be parsed (kube-openapi serves the index with ServeContent).
     _index: tuple[str, Mapping[str, Any]] | None = None
+    # The last refresh failed to reach the source at all (its backend was down, not broken).
+    unreachable: bool = False
     _failing: set[str] = field(default_factory=set)  # documents whose last attempt failed
     _warned: set[str] = field(default_factory=set)  # ... of which the failure was a warning
     _converted: tuple[int, tuple[str, ...]] | None = None  # (v2 revision, keys) the v3 came from
@@ -217,6 +219,7 @@ class OpenAPISource:
         result = Refreshed(ok=True)
         convert = False
         self._v3_touched = False
+        self.unreachable = False
         try:
             await self._refresh_v3()
             self._recovered("v3")
@@ -405,6 +408,7 @@ class OpenAPISource:
         message = str(err) or type(err).__name__
         if isinstance(err, TimeoutError):
             message = "timed out"
+        self.unreachable |= isinstance(err, BackendError)
         self.last_error = f"{document}: {message}"
         self._count(document, "error")
         warn = first and not isinstance(err, BackendError)  # unreachable: the checker reports it

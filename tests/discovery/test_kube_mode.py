@@ -821,3 +821,24 @@ async def test_kubectl_api_resources_lists_kube_apiservers_and_the_aggregated_gr
     _, out, _ = await Kubectl(binary, config, tmp_path / "home2")("api-resources", check=False)
     assert "deployments" in out and "crontabs" in out and "customresourcedefinitions" in out
     assert "NodeMetrics" not in out
+
+
+async def test_no_backend_is_reported_missing_while_the_services_are_still_being_listed(
+    start_cluster: StartCluster, fake_kube: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kube-apiserver lists Services a second after APIServices: discovery, OpenAPI and availability
+    wait for the store's first sync instead of reporting `service "metrics-server" not found`."""
+    caplog.set_level(logging.DEBUG)
+    fake_kube.slow(1.0, verb="list", resource="services")
+    cluster = await start_cluster()
+    await cluster.settled()
+    assert cluster.server is not None
+    gateway = cluster.server.gateway
+    assert gateway.availability.is_available(f"v1beta1.{METRICS}")
+    missing = [str(getattr(r, "fields", "")) for r in caplog.records if "not found" in str(getattr(r, "fields", ""))]
+    assert missing == [], missing
+    registry = gateway.metrics.registry
+    for kind in ("service", "port", "endpoints"):
+        assert not registry.get_sample_value(
+            "aggregator_backend_errors_total", {"apiservice": f"v1beta1.{METRICS}", "kind": kind}
+        )

@@ -20,7 +20,8 @@ What it does like the real one:
 - `kube-system/extension-apiserver-authentication` exists from the start, written as kube-apiserver's
   `ClientCARegistrationHook` writes it (`cluster_authentication_trust_controller.go`
   `getConfigMapDataFor`): the client CA, the front-proxy CA, and the requestheader settings as
-  JSON string arrays (`json.Marshal`: `["X-Remote-User"]`, `null` for an unset list).
+  JSON string arrays (`json.Marshal`: `["X-Remote-User"]`; kube-apiserver 1.32 writes `[]` for
+  its UID headers).
 
 Knobs for tests: `drop_watches()`, `expire_history()`, `send_bookmarks()`, `send_watch_error()`,
 `slow()`/`release()`, `counts` of requests by (verb, resource), `requests` seen (with the user),
@@ -352,7 +353,8 @@ class FakeKube:
     ) -> Obj:
         """Write `kube-system/extension-apiserver-authentication` as kube-apiserver does at start
         (defaults: its client and front-proxy CAs, the kubeadm flags' header names, allowed name
-        `front-proxy-client`, no UID headers); returns the stored object."""
+        `front-proxy-client`, no UID headers); returns the stored object. The defaults give the
+        data a real kube-apiserver 1.32 with kubeadm's flags writes, key for key."""
         return self.add_object(
             CONFIGMAPS,
             authentication_configmap(
@@ -360,7 +362,7 @@ class FakeKube:
                 self.front_proxy_ca.cert_pem if requestheader_ca is None else requestheader_ca,
                 allowed_names=[FRONT_PROXY_CLIENT] if allowed_names is None else allowed_names,
                 username_headers=["X-Remote-User"] if username_headers is None else username_headers,
-                uid_headers=uid_headers,
+                uid_headers=[] if uid_headers is None else uid_headers,
                 group_headers=["X-Remote-Group"] if group_headers is None else group_headers,
                 extra_prefixes=["X-Remote-Extra-"] if extra_prefixes is None else extra_prefixes,
             ),

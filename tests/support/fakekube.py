@@ -341,30 +341,18 @@ class FakeKube:
         return cert, key
 
     def publish_authentication(
-        self,
-        *,
-        client_ca: bytes | None = None,
-        requestheader_ca: bytes | None = None,
-        allowed_names: list[str] | None = None,
-        username_headers: list[str] | None = None,
-        uid_headers: list[str] | None = None,
-        group_headers: list[str] | None = None,
-        extra_prefixes: list[str] | None = None,
+        self, *, client_ca: bytes | None = None, requestheader_ca: bytes | None = None, **lists: list[str]
     ) -> Obj:
-        """Write `kube-system/extension-apiserver-authentication` as kube-apiserver does at start
-        (defaults: its client and front-proxy CAs, the kubeadm flags' header names, allowed name
-        `front-proxy-client`, no UID headers); returns the stored object. The defaults give the
-        data a real kube-apiserver 1.32 with kubeadm's flags writes, key for key."""
+        """Write `kube-system/extension-apiserver-authentication` as kube-apiserver does at start:
+        its client and front-proxy CAs (unless given), and the requestheader lists
+        (`authentication_configmap`'s defaults: what kube-apiserver 1.32 writes with kubeadm's
+        flags, key for key); returns the stored object."""
         return self.add_object(
             CONFIGMAPS,
             authentication_configmap(
                 self.client_ca.cert_pem if client_ca is None else client_ca,
                 self.front_proxy_ca.cert_pem if requestheader_ca is None else requestheader_ca,
-                allowed_names=[FRONT_PROXY_CLIENT] if allowed_names is None else allowed_names,
-                username_headers=["X-Remote-User"] if username_headers is None else username_headers,
-                uid_headers=[] if uid_headers is None else uid_headers,
-                group_headers=["X-Remote-Group"] if group_headers is None else group_headers,
-                extra_prefixes=["X-Remote-Extra-"] if extra_prefixes is None else extra_prefixes,
+                **lists,
             ),
         )
 
@@ -903,7 +891,14 @@ def authentication_configmap(
     extra_prefixes: list[str] | None = None,
 ) -> Obj:
     """The ConfigMap's data as `getConfigMapDataFor` builds it: `client-ca-file` when there is a
-    client CA; the requestheader keys only with a front-proxy CA, every list JSON-encoded."""
+    client CA; the requestheader keys only with a front-proxy CA, every list JSON-encoded. Lists
+    left out are kubeadm's flags: allowed name `front-proxy-client`, `X-Remote-User`,
+    `X-Remote-Group`, `X-Remote-Extra-`, no UID headers (1.32 writes `[]`)."""
+    allowed_names = [FRONT_PROXY_CLIENT] if allowed_names is None else allowed_names
+    username_headers = ["X-Remote-User"] if username_headers is None else username_headers
+    uid_headers = [] if uid_headers is None else uid_headers
+    group_headers = ["X-Remote-Group"] if group_headers is None else group_headers
+    extra_prefixes = ["X-Remote-Extra-"] if extra_prefixes is None else extra_prefixes
     data: dict[str, str] = {}
     if client_ca:
         data["client-ca-file"] = client_ca.decode()
@@ -941,6 +936,15 @@ async def running_fake_kube(workdir: Path, **kwargs: Any) -> AsyncIterator[FakeK
         yield fake
     finally:
         await fake.stop()
+
+
+# `kube_options` overrides for a gateway that takes its CAs from the cluster's ConfigMap, as shipped.
+CLUSTER_CAS: dict[str, Any] = {
+    "client_ca_file": None,
+    "requestheader_client_ca_file": None,
+    "requestheader_allowed_names": [],
+    "authentication_skip_lookup": False,
+}
 
 
 def kube_options(pki: PKI, kubeconfig: Path | str, **overrides: Any) -> Options:

@@ -23,6 +23,7 @@ from aggregator.workers.messages import Hello, State
 from aggregator.workers.publisher import Publisher, families
 from aggregator.workers.replica import Replica
 from tests.support.fakekube import (
+    CLUSTER_CAS,
     Attributes,
     FakeKube,
     apiservice,
@@ -71,15 +72,7 @@ async def started_pair(fake_kube: FakeKube, pki: PKI, *, settled: bool = False) 
     fake_kube.add_object("services", service("dead", "api", cluster_ip="127.0.0.1", port=dead_port))
     fake_kube.add_object("endpointslices", endpointslice("dead", "api-1", addresses=("127.0.0.1",)))
     assert fake_kube.kubeconfig is not None
-    options = kube_options(
-        pki,
-        fake_kube.kubeconfig,
-        client_ca_file=None,
-        requestheader_client_ca_file=None,
-        requestheader_allowed_names=[],
-        authentication_skip_lookup=False,
-        workers=2,
-    )
+    options = kube_options(pki, fake_kube.kubeconfig, **CLUSTER_CAS, workers=2)
     control = build_gateway(options)
     await control.start()
     publisher = Publisher(

@@ -24,12 +24,15 @@ client first and last, the sources before anything that waits for the store to s
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from aiohttp import web
 
 from aggregator.apiregistration.api import APIRegistration
 from aggregator.audit.factory import build_auditor
+from aggregator.audit.filter import AuditLog, RequestAuditing
 from aggregator.audit.recorder import Auditor
 from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
 from aggregator.auth.authconfigmap import AuthConfigMap
@@ -37,6 +40,9 @@ from aggregator.auth.authn import Authenticator
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
 from aggregator.auth.impersonation import Impersonator
+from aggregator.auth.rbacfolder import RBACFolder
+from aggregator.auth.rbacobjects import is_rbac
+from aggregator.auth.selfreviews import SelfReviews
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import DiscoveryProbe
 from aggregator.availability.status import (
@@ -54,7 +60,7 @@ from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.backends.hops import new_instance
 from aggregator.backends.registry import BackendRegistry
 from aggregator.config import Options
-from aggregator.contracts import Component, Recheck
+from aggregator.contracts import Availability, Component, Recheck
 from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.routes import DiscoveryRoutes
@@ -67,6 +73,7 @@ from aggregator.openapi.routes import OpenAPIRoutes
 from aggregator.proxy.apiservices import APIServiceProxy
 from aggregator.proxy.delegate import FRONT_PROXY, Delegate
 from aggregator.proxy.forward import Forwarder
+from aggregator.proxy.handling import HandlingTable
 from aggregator.proxy.loops import loop_gate
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
@@ -74,7 +81,6 @@ from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
 from aggregator.tls.verify import CAPool
 from aggregator.web.accesslog import AccessLog, AccessLogPolicy
-from aggregator.web.auditing import AuditLog, RequestAuditing
 from aggregator.web.certexpiry import (
     AUTHENTICATION_CONFIGMAP,
     CLIENT_CA,
@@ -89,7 +95,7 @@ from aggregator.web.instrumentation import RequestInstrumentation
 from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.paths import refuse_confusing_paths
-from aggregator.web.pipeline import Pipeline
+from aggregator.web.pipeline import Finisher, Gate, Pipeline
 from aggregator.web.responses import not_found
 from aggregator.web.routing import Route, RouteKind, Router
 from aggregator.web.timeout import RequestTimeouts
@@ -135,6 +141,8 @@ class Gateway:
     hop: str = ""
     # kube mode: the cluster's authentication ConfigMap being watched (worker processes get copies)
     cluster_auth: AuthConfigMap | None = None
+    # local mode: the folder's RBAC manifests being watched (worker processes get copies)
+    rbac: RBACFolder | None = None
     shutting_down: bool = False
 
     async def start(self) -> None:
@@ -232,7 +240,7 @@ def build_gateway(options: Options) -> Gateway:
         kube_source = KubeSource(kube, store, metrics)
         components.append(("kube-source", kube_source))
     if options.apiservices_dir is not None:
-        folder = FolderSource(options.apiservices_dir, store)
+        folder = FolderSource(options.apiservices_dir, store, read_elsewhere=is_rbac)
         components.append(("folder-source", folder))
 
     # 3. who is calling, and may they
@@ -263,22 +271,14 @@ def build_gateway(options: Options) -> Gateway:
         components.append(("leader-election", elector))
     sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
     availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink)
+    store.add_listener(availability.on_store_event)
 
     # 6. what serves requests; a request that cannot reach its backend has availability re-check it
     # (requests in flight are counted for a graceful shutdown, which ends watches and tunnels)
-    in_flight = InFlight()
-    forwarder = _forwarder(metrics, availability, in_flight)
-    delegate, fallback = _fallback(options, kube, forwarder, backends, authenticator, hop)
-    if delegate is not None:
-        components.append(("delegate", delegate))
-    proxy = APIServiceProxy(
-        store,
-        availability=availability,
-        backends=backends,
-        forwarder=forwarder,
-        fallback=fallback.handler,
-        recheck=availability,
-    )
+    forwarding = _forwarding(options, kube, metrics, backends, authenticator, recheck=availability, hop=hop)
+    fallback = forwarding.fallback
+    if forwarding.delegate is not None:
+        components.append(("delegate", forwarding.delegate))
     discovery = Discovery(
         store,
         backends=backends,
@@ -287,6 +287,7 @@ def build_gateway(options: Options) -> Gateway:
         fallback=fallback.handler,
         reachability=availability,
     )
+    store.add_listener(discovery.on_store_event)
     # A verdict flip sends discovery and OpenAPI back to the backend at once: an APIService found
     # down goes Stale now, not at the next refresh, and Current again as soon as it is back. Until
     # then they do not dial what the checker found unreachable: one verdict per backend.
@@ -299,20 +300,27 @@ def build_gateway(options: Options) -> Gateway:
         local_mode=options.local_mode,
         reachability=availability,
     )
+    store.add_listener(openapi.on_store_event)
     availability.add_listener(openapi.apiservice_changed)
-    apiregistration = APIRegistration(store) if options.local_mode else None
+    apiregistration = _apiregistration(options, store)
     components += [("discovery", discovery), ("openapi", openapi), ("availability", availability)]
 
-    # 7. routes, gates, health
-    router = _own_routes(options, fallback, health, Route(metrics.handle, RouteKind.OWN, "metrics"))
-    discovery.routes.install(router)
-    OpenAPIRoutes(openapi).install(router)
-    if apiregistration is not None:
-        apiregistration.install(router)
-    router.add_claim(proxy.claim)
-
-    chain = _pipeline(options, router, metrics, hop, authenticator, authorizer, auditor)
-    pipeline, limits, timeouts = chain.pipeline, chain.limits, chain.timeouts
+    # 7. the request path: routes, the APIService proxy, gates
+    path = build_request_path(
+        options,
+        store=store,
+        metrics=metrics,
+        health=health,
+        forwarding=forwarding,
+        backends=backends,
+        availability=availability,
+        authenticator=authenticator,
+        authorizer=authorizer,
+        auditor=auditor,
+        hop=hop,
+        metrics_route=Route(metrics.handle, RouteKind.OWN, "metrics"),
+        routes=[discovery.routes, OpenAPIRoutes(openapi), *_local_routes(apiregistration, authorizer)],
+    )
 
     gateway = Gateway(
         options=options,
@@ -326,22 +334,23 @@ def build_gateway(options: Options) -> Gateway:
         authorizer=authorizer,
         backends=backends,
         availability=availability,
-        delegate=delegate,
-        proxy=proxy,
+        delegate=forwarding.delegate,
+        proxy=path.proxy,
         discovery=discovery,
         openapi=openapi,
         apiregistration=apiregistration,
         elector=elector,
-        router=router,
-        pipeline=pipeline,
-        limits=limits,
-        timeouts=timeouts,
+        router=path.router,
+        pipeline=path.pipeline,
+        limits=path.limits,
+        timeouts=path.timeouts,
         auditor=auditor,
-        in_flight=in_flight,
+        in_flight=forwarding.in_flight,
         components=components,
         auth_summary=authentication.summary + authorization.summary,
         hop=hop,
         cluster_auth=authentication.cluster,
+        rbac=authorization.rbac,
     )
     health.add("ping", lambda: None)
     health.add("shutdown", gateway.shutdown_check, livez=False)
@@ -370,23 +379,35 @@ def _cluster_auth_check(health: HealthChecks, cluster: AuthConfigMap | None) -> 
         health.add(CLUSTER_AUTH_CHECK, cluster.ready_check, livez=False)
 
 
-def _forwarder(metrics: Metrics, recheck: Recheck, in_flight: InFlight) -> Forwarder:
-    """The proxy's hot path and its upgrade tunnel; shutdown ends their long-running answers."""
-    tunnel = UpgradeTunnel(metrics, recheck=recheck, in_flight=in_flight)
-    return Forwarder(metrics, tunnel, recheck=recheck, in_flight=in_flight)
+@dataclass(frozen=True)
+class Forwarding:
+    """How requests leave the gateway: the forwarder (and its upgrade tunnel), the fallback for
+    unserved paths, and the shutdown tracker that ends their long-running answers."""
+
+    in_flight: InFlight
+    forwarder: Forwarder
+    delegate: Delegate | None
+    fallback: Route
 
 
-def _fallback(
+def _forwarding(
     options: Options,
     kube: KubeClient | None,
-    forwarder: Forwarder,
+    metrics: Metrics,
     backends: BackendRegistry,
     authenticator: Authenticator,
+    *,
+    recheck: Recheck,
     hop: str,
-) -> tuple[Delegate | None, Route]:
-    """Everything the gateway does not serve goes to kube-apiserver (local mode keeps the 404)."""
+) -> Forwarding:
+    """The proxy's hot path and its upgrade tunnel (a failed request has `recheck` look at its
+    APIService again), and everything the gateway does not serve itself: kube-apiserver in kube
+    mode, a 404 in local mode."""
+    in_flight = InFlight()
+    tunnel = UpgradeTunnel(metrics, recheck=recheck, in_flight=in_flight)
+    forwarder = Forwarder(metrics, tunnel, recheck=recheck, in_flight=in_flight)
     if not (options.kube_mode and kube is not None):
-        return None, Route(_not_found, RouteKind.OWN, "not-found")
+        return Forwarding(in_flight, forwarder, None, Route(_not_found, RouteKind.OWN, "not-found"))
     delegate = Delegate(
         kube,
         mode=options.delegate_auth,
@@ -397,7 +418,7 @@ def _fallback(
         ),
         hop=hop,
     )
-    return delegate, delegate.route
+    return Forwarding(in_flight, forwarder, delegate, delegate.route)
 
 
 def _own_routes(options: Options, fallback: Route, health: HealthChecks, metrics: Route) -> Router:
@@ -413,28 +434,61 @@ def _own_routes(options: Options, fallback: Route, health: HealthChecks, metrics
     return router
 
 
-@dataclass(frozen=True)
-class RequestChain:
-    """The pipeline with the filters tests and the runner reach: limits and deadlines."""
+class RouteInstaller(Protocol):
+    """A feature that serves some paths (discovery, OpenAPI, the APIService API)."""
 
+    def install(self, router: Router) -> None: ...
+
+
+@dataclass(frozen=True)
+class RequestPath:
+    """What serves every request of one gateway process, single or worker (`build_request_path`)."""
+
+    router: Router
+    proxy: APIServiceProxy
     pipeline: Pipeline
     limits: MaxInFlight
     timeouts: RequestTimeouts
 
 
-def _pipeline(
+def build_request_path(
     options: Options,
-    router: Router,
+    *,
+    store: Store,
     metrics: Metrics,
-    hop: str,
+    health: HealthChecks,
+    forwarding: Forwarding,
+    backends: BackendRegistry,
+    availability: Availability,
     authenticator: Authenticator,
     authorizer: Authorizer,
     auditor: Auditor | None,
-) -> RequestChain:
-    """kube-apiserver's filter order (server/config.go DefaultBuildHandlerChain): the request
-    deadline around everything, then authentication, audit, impersonation, max-in-flight (after
-    impersonation: system:masters is the impersonated user's group), authorization; before them,
-    looped requests and paths a backend could read as another resource are refused."""
+    hop: str,
+    metrics_route: Route,
+    routes: Sequence[RouteInstaller],
+) -> RequestPath:
+    """The request path, the same for `build_gateway` and `build_worker_gateway`: the router (the
+    gateway's own paths, the features' `routes`, then the APIService proxy's claim), and the
+    pipeline in kube-apiserver's filter order (server/config.go DefaultBuildHandlerChain): the
+    request deadline around everything, then authentication, audit, impersonation, max-in-flight
+    (after impersonation: system:masters is the impersonated user's group), authorization;
+    before them, looped requests and paths a backend could read as another resource are refused.
+    A feature that is off has no stage: no audit policy, no audit gate; no limits, no
+    max-in-flight gate; no timeouts, no deadline."""
+    router = _own_routes(options, forwarding.fallback, health, metrics_route)
+    for installer in routes:
+        installer.install(router)
+    proxy = APIServiceProxy(
+        store,
+        availability=availability,
+        handling=HandlingTable(store, backends),
+        forwarder=forwarding.forwarder,
+        fallback=forwarding.fallback.handler,
+        recheck=forwarding.forwarder.recheck,
+    )
+    store.add_listener(proxy.on_store_event)
+    router.add_claim(proxy.claim)
+
     access_log = AccessLog(AccessLogPolicy.parse(options.access_log, verbosity=options.verbosity))
     timeouts = RequestTimeouts(
         metrics.apiserver,
@@ -447,24 +501,30 @@ def _pipeline(
         mutating=options.max_mutating_requests_inflight,
     )
     instrumentation = RequestInstrumentation(metrics.apiserver)
-    pipeline = Pipeline(router, metrics, access_log, timeouts=timeouts)
-    pipeline.add_gate(loop_gate(hop))
-    pipeline.add_gate(refuse_confusing_paths)
-    pipeline.add_gate(authenticator.gate)
     auditing = RequestAuditing(auditor) if auditor is not None else None
+    gates: list[Gate] = [loop_gate(hop), refuse_confusing_paths, authenticator.gate]
+    finishers: list[Finisher] = []
     if auditing is not None:
-        pipeline.add_gate(auditing.gate)
-    pipeline.add_gate(Impersonator(authorizer).gate)
-    pipeline.add_gate(limits.gate)
-    pipeline.add_gate(authorizer.gate)
-    pipeline.add_gate(upgrade_gate(metrics))
-    pipeline.add_gate(instrumentation.gate)  # last: the request reaches its handler
-    pipeline.on_finish(lambda request, _route, _response, _error: limits.finished(request))
-    pipeline.on_finish(lambda request, route, response, _error: instrumentation.finished(request, route, response))
+        gates.append(auditing.gate)
+    gates.append(Impersonator(authorizer).gate)
+    if limits.enabled:
+        gates.append(limits.gate)
+        finishers.append(limits.finished)
+    gates += [authorizer.gate, upgrade_gate(metrics), instrumentation.gate]  # last: the handler runs
+    finishers.append(instrumentation.finished)
     if auditing is not None:
-        pipeline.on_response_head(auditing.head_going_out)
-        pipeline.on_finish(lambda request, _route, response, error: auditing.finished(request, response, error))
-    return RequestChain(pipeline, limits, timeouts)
+        finishers.append(auditing.finished)
+    pipeline = Pipeline(
+        router,
+        metrics.requests,
+        access_log,
+        in_flight=forwarding.in_flight,
+        timeouts=timeouts if timeouts.enabled else None,
+        gates=gates,
+        head_listeners=[auditing.head_going_out] if auditing is not None else [],
+        finishers=finishers,
+    )
+    return RequestPath(router, proxy, pipeline, limits, timeouts)
 
 
 def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
@@ -484,9 +544,9 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     if auditor is not None:
         components.append(("audit-log", AuditLog(auditor)))
 
-    # Caches stay per worker; the cluster's ConfigMap is the control's copy.
+    # Caches stay per worker; the cluster's ConfigMap and the folder's RBAC are the control's copies.
     authentication = build_authentication(options, kube=kube, metrics=metrics, watch_cluster=False)
-    authorization = build_authorization(options, kube=kube, metrics=metrics)
+    authorization = build_authorization(options, kube=kube, metrics=metrics, rbac_source=replica.rbac)
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
     replica.bind_cluster_auth(authentication.cluster)
@@ -499,30 +559,30 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     components.append(("backends", backends))
 
     # A request that cannot reach its backend asks the control to re-check it.
-    in_flight = InFlight()
-    forwarder = _forwarder(metrics, replica, in_flight)
-    delegate, fallback = _fallback(options, kube, forwarder, backends, authenticator, hop)
-    if delegate is not None:
-        components.append(("delegate", delegate))
-    proxy = APIServiceProxy(
-        store,
-        availability=replica,
-        backends=backends,
-        forwarder=forwarder,
-        fallback=fallback.handler,
-        recheck=replica,
-    )
-    discovery = DiscoveryRoutes(LegacyDiscovery(store), None, fallback.handler)
+    forwarding = _forwarding(options, kube, metrics, backends, authenticator, recheck=replica, hop=hop)
+    if forwarding.delegate is not None:
+        components.append(("delegate", forwarding.delegate))
+    legacy = LegacyDiscovery(store)
+    store.add_listener(legacy.on_store_event)
+    discovery = DiscoveryRoutes(legacy, None, forwarding.fallback.handler)
     replica.bind_discovery(discovery)
     replica.bind_metrics(lambda: list(metrics.registry.collect()))
-
-    router = _own_routes(options, fallback, health, Route(replica.serve_metrics, RouteKind.OWN, "metrics"))
-    discovery.install(router)
-    OpenAPIRoutes(replica).install(router)
-    if options.local_mode:
-        APIRegistration(store).install(router)
-    router.add_claim(proxy.claim)
-    chain = _pipeline(options, router, metrics, hop, authenticator, authorizer, auditor)
+    apiregistration = _apiregistration(options, store)
+    path = build_request_path(
+        options,
+        store=store,
+        metrics=metrics,
+        health=health,
+        forwarding=forwarding,
+        backends=backends,
+        availability=replica,
+        authenticator=authenticator,
+        authorizer=authorizer,
+        auditor=auditor,
+        hop=hop,
+        metrics_route=Route(replica.serve_metrics, RouteKind.OWN, "metrics"),
+        routes=[discovery, OpenAPIRoutes(replica), *_local_routes(apiregistration, authorizer)],
+    )
 
     gateway = WorkerGateway(
         options=options,
@@ -533,13 +593,13 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
         authenticator=authenticator,
         authorizer=authorizer,
         backends=backends,
-        delegate=delegate,
-        proxy=proxy,
-        router=router,
-        pipeline=chain.pipeline,
-        limits=chain.limits,
-        timeouts=chain.timeouts,
-        in_flight=in_flight,
+        delegate=forwarding.delegate,
+        proxy=path.proxy,
+        router=path.router,
+        pipeline=path.pipeline,
+        limits=path.limits,
+        timeouts=path.timeouts,
+        in_flight=forwarding.in_flight,
         components=components,
         auth_summary=authentication.summary + authorization.summary,
         hop=hop,
@@ -558,6 +618,22 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     return gateway
 
 
+def _local_routes(apiregistration: APIRegistration | None, authorizer: Authorizer) -> list[RouteInstaller]:
+    """Local mode's own APIs: `apiregistration.k8s.io/v1` and the self reviews of `kubectl auth can-i`."""
+    if apiregistration is None:
+        return []
+    return [apiregistration, SelfReviews(authorizer)]
+
+
+def _apiregistration(options: Options, store: Store) -> APIRegistration | None:
+    """Local mode serves `apiregistration.k8s.io/v1` itself (kube mode: kube-apiserver does)."""
+    if not options.local_mode:
+        return None
+    apiregistration = APIRegistration(store)
+    store.add_listener(apiregistration.on_store_event)
+    return apiregistration
+
+
 def build_backends(
     options: Options,
     store: Store,
@@ -568,7 +644,8 @@ def build_backends(
 ) -> BackendRegistry:
     """The backends as the options configure them (also what `aggregator check` dials with: its
     requests carry a loop mark too, so a check of an APIService served by a gateway says ProxyLoop)."""
-    return BackendRegistry(
+    client_certificate = ProxyClientCertificate(options.proxy_client_cert_file, options.proxy_client_key_file)
+    backends = BackendRegistry(
         store,
         metrics,
         resolver=AddressResolver(
@@ -577,12 +654,15 @@ def build_backends(
             allow_external_name=options.allow_external_name_services,
             deny_cidrs=options.deny_cidrs,
         ),
-        client_certificate=ProxyClientCertificate(
-            options.proxy_client_cert_file, options.proxy_client_key_file
-        ),
+        client_certificate=client_certificate,
         identity=identity or flag_identity_policy(options),
         hop=hop or new_instance(),
     )
+    # A new front-proxy client certificate retires every backend; an APIService's new TLS
+    # settings retire its own.
+    client_certificate.add_listener(backends.retire_all)
+    store.add_listener(backends.on_store_event)
+    return backends
 
 
 def flag_identity_policy(options: Options, *, keep_impersonation: bool = False) -> LiveIdentityPolicy:

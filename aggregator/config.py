@@ -8,13 +8,16 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aggregator.audit.policy import PolicyError as AuditPolicyError
 from aggregator.audit.policy import load_policy_file
+from aggregator.auth.modes import ModeError, check_modes
 from aggregator.tls.policy import DEFAULT_MIN_VERSION, VERSIONS, PolicyError, TLSPolicy
-from aggregator.util.durations import parse_duration
+from aggregator.util.durations import parse_go_duration
 from aggregator.web.accesslog import AccessLogError, AccessLogPolicy
 
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -104,6 +107,8 @@ class Options:
     api_audiences: list[str] = field(default_factory=list)
     authentication_skip_lookup: bool = False
     authorization_kubeconfig: str | None = None
+    # None: the default for where the gateway runs (`auth/modes.py default_modes`)
+    authorization_mode: list[str] | None = None
     authorization_always_allow_paths: list[str] = field(
         default_factory=lambda: list(DEFAULT_ALWAYS_ALLOW_PATHS)
     )
@@ -172,11 +177,25 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
+class GoDuration(argparse.Action):
+    """A duration flag read as pflag reads one: Go's `time.ParseDuration`, so a number needs a unit
+    (`5s`, `1m30s`; only `0` may go without), and a refusal worded as pflag words it:
+    `invalid argument "5" for "--request-timeout" flag: time: missing unit in duration "5"`."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        text = str(values)
+        try:
+            seconds = parse_go_duration(text)
+        except ValueError as err:
+            flag = option_string or "/".join(self.option_strings)
+            raise argparse.ArgumentError(None, f'invalid argument "{text}" for "{flag}" flag: {err}') from None
+        setattr(namespace, self.dest, seconds)
 
 
 def _bool(text: str) -> bool:
@@ -274,13 +293,13 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     serving.add_argument(
         "--shutdown-delay-duration",
-        type=_duration,
+        action=GoDuration,
         default=0.0,
         help="on SIGTERM, fail /readyz and keep serving this long before closing (default 0s).",
     )
     serving.add_argument(
         "--shutdown-watch-termination-grace-period",
-        type=_duration,
+        action=GoDuration,
         default=0.0,
         help="once the listener has closed, the longest watches and exec/attach/port-forward tunnels "
         "are given to end; they are ended at 200 per second or faster, so all within this period "
@@ -355,7 +374,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     authn.add_argument(
         "--authentication-token-webhook-cache-ttl",
-        type=_duration,
+        action=GoDuration,
         default=10.0,
         help="how long TokenReview answers are cached (default 10s).",
     )
@@ -373,6 +392,13 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
 
     authz = parser.add_argument_group("authorization")
+    authz.add_argument(
+        "--authorization-mode",
+        type=_csv,
+        default=None,
+        help="ordered list of AlwaysAllow, RBAC (manifests in --apiservices-dir), Webhook "
+        "(SubjectAccessReview) (default: Webhook in kube mode; RBAC, then Webhook with a kubeconfig, in local mode).",
+    )
     authz.add_argument(
         "--authorization-kubeconfig",
         help="kubeconfig for SubjectAccessReviews (default: the main kubeconfig or in-cluster account).",
@@ -392,13 +418,13 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     authz.add_argument(
         "--authorization-webhook-cache-authorized-ttl",
-        type=_duration,
+        action=GoDuration,
         default=10.0,
         help="how long an allowed SubjectAccessReview answer is cached (default 10s).",
     )
     authz.add_argument(
         "--authorization-webhook-cache-unauthorized-ttl",
-        type=_duration,
+        action=GoDuration,
         default=10.0,
         help="how long a denied SubjectAccessReview answer is cached (default 10s).",
     )
@@ -464,7 +490,7 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--request-timeout",
-        type=_duration,
+        action=GoDuration,
         default=DEFAULT_REQUEST_TIMEOUT,
         help="how long a non-long-running request may take before it is answered 504 (a shorter "
         "?timeout= in the request applies instead); 0 disables it (default 1m0s).",
@@ -494,7 +520,7 @@ def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--leader-elect-lease-duration",
-        type=_duration,
+        action=GoDuration,
         default=15.0,
         help="the duration that non-leader candidates will wait after observing a leadership renewal "
         "until attempting to acquire leadership of a led but unrenewed leader slot: effectively the "
@@ -502,14 +528,14 @@ def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--leader-elect-renew-deadline",
-        type=_duration,
+        action=GoDuration,
         default=10.0,
         help="the interval between attempts by the acting leader to renew a leadership slot before it "
         "stops leading; must be less than the lease duration (default 10s).",
     )
     group.add_argument(
         "--leader-elect-retry-period",
-        type=_duration,
+        action=GoDuration,
         default=2.0,
         help="the duration the clients should wait between attempting acquisition and renewal of a "
         "leadership (default 2s).",
@@ -661,7 +687,8 @@ def validate(opts: Options) -> None:
     kube_only = sorted(opts.explicit_flags & KUBE_MODE_FLAGS.keys()) if opts.local_mode else []
     if kube_only:
         raise ConfigError(
-            KUBE_MODE_FLAGS[kube_only[0]], "only applies in kube mode; it means nothing with --apiservices-dir"
+            KUBE_MODE_FLAGS[kube_only[0]],
+            "only applies in kube mode; it means nothing with --apiservices-dir",
         )
     for cidr in opts.deny_cidrs:
         try:
@@ -704,6 +731,15 @@ def validate(opts: Options) -> None:
             raise ConfigError(
                 "--authorization-always-allow-paths", f"{entry!r}: '*' is only allowed at the end"
             )
+    if opts.authorization_mode is not None:
+        try:
+            check_modes(
+                opts.authorization_mode,
+                local_mode=opts.local_mode,
+                has_kubeconfig=bool(opts.kubeconfig or opts.authorization_kubeconfig or opts.kube_mode),
+            )
+        except ModeError as err:
+            raise ConfigError("--authorization-mode", str(err)) from err
     _check_audit(opts)
     _check_limits(opts)
 
@@ -767,7 +803,7 @@ def lock_problem(lock_type: str) -> str | None:
     """client-go resourcelock `new`'s error for a lock type other than `leases`, else None."""
     if lock_type == LEASES_LOCK:
         return None
-    return _REMOVED_LOCKS.get(lock_type, f"Invalid lock-type {lock_type}")
+    return _REMOVED_LOCKS.get(lock_type, f"Invalid lock-type {lock_type}; possible values: {LEASES_LOCK}")
 
 
 def _check_audit(opts: Options) -> None:

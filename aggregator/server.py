@@ -1,9 +1,9 @@
 """The listener and the process runner: serve one gateway on its TLS port until told to stop.
 
 `GatewayServer` loads the serving certificate (hot-reloaded), starts the gateway's components,
-then listens with aiohttp's low-level server: the pipeline is the one handler (counted for the
-drain, web/longrunning.py), with no URL dispatcher or middleware chain in front of the gateway's
-own router. `serve` runs it until SIGTERM or SIGINT, then `shut_down` stops it gracefully; `run`
+then listens with aiohttp's low-level server: the pipeline is the one handler, with no URL
+dispatcher or middleware chain in front of the gateway's own router; each connection's peer and
+TLS session are recorded once (`web.context.Connection`). `serve` runs it until SIGTERM or SIGINT, then `shut_down` stops it gracefully; `run`
 is what `aggregator serve` calls.
 """
 
@@ -20,14 +20,13 @@ from aiohttp import web
 from aggregator import __version__
 from aggregator.assembly import Gateway, WorkerGateway, build_gateway
 from aggregator.config import ConfigError, Options, tls_policy
-from aggregator.proxy.upgrade import is_upgrade_request
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.util._aiohttp import GatewayRequest, TimedServer, TimedSite, close_connections
 from aggregator.util.logs import fields
-from aggregator.util.runtime import TerminationSignals, new_event_loop
+from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap
 from aggregator.web.certexpiry import SERVING
-from aggregator.web.lifecycle import long_running
+from aggregator.web.context import Connection
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +41,6 @@ IDLE_TIMEOUT = 90.0
 # What outlives its drain bound is cut: aiohttp's RequestHandler.shutdown waits this long for a
 # handler, cancels it, and waits as long again.
 CLOSE_TIMEOUT = 1.0
-
-
-def _long_running(request: web.Request) -> bool:
-    """An upgrade, or what kube-apiserver's `BasicLongRunningRequestCheck` calls long-running."""
-    return is_upgrade_request(request.headers) or long_running(request)
 
 
 def _serving_hosts(options: Options) -> list[str]:
@@ -107,9 +101,10 @@ class GatewayServer:
             )
 
         return TimedServer(
-            self.gateway.in_flight.wrap(self.gateway.pipeline.handle, is_long_running=_long_running),
+            self.gateway.pipeline.handle,
             read_header_timeout=self.read_header_timeout,
             request_factory=make_request,
+            connection_factory=Connection.of_transport,
             handler_cancellation=True,
             access_log=None,
             keepalive_timeout=self.idle_timeout,
@@ -229,6 +224,7 @@ async def serve(options: Options) -> int:
     signals = TerminationSignals()
     server = GatewayServer(options)
     await server.start()
+    settle_heap()
     received = await signals.first()
     log.info("shutting down", extra=fields(signal=received))
     stopping = asyncio.ensure_future(

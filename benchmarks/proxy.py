@@ -50,7 +50,8 @@ from wrkbench import (
     wait_for_http,
 )
 
-from aggregator.commands.certs import init_pki, issue_serving_cert, new_ca, write_pair
+from aggregator.commands.certs import init_pki
+from aggregator.tls.issue import issue_serving_cert, new_ca, write_pair
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 GROUP, VERSION = "bench.example.com", "v1"

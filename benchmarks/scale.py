@@ -53,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import yaml
 from wrkbench import cpu_seconds, free_port, pinning, rss_bytes
 
-from aggregator.commands.certs import init_pki, issue_serving_cert, new_ca, write_pair
+from aggregator.commands.certs import init_pki
+from aggregator.tls.issue import issue_serving_cert, new_ca, write_pair
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 RESOURCE_LIST = '{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"x/v1","resources":[]}'

@@ -37,7 +37,8 @@ import aiohttp
 import yaml
 from wrkbench import free_port, gateway_process, registration, rss_bytes
 
-from aggregator.commands.certs import init_pki, issue_serving_cert, new_ca, write_pair
+from aggregator.commands.certs import init_pki
+from aggregator.tls.issue import issue_serving_cert, new_ca, write_pair
 
 GROUP, VERSION = "watch.example.com", "v1"
 PREFIX = f"/apis/{GROUP}/{VERSION}"

@@ -41,7 +41,8 @@ from scale import Client, available_count, write_folder
 from scale import nginx as scale_nginx
 from wrkbench import WrkResult, cpu_seconds, free_port, gateway_process, registration, run_wrk, wait_for_http
 
-from aggregator.commands.certs import init_pki, issue_serving_cert, new_ca, write_pair
+from aggregator.commands.certs import init_pki
+from aggregator.tls.issue import issue_serving_cert, new_ca, write_pair
 
 
 def group_pids(supervisor: int) -> tuple[int, list[int]]:

@@ -460,7 +460,10 @@ def objects_dir(tmp_path: Path) -> Iterator[str]:
             ["--leader-elect-resource-lock=configmapsleases"],
             "--leader-elect-resource-lock: configmapsleases lock is removed, migrated to leases",
         ),
-        (["--leader-elect-resource-lock=locks"], "--leader-elect-resource-lock: Invalid lock-type locks"),
+        (
+            ["--leader-elect-resource-lock=locks"],
+            "--leader-elect-resource-lock: Invalid lock-type locks; possible values: leases",
+        ),
         (["--leader-elect-resource-name="], "--leader-elect-resource-name: Required value"),
     ],
 )

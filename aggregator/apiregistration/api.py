@@ -46,10 +46,11 @@ from aggregator.apiregistration.selectors import matches
 from aggregator.model import apiservice as model
 from aggregator.model.apiservice import APIService
 from aggregator.sources.store import ADDED, Event, Kind, Store
+from aggregator.web.rendering import respond
 from aggregator.web.routing import Route, RouteKind, Router
 from aggregator.wire.jsonenc import encode_object
 from aggregator.wire.negotiation import JSON, MediaType, Negotiator, not_acceptable_body
-from aggregator.wire.rendered import Rendered, respond
+from aggregator.wire.rendered import Rendered
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,6 @@ class APIRegistration:
         self._resources = Rendered.of(RESOURCE_LIST)
         for svc in store.apiservices():
             self._identify(svc)
-        store.add_listener(self._on_event)
 
     def install(self, router: Router) -> None:
         router.add_exact(f"/apis/{GROUP}", Route(self.serve_group, RouteKind.OWN, "apiregistration"))
@@ -96,7 +96,7 @@ class APIRegistration:
             self._identities[svc.name] = identity
         return identity
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         if event.kind is not Kind.APISERVICE:
             return
         assert isinstance(event.obj, APIService)

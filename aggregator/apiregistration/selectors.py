@@ -1,53 +1,33 @@
-"""Label and field selectors for listing and watching APIServices (equality-based labels and
-`metadata.name`, what kube-apiserver supports for this resource)."""
+"""Label and field selectors for listing and watching APIServices.
+
+The selectors are parsed exactly as apimachinery parses them (`model/selectors.py`: set-based label
+requirements included, upstream's error messages); of the fields, an APIService supports
+`metadata.name`, as kube-apiserver's generic cluster-scoped field set does for it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from aggregator.model.apiservice import APIService
+from aggregator.model.selectors import NOT_EQUALS, parse_field_selector, parse_label_selector
 
-
-def _requirements(selector: str, what: str) -> list[tuple[str, str, str]]:
-    out: list[tuple[str, str, str]] = []
-    for raw in filter(None, (p.strip() for p in selector.split(","))):
-        for op in ("!=", "==", "="):
-            if op in raw:
-                key, _, value = raw.partition(op)
-                out.append((key.strip(), "!=" if op == "!=" else "=", value.strip()))
-                break
-        else:
-            if " in " in raw or " notin " in raw or "(" in raw:
-                raise ValueError(
-                    f"unable to parse requirement: {what} set-based selectors are not supported here: {raw!r}"
-                )
-            if raw.startswith("!"):
-                out.append((raw[1:].strip(), "!", ""))
-            else:
-                out.append((raw, "exists", ""))
-    return out
+FIELD_LABELS = ("metadata.name",)
 
 
 def matches(svc: APIService | None, label_selector: str, field_selector: str) -> bool:
-    """Equality-based label selectors and the `metadata.name` field selector (all APIServices support)."""
-    labels_req = _requirements(label_selector, "label")
-    fields_req = _requirements(field_selector, "field")
-    for key, op, _ in fields_req:
-        if key != "metadata.name" or op in ("exists", "!"):
-            raise ValueError(f"field label not supported: {key}")
+    """Whether `svc` is selected (None: only validate the selectors). Raises ValueError (a
+    `SelectorError`, or `field label not supported: <field>`) for what upstream answers with 400."""
+    labels_wanted = parse_label_selector(label_selector)
+    fields_wanted = parse_field_selector(field_selector)
+    for requirement in fields_wanted:
+        if requirement.field not in FIELD_LABELS:
+            raise ValueError(f"field label not supported: {requirement.field}")
     if svc is None:
         return True
-    meta = svc.raw.get("metadata") if isinstance(svc.raw.get("metadata"), Mapping) else {}
+    meta = svc.raw.get("metadata")
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
     labels = labels if isinstance(labels, Mapping) else {}
-    for key, op, value in labels_req:
-        present = key in labels
-        if op == "exists" and not present:
-            return False
-        if op == "!" and present:
-            return False
-        if op == "=" and labels.get(key) != value:
-            return False
-        if op == "!=" and labels.get(key) == value:
-            return False
-    return all((op == "=") == (svc.name == value) for _, op, value in fields_req)
+    if not all(requirement.matches(labels) for requirement in labels_wanted):
+        return False
+    return all((svc.name == r.value) != (r.operator == NOT_EQUALS) for r in fields_wanted)

@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from aggregator.auth.requestinfo import RequestInfo
 from aggregator.model import fielderrors as fe
 from aggregator.model.userinfo import UserInfo
+from aggregator.web.requestinfo import RequestInfo
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from aiohttp import web
 from prometheus_client import Counter
 
 from aggregator.audit.body import DEFAULT_BODY_LIMIT, BodyCapture
@@ -33,19 +32,15 @@ from aggregator.audit.event import (
 )
 from aggregator.audit.policy import Level, Policy, Stage
 from aggregator.audit.sinks import utc_now
-from aggregator.auth.requestinfo import RequestInfo
 from aggregator.model.userinfo import UserInfo
+from aggregator.web.context import RequestContext
+from aggregator.web.requestinfo import RequestInfo
 
 log = logging.getLogger(__name__)
 
 AUDIT_ID_HEADER = "Audit-ID"
 # Go's Header.Set canonicalises the name: this is how kube-apiserver's answers spell it.
 AUDIT_ID_RESPONSE_HEADER = "Audit-Id"
-AUDIT_ID = web.RequestKey("aggregator.audit_id", str)
-
-# kube-apiserver's long-running check (`BasicLongRunningRequestCheck` as cmd/kube-apiserver sets it up).
-LONG_RUNNING_VERBS = frozenset({"watch", "proxy"})
-LONG_RUNNING_SUBRESOURCES = frozenset({"attach", "exec", "proxy", "log", "portforward"})
 
 # `filters/authorization.go`: the annotations kube-apiserver adds to every authorized request.
 DECISION_ANNOTATION = "authorization.k8s.io/decision"
@@ -84,49 +79,25 @@ def new_audit_id() -> str:
     return str(uuid.uuid4())
 
 
-def audit_id(request: web.Request, new_id: Callable[[], str] = new_audit_id) -> str:
+def audit_id(ctx: RequestContext, new_id: Callable[[], str] = new_audit_id) -> str:
     """`WithAuditInit`: the caller's `Audit-ID` header as sent (no truncation), else a new UUIDv4;
-    fixed for the request's lifetime. Forward it to backends as `Audit-ID`, as kube-aggregator does."""
-    value = request.get(AUDIT_ID)
+    fixed for the request's lifetime (`RequestContext.audit_id`)."""
+    value = ctx.audit_id
     if value is None:
-        value = request.headers.get(AUDIT_ID_HEADER) or new_id()
-        request[AUDIT_ID] = value
+        value = ctx.audit_id = ctx.headers.get(AUDIT_ID_HEADER) or new_id()
     return value
 
 
-async def echo_audit_id(request: web.Request, response: web.StreamResponse) -> None:
-    """An `on_response_prepare` hook: every answer carries `Audit-Id`, unless one is set already
-    (a backend's answer echoes the ID the gateway forwarded)."""
-    if AUDIT_ID_RESPONSE_HEADER not in response.headers:
-        response.headers[AUDIT_ID_RESPONSE_HEADER] = audit_id(request)
-
-
-def is_long_running(info: RequestInfo) -> bool:
-    """`BasicLongRunningRequestCheck` with kube-apiserver's verbs and subresources."""
-    if info.verb in LONG_RUNNING_VERBS:
-        return True
-    if info.is_resource_request:
-        return info.subresource in LONG_RUNNING_SUBRESOURCES
-    return info.path.startswith("/debug/pprof/")
-
-
-def _is_upgrade(request: web.Request) -> bool:
-    connection = request.headers.get("Connection", "")
-    return "upgrade" in (token.strip().lower() for token in connection.split(",")) and bool(
-        request.headers.get("Upgrade")
-    )
-
-
-def request_uri(request: web.Request) -> str:
+def request_uri(ctx: RequestContext) -> str:
     """`URL.RequestURI()`: the request target as sent, path and query, without a fragment.
 
     One deliberate difference: an `access_token` query value (a bearer token some clients put in
     URLs; the gateway never accepts it) is replaced by `REDACTED`, so a credential never reaches
     the log even when it is sent where it does not belong.
     """
-    target = request.raw_path
+    target = ctx.target
     if not target.startswith("/"):
-        target = request.rel_url.raw_path_qs
+        target = ctx.raw_path + ("?" + ctx.raw_query if ctx.raw_query else "")
     target = target.split("#", 1)[0]
     path, sep, query = target.partition("?")
     if "access_token" not in query:
@@ -137,10 +108,10 @@ def request_uri(request: web.Request) -> str:
     return path + sep + "&".join(params)
 
 
-def _auth_methods(request: web.Request) -> str:
+def _auth_methods(ctx: RequestContext) -> str:
     """`getAuthMethods`: which kinds of credential were tried, never the credential."""
     methods = []
-    auth = request.headers.get("Authorization", "").strip()
+    auth = ctx.headers.get("Authorization", "").strip()
     scheme, _, rest = auth.partition(" ")
     if scheme.lower() == "basic":
         try:
@@ -151,9 +122,9 @@ def _auth_methods(request: web.Request) -> str:
     parts = auth.split(" ")
     if len(parts) > 1 and parts[0].lower() == "bearer":
         methods.append("bearer")
-    if request.query.get("access_token", "").strip():
+    if (ctx.query.get("access_token") or [""])[0].strip():
         methods.append("access_token")
-    ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+    ssl_object = ctx.connection.ssl_object
     if ssl_object is not None and ssl_object.getpeercert(binary_form=True):
         methods.append("x509")
     if methods:
@@ -207,11 +178,10 @@ class Auditor:
 
     def begin(
         self,
-        request: web.Request,
+        ctx: RequestContext,
         user: UserInfo | None,
         info: RequestInfo,
         *,
-        long_running: bool | None = None,
         received: datetime | None = None,
     ) -> AuditRequest | None:
         """Call once the user is authenticated (before impersonation and authorization), as
@@ -220,25 +190,24 @@ class Auditor:
         self._levels[config.level].inc()
         if config.level is Level.NONE:
             return None
-        event = self._base_event(request, user, info, config.level, received, config.omit_managed_fields)
-        upgrade = _is_upgrade(request)
-        long = is_long_running(info) if long_running is None else long_running
+        event = self._base_event(ctx, user, info, config.level, received, config.omit_managed_fields)
+        # No body is copied from a long-running request (a watch, a tunnel: `ctx.long_running`).
         audit = AuditRequest(
             self,
             event,
             config.omit_stages,
-            long_running=long,
-            capture=not (long or upgrade),
+            long_running=ctx.long_running,
+            capture=not ctx.long_running,
             sensitive=(info.api_group, info.resource, info.subresource) in _SENSITIVE,
-            request_content_type=request.headers.get("Content-Type", ""),
-            request_content_encoding=request.headers.get("Content-Encoding", ""),
+            request_content_type=ctx.headers.get("Content-Type", ""),
+            request_content_encoding=ctx.headers.get("Content-Encoding", ""),
         )
         audit._process(Stage.REQUEST_RECEIVED)
         return audit
 
     def failed_authentication(
         self,
-        request: web.Request,
+        ctx: RequestContext,
         info: RequestInfo,
         *,
         code: int = 401,
@@ -250,18 +219,18 @@ class Auditor:
         self._levels[config.level].inc()
         if config.level is Level.NONE:
             return
-        event = self._base_event(request, None, info, config.level, None, False)
+        event = self._base_event(ctx, None, info, config.level, None, False)
         if status is not None:
             answer = replace(_status_from(status, code), code=code)
         else:
-            answer = ResponseStatus(code=code, message=_auth_methods(request))
+            answer = ResponseStatus(code=code, message=_auth_methods(ctx))
         event = replace(event, response_status=answer)
         if Stage.RESPONSE_STARTED not in config.omit_stages:
             self.emit(replace(event, stage=Stage.RESPONSE_STARTED, stage_timestamp=self._now()))
 
     def _base_event(
         self,
-        request: web.Request,
+        ctx: RequestContext,
         user: UserInfo | None,
         info: RequestInfo,
         level: Level,
@@ -270,7 +239,7 @@ class Auditor:
     ) -> Event:
         """`LogRequestMetadata`."""
         received = received or self._now()
-        headers = request.headers
+        headers = ctx.headers
         object_ref = None
         if info.is_resource_request:
             object_ref = ObjectRef(
@@ -283,14 +252,14 @@ class Auditor:
             )
         return Event(
             level=level,
-            audit_id=audit_id(request, self._new_id),
+            audit_id=audit_id(ctx, self._new_id),
             stage=Stage.REQUEST_RECEIVED,
-            request_uri=request_uri(request),
+            request_uri=request_uri(ctx),
             verb=info.verb,
             user=user,
             request_received=received,
             stage_timestamp=received,
-            source_ips=source_ips(headers.get("X-Forwarded-For"), headers.get("X-Real-Ip"), request.remote),
+            source_ips=source_ips(headers.get("X-Forwarded-For"), headers.get("X-Real-Ip"), ctx.remote),
             user_agent=truncate_user_agent(headers.get("User-Agent", "")),
             object_ref=object_ref,
             omit_managed_fields=omit_managed_fields,

@@ -14,22 +14,20 @@ from __future__ import annotations
 
 import inspect
 import logging
-import ssl
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
+from multidict import CIMultiDictProxy
 
 from aggregator.auth.requestheader import RequestHeaderConfig, user_from_headers
 from aggregator.model.userinfo import ANONYMOUS, UserInfo
 from aggregator.tls.peerchain import IntermediatesReader, PeerChainReader
 from aggregator.tls.verify import CAPool, ClientCertificate, Rejection, chain_key
 from aggregator.util.logs import fields
-from aggregator.web.context import set_user
+from aggregator.web.context import Connection, RequestContext
 from aggregator.web.responses import status_response
-from aggregator.web.routing import Route
 from aggregator.wire.wsprotocol import ProtocolTokenError, protocol_token
 
 log = logging.getLogger(__name__)
@@ -57,20 +55,6 @@ class TokenAuthenticator(Protocol):
     def authenticate_token(self, token: str) -> UserInfo | Awaitable[UserInfo | None] | None: ...
 
 
-def peer_certificate(
-    request: web.Request, chain: IntermediatesReader
-) -> tuple[bytes, tuple[bytes, ...]] | None:
-    """The DER of the client's certificate and of the certificates it sent after it, if any."""
-    transport = request.transport
-    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
-    if ssl_object is None:
-        return None
-    der: bytes | None = ssl_object.getpeercert(binary_form=True)
-    if der is None:
-        return None
-    return der, chain.intermediates(ssl_object)
-
-
 @dataclass(slots=True)
 class _Presented:
     """What one TLS connection presented (read once, not per request), and the user the client CA
@@ -87,8 +71,8 @@ class _Presented:
 _NOTHING = _Presented(b"", (), b"")
 
 
-def bearer_token(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
+def bearer_token(headers: CIMultiDictProxy[str]) -> str | None:
+    header = headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer":
         return None
@@ -96,8 +80,8 @@ def bearer_token(request: web.Request) -> str | None:
     return token or None
 
 
-def unauthorized(request: web.Request) -> web.Response:
-    return status_response(request, 401, "Unauthorized")
+def unauthorized(ctx: RequestContext) -> web.Response:
+    return status_response(ctx, 401, "Unauthorized")
 
 
 class Authenticator:
@@ -120,26 +104,30 @@ class Authenticator:
         self.client_ca = client_ca
         self.requestheader = requestheader
         self.tokens: list[TokenAuthenticator] = tokens or []
-        # Per TLS connection (the SSL object lives as long as the connection does).
-        self._connections: weakref.WeakKeyDictionary[ssl.SSLObject, _Presented] = weakref.WeakKeyDictionary()
 
-    async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
+    def gate(self, ctx: RequestContext) -> web.StreamResponse | Awaitable[web.StreamResponse | None] | None:
+        """The user, from the certificate without an await; a token's review is awaited."""
         errors: list[str] = []
-        user = self._from_certificate(request, errors)
+        user = self._from_certificate(ctx, errors)
         if user is not None:
-            if user.complete:
-                set_user(request, user.user)
-                return None
-            found: UserInfo | None = user.user
-        else:
-            found = None
-        token = None
+            ctx.user = user.user if user.complete else user.user.with_authenticated_group()
+            return None
+        if not errors and "Authorization" not in ctx.headers and not ctx.upgrade:
+            # No credentials at all (no token can be offered without those headers).
+            if not (self.anonymous or ctx.route.public):
+                return unauthorized(ctx)
+            ctx.user = ANONYMOUS
+            return None
+        return self._from_tokens(ctx, errors)
+
+    async def _from_tokens(self, ctx: RequestContext, errors: list[str]) -> web.StreamResponse | None:
+        """A bearer token, or one offered as a WebSocket subprotocol; else anonymous or a 401."""
+        found: UserInfo | None = None
+        token = bearer_token(ctx.headers)
+        if token is not None:
+            found = await self._from_token(token, errors)
         if found is None:
-            token = bearer_token(request)
-            if token is not None:
-                found = await self._from_token(token, errors)
-        if found is None:
-            offered = self._from_protocol(request, errors)
+            offered = self._from_protocol(ctx, errors)
             if offered is not None:
                 token = offered
                 found = await self._from_token(offered, errors, source="websocket protocol token")
@@ -148,39 +136,37 @@ class Authenticator:
                 log.info(
                     "unable to authenticate the request",
                     extra=fields(
-                        method=request.method,
-                        path=request.path,
+                        method=ctx.method,
+                        path=ctx.path,
                         reason="; ".join(errors) or "invalid bearer token",
                     ),
                 )
-                return unauthorized(request)
-            if not (self.anonymous or route.public):
-                return unauthorized(request)
+                return unauthorized(ctx)
+            if not (self.anonymous or ctx.route.public):
+                return unauthorized(ctx)
             found = ANONYMOUS
         else:
             found = found.with_authenticated_group()
-        set_user(request, found)
+        ctx.user = found
         return None
 
-    def _presented(self, request: web.Request) -> _Presented:
+    def _presented(self, connection: Connection) -> _Presented:
         """The connection's certificates, read from the TLS session once per connection."""
-        transport = request.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
-        if ssl_object is None:
-            return _NOTHING
-        presented = self._connections.get(ssl_object)
-        if presented is None:
-            der: bytes | None = ssl_object.getpeercert(binary_form=True)
-            if der is None:
-                presented = _NOTHING
-            else:
-                intermediates = self.peer_chain.intermediates(ssl_object)
-                presented = _Presented(der, intermediates, chain_key(der, intermediates))
-            self._connections[ssl_object] = presented
+        presented = connection.presented
+        if isinstance(presented, _Presented):
+            return presented
+        ssl_object = connection.ssl_object
+        der: bytes | None = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if der is None or ssl_object is None:
+            presented = _NOTHING
+        else:
+            intermediates = self.peer_chain.intermediates(ssl_object)
+            presented = _Presented(der, intermediates, chain_key(der, intermediates))
+        connection.presented = presented
         return presented
 
-    def _from_certificate(self, request: web.Request, errors: list[str]) -> _Authenticated | None:
-        presented = self._presented(request)
+    def _from_certificate(self, ctx: RequestContext, errors: list[str]) -> _Authenticated | None:
+        presented = self._presented(ctx.connection)
         if presented is _NOTHING:
             return None
         der, intermediates, key = presented.der, presented.intermediates, presented.key
@@ -195,7 +181,7 @@ class Authenticator:
                     "the allowed list"
                 )
             else:
-                asserted = user_from_headers(request.headers, front_proxy)
+                asserted = user_from_headers(ctx.headers, front_proxy)
                 if asserted is not None:
                     return _Authenticated(asserted, complete=False)
         pool = self.client_ca()
@@ -218,11 +204,11 @@ class Authenticator:
         return None
 
     @staticmethod
-    def _from_protocol(request: web.Request, errors: list[str]) -> str | None:
+    def _from_protocol(ctx: RequestContext, errors: list[str]) -> str | None:
         """The token a WebSocket upgrade offers as a subprotocol (`ProtocolAuthenticator`); the
         proxy drops that entry before the request reaches a backend."""
         try:
-            return protocol_token(request.headers)
+            return protocol_token(ctx.headers)
         except ProtocolTokenError as err:
             errors.append(f"websocket protocol token: {err}")
             return None

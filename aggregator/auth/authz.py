@@ -3,10 +3,13 @@
 1. always-allow groups (`--authorization-always-allow-groups`, default system:masters);
 2. always-allow paths (`--authorization-always-allow-paths`, default /healthz,/readyz,/livez):
    non-resource requests only, compared without the leading `/`, exact or `prefix*`;
-3. a SubjectAccessReview to kube-apiserver, cached (`cachetools.TLRUCache`, 8192 entries; allowed
-   answers for the authorized TTL, others for the unauthorized TTL; requests whose attributes add
-   up to 10000 bytes or more are never cached) with identical concurrent reviews coalesced.
-   Without any kubeconfig (local mode), step 3 is "allow": the gateway says so loudly at start.
+3. the `--authorization-mode` authorizers in order, as kube-apiserver's union authorizer runs
+   them (`authorization/union`): the first that allows or denies decides; no opinion from all
+   is a 403 whose reason joins theirs with newlines. `Webhook` is a SubjectAccessReview to
+   kube-apiserver, cached (`cachetools.TLRUCache`, 8192 entries; allowed answers for the
+   authorized TTL, others for the unauthorized TTL; requests whose attributes add up to 10000
+   bytes or more are never cached) with identical concurrent reviews coalesced; `RBAC` and the
+   others are in `modes.py`.
 
 Allowed: the request goes on. A review that failed: 500, upstream's `Internal Server Error:
 "<RequestURI>": <err>` text in a Status. Otherwise: upstream's 403 Status. Requests routed to
@@ -16,17 +19,17 @@ attributes, so a second review would only double the load. A cache hit awaits no
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from aggregator.auth.cache import MISSING, CoalescingCache
-from aggregator.auth.requestinfo import RequestInfo, RequestInfoError, request_info
+from aggregator.auth.rbac import RuleSet, aggregate
+from aggregator.auth.verdict import ALLOWED, NO_OPINION, Decision, Verdict
 from aggregator.auth.webhook import ReviewFailed, WebhookClient
 from aggregator.model.fielderrors import go_quote
 from aggregator.model.selectors import (
@@ -44,10 +47,11 @@ from aggregator.model.selectors import (
 from aggregator.model.status import forbidden_details, forbidden_message
 from aggregator.model.userinfo import UserInfo
 from aggregator.util.logs import fields
-from aggregator.web.context import get_user, set_authorization
+from aggregator.web.context import RequestContext
 from aggregator.web.metrics import Metrics
-from aggregator.web.responses import status_response
-from aggregator.web.routing import Route, RouteKind
+from aggregator.web.requestinfo import RequestInfo
+from aggregator.web.responses import Asker, status_response
+from aggregator.web.routing import RouteKind
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +61,6 @@ MAX_ENTRIES = 8192
 MAX_CACHED_ATTRIBUTE_BYTES = 10000
 
 
-class Decision(enum.Enum):
-    ALLOW = "allow"
-    DENY = "deny"
-    NO_OPINION = "no-opinion"
-
-
 @dataclass(frozen=True, slots=True)
 class ReviewStatus:
     """A SubjectAccessReview's `status`, as cached."""
@@ -70,17 +68,6 @@ class ReviewStatus:
     allowed: bool
     denied: bool = False
     reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    decision: Decision
-    reason: str = ""
-    error: str = ""  # set: the request gets a 500 unless the decision is ALLOW
-
-
-ALLOWED = Verdict(Decision.ALLOW)
-NO_OPINION = Verdict(Decision.NO_OPINION)
 
 
 def verdict_from_status(status: ReviewStatus) -> Verdict:
@@ -302,12 +289,12 @@ class AlwaysAllowPaths:
         return path in self.exact or any(path.startswith(p) for p in self.prefixes)
 
 
-def internal_error(request: web.Request, err: str) -> web.Response:
+def internal_error(ctx: RequestContext, err: str) -> web.Response:
     """`responsewriters.InternalError`'s text, as a Status (every gateway error is a Status)."""
-    return status_response(request, 500, f"Internal Server Error: {go_quote(request.raw_path)}: {err}")
+    return status_response(ctx, 500, f"Internal Server Error: {go_quote(ctx.target)}: {err}")
 
 
-def forbidden(request: web.Request, user: UserInfo, info: RequestInfo, reason: str) -> web.Response:
+def forbidden(request: Asker, user: UserInfo, info: RequestInfo, reason: str) -> web.Response:
     if info.is_resource_request:
         message = forbidden_message(
             user.name,
@@ -326,6 +313,57 @@ def forbidden(request: web.Request, user: UserInfo, info: RequestInfo, reason: s
     return status_response(request, 403, message, details=details)
 
 
+class Mode(Protocol):
+    """One `--authorization-mode` authorizer (`authorizer.Authorizer` plus `RuleResolver`)."""
+
+    name: str
+
+    @property
+    def allows_everything(self) -> bool:
+        """True while it allows every request (the gate then skips RequestInfo altogether)."""
+        ...
+
+    def decide_now(self, user: UserInfo, info: RequestInfo) -> Verdict | None:
+        """The verdict without I/O, or None when it has to ask (then `review`)."""
+        ...
+
+    async def review(self, user: UserInfo, info: RequestInfo) -> Verdict:
+        """The verdict, asking kube-apiserver if need be. Raises ReviewFailed."""
+        ...
+
+    def rules_for(self, user: UserInfo, namespace: str) -> RuleSet: ...
+
+
+WEBHOOK_RULES = RuleSet(incomplete=True, error="webhook authorizer does not support user rule resolution")
+
+
+class WebhookMode:
+    """`Webhook`: the cached, coalesced SubjectAccessReview."""
+
+    name = "Webhook"
+    allows_everything = False
+
+    def __init__(self, reviewer: SubjectAccessReviewer) -> None:
+        self.reviewer = reviewer
+
+    def decide_now(self, user: UserInfo, info: RequestInfo) -> Verdict | None:
+        return self.reviewer.cached(spec_key(user, info))
+
+    async def review(self, user: UserInfo, info: RequestInfo) -> Verdict:
+        return await self.reviewer.review(
+            spec_key(user, info), cache=attribute_bytes(info) < MAX_CACHED_ATTRIBUTE_BYTES
+        )
+
+    def rules_for(self, user: UserInfo, namespace: str) -> RuleSet:
+        return WEBHOOK_RULES
+
+
+def _union(verdicts: list[Verdict]) -> Verdict:
+    """No authorizer had an opinion: their reasons joined by newlines (`unionAuthzHandler`)."""
+    reasons = [v.reason for v in verdicts if v.reason]
+    return Verdict(Decision.NO_OPINION, "\n".join(reasons)) if reasons else NO_OPINION
+
+
 class Authorizer:
     """The authorization gate (after authentication in `gateway.gates`)."""
 
@@ -334,69 +372,97 @@ class Authorizer:
         *,
         always_allow_groups: Iterable[str],
         always_allow_paths: Iterable[str],
-        reviewer: SubjectAccessReviewer | None,
-        allow_all: bool = False,
+        modes: Sequence[Mode],
     ) -> None:
-        if reviewer is None and not allow_all:
-            raise ValueError("an Authorizer needs a reviewer, or allow_all for local mode")
+        if not modes:
+            raise ValueError("at least one authorization-mode must be passed")
         self.always_allow_groups = frozenset(always_allow_groups)
         self.always_allow_paths = AlwaysAllowPaths(always_allow_paths)
-        self.reviewer = reviewer
-        self.allow_all = allow_all
+        self.modes = tuple(modes)
+        self._first = self.modes[0]
+
+    def mode(self, name: str) -> Mode | None:
+        return next((m for m in self.modes if m.name == name), None)
 
     def decide_now(self, user: UserInfo, info: RequestInfo) -> Verdict | None:
-        """Everything that needs no I/O: the union up to the webhook, then its cache."""
+        """Everything that needs no I/O: the always-allowed groups and paths, then each mode in
+        order while it can answer without asking (a webhook's cache)."""
         if not self.always_allow_groups.isdisjoint(user.groups):
             return ALLOWED
         if self.always_allow_paths.allows(info):
             return ALLOWED
-        if self.reviewer is None:
-            return ALLOWED if self.allow_all else NO_OPINION
-        return self.reviewer.cached(spec_key(user, info))
+        undecided: list[Verdict] = []
+        for mode in self.modes:
+            verdict = mode.decide_now(user, info)
+            if verdict is None:
+                return None
+            if verdict.decision is not Decision.NO_OPINION:
+                return verdict
+            undecided.append(verdict)
+        return _union(undecided)
 
     async def review(self, user: UserInfo, info: RequestInfo) -> Verdict:
-        """The webhook's answer when `decide_now` had none (joins an identical review in flight).
+        """The modes' answer when `decide_now` had none (a webhook joins an identical review in
+        flight). Raises ReviewFailed."""
+        undecided: list[Verdict] = []
+        for mode in self.modes:
+            verdict = await mode.review(user, info)
+            if verdict.decision is not Decision.NO_OPINION:
+                return verdict
+            undecided.append(verdict)
+        return _union(undecided)
 
-        Raises ReviewFailed.
-        """
-        assert self.reviewer is not None, "decide_now answers every request when there is no reviewer"
-        return await self.reviewer.review(
-            spec_key(user, info), cache=attribute_bytes(info) < MAX_CACHED_ATTRIBUTE_BYTES
+    def rules_for(self, user: UserInfo, namespace: str) -> RuleSet:
+        """`unionAuthzRulesHandler.RulesFor`: every mode's rules; incomplete if any is."""
+        sets = [mode.rules_for(user, namespace) for mode in self.modes]
+        errors = [s.error for s in sets if s.error]
+        return RuleSet(
+            tuple(rule for s in sets for rule in s.rules),
+            incomplete=any(s.incomplete for s in sets),
+            error=aggregate(errors) if errors else "",
         )
 
-    async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
-        if route.kind is RouteKind.DELEGATE:
+    def gate(self, ctx: RequestContext) -> web.StreamResponse | Awaitable[web.StreamResponse | None] | None:
+        """Allowed or refused without an await when nothing needs a review (a cache hit)."""
+        if ctx.route.kind is RouteKind.DELEGATE:
             return None  # kube-apiserver authorizes what it serves
-        user = get_user(request)
+        user = ctx.user
         if user is None:
-            return internal_error(request, "no user found for request")
-        if (self.reviewer is None and self.allow_all) or not self.always_allow_groups.isdisjoint(user.groups):
-            # Allowed whatever the request is: no RequestInfo to build (the hot path of
-            # system:masters callers and of local mode without a kubeconfig).
-            set_authorization(request, True, "")
+            return internal_error(ctx, "no user found for request")
+        if self._first.allows_everything or not self.always_allow_groups.isdisjoint(user.groups):
+            # Allowed whatever the request is (the hot path of system:masters callers and of
+            # AlwaysAllow).
+            ctx.authorization = (True, "")
             return None
-        try:
-            info = request_info(request)
-        except RequestInfoError as err:
-            return internal_error(request, f"failed to create RequestInfo: {err}")
+        info = ctx.info
+        if info is None:
+            return internal_error(ctx, f"failed to create RequestInfo: {ctx.info_error}")
         verdict = self.decide_now(user, info)
         if verdict is None:
-            try:
-                verdict = await self.review(user, info)
-            except ReviewFailed as err:
-                log.error(
-                    "Failed to make webhook authorizer request",
-                    extra=fields(method=request.method, path=request.path, reason=str(err)),
-                )
-                return internal_error(request, str(err))
+            return self._reviewed(ctx, user, info)
+        return self._apply(ctx, user, info, verdict)
+
+    async def _reviewed(self, ctx: RequestContext, user: UserInfo, info: RequestInfo) -> web.StreamResponse | None:
+        try:
+            verdict = await self.review(user, info)
+        except ReviewFailed as err:
+            log.error(
+                "Failed to make webhook authorizer request",
+                extra=fields(method=ctx.method, path=ctx.path, reason=str(err)),
+            )
+            return internal_error(ctx, str(err))
+        return self._apply(ctx, user, info, verdict)
+
+    @staticmethod
+    def _apply(ctx: RequestContext, user: UserInfo, info: RequestInfo, verdict: Verdict) -> web.StreamResponse | None:
         if verdict.decision is Decision.ALLOW:
-            set_authorization(request, True, verdict.reason)
+            ctx.authorization = (True, verdict.reason)
             return None
         if verdict.error:
-            return internal_error(request, verdict.error)
-        set_authorization(request, False, verdict.reason)
+            return internal_error(ctx, verdict.error)
+        ctx.authorization = (False, verdict.reason)
         log.debug(
             "Forbidden",
-            extra=fields(method=request.method, path=request.path, user=user.name, reason=verdict.reason),
+            extra=fields(method=ctx.method, path=ctx.path, user=user.name, reason=verdict.reason),
         )
-        return forbidden(request, user, info, verdict.reason)
+        return forbidden(ctx, user, info, verdict.reason)

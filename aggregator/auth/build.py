@@ -3,9 +3,9 @@
 Authentication: client CA and front-proxy settings from the CA flags, or (kube mode, a flag left
 unset, no `--authentication-skip-lookup`) from `kube-system/extension-apiserver-authentication`;
 bearer tokens from `--token-auth-file` and, whenever a kubeconfig or in-cluster account exists,
-TokenReview. Authorization: always-allow groups and paths, then SubjectAccessReview through
-`--authorization-kubeconfig` or the gateway's kube client; with neither (local mode without a
-kubeconfig) every authenticated caller is allowed, with a warning at start.
+TokenReview. Authorization: always-allow groups and paths, then the `--authorization-mode`
+authorizers (`modes.py`): SubjectAccessReview through `--authorization-kubeconfig` or the
+gateway's kube client, RBAC from the folder, or AlwaysAllow (only when named, with a warning).
 
 Each builder returns what it made, the components with a lifetime among them, and the human
 summary lines the start-up log shows.
@@ -20,9 +20,19 @@ from dataclasses import dataclass, field
 from aggregator.auth.authconfigmap import SOURCE as CLUSTER_SOURCE
 from aggregator.auth.authconfigmap import AuthConfigMap
 from aggregator.auth.authn import Authenticator, TokenAuthenticator
-from aggregator.auth.authz import Authorizer, SubjectAccessReviewer
+from aggregator.auth.authz import Authorizer, Mode, SubjectAccessReviewer, WebhookMode
 from aggregator.auth.cafiles import CAFiles
-from aggregator.auth.impersonation import announce
+from aggregator.auth.modes import (
+    ALWAYS_ALLOW,
+    RBAC,
+    AlwaysAllowMode,
+    PolicySource,
+    RBACMode,
+    WithoutManifests,
+    default_modes,
+)
+from aggregator.auth.rbac import RBACPolicy
+from aggregator.auth.rbacfolder import RBACFolder
 from aggregator.auth.requestheader import RequestHeaderConfig
 from aggregator.auth.tokenfile import TokenFile
 from aggregator.auth.tokenreview import TokenReviewAuthenticator
@@ -52,6 +62,8 @@ class Authorization:
     authorizer: Authorizer
     components: list[tuple[str, Component]] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
+    # local mode: the folder's RBAC manifests being watched (worker processes get copies)
+    rbac: RBACFolder | None = None
 
 
 def build_authentication(
@@ -137,45 +149,98 @@ def _cluster_configmap(options: Options, kube: KubeClient | None, files: CAFiles
     return AuthConfigMap(kube, want_client_ca=want_client_ca, want_requestheader=want_requestheader)
 
 
-def build_authorization(options: Options, *, kube: KubeClient | None, metrics: Metrics) -> Authorization:
+def build_authorization(
+    options: Options,
+    *,
+    kube: KubeClient | None,
+    metrics: Metrics,
+    rbac_source: PolicySource | None = None,
+) -> Authorization:
+    """The `--authorization-mode` authorizers (`modes.py`). `rbac_source`: where RBAC reads its
+    policy (a worker process: the control's copy); None: the folder, watched here."""
     client = kube
     components: list[tuple[str, Component]] = []
     if options.authorization_kubeconfig:
         client = KubeClient.from_kubeconfig(options.authorization_kubeconfig)
         components.append(("authorization-client", client))
-    reviewer = None
-    if client is not None:
-        reviewer = SubjectAccessReviewer(
-            WebhookClient(
-                client, calls.CREATE_SUBJECTACCESSREVIEWS, kind="subjectaccessreview", metrics=metrics
-            ),
-            allowed_ttl=options.authorization_webhook_cache_authorized_ttl,
-            denied_ttl=options.authorization_webhook_cache_unauthorized_ttl,
-            metrics=metrics,
-        )
+    names = authorization_modes(options)
+    without = WithoutManifests.EVALUATE
+    if options.authorization_mode is None:
+        without = WithoutManifests.ALLOW_AUTHENTICATED if names == [RBAC] else WithoutManifests.DEFER
+    folder: RBACFolder | None = None
+    modes: list[Mode] = []
+    summary: list[str] = []
+    for name in names:
+        if name == ALWAYS_ALLOW:
+            modes.append(AlwaysAllowMode())
+            summary.append("AlwaysAllow (every request, impersonation included)")
+            _warn_always_allow(options)
+        elif name == RBAC:
+            if rbac_source is None:
+                assert options.apiservices_dir is not None, "check_modes refuses RBAC without a folder"
+                folder = rbac_source = RBACFolder(options.apiservices_dir)
+                components.append(("rbac-manifests", folder))
+                if without is WithoutManifests.ALLOW_AUTHENTICATED:
+                    folder.add_listener(_announce_fallback)
+            modes.append(RBACMode(rbac_source, without=without))
+            summary.append(f"RBAC from {options.apiservices_dir}{_WITHOUT[without]}")
+        else:
+            assert client is not None, "check_modes refuses Webhook without a kubeconfig"
+            reviewer = SubjectAccessReviewer(
+                WebhookClient(
+                    client, calls.CREATE_SUBJECTACCESSREVIEWS, kind="subjectaccessreview", metrics=metrics
+                ),
+                allowed_ttl=options.authorization_webhook_cache_authorized_ttl,
+                denied_ttl=options.authorization_webhook_cache_unauthorized_ttl,
+                metrics=metrics,
+            )
+            modes.append(WebhookMode(reviewer))
+            source = options.authorization_kubeconfig or options.kubeconfig or "in-cluster account"
+            allowed = options.authorization_webhook_cache_authorized_ttl
+            denied = options.authorization_webhook_cache_unauthorized_ttl
+            summary.append(
+                f"SubjectAccessReview via {source} (cached {allowed:g}s allowed, {denied:g}s denied)"
+            )
     authorizer = Authorizer(
         always_allow_groups=options.authorization_always_allow_groups,
         always_allow_paths=options.authorization_always_allow_paths,
-        reviewer=reviewer,
-        allow_all=reviewer is None,
+        modes=modes,
     )
-    summary: list[str] = []
-    if reviewer is None:
+    return Authorization(authorizer, components, [f"authorization: {', then '.join(summary)}"], folder)
+
+
+_WITHOUT = {
+    WithoutManifests.EVALUATE: "",
+    WithoutManifests.DEFER: " (while it holds RBAC manifests)",
+    WithoutManifests.ALLOW_AUTHENTICATED: "; without RBAC manifests: every authenticated caller, never impersonation",
+}
+
+
+def authorization_modes(options: Options) -> list[str]:
+    """`--authorization-mode`, or the default for where the gateway runs (`modes.default_modes`)."""
+    if options.authorization_mode is not None:
+        return list(options.authorization_mode)
+    has_kubeconfig = bool(options.kubeconfig or options.authorization_kubeconfig)
+    return default_modes(local_mode=options.local_mode, has_kubeconfig=has_kubeconfig)
+
+
+def _warn_always_allow(options: Options) -> None:
+    who = "every caller, anonymous ones included," if options.anonymous_auth else "every authenticated caller"
+    log.warning(
+        f"AUTHORIZATION IS OFF (--authorization-mode=AlwaysAllow): {who} may do anything the gateway "
+        "serves and impersonate any user, group, uid or extra (Impersonate-*, kubectl --as); backends "
+        "are told the impersonated identity",
+        extra=fields(anonymous_auth=options.anonymous_auth),
+    )
+
+
+def _announce_fallback(policy: RBACPolicy, previous: RBACPolicy) -> None:
+    """Local mode's default: say loudly when the folder's RBAC manifests stop (or start) deciding."""
+    if policy.present and not previous.present:
+        log.info("RBAC manifests found in --apiservices-dir: callers are authorized by them")
+    elif not policy.present:
         log.warning(
-            "AUTHORIZATION IS OFF: no kubeconfig for SubjectAccessReviews, so every authenticated caller "
-            "may do anything the gateway serves; pass --kubeconfig or --authorization-kubeconfig to "
-            "authorize callers",
-            extra=fields(anonymous_auth=options.anonymous_auth),
+            "NO RBAC MANIFESTS in --apiservices-dir: every authenticated caller may do anything the gateway "
+            "serves; impersonation (Impersonate-*, kubectl --as) is refused. Add Role, ClusterRole, "
+            "RoleBinding and ClusterRoleBinding manifests to authorize callers"
         )
-        summary.append("authorization: ALLOW ALL authenticated callers (no kubeconfig)")
-        unchecked = announce(authorizer, anonymous_auth=options.anonymous_auth)
-        if unchecked is not None:
-            summary.append(unchecked)
-    else:
-        source = options.authorization_kubeconfig or options.kubeconfig or "in-cluster account"
-        allowed = options.authorization_webhook_cache_authorized_ttl
-        denied = options.authorization_webhook_cache_unauthorized_ttl
-        summary.append(
-            f"authorization: SubjectAccessReview via {source} (cached {allowed:g}s allowed, {denied:g}s denied)"
-        )
-    return Authorization(authorizer, components, summary)

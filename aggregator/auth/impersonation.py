@@ -11,13 +11,15 @@ authorization on every path, aggregated ones included:
   Groups, extras or a uid without a user: 500 `requested [...] without impersonating a user`.
 - Each is checked in that order with verb `impersonate` on users, serviceaccounts, groups,
   `userextras/<key>` (group authentication.k8s.io) or uids (same group), asked as the
-  authenticated caller through the gateway's authorizer: always-allow groups, then the cached,
-  coalesced SubjectAccessReview. The first refusal is upstream's 403 Status; a failed review
-  refuses too (upstream: `err != nil || decision != allow`).
+  authenticated caller through the gateway's authorizer: always-allow groups, then the
+  `--authorization-mode` authorizers (the cached, coalesced SubjectAccessReview, RBAC from the
+  folder). The first refusal is upstream's 403 Status; a failed review refuses too (upstream:
+  `err != nil || decision != allow`). Impersonation is never allowed by default: local mode
+  without any authorizer refuses it with a reason that says how to enable it (`modes.py`).
 - The request then runs as the impersonated user, and nothing else: its groups are the
   impersonated ones (a service account's own groups when none are given), plus
   system:authenticated (or system:unauthenticated for system:anonymous) unless already there.
-  The caller is kept under a second key for audit (`get_requester`).
+  The caller is kept for the audit (`RequestContext.requester`).
 
 Upstream then deletes the headers; aiohttp's are read-only, so the proxy's header rules
 (`IdentityHeaderPolicy`) drop every `Impersonate-*` header on the way to a backend instead.
@@ -29,21 +31,22 @@ impersonated user in its audit log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
 
-from aggregator.auth.authz import Authorizer, Decision, Verdict, forbidden, internal_error
-from aggregator.auth.gourl import EscapeError, path_unescape
-from aggregator.auth.requestinfo import RequestInfo
+from aggregator.auth.authz import forbidden, internal_error
+from aggregator.auth.verdict import Decision, Verdict
 from aggregator.auth.webhook import ReviewFailed
 from aggregator.model.fielderrors import is_dns1123_label, is_dns1123_subdomain
 from aggregator.model.userinfo import ANONYMOUS_USER, AUTHENTICATED_GROUP, UNAUTHENTICATED_GROUP, UserInfo
 from aggregator.util.logs import fields
-from aggregator.web.context import get_user, set_requester, set_user
-from aggregator.web.routing import Route, RouteKind
+from aggregator.web.context import RequestContext
+from aggregator.web.requestinfo import RequestInfo
+from aggregator.web.routing import RouteKind
+from aggregator.wire.gourl import EscapeError, path_unescape
 
 log = logging.getLogger(__name__)
 
@@ -239,73 +242,58 @@ class Impersonator:
     def __init__(self, decider: AccessDecider) -> None:
         self.decider = decider
 
-    async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
-        if route.kind is RouteKind.DELEGATE:
+    def gate(self, ctx: RequestContext) -> web.StreamResponse | Awaitable[web.StreamResponse | None] | None:
+        if ctx.route.kind is RouteKind.DELEGATE:
             return None  # kube-apiserver applies the headers to what it serves
         try:
-            wanted = requested(request.headers.items())
+            wanted = requested(ctx.headers.items())
         except ImpersonationError as err:
-            return internal_error(request, str(err))
+            return internal_error(ctx, str(err))
         if wanted is None:
             return None
-        requester = get_user(request)
+        return self._impersonate(ctx, wanted)
+
+    async def _impersonate(self, ctx: RequestContext, wanted: Impersonation) -> web.StreamResponse | None:
+        requester = ctx.user
         if requester is None:
-            return internal_error(request, "no user found for request")
+            return internal_error(ctx, "no user found for request")
         for info in wanted.checks():
             verdict = self.decider.decide_now(requester, info)
             if verdict is None:
-                verdict = await self._review(request, requester, info)
+                verdict = await self._review(ctx, requester, info)
             if verdict.decision is not Decision.ALLOW:
                 log.debug(
                     "Forbidden",
                     extra=fields(
-                        method=request.method,
-                        path=request.path,
+                        method=ctx.method,
+                        path=ctx.path,
                         user=requester.name,
                         impersonate=f"{info.resource}/{info.name}",
                         reason=verdict.reason or verdict.error,
                     ),
                 )
-                return forbidden(request, requester, info, verdict.reason)
+                return forbidden(ctx, requester, info, verdict.reason)
         user = wanted.user()
-        set_requester(request, requester)
-        set_user(request, user)
+        ctx.requester = requester
+        ctx.user = user
         log.debug(
             "impersonating",
             extra=fields(
-                method=request.method,
-                path=request.path,
+                method=ctx.method,
+                path=ctx.path,
                 requester=user_string(requester),
                 user=user_string(user),
             ),
         )
         return None
 
-    async def _review(self, request: web.Request, requester: UserInfo, info: RequestInfo) -> Verdict:
+    async def _review(self, ctx: RequestContext, requester: UserInfo, info: RequestInfo) -> Verdict:
         try:
             return await self.decider.review(requester, info)
         except ReviewFailed as err:
             log.error(
                 "Failed to make webhook authorizer request",
-                extra=fields(method=request.method, path=request.path, reason=str(err)),
+                extra=fields(method=ctx.method, path=ctx.path, reason=str(err)),
             )
             # The webhook's `decisionOnError` with an empty reason: a plain 403.
             return Verdict(Decision.NO_OPINION, error=str(err))
-
-
-def announce(authorizer: Authorizer, *, anonymous_auth: bool) -> str | None:
-    """Log, at start, that impersonation goes unchecked when authorization is off.
-
-    Call it next to the AUTHORIZATION IS OFF warning. Returns the line for the start-up
-    summary, or None when impersonation is checked.
-    """
-    if authorizer.reviewer is not None or not authorizer.allow_all:
-        return None
-    who = "every caller, anonymous ones included," if anonymous_auth else "every authenticated caller"
-    log.warning(
-        f"IMPERSONATION IS UNCHECKED: with authorization off, {who} may impersonate any user, group, "
-        "uid or extra with Impersonate-* headers, and backends are told the impersonated identity; "
-        "pass --kubeconfig or --authorization-kubeconfig to check impersonation",
-        extra=fields(anonymous_auth=anonymous_auth),
-    )
-    return "impersonation: ALLOWED for every caller (no kubeconfig)"

@@ -8,7 +8,6 @@ lower-cased and percent-unescaped (the raw lower-cased key if unescaping fails).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -16,8 +15,7 @@ from multidict import CIMultiDictProxy
 
 from aggregator.model.userinfo import UserInfo
 from aggregator.tls.verify import CAPool
-
-_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+from aggregator.wire.gourl import path_unescape
 
 
 @dataclass(frozen=True)
@@ -35,26 +33,6 @@ class RequestHeaderConfig:
         if lowered in {h.lower() for h in (*self.username_headers, *self.uid_headers, *self.group_headers)}:
             return True
         return any(lowered.startswith(p.lower()) for p in self.extra_prefixes)
-
-
-def path_unescape(text: str) -> str:
-    """Go's `url.PathUnescape`; raises ValueError on a malformed escape."""
-    if "%" not in text:
-        return text
-    out = bytearray()
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "%":
-            m = _ESCAPE.match(text, i)
-            if m is None:
-                raise ValueError(f"invalid URL escape {text[i : i + 3]!r}")
-            out.append(int(m.group(1), 16))
-            i += 3
-        else:
-            out.extend(ch.encode())
-            i += 1
-    return out.decode("utf-8", errors="replace")
 
 
 def user_from_headers(headers: CIMultiDictProxy[str], config: RequestHeaderConfig) -> UserInfo | None:

@@ -130,7 +130,6 @@ class AvailabilityChecker:
         self._awaiting: set[str] | None = None
         self._first_round_deadline = 0.0
         self._first_round_done = False
-        store.add_listener(self._on_event)
 
     # Knobs (tests shorten them): the loop engine reads them at each scheduling decision.
     @property
@@ -271,7 +270,7 @@ class AvailabilityChecker:
 
     # --- store events ------------------------------------------------------------------------------
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         obj = event.obj
         if isinstance(obj, APIService):
             if event.type == DELETED:
@@ -398,6 +397,20 @@ class AvailabilityChecker:
                     new_status=after.status if after else "Unknown",
                     reason=after.reason if after else "",
                     message=after.message if after else "",
+                ),
+            )
+        elif after is not None and before.reason != after.reason:
+            # Still unavailable, but for another reason (EndpointsNotFound, then FailedDiscoveryCheck
+            # once the pods are up): the next thing to fix moved. Upstream logs any condition change
+            # (`updateAPIServiceStatus`: "changing APIService availability").
+            log.info(
+                "APIService availability reason changed",
+                extra=fields(
+                    apiservice=name,
+                    status=after.status,
+                    old_reason=before.reason,
+                    reason=after.reason,
+                    message=after.message,
                 ),
             )
 

@@ -21,6 +21,7 @@ from aggregator.model.apiservice import (
     ServiceReference,
     now_rfc3339,
 )
+from aggregator.model.fielderrors import go_quote
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 
@@ -152,19 +153,6 @@ def failed_discovery_check(
     """Upstream's discovery-check failure; `reason` names a refusal (FORBIDDEN_ENDPOINT,
     REDIRECT_REJECTED, PROXY_LOOP) where upstream would say FailedDiscoveryCheck."""
     return Verdict(FALSE, reason, with_detail(message, detail))
-
-
-def go_quote(text: str) -> str:
-    """Go's `%q` for the printable ASCII a port name can hold (DNS label characters)."""
-    out = []
-    for ch in text:
-        if ch in ('"', "\\"):
-            out.append("\\" + ch)
-        elif " " <= ch <= "~":
-            out.append(ch)
-        else:
-            out.append(f"\\u{ord(ch):04x}" if ord(ch) > 0xFF else f"\\x{ord(ch):02x}")
-    return '"' + "".join(out) + '"'
 
 
 def body_excerpt(body: bytes, limit: int = BODY_EXCERPT) -> str:

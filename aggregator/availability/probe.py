@@ -35,6 +35,7 @@ from aggregator.backends.hops import LOOP_STATUS
 from aggregator.backends.registry import BackendRegistry
 from aggregator.backends.tls import client_context
 from aggregator.model.apiservice import APIService, ServiceReference
+from aggregator.model.fielderrors import go_quote
 from aggregator.model.objects import EndpointSlice, Service
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.sources.store import Kind, Store
@@ -117,7 +118,7 @@ def _svc_name(ref: ServiceReference) -> str:
 def _ports_text(service: Service) -> str:
     if not service.ports:
         return "none"
-    return ", ".join(f"{p.port} ({cond.go_quote(p.name)})" if p.name else str(p.port) for p in service.ports)
+    return ", ".join(f"{p.port} ({go_quote(p.name)})" if p.name else str(p.port) for p in service.ports)
 
 
 def _ready(slices: Sequence[EndpointSlice], port_name: str) -> list[tuple[str, str]]:
@@ -170,7 +171,7 @@ def _has_ready_endpoint(slices: Sequence[EndpointSlice], port_name: str) -> bool
 def _slices_text(slices: Sequence[EndpointSlice]) -> str:
     parts = []
     for eps in slices:
-        names = ", ".join(cond.go_quote(p.name or "") for p in eps.ports) or "none"
+        names = ", ".join(go_quote(p.name or "") for p in eps.ports) or "none"
         ready = sum(1 for e in eps.endpoints if e.ready is not False)
         parts.append(f"{eps.name} (port names {names}; {len(eps.endpoints)} endpoints, {ready} ready)")
     return "; ".join(parts)
@@ -209,7 +210,7 @@ def check_objects(
         steps.append(Step("port", FAIL, f"no port {ref.port} on the Service", (ports,)))
         return steps, cond.service_port_error(ref, [ports])
     target_port = f", targetPort {port.target_port}" if port.target_port is not None else ""
-    steps.append(Step("port", PASS, f"port {ref.port} exists (name {cond.go_quote(port.name)}{target_port})"))
+    steps.append(Step("port", PASS, f"port {ref.port} exists (name {go_quote(port.name)}{target_port})"))
 
     slices = store.endpointslices_for(ref.namespace, ref.name)
     if not slices:
@@ -223,7 +224,7 @@ def check_objects(
     if not _has_ready_endpoint(slices, port.name):
         found = f"slices: {_slices_text(slices)}"
         steps.append(
-            Step("endpoints", FAIL, f"no ready address with port name {cond.go_quote(port.name)}", (found,))
+            Step("endpoints", FAIL, f"no ready address with port name {go_quote(port.name)}", (found,))
         )
         return steps, cond.missing_endpoints(ref, port.name, [found])
     ready = _ready(slices, port.name)
@@ -233,7 +234,7 @@ def check_objects(
             "endpoints",
             PASS,
             f"{len(ready)} ready address{'es' if len(ready) != 1 else ''} with port name "
-            f"{cond.go_quote(port.name)}: {shown or 'unknown'}",
+            f"{go_quote(port.name)}: {shown or 'unknown'}",
         )
     )
     return steps, None

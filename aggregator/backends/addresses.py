@@ -68,6 +68,36 @@ class PendingLookup:
     service: str
 
 
+@dataclass(frozen=True, slots=True)
+class Addresses:
+    """Where requests for one APIService may go, worked out once per change of the APIService, its
+    Service or its endpoints (`AddressResolver.addresses`): `pick` is all a request does, plus the
+    one DNS lookup of an ExternalName.
+
+    `groups` are the candidate targets: one group holding the cluster IP's target, or (endpoint
+    routing) one group per EndpointSlice of the preferred address family that has a ready
+    endpoint; an entry is the BackendError a denied address gets when it is picked.
+    """
+
+    groups: tuple[tuple[Target | BackendError, ...], ...] = ()
+    lookup: PendingLookup | None = None
+    error: BackendError | None = None
+
+    def pick(self, rng: random.Random) -> Target | PendingLookup:
+        """A target: a random slice, then a random ready endpoint in it (`ResolveEndpoint`)."""
+        error = self.error
+        if error is not None:
+            raise BackendError(error.hop, error.cause)
+        if self.lookup is not None:
+            return self.lookup
+        groups = self.groups
+        group = groups[0] if len(groups) == 1 else rng.choice(groups)
+        entry = group[0] if len(group) == 1 else rng.choice(group)
+        if isinstance(entry, BackendError):
+            raise BackendError(entry.hop, entry.cause)
+        return entry
+
+
 async def system_lookup(host: str) -> list[str]:
     """The host's addresses from the system resolver, in its order."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
@@ -144,10 +174,9 @@ class AddressResolver:
         self.allow_external_name = allow_external_name
         self.deny = DenyList(deny_cidrs)
         self.lookup = lookup
-        self._rng = rng or random.Random()
-        # APIService name -> (service object, resolved target): the cluster-IP answer only
-        # changes when the Service object does, so a hit is two identity checks.
-        self._cluster_cache: dict[tuple[str, str, int], tuple[Service, Target]] = {}
+        self.rng = rng or random.Random()
+        # (namespace, name, port) -> the Service object it was worked out from, and its Addresses.
+        self._cluster_cache: dict[tuple[str, str, int], tuple[Service, Addresses]] = {}
 
     # --- public ------------------------------------------------------------------------------------
 
@@ -160,25 +189,42 @@ class AddressResolver:
 
     def resolve_now(self, apiservice: APIService) -> Target | PendingLookup:
         """Everything that needs no DNS; an ExternalName comes back as a PendingLookup."""
+        return self.addresses(apiservice).pick(self.rng)
+
+    def addresses(self, apiservice: APIService) -> Addresses:
+        """Where requests for a remote APIService may go now (a BackendError inside names the
+        failing hop): upstream's `ResolveCluster`, or `ResolveEndpoint` with endpoint routing."""
         ref = apiservice.service
-        if ref is None:
-            raise BackendError(Hop.SERVICE, f"APIService {apiservice.name} is local (no spec.service)")
-        if self.endpoint_routing:
-            return self._checked(self._resolve_endpoint(ref), ref)
+        try:
+            if ref is None:
+                raise BackendError(Hop.SERVICE, f"APIService {apiservice.name} is local (no spec.service)")
+            if self.endpoint_routing:
+                return self._endpoint_addresses(ref)
+        except BackendError as err:
+            return Addresses(error=err)
+        return self._cluster_addresses(ref)
+
+    def _cluster_addresses(self, ref: ServiceReference) -> Addresses:
+        """`ResolveCluster`, worked out once per Service object: the availability checker and the
+        fetchers resolve every backend on every pass, and at thousands of them the work adds up."""
         key = (ref.namespace, ref.name, ref.port)
         svc = self.store.service(ref.namespace, ref.name)
         cached = self._cluster_cache.get(key)
         if cached is not None and svc is cached[0]:
             return cached[1]
-        found = self._resolve_cluster(ref, svc)
-        if isinstance(found, PendingLookup):
-            return found
-        target = self._checked(found, ref)
+        try:
+            found = self._resolve_cluster(ref, svc)
+            if isinstance(found, PendingLookup):
+                addresses = Addresses(lookup=found)
+            else:
+                addresses = Addresses(((self._checked(found, ref),),))
+        except BackendError as err:
+            addresses = Addresses(error=err)
         if svc is not None:
             if len(self._cluster_cache) > CACHE_LIMIT:
                 self._cluster_cache.clear()
-            self._cluster_cache[key] = (svc, target)
-        return target
+            self._cluster_cache[key] = (svc, addresses)
+        return addresses
 
     async def finish_lookup(self, pending: PendingLookup) -> Target:
         """Resolve an ExternalName once and pin the first address the deny list allows."""
@@ -241,8 +287,9 @@ class AddressResolver:
             )
         raise BackendError(Hop.SERVICE, f'unsupported service type "{svc.type}"')
 
-    def _resolve_endpoint(self, ref: ServiceReference) -> Target:
-        """`ResolveEndpoint`: a ready endpoint of a slice whose port name matches the Service port's."""
+    def _endpoint_addresses(self, ref: ServiceReference) -> Addresses:
+        """`ResolveEndpoint`: the ready endpoints of the slices whose port name matches the Service
+        port's, the Service's own IP family first (upstream uses spec.ipFamilies[0])."""
         svc = self._service(ref)
         if svc.type not in _ROUTABLE_TYPES:
             raise BackendError(Hop.SERVICE, f'unsupported service type "{svc.type}"')
@@ -252,29 +299,35 @@ class AddressResolver:
         slices = self.store.endpointslices_for(svc.namespace, svc.name)
         if not slices:
             raise BackendError(Hop.ENDPOINTS, f'no endpoints available for service "{svc.name}"')
-        if len(slices) > 1:
-            # Random order, the Service's own IP family first (upstream uses spec.ipFamilies[0]).
-            preferred = _family(svc.cluster_ip) if _is_ip(svc.cluster_ip) else "IPv4"
-            order = {id(s): self._rng.random() for s in slices}
-            slices.sort(key=lambda s: (s.address_type != preferred, order[id(s)]))
-        for candidate in slices:
-            target = self._endpoint_in(candidate, port.name, ref.server_name)
-            if target is not None:
-                return target
+        preferred = _family(svc.cluster_ip) if _is_ip(svc.cluster_ip) else "IPv4"
+        for tier in (
+            [s for s in slices if s.address_type == preferred],
+            [s for s in slices if s.address_type != preferred],
+        ):
+            groups = tuple(group for s in tier if (group := self._endpoints_in(s, port.name, ref)))
+            if groups:
+                return Addresses(groups)
         raise BackendError(Hop.ENDPOINTS, f'no endpoints available for service "{svc.name}"')
 
-    def _endpoint_in(self, eps: EndpointSlice, port_name: str, server_name: str) -> Target | None:
+    def _endpoints_in(
+        self, eps: EndpointSlice, port_name: str, ref: ServiceReference
+    ) -> tuple[Target | BackendError, ...]:
+        """The slice's ready endpoints on the named port (a denied one as its error)."""
         for slice_port in eps.ports:
             if (slice_port.name or "") != port_name or slice_port.port is None or not eps.endpoints:
                 continue
-            count = len(eps.endpoints)
-            offset = self._rng.randrange(count)
-            for i in range(count):
-                endpoint = eps.endpoints[(i + offset) % count]
+            found: list[Target | BackendError] = []
+            for endpoint in eps.endpoints:
                 # Only addresses[0] is used (as upstream); FQDN slices cannot be pinned to an IP.
                 if endpoint.ready is not False and endpoint.addresses and _is_ip(endpoint.addresses[0]):
-                    return Target(endpoint.addresses[0], slice_port.port, server_name)
-        return None
+                    target = Target(endpoint.addresses[0], slice_port.port, ref.server_name)
+                    try:
+                        found.append(self._checked(target, ref))
+                    except BackendError as err:
+                        found.append(err)
+            if found:
+                return tuple(found)
+        return ()
 
     def _checked(self, target: Target, ref: ServiceReference) -> Target:
         denied = self.deny.match(target.ip)

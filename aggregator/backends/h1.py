@@ -166,6 +166,13 @@ class H1Pool:
 
     async def exchange(self, host: str, port: int, server_name: str | None) -> Exchange:
         """A connection ready for one request: an idle one if there is one, else a new one."""
+        exchange = self.idle_exchange(host, port, server_name)
+        if exchange is None:
+            exchange = await self.new_exchange(host, port, server_name)
+        return exchange
+
+    def idle_exchange(self, host: str, port: int, server_name: str | None) -> Exchange | None:
+        """An idle connection's exchange, without an await; None when there is none."""
         key = (host, port, server_name)
         idle = self._idle.get(key)
         if idle:
@@ -176,9 +183,13 @@ class H1Pool:
                     self.in_use += 1
                     return Exchange(self, key, protocol, True)
                 protocol.close()
+        return None
+
+    async def new_exchange(self, host: str, port: int, server_name: str | None) -> Exchange:
+        """An exchange on a new connection."""
         protocol = await self._dial(host, port, server_name)
         self.in_use += 1
-        return Exchange(self, key, protocol, False)
+        return Exchange(self, (host, port, server_name), protocol, False)
 
     def release(self, key: Key, protocol: ResponseHandler, reusable: bool) -> None:
         self.in_use -= 1

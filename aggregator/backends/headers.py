@@ -25,7 +25,7 @@ from __future__ import annotations
 import string
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from multidict import CIMultiDict
 
@@ -70,6 +70,8 @@ IMPERSONATE_UID = "Impersonate-Uid"
 IMPERSONATE_GROUP = "Impersonate-Group"
 IMPERSONATE_EXTRA_PREFIX = "Impersonate-Extra-"
 
+# What a response may carry that never goes on: hop-by-hop and CORS headers (and `Connection`).
+_RESPONSE_DROPPED = HOP_BY_HOP | CORS_RESPONSE
 _TOKEN_BYTES = frozenset((string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~").encode())
 # Bytes that would let a value smuggle a second header line (or be refused by the HTTP writer).
 _UNSAFE_VALUE = ("\r", "\n", "\x00")
@@ -114,6 +116,11 @@ class IdentityHeaderPolicy:
     prefixes: tuple[str, ...]
     # Escaped, canonical extra-header names by key; extra keys repeat (credential-id), so cache.
     _extra_names: dict[tuple[str, str], str] = field(default_factory=dict, compare=False, repr=False)
+    # The identity headers of recent users, by object (a client certificate's user is one object
+    # for all requests of its connection): (user, impersonate) -> the header lines.
+    _identities: dict[tuple[int, bool], tuple[UserInfo, list[tuple[str, str]]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def build(
@@ -143,6 +150,18 @@ class IdentityHeaderPolicy:
     def is_identity(self, name: str) -> bool:
         key = dashed(name)
         return key in self.names or key.startswith(self.prefixes)
+
+    def identity_of(self, user: UserInfo, impersonate: bool) -> list[tuple[str, str]]:
+        """`identity_headers(user, self, impersonate=...)`, computed once per user object."""
+        key = (id(user), impersonate)
+        known = self._identities.get(key)
+        if known is not None and known[0] is user:
+            return known[1]
+        lines = identity_headers(user, self, impersonate=impersonate)
+        if len(self._identities) >= 4096:
+            self._identities.clear()
+        self._identities[key] = (user, lines)
+        return lines
 
     def extra_header(self, prefix: str, key: str) -> str:
         cache_key = (prefix, key)
@@ -302,13 +321,15 @@ def go_path_clean(path: str) -> str:
 def forwarded_uri(raw_path: str) -> str:
     """`X-Forwarded-Uri`: the escaped path, cleaned, trailing `/` kept, no query (proxy.Transport)."""
     path = raw_path.split("?", 1)[0]
+    if path.startswith("/") and "/." not in path and "//" not in path:
+        return path  # already clean (the pipeline refuses dot and empty segments anyway)
     uri = go_path_clean(path) if path else ""
     if path.endswith("/") and not uri.endswith("/"):
         uri += "/"
     return uri
 
 
-def request_headers(
+def forwarded_headers(
     inbound: Iterable[tuple[str, str]],
     user: UserInfo | None,
     policy: IdentityHeaderPolicy = DEFAULT_POLICY,
@@ -321,15 +342,17 @@ def request_headers(
     impersonate: bool = False,
     extra: Mapping[str, str] | None = None,
     hop: str | None = None,
-) -> CIMultiDict[str]:
-    """The headers of the request sent to a backend.
+) -> list[tuple[str, str]]:
+    """The header lines of the request sent to a backend, in order (`request_headers`, as a list
+    the proxy writes straight into the request head).
 
     `inbound` is every (name, value) the client sent. `user` None sends no identity at all (the
     delegate with its own credentials when the caller is unknown never happens; fetch always has
     one). `upgrade` is the protocol of a tunnelled upgrade: its `Upgrade` header survives with
     `Connection: Upgrade`. `extra` headers (the gateway's own `Authorization` for impersonation)
     are added last. `hop` is this gateway's loop mark (`hops.HOP_HEADER`); an inbound one never
-    passes.
+    passes. `Expect` never passes either: the gateway answered any `100-continue` itself, and the
+    body follows unasked.
     """
     # Each name once, `dashed`: a look-alike is dropped like the header it imitates (module docstring).
     pairs = [(name, value, name.lower().replace("_", "-")) for name, value in inbound]  # `dashed`, inlined
@@ -343,21 +366,15 @@ def request_headers(
             forwarded_for.append(value)
     names = policy.names
     prefixes = policy.prefixes
-    out: CIMultiDict[str] = CIMultiDict()
+    replaced = _REPLACED_FORWARDED if forwarded_uri is not None else _REPLACED
+    out: list[tuple[str, str]] = []
     for name, value, lowered in pairs:
         if (
             lowered in hop_by_hop
             or lowered in names
             or lowered.startswith(prefixes)
+            or lowered in replaced
             or lowered in dropped
-            or lowered == "host"
-            or lowered == "x-forwarded-for"
-        ):
-            continue
-        if forwarded_uri is not None and lowered in (
-            "x-forwarded-uri",
-            "x-forwarded-host",
-            "x-forwarded-proto",
         ):
             continue
         if lowered == "sec-websocket-protocol" and BEARER_PROTOCOL_PREFIX in value:
@@ -367,35 +384,48 @@ def request_headers(
             if kept is None:
                 continue
             value = kept
-        out.add(name, value)
-    out["Host"] = authority
+        out.append((name, value))
+    out.append(("Host", authority))
     if user is not None:
-        for name, value in identity_headers(user, policy, impersonate=impersonate):
-            out.add(name, value)
+        out += policy.identity_of(user, impersonate)
     if client_ip:
         forwarded_for.append(client_ip)
     if forwarded_for:
-        out["X-Forwarded-For"] = ", ".join(forwarded_for)
+        out.append(("X-Forwarded-For", ", ".join(forwarded_for)))
     if forwarded_uri is not None:
-        out["X-Forwarded-Uri"] = forwarded_uri
-        out["X-Forwarded-Host"] = forwarded_host or authority
-        out["X-Forwarded-Proto"] = "https"
+        out.append(("X-Forwarded-Uri", forwarded_uri))
+        out.append(("X-Forwarded-Host", forwarded_host or authority))
+        out.append(("X-Forwarded-Proto", "https"))
     if upgrade is not None:
-        out["Connection"] = "Upgrade"
-        out["Upgrade"] = upgrade
+        out.append(("Connection", "Upgrade"))
+        out.append(("Upgrade", upgrade))
     if extra:
-        for name, value in extra.items():
-            out[name] = value
+        out += extra.items()
     if hop:
-        out[HOP_HEADER] = hop
-    else:
-        out.popall(HOP_HEADER, None)
+        out.append((HOP_HEADER, hop))
     return out
+
+
+# Inbound headers the gateway always sets itself (or never sends): never copied.
+_REPLACED = frozenset({"host", "x-forwarded-for", "expect", HOP_HEADER.lower()})
+_REPLACED_FORWARDED = _REPLACED | {"x-forwarded-uri", "x-forwarded-host", "x-forwarded-proto"}
+
+
+def request_headers(
+    inbound: Iterable[tuple[str, str]],
+    user: UserInfo | None,
+    policy: IdentityHeaderPolicy = DEFAULT_POLICY,
+    **kwargs: Any,
+) -> CIMultiDict[str]:
+    """`forwarded_headers` as a multidict (the tunnel, the gateway's own fetches)."""
+    return CIMultiDict(forwarded_headers(inbound, user, policy, **kwargs))
 
 
 def response_headers(upstream: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
     """A backend response's headers minus hop-by-hop (and `Connection`-named) and CORS headers."""
     pairs = list(upstream)
+    if not any(name.lower() in _RESPONSE_DROPPED for name, _value in pairs):
+        return CIMultiDict(pairs)  # the common case: nothing to drop
     dropped: frozenset[str] = frozenset()
     for name, value in pairs:
         if name.lower() == "connection":

@@ -71,8 +71,6 @@ class BackendRegistry:
         self._backends: dict[TLSSettings, Backend] = {}
         self._users: dict[TLSSettings, set[str]] = {}
         self._warned_insecure: set[str] = set()
-        client_certificate.add_listener(self.retire_all)
-        store.add_listener(self._on_event)
 
     @property
     def policy(self) -> IdentityHeaderPolicy:
@@ -167,7 +165,7 @@ class BackendRegistry:
         self._users.clear()
         self._settings.clear()
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         if event.kind is not Kind.APISERVICE:
             return
         name = event.obj.name

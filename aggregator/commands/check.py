@@ -181,10 +181,11 @@ class Loaded:
 
 
 def load_folder(directory: str) -> Loaded:
+    from aggregator.auth.rbacobjects import is_rbac
     from aggregator.sources.files import FolderSource
 
     store = Store()
-    source = FolderSource(directory, store)
+    source = FolderSource(directory, store, read_elsewhere=is_rbac)
     source.reload()
     loaded = Loaded(store)
     loaded.warnings = [f"{path}: not loaded: {error}" for path, error in sorted(source.errors.items())]

@@ -2,9 +2,10 @@
 
 Creates the PKI in `certs/` (once), a serving certificate for the sample server valid for
 `api.wardle.svc` (the name the gateway verifies), two users (admin in system:masters, and alice
-with no rights), the APIService/Service/EndpointSlice manifests that register the sample
-(`demofiles.py`: ports checked first, the user's edits never overwritten), then starts the sample
-extension API server and the gateway in local mode as child processes and prints what to try.
+who may only read fischers), the APIService/Service/EndpointSlice manifests that register the
+sample and the RBAC manifests that say so (`demorbac.py`; `demofiles.py`: ports checked first, the
+user's edits never overwritten), then starts the sample extension API server and the gateway in
+local mode as child processes and prints what to try.
 
 The demo exists to show the gateway's headline feature, so the sample dying is part of the show:
 the gateway keeps serving (wardle.example.com answers 503, stays in `/apis` marked Stale, its
@@ -12,7 +13,9 @@ APIServices turn False within about a second), the demo says so, and Enter start
 again on the same port; the demo then asks the gateway for wardle.example.com, which has the
 gateway re-check it at once, and reports when both APIServices are Available again. The gateway
 dying, or Ctrl-C, stops the demo. The children run in their own session, so Ctrl-C in the
-terminal reaches the demo only, which stops them in order.
+terminal reaches the demo only, which stops them in order; and they die with the demo however it
+ends (`kill -9` included: the kernel sends them SIGTERM, util/parentdeath.py), so none is left
+holding a port or serving files a new demo rewrites.
 """
 
 from __future__ import annotations
@@ -31,14 +34,7 @@ from typing import TextIO
 
 import aiohttp
 
-from aggregator.commands.certs import (
-    init_pki,
-    issue_client_cert,
-    issue_serving_cert,
-    kubeconfig,
-    load_pair,
-    write_pair,
-)
+from aggregator.commands.certs import init_pki, kubeconfig
 from aggregator.commands.demofiles import (
     DemoError,
     DemoLayout,
@@ -48,7 +44,10 @@ from aggregator.commands.demofiles import (
     folder_lock,
     yaml_bytes,
 )
+from aggregator.commands.demorbac import VIEWERS, demo_rbac, rbac_manifests
 from aggregator.sample.api import GROUP, VERSIONS
+from aggregator.tls.issue import issue_client_cert, issue_serving_cert, load_pair, write_pair
+from aggregator.util import parentdeath
 
 WARDLE_SERVER_NAME = "api.wardle.svc"
 READY_TIMEOUT = 30.0
@@ -69,7 +68,7 @@ def prepare(layout: DemoLayout, ports: Ports, files: GeneratedFiles, *, host: st
         write_pair(certs, "wardle-serving", serving)
     if not (certs / "alice.crt").exists():
         write_pair(
-            certs, "alice", issue_client_cert(load_pair(certs, "client-ca"), "alice", ["wardle-viewers"])
+            certs, "alice", issue_client_cert(load_pair(certs, "client-ca"), "alice", [VIEWERS])
         )
     ca_pem = (certs / "ca.crt").read_bytes()
     for path, user in ((layout.admin_kubeconfig, "admin"), (layout.alice_kubeconfig, "alice")):
@@ -80,6 +79,7 @@ def prepare(layout: DemoLayout, ports: Ports, files: GeneratedFiles, *, host: st
 
     layout.apiservices.mkdir(parents=True, exist_ok=True)
     files.write(layout.wardle_manifests, yaml_bytes(local_manifests(ca_pem, ports.sample, address=host)))
+    files.write(rbac_manifests(layout), yaml_bytes(demo_rbac()))
     files.save()
 
 
@@ -100,6 +100,9 @@ def sample_command(layout: DemoLayout, port: int, host: str) -> list[str]:
         layout.path("front-proxy-ca.crt"),
         "--requestheader-allowed-names",
         "front-proxy-client",
+        # The gateway's RBAC decides what alice may do (demorbac.py); the sample trusts her group.
+        "--authorization-allow-groups",
+        f"system:masters,{VIEWERS}",
     ]
 
 
@@ -151,7 +154,8 @@ def banner(layout: DemoLayout, ports: Ports, host: str, *, sample_pid: int, inte
     )
     return f"""
 The gateway is serving on {url}, in front of the sample extension API server (wardle.example.com,
-pid {sample_pid}). Try, from another terminal:
+pid {sample_pid}; it keeps its objects in memory, so they are gone when it restarts).
+Try, from another terminal:
 
   export KUBECONFIG={shlex.quote(str(layout.admin_kubeconfig.resolve()))}
   kubectl api-resources
@@ -159,7 +163,9 @@ pid {sample_pid}). Try, from another terminal:
   kubectl create -f examples/flunder.yaml
   kubectl get flunders -o wide
   kubectl explain flunders.spec
-  kubectl --kubeconfig {layout.alice_kubeconfig} get flunders    # alice has no rights: Forbidden
+  kubectl --kubeconfig {layout.alice_kubeconfig} get fischers    # alice may read fischers ({rbac_manifests(layout)})
+  kubectl --kubeconfig {layout.alice_kubeconfig} get flunders    # but not flunders: Forbidden, by the gateway
+  kubectl --kubeconfig {layout.alice_kubeconfig} --as=x --as-group=system:masters get flunders   # nor impersonate
   curl --cacert {c}/ca.crt --cert {c}/admin.crt --key {c}/admin.key {url}/apis
   {aggregator_command()} check --all --apiservices-dir {layout.apiservices}
 
@@ -293,8 +299,12 @@ class Demo:
         self.ports = ports
         self.host = host
         self.out = out
-        self.sample = Child("sample", sample_command(layout, ports.sample, host))
-        self.gateway = Child("gateway", gateway_command(layout, ports.gateway, host, gateway_args))
+        # Both die with the demo, however it ends (kill -9 included): see util/parentdeath.py.
+        me = os.getpid()
+        self.sample = Child("sample", parentdeath.command(me, sample_command(layout, ports.sample, host)))
+        self.gateway = Child(
+            "gateway", parentdeath.command(me, gateway_command(layout, ports.gateway, host, gateway_args))
+        )
         self.ctx = ssl.create_default_context(cafile=layout.path("ca.crt"))
         self.ctx.check_hostname = False
         self.interactive = _interactive()
@@ -460,16 +470,17 @@ async def run_demo(
 ) -> int:
     out = out or sys.stdout
     layout = DemoLayout(Path(certs_dir))
-    files = GeneratedFiles.load(layout)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        # Ports first: a demo that cannot start must not touch the files a running one serves.
-        ports = choose_ports(layout, files, host=host, gateway_port=gateway_port, sample_port=sample_port)
+        # The lock first (a second demo on this folder names the first one's pid, whatever port it
+        # asks for), then the ports: a demo that cannot start touches none of the files.
         with folder_lock(layout):
+            files = GeneratedFiles.load(layout)
+            ports = choose_ports(layout, files, host=host, gateway_port=gateway_port, sample_port=sample_port)
             prepare(layout, ports, files, host=host)
             files.report(out)
             code = await Demo(layout, ports, host, gateway_args or [], out).run(stop)

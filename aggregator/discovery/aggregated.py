@@ -25,9 +25,10 @@ from aiohttp import web
 
 from aggregator.model.versions import version_sort_key
 from aggregator.util.coalesce import Throttled
+from aggregator.web.rendering import respond
 from aggregator.wire.jsonenc import go_marshal
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, MediaType
-from aggregator.wire.rendered import Rendered, quoted_sha512, respond
+from aggregator.wire.rendered import Rendered, quoted_sha512
 
 log = logging.getLogger(__name__)
 

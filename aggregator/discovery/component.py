@@ -17,7 +17,7 @@ from aggregator.discovery.fetcher import DiscoveryFetcher
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.routes import DiscoveryRoutes
 from aggregator.kube.client import KubeClient
-from aggregator.sources.store import Store
+from aggregator.sources.store import Event, Store
 from aggregator.web.metrics import Metrics
 from aggregator.web.routing import Handler
 
@@ -54,6 +54,14 @@ class Discovery:
             store, backends, self.aggregated.invalidate, metrics=metrics, reachability=reachability
         )
         self.routes = DiscoveryRoutes(self.legacy, self.aggregated, fallback)
+
+    def on_store_event(self, event: Event) -> None:
+        """Subscribe to the store (the composition root does): the legacy documents, kube-apiserver's
+        discovery and the backend fetcher follow the objects, in that order."""
+        self.legacy.on_store_event(event)
+        if self.delegate is not None:
+            self.delegate.on_store_event(event)
+        self.fetcher.on_store_event(event)
 
     def entries(self) -> list[VersionEntry]:
         if self.delegate is not None:

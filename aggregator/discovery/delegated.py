@@ -293,7 +293,6 @@ class DelegateDiscovery(LoopComponent):
             delay=self._follow_up,
         )
         self.loops.ensure(KUBE_APISERVER)
-        store.add_listener(self._on_event)
 
     # --- lifecycle (start and stop run the loops: LoopComponent) ---------------------------------------
 
@@ -317,7 +316,7 @@ class DelegateDiscovery(LoopComponent):
             self._pending_follow_ups = list(self.follow_ups)
         self.loops.poke(KUBE_APISERVER)
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         if event.kind is not Kind.APISERVICE:
             return
         new = event.obj

@@ -154,7 +154,6 @@ class DiscoveryFetcher(LoopComponent):
             delay=self._next_delay,
         )
         self._tasks = TaskSet("discovery-fetcher")
-        store.add_listener(self._on_event)
         for svc in store.apiservices():
             self._track(svc)
 
@@ -184,7 +183,7 @@ class DiscoveryFetcher(LoopComponent):
 
     # --- store events -------------------------------------------------------------------------------
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         if event.kind is Kind.APISERVICE:
             assert isinstance(event.obj, APIService)
             if event.type == DELETED:
@@ -294,8 +293,13 @@ class DiscoveryFetcher(LoopComponent):
         if first_failure:
             state.warned = not quiet
             (log.debug if quiet else log.warning)(
-                "discovery fetch failed; serving the last good resources as Stale",
-                extra=fields(apiservice=state.apiservice.name, hop=hop, error=message),
+                "discovery fetch failed; "
+                + (
+                    "serving the last good resources as Stale"
+                    if state.resources is not None
+                    else "its group-version is listed as Stale, with no resources until a fetch succeeds"
+                ),
+                extra=fields(apiservice=state.apiservice.name, hop=hop, error=message, failures=state.failures),
             )
 
     def _count(self, name: str, result: str) -> None:

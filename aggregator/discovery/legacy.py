@@ -21,8 +21,9 @@ from aggregator.model.apiservice import VERSION as REGISTRATION_VERSION
 from aggregator.model.apiservice import APIService
 from aggregator.sources.store import ADDED, DELETED, Event, Kind, Store
 from aggregator.util.coalesce import Throttled
+from aggregator.web.rendering import not_acceptable, respond
 from aggregator.wire.negotiation import Negotiator, default_restriction
-from aggregator.wire.rendered import Rendered, not_acceptable, respond
+from aggregator.wire.rendered import Rendered
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +85,10 @@ class LegacyDiscovery:
         self._render = Throttled(self._render_group_list, interval=interval, name="legacy-discovery")
         for svc in store.apiservices():
             self._add(svc)
-        store.add_listener(self._on_event)
 
     # --- keeping up with the store --------------------------------------------------------------
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         if event.kind is not Kind.APISERVICE or event.status_only:
             return
         old, new = event.old, event.obj

@@ -13,7 +13,7 @@ from typing import Protocol
 from aiohttp import web
 
 from aggregator.discovery.legacy import LegacyDiscovery
-from aggregator.web.lifecycle import instrument_as
+from aggregator.web.context import instrument_as
 from aggregator.web.requestmetrics import APISERVER
 from aggregator.web.routing import Handler, Route, RouteKind, Router
 from aggregator.wire.negotiation import MediaType, Negotiator, discovery_restriction

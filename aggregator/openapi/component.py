@@ -289,7 +289,6 @@ class OpenAPIAggregation:
         self._remote_keys: frozenset[str] = frozenset()
         self._started = False
         self._publish_v3()
-        self.store.add_listener(self._on_event)
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -362,7 +361,7 @@ class OpenAPIAggregation:
         elif self._v3_pending:
             self._publish_v3()
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
         if not self._started:
             return
         if event.kind is Kind.APISERVICE:
@@ -398,6 +397,7 @@ class OpenAPIAggregation:
                     wants=self._wanted_by(key),
                     metrics=self.metrics,
                     legacy_keys=self._keys_of(key),
+                    apiservices=self._names_of(key),
                 )
                 # Same server, new TLS settings (a rotated caBundle): serve its documents until
                 # the first download through the new settings replaces them.
@@ -446,6 +446,9 @@ class OpenAPIAggregation:
         return source is not None and any(
             item[0] == KUBE_APISERVER and item[1] == (source.name, source.v2_revision) for item in signature
         )
+
+    def _names_of(self, key: BackendKey) -> Callable[[], list[str]]:
+        return lambda: [s.name for s in self.members.get(key, ())]
 
     def _keys_of(self, key: BackendKey) -> Callable[[], list[str]]:
         return lambda: [gv_key(s) for s in self.members.get(key, ())]

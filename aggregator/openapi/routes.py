@@ -27,10 +27,10 @@ from aggregator.openapi.documents import Document, http_date
 from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from aggregator.openapi.gnostic import MEDIA_TYPE as PROTOBUF_MEDIA_TYPE
 from aggregator.openapi.sources import V2_PATH, V3_ROOT
-from aggregator.web.lifecycle import instrument_as
+from aggregator.web.context import instrument_as
+from aggregator.web.rendering import if_none_match
 from aggregator.web.routing import Route, RouteKind, Router
 from aggregator.wire.negotiation import parse_accept
-from aggregator.wire.rendered import if_none_match
 
 ROUTE_NAME = "openapi"
 JSON = "application/json"

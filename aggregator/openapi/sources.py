@@ -35,7 +35,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -171,11 +171,15 @@ class _Pass:
 class OpenAPISource:
     """What the gateway holds from one source, and how to refresh it."""
 
-    name: str  # for logs and metrics: a Service (`ns/name:port`) or "kube-apiserver"
+    name: str  # a Service (`ns/name:port`), or "kube-apiserver"
     get: Getter
     # Which `/openapi/v3` keys (`apis/<g>/<v>`) to download from this source.
     wants: Callable[[str], bool]
     metrics: Metrics | None = None
+    # The APIServices a backend's documents serve, by name: what logs and metrics are labelled
+    # with (APIServices of one Service with different caBundles are different sources, and only
+    # these names tell them apart). None for kube-apiserver, which is labelled by its `name`.
+    apiservices: Callable[[], Sequence[str]] | None = None
     # The keys to convert from the v2 document when the source has no `/openapi/v3` (None: never).
     legacy_keys: Callable[[], Iterable[str]] | None = None
     v3: dict[str, Document] = field(default_factory=dict)
@@ -202,7 +206,7 @@ class OpenAPISource:
     _warned: set[str] = field(default_factory=set)  # ... of which the failure was a warning
     _converted: tuple[int, tuple[str, ...]] | None = None  # (v2 revision, keys) the v3 came from
     _v3_touched: bool = False  # `v3` changed during the refresh in progress
-    _counters: dict[tuple[str, str], Any] = field(default_factory=dict)  # labelled fetch counters
+    _counters: dict[tuple[str, str, str], Any] = field(default_factory=dict)  # labelled fetch counters
 
     # --- one refresh -----------------------------------------------------------------------------
 
@@ -262,7 +266,7 @@ class OpenAPISource:
                 break
             log.debug(
                 "OpenAPI documents moved to a new hash; reading the index again",
-                extra=fields(source=self.name, documents=",".join(walk.moved)),
+                extra=fields(**self.log_fields(), documents=",".join(walk.moved)),
             )
         self.v3_published = True
         if walk.moved:
@@ -396,13 +400,13 @@ class OpenAPISource:
                 if first:
                     log.info(
                         "source publishes no OpenAPI v3; serving its v2 document converted",
-                        extra=fields(source=self.name, reason=str(err)),
+                        extra=fields(**self.log_fields(), reason=str(err)),
                     )
                 return False
             changed = self._drop(document)
             (log.info if first else log.debug)(
                 f"source publishes no OpenAPI {document}; retrying with backoff",
-                extra=fields(source=self.name, reason=str(err), failures=self.failures + 1),
+                extra=fields(**self.log_fields(), reason=str(err), failures=self.failures + 1),
             )
             return changed
         message = str(err) or type(err).__name__
@@ -414,10 +418,12 @@ class OpenAPISource:
         warn = first and not isinstance(err, BackendError)  # unreachable: the checker reports it
         if warn:
             self._warned.add(document)
+        held = bool(self.v3) if document == "v3" else self.v2 is not None
         (log.warning if warn else log.debug)(
-            f"OpenAPI {document} download failed; serving the last good documents",
+            f"OpenAPI {document} download failed; "
+            + ("serving the last good documents" if held else "no documents to serve until one succeeds"),
             extra=fields(
-                source=self.name,
+                **self.log_fields(),
                 hop=getattr(err, "hop", "") or "",
                 error=message,
                 failures=self.failures + 1,
@@ -430,7 +436,20 @@ class OpenAPISource:
             self._failing.discard(document)
             level = log.info if document in self._warned else log.debug
             self._warned.discard(document)
-            level(f"OpenAPI {document} download recovered", extra=fields(source=self.name))
+            level(f"OpenAPI {document} download recovered", extra=fields(**self.log_fields()))
+
+    # --- labels ----------------------------------------------------------------------------------
+
+    def labels(self) -> Sequence[str]:
+        """The `apiservice` label values of this source's metrics: each APIService it serves."""
+        if self.apiservices is None:
+            return (self.name,)
+        return self.apiservices()
+
+    def log_fields(self) -> dict[str, str]:
+        if self.apiservices is None:
+            return {"source": self.name}
+        return {"apiservices": ",".join(self.apiservices()), "service": self.name}
 
     def _drop(self, document: str) -> bool:
         if document == "v3":
@@ -450,10 +469,13 @@ class OpenAPISource:
         return False
 
     def _count(self, document: str, result: str) -> None:
-        if self.metrics is not None:
-            counter = self._counters.get((document, result))
+        """One download, counted for each APIService it serves."""
+        if self.metrics is None:
+            return
+        for label in self.labels():
+            counter = self._counters.get((label, document, result))
             if counter is None:
-                counter = self._counters[(document, result)] = self.metrics.openapi_fetches.labels(
-                    self.name, document, result
+                counter = self._counters[(label, document, result)] = self.metrics.openapi_fetches.labels(
+                    label, document, result
                 )
             counter.inc()

@@ -14,18 +14,19 @@ user here is the impersonated one, and no `Impersonate-*` header reaches the bac
 
 from __future__ import annotations
 
+from functools import partial
+
 from aiohttp import web
 
-from aggregator.backends.addresses import CACHE_LIMIT, Target
+from aggregator.backends.addresses import PendingLookup
 from aggregator.backends.errors import BackendError
 from aggregator.backends.hops import LOOP_STATUS, PROXY_LOOP
-from aggregator.backends.registry import BackendRegistry
 from aggregator.contracts import Availability, Recheck
 from aggregator.model.apiservice import APIService
-from aggregator.proxy.destination import Destination
 from aggregator.proxy.forward import Forwarder
+from aggregator.proxy.handling import HandlingTable
 from aggregator.sources.store import DELETED, Event, Kind, Store
-from aggregator.web.context import get_user
+from aggregator.web.context import context_of
 from aggregator.web.routing import Handler, Route, RouteKind
 
 # Group served by the gateway itself; an APIService for it never takes its paths (upstream's
@@ -34,14 +35,18 @@ OWN_GROUP = "apiregistration.k8s.io"
 
 
 class APIServiceProxy:
-    """Serves the routes of remote APIServices (upstream's `proxyHandler`, one per group-version)."""
+    """Serves the routes of remote APIServices (upstream's `proxyHandler`, one per group-version).
+
+    Subscribe `on_store_event` to the store (the composition root does): it keeps the routing table
+    and the handling table (`handling.py`) in step with the objects.
+    """
 
     def __init__(
         self,
         store: Store,
         *,
         availability: Availability,
-        backends: BackendRegistry,
+        handling: HandlingTable,
         forwarder: Forwarder,
         fallback: Handler,
         recheck: Recheck | None = None,
@@ -49,13 +54,10 @@ class APIServiceProxy:
         self.store = store
         self.availability = availability
         self.recheck = recheck
-        self.backends = backends
+        self.handling = handling
         self.forwarder = forwarder
         self.fallback = fallback
         self._routes: dict[tuple[str, str], tuple[str, Route, Route]] = {}
-        # The last destination per APIService: rebuilt only when its backend or address changes.
-        self._destinations: dict[str, Destination] = {}
-        store.add_listener(self._on_event)
         for svc in store.apiservices():
             self._register(svc)
 
@@ -83,21 +85,15 @@ class APIServiceProxy:
         if key in self._routes and self._routes[key][0] == svc.name:
             return
         name = svc.name
-
-        async def discovery(request: web.Request) -> web.StreamResponse:
-            return await self.serve(request, name, discovery=True)
-
-        async def resources(request: web.Request) -> web.StreamResponse:
-            return await self.serve(request, name, discovery=False)
-
         # Upgrades are never tunnelled on the discovery path (k/k#72113, CVE-2018-1002105).
         self._routes[key] = (
             name,
-            Route(discovery, RouteKind.BACKEND, name, upgradable=False),
-            Route(resources, RouteKind.BACKEND, name, upgradable=True),
+            Route(partial(self.serve, name=name, discovery=True), RouteKind.BACKEND, name, upgradable=False),
+            Route(partial(self.serve, name=name, discovery=False), RouteKind.BACKEND, name, upgradable=True),
         )
 
-    def _on_event(self, event: Event) -> None:
+    def on_store_event(self, event: Event) -> None:
+        self.handling.on_store_event(event)
         if event.kind is not Kind.APISERVICE or not isinstance(event.obj, APIService):
             return
         svc = event.obj
@@ -113,47 +109,33 @@ class APIServiceProxy:
 
     # --- serving -----------------------------------------------------------------------------------
 
-    async def serve(self, request: web.Request, name: str, *, discovery: bool) -> web.StreamResponse:
-        forwarder = self.forwarder
-        svc = self.store.apiservice(name)
-        if svc is None or svc.service is None:
+    async def serve(self, request: web.Request, *, name: str, discovery: bool) -> web.StreamResponse:
+        info = self.handling.get(name)
+        if info is None:
             return await self.fallback(request)
+        ctx = context_of(request)
+        assert ctx is not None, "the pipeline builds every request's context"
+        forwarder = self.forwarder
         if not self.availability.is_available(name):
             if self.recheck is not None:
                 self.recheck.suspect(name)
             if self.availability.reason(name) == PROXY_LOOP:
                 # Named, not upstream's bare 503: nothing the backend does will ever fix it.
                 message = f"proxy loop detected: the backend of APIService {name} is an aggregator gateway"
-                return forwarder.answer(request, name, LOOP_STATUS, message)
-            return forwarder.answer(request, name, 503, "service unavailable")
-        backend = self.backends.backend_for(svc)
-        if backend.error is not None or backend.context is None:
-            return forwarder.answer(request, name, 500, backend.error or "no TLS context")
-        user = get_user(request)
+                return forwarder.answer(ctx, name, LOOP_STATUS, message)
+            return forwarder.answer(ctx, name, 503, "service unavailable")
+        transport_error = info.transport_error
+        if transport_error is not None:
+            return forwarder.answer(ctx, name, 500, transport_error)
+        user = ctx.user
         if user is None:
-            return forwarder.answer(request, name, 500, "missing user")
-        resolver = self.backends.resolver
+            return forwarder.answer(ctx, name, 500, "missing user")
         try:
-            found = resolver.resolve_now(svc)
-            target = found if isinstance(found, Target) else await resolver.finish_lookup(found)
+            dest = info.pick(self.handling.backends.resolver.rng.randrange)
+            if isinstance(dest, PendingLookup):
+                target = await self.handling.backends.resolver.finish_lookup(dest)
+                dest = info.looked_up_destination(target)
         except BackendError as err:
-            return forwarder.unresolvable(request, name, err)
-        policy = self.backends.policy
-        cached = self._destinations.get(name)
-        if (
-            cached is not None
-            and cached.backend is backend
-            and cached.host == target.ip
-            and cached.port == target.port
-            and cached.policy is policy
-        ):
-            dest = cached
-        else:
-            dest = Destination(
-                name, backend, target.ip, target.port, target.server_name, policy, hop=self.backends.hop
-            )
-            if len(self._destinations) > CACHE_LIMIT:
-                self._destinations.clear()
-            self._destinations[name] = dest
-        deadline = self.backends.discovery_timeout if discovery else None
-        return await forwarder.send(request, dest, user, deadline_seconds=deadline)
+            return forwarder.unresolvable(ctx, name, err)
+        deadline = info.discovery_timeout if discovery else None
+        return await forwarder.send(ctx, dest, user, deadline_seconds=deadline)

@@ -37,7 +37,7 @@ from aggregator.proxy.destination import Destination
 from aggregator.proxy.forward import Forwarder, has_impersonation
 from aggregator.tls.pem import load_pair_into
 from aggregator.util.logs import fields
-from aggregator.web.context import get_user
+from aggregator.web.context import context_of
 from aggregator.web.routing import Route, RouteKind
 
 log = logging.getLogger(__name__)
@@ -87,19 +87,21 @@ class Delegate:
 
     async def serve(self, request: web.Request) -> web.StreamResponse:
         forwarder = self.forwarder
-        user = get_user(request)
+        ctx = context_of(request)
+        assert ctx is not None, "the pipeline builds every request's context"
+        user = ctx.user
         if user is None:
-            return forwarder.answer(request, NAME, 500, "missing user")
+            return forwarder.answer(ctx, NAME, 500, "missing user")
         try:
             dest = await self.destination()
         except DelegateUnusable as err:
             forwarder.log_limited(NAME, str(err), "cannot forward to kube-apiserver", reason=str(err))
-            return forwarder.answer(request, NAME, 503, "service unavailable")
+            return forwarder.answer(ctx, NAME, 503, "service unavailable")
         if dest.impersonate:
-            header = has_impersonation(request)
+            header = has_impersonation(ctx)
             if header is not None:
                 return forwarder.answer(
-                    request,
+                    ctx,
                     NAME,
                     403,
                     f"impersonation ({header}) cannot be nested: this gateway reaches kube-apiserver "
@@ -107,7 +109,7 @@ class Delegate:
                 )
             dest = replace(dest, credentials=await self.kube.auth_headers())
             user = _for_impersonation(user)
-        return await forwarder.send(request, dest, user)
+        return await forwarder.send(ctx, dest, user)
 
     async def destination(self) -> Destination:
         """The kube-apiserver destination, rebuilt when its address, CA or our credentials change."""

@@ -24,21 +24,20 @@ from aiohttp import web
 from aiohttp.http import RawResponseMessage
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
-from prometheus_client import Counter, Histogram
 
 from aggregator.backends.backend import IDEMPOTENT
 from aggregator.backends.errors import BackendError, Hop, classify
 from aggregator.backends.h1 import Exchange, serialize_head
-from aggregator.backends.headers import forwarded_uri, request_headers, response_headers
+from aggregator.backends.headers import forwarded_headers, forwarded_uri, response_headers
 from aggregator.contracts import Recheck
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.destination import Destination
-from aggregator.proxy.upgrade import UpgradeTunnel, is_upgrade_request, upgrade_refusal
+from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_refusal
 from aggregator.util._aiohttp import HeadersWithBody
 from aggregator.util.logs import fields
-from aggregator.web.auditing import request_body_tap, response_body_tap
+from aggregator.web.context import BodyTap, RequestContext
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Metrics
+from aggregator.web.metrics import Children, Metrics
 from aggregator.web.responses import status_response
 from aggregator.wire.redirects import (
     NOT_MODIFIED,
@@ -50,24 +49,16 @@ from aggregator.wire.redirects import (
 log = logging.getLogger(__name__)
 
 _LOG_EVERY = 10.0
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 
 
-def verb_of(request: web.Request) -> str:
-    """The metrics verb: the HTTP method, or WATCH for `?watch=<true>` (Go's ParseBool spellings)."""
-    method = request.method
-    if (
-        method == "GET"
-        and "watch=" in request.query_string
-        and any(v in _TRUE for v in request.query.getall("watch", ()))
-    ):
-        return "WATCH"
-    return method
+def verb_of(ctx: RequestContext) -> str:
+    """The proxy metrics' verb: the HTTP method, or WATCH for a watch (`RequestContext.watch`)."""
+    return "WATCH" if ctx.watch else ctx.method
 
 
-def has_impersonation(request: web.Request) -> str | None:
+def has_impersonation(ctx: RequestContext) -> str | None:
     """The first `Impersonate-*` header the caller sent, if any."""
-    for name in request.headers:
+    for name in ctx.headers:
         if name[:12].lower() == "impersonate-":
             return name
     return None
@@ -91,90 +82,93 @@ class Forwarder:
         self.recheck = recheck
         # Ends long-running answers on shutdown (web/longrunning.py).
         self.in_flight = in_flight or InFlight()
-        self._counters: dict[tuple[str, str, int], Counter] = {}
-        self._durations: dict[tuple[str, str], Histogram] = {}
+        # `aggregator_proxy_requests_total{apiservice, verb, code}` and the duration histogram.
+        self._requests = Children(metrics.proxy_requests)
+        self._durations = Children(metrics.proxy_duration)
         self._last_logged: dict[tuple[str, str], float] = {}
 
     async def send(
         self,
-        request: web.Request,
+        ctx: RequestContext,
         dest: Destination,
         user: UserInfo,
         *,
         deadline_seconds: float | None = None,
     ) -> web.StreamResponse:
-        """Forward (or tunnel, for an upgrade) `request` to `dest` as `user`.
+        """Forward (or tunnel, for an upgrade) the request to `dest` as `user`.
 
         `deadline_seconds` bounds the whole exchange (upstream's 5 s for discovery requests).
         """
-        if is_upgrade_request(request.headers):
-            refusal = upgrade_refusal(request)
+        if ctx.upgrade:
+            refusal = upgrade_refusal(ctx.headers)
             if refusal is not None:
                 self.metrics.upgrade_rejected.labels("protocol").inc()
-                return self.answer(request, dest.name, 400, refusal)
-            response = await self.tunnel.serve(request, dest, user)
+                return self.answer(ctx, dest.name, 400, refusal)
+            response = await self.tunnel.serve(ctx, dest, user)
             self.count(dest.name, "CONNECT", response.status)
             return response
-        return await self._forward(request, dest, user, deadline_seconds)
-
-    async def _forward(
-        self, request: web.Request, dest: Destination, user: UserInfo, deadline_seconds: float | None
-    ) -> web.StreamResponse:
-        raw_path = request.raw_path
+        request = ctx.request
+        raw_path = ctx.target
         if not raw_path.startswith("/"):  # absolute-form request target
-            raw_path = request.rel_url.raw_path_qs
-        headers = request_headers(
-            request.headers.items(),
+            raw_path = ctx.raw_path + ("?" + ctx.raw_query if ctx.raw_query else "")
+        headers = forwarded_headers(
+            ctx.headers.items(),
             user,
             dest.policy,
             authority=dest.authority,
-            client_ip=request.remote,
+            client_ip=ctx.remote,
             forwarded_uri=forwarded_uri(raw_path),
             impersonate=dest.impersonate,
             extra=dest.credentials,
             hop=dest.hop,
         )
-        method = request.method
+        method = ctx.method
         has_body = request.body_exists
-        # The gateway already answered any `Expect: 100-continue`; the body follows unasked.
-        headers.popall("Expect", None)
-        chunked = has_body and "Content-Length" not in headers
+        chunked = has_body and not any(name.lower() == "content-length" for name, _ in headers)
         if chunked:
-            headers["Transfer-Encoding"] = "chunked"
-        head = serialize_head(method, dest.base_path + raw_path, headers.items())
-        verb = verb_of(request)
+            headers.append(("Transfer-Encoding", "chunked"))
+        head = serialize_head(method, dest.base_path + raw_path, headers)
+        verb = verb_of(ctx)
         name = dest.name
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + deadline_seconds if deadline_seconds else None
+        deadline = None
         started = time.monotonic()
         try:
-            async with asyncio.timeout_at(deadline):
-                exchange, message, payload = await self._exchange(request, dest, head, has_body, chunked)
+            if deadline_seconds:
+                deadline = asyncio.get_running_loop().time() + deadline_seconds
+                async with asyncio.timeout_at(deadline):
+                    exchange, message, payload = await self._exchange(ctx, dest, head, has_body, chunked)
+            else:
+                exchange, message, payload = await self._exchange(ctx, dest, head, has_body, chunked)
         except TimeoutError:
-            return self.unreachable(request, name, Hop.TIMEOUT, "context deadline exceeded", verb)
+            return self.unreachable(ctx, name, Hop.TIMEOUT, "context deadline exceeded", verb)
         except BackendError as err:
-            return self.unreachable(request, name, err.hop, err.cause, verb)
-        self._duration(name, verb).observe(time.monotonic() - started)
+            return self.unreachable(ctx, name, err.hop, err.cause, verb)
+        self._durations(name, verb).observe(time.monotonic() - started)
         try:
-            return await self._relay(request, name, verb, message, payload, dest.pass_redirects, deadline)
+            return await self._relay(ctx, name, verb, message, payload, dest.pass_redirects, deadline)
         finally:
             exchange.finish()
 
     async def _exchange(
-        self, request: web.Request, dest: Destination, head: bytes, has_body: bool, chunked: bool
+        self, ctx: RequestContext, dest: Destination, head: bytes, has_body: bool, chunked: bool
     ) -> tuple[Exchange, RawResponseMessage, StreamReader]:
         """Send the request and wait for the answer's head; raises BackendError in Go's words."""
         backend = dest.backend
-        method = request.method
+        method = ctx.method
+        audit = ctx.audit
+        tap = audit.request_capture() if has_body and audit is not None else None
+        pool = backend.pool
         for attempt in (1, 2):
-            exchange = await backend.pool.exchange(dest.host, dest.port, dest.server_name)
+            exchange = pool.idle_exchange(dest.host, dest.port, dest.server_name)
+            if exchange is None:
+                exchange = await pool.new_exchange(dest.host, dest.port, dest.server_name)
             try:
                 exchange.send(
                     head,
-                    request.content if has_body else None,
+                    ctx.request.content if has_body else None,
                     chunked=chunked,
                     head_only=method == "HEAD",
-                    tap=request_body_tap(request) if has_body else None,
+                    tap=tap,
                 )
                 message, payload = await exchange.response()
                 return exchange, message, payload
@@ -194,7 +188,7 @@ class Forwarder:
 
     async def _relay(
         self,
-        request: web.Request,
+        ctx: RequestContext,
         name: str,
         verb: str,
         message: RawResponseMessage,
@@ -208,9 +202,9 @@ class Forwarder:
             self.metrics.backend_errors.labels(name, Hop.REDIRECT.value).inc()
             log.warning(
                 "backend answered with a redirect; refused",
-                extra=fields(apiservice=name, status=status, method=request.method, path=request.path),
+                extra=fields(apiservice=name, status=status, method=ctx.method, path=ctx.path),
             )
-            return self.answer(request, name, 502, REDIRECT_MESSAGE, verb)
+            return self.answer(ctx, name, 502, REDIRECT_MESSAGE, verb)
         pairs: Iterable[tuple[str, str]] = upstream.items()
         if status == NOT_MODIFIED and not pass_redirects:
             pairs = without_redirect_headers(pairs)
@@ -218,65 +212,84 @@ class Forwarder:
         cls = HeadersWithBody if not message.chunked and "Content-Length" in upstream else web.StreamResponse
         out = cls(status=status, reason=message.reason or None, headers=headers)
         self.count(name, verb, status)
-        tap = response_body_tap(request, headers.get("Content-Type", ""), headers.get("Content-Encoding", ""))
+        audit = ctx.audit
+        tap = (
+            audit.response_capture(headers.get("Content-Type", ""), headers.get("Content-Encoding", ""))
+            if audit is not None
+            else None
+        )
+        request = ctx.request
         await out.prepare(request)
-        # A long-running answer (a watch) stops early when the gateway shuts down: it then ends
-        # as if the backend had finished it (a chunked one with its last chunk), and client-go
-        # starts a new watch, on another replica.
-        async with self.in_flight.ending(request) as ending:
-            while True:
-                try:
-                    if deadline is None:
-                        chunk = await payload.readany()
-                    else:
-                        async with asyncio.timeout_at(deadline):
-                            chunk = await payload.readany()
-                except (TimeoutError, aiohttp.ClientError, OSError) as err:
-                    # Headers are gone already: end the connection so the client sees a truncated
-                    # answer instead of a complete-looking one.
-                    hop, cause = classify(err, "")
-                    self.metrics.backend_errors.labels(name, hop.value).inc()
-                    log.info(
-                        "backend response ended early",
-                        extra=fields(apiservice=name, method=request.method, path=request.path, reason=cause),
-                    )
-                    if request.transport is not None:
-                        request.transport.close()
-                    return out
-                if not chunk:
-                    break
-                # A client that went away raises ConnectionResetError here; the pipeline lets it through.
-                await out.write(chunk)
-                if tap is not None:
-                    tap.feed(chunk)
-        if tap is not None:
-            tap.finish()
+        if not ctx.long_running:
+            if await self._stream(ctx, name, payload, out, tap, deadline):
+                await out.write_eof()
+            return out
+        # A long-running answer (a watch) stops early when the gateway shuts down: it then ends as
+        # if the backend had finished it (a chunked one with its last chunk), and client-go starts
+        # a new watch, on another replica.
+        async with self.in_flight.ending() as ending:
+            if not await self._stream(ctx, name, payload, out, tap, deadline):
+                return out
         await out.write_eof()
         if ending.ended and not out.chunked and request.transport is not None:
             request.transport.close()  # only a connection's end can end a body without chunks
         return out
 
-    def _duration(self, name: str, verb: str) -> Histogram:
-        key = (name, verb)
-        child = self._durations.get(key)
-        if child is None:
-            child = self._durations[key] = self.metrics.proxy_duration.labels(name, verb)
-        return child
+    async def _stream(
+        self,
+        ctx: RequestContext,
+        name: str,
+        payload: StreamReader,
+        out: web.StreamResponse,
+        tap: BodyTap | None,
+        deadline: float | None,
+    ) -> bool:
+        """Copy the backend's body to the client; False when the backend's answer broke off (the
+        client connection is then closed, so the client sees a truncated answer)."""
+        while True:
+            try:
+                if deadline is None:
+                    chunk = await payload.readany()
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await payload.readany()
+            except (TimeoutError, aiohttp.ClientError, OSError) as err:
+                # Headers are gone already: end the connection so the client sees a truncated
+                # answer instead of a complete-looking one.
+                hop, cause = classify(err, "")
+                self.metrics.backend_errors.labels(name, hop.value).inc()
+                log.info(
+                    "backend response ended early",
+                    extra=fields(apiservice=name, method=ctx.method, path=ctx.path, reason=cause),
+                )
+                transport = ctx.request.transport
+                if transport is not None:
+                    transport.close()
+                return False
+            if not chunk:
+                break
+            # A client that went away raises ConnectionResetError here; the pipeline lets it through.
+            await out.write(chunk)
+            if tap is not None:
+                tap.feed(chunk)
+        if tap is not None:
+            tap.finish()
+        return True
 
     # --- answers and bookkeeping -------------------------------------------------------------------
 
     def answer(
-        self, request: web.Request, name: str, code: int, message: str, verb: str | None = None
+        self, ctx: RequestContext, name: str, code: int, message: str, verb: str | None = None
     ) -> web.Response:
         """A Status the gateway writes itself, counted under the destination's name."""
-        self.count(name, verb or verb_of(request), code)
-        response = status_response(request, code, message)
-        if is_upgrade_request(request.headers):
+        self.count(name, verb or verb_of(ctx), code)
+        response = status_response(ctx, code, message)
+        if ctx.upgrade:
             # No tunnel was set up: whatever the client sends next must not be read as a request.
             response.force_close()
         return response
 
-    def unreachable(self, request: web.Request, name: str, hop: Hop, cause: str, verb: str) -> web.Response:
+    def unreachable(self, ctx: RequestContext, name: str, hop: Hop, cause: str, verb: str) -> web.Response:
         self.metrics.backend_errors.labels(name, hop.value).inc()
         if self.recheck is not None and hop in SUSPICIOUS_HOPS:
             self.recheck.suspect(name)
@@ -286,13 +299,13 @@ class Forwarder:
             "error trying to reach service",
             apiservice=name,
             hop=hop.value,
-            method=request.method,
-            path=request.path,
+            method=ctx.method,
+            path=ctx.path,
             reason=cause,
         )
-        return self.answer(request, name, 503, f"error trying to reach service: {cause}", verb)
+        return self.answer(ctx, name, 503, f"error trying to reach service: {cause}", verb)
 
-    def unresolvable(self, request: web.Request, name: str, err: BackendError) -> web.Response:
+    def unresolvable(self, ctx: RequestContext, name: str, err: BackendError) -> web.Response:
         """Upstream's answer when no address can be found: 503 `service unavailable`, reason logged."""
         self.metrics.backend_errors.labels(name, err.hop.value).inc()
         self.log_limited(
@@ -301,11 +314,11 @@ class Forwarder:
             "service unavailable: cannot resolve the backend",
             apiservice=name,
             hop=err.hop.value,
-            method=request.method,
-            path=request.path,
+            method=ctx.method,
+            path=ctx.path,
             reason=err.cause,
         )
-        return self.answer(request, name, 503, "service unavailable")
+        return self.answer(ctx, name, 503, "service unavailable")
 
     def log_limited(self, name: str, cause: str, message: str, **values: object) -> None:
         """One line per destination and cause every 10 s: a broken backend must not flood the log."""
@@ -320,8 +333,4 @@ class Forwarder:
         log.warning(message, extra=fields(**values))
 
     def count(self, name: str, verb: str, code: int) -> None:
-        key = (name, verb, code)
-        child = self._counters.get(key)
-        if child is None:
-            child = self._counters[key] = self.metrics.proxy_requests.labels(name, verb, str(code))
-        child.inc()
+        self._requests(name, verb, code).inc()

@@ -13,9 +13,9 @@ from aiohttp import web
 
 from aggregator.backends.hops import HOP_HEADER, LOOP_REASON, LOOP_STATUS, loop_message
 from aggregator.util.logs import fields
+from aggregator.web.context import RequestContext
 from aggregator.web.pipeline import Gate
 from aggregator.web.responses import status_response
-from aggregator.web.routing import Route
 
 log = logging.getLogger(__name__)
 
@@ -23,17 +23,15 @@ log = logging.getLogger(__name__)
 def loop_gate(instance: str) -> Gate:
     """A pipeline gate refusing requests another gateway (or this one) already forwarded."""
 
-    async def refuse_loops(request: web.Request, _route: Route) -> web.StreamResponse | None:
-        seen = request.headers.get(HOP_HEADER)
+    def refuse_loops(ctx: RequestContext) -> web.StreamResponse | None:
+        seen = ctx.headers.get(HOP_HEADER)
         if seen is None:
             return None
         message = loop_message(seen, instance)
         log.warning(
             "refused a request another aggregator gateway forwarded: a proxy loop",
-            extra=fields(
-                method=request.method, path=request.path, forwarded_by=seen[:100], remote=request.remote
-            ),
+            extra=fields(method=ctx.method, path=ctx.path, forwarded_by=seen[:100], remote=ctx.remote),
         )
-        return status_response(request, LOOP_STATUS, message, reason=LOOP_REASON)
+        return status_response(ctx, LOOP_STATUS, message, reason=LOOP_REASON)
 
     return refuse_loops

@@ -9,11 +9,13 @@ removed, and reads the backend's answer:
 - `>= 400`: relay the backend's answer, then close the client connection;
 - anything else: 503 `invalid upgrade response: status code N`, then close.
 
-A request body (`Content-Length`, or chunked) is sent to the backend before its answer is read,
-as upstream's `req.Write` does (`upgradeaware.go`, `dial`): announcing a length and never sending
-the bytes would leave the backend waiting for them. The body is re-framed as it was announced (the
-exact bytes for a length, chunks for chunked), so the backend sees where it ends exactly where the
-gateway did, and the whole exchange up to the answer's head has one deadline.
+A request body (`Content-Length`, or chunked) is sent to the backend while its answer is awaited,
+as upstream's `req.Write` sends it first (`upgradeaware.go`, `dial`): announcing a length and
+never sending the bytes would leave the backend waiting for them. The body is re-framed as it was
+announced (the exact bytes for a length, chunks for chunked), so the backend sees where it ends
+exactly where the gateway did, and the whole exchange up to the answer's head has one deadline.
+An answer other than 101 ends the body at once (`_BodySender`): no byte the client sends after
+it, and none beyond the declared body ever, reaches that backend.
 
 The backend connection is never pooled and never reused, and the client connection is closed
 whenever no tunnel was established, so bytes a client pipelines behind a refused upgrade are
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -44,11 +47,10 @@ from aggregator.proxy.destination import Destination
 from aggregator.util._aiohttp import StreamReader, drain, take_over_connection
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
-from aggregator.web.lifecycle import raw_head_sent
+from aggregator.web.context import RequestContext
 from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
-from aggregator.web.routing import Route
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +64,9 @@ _HIGH_WATER = 1 << 20
 _CHUNK = 1 << 16
 
 
-def is_upgrade_request(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> bool:
-    """Upstream's `IsUpgradeRequest`: some `Connection` header mentions `upgrade`."""
-    return any("upgrade" in value.lower() for value in headers.getall("Connection", ()))
-
-
-def upgrade_refusal(request: web.Request) -> str | None:
+def upgrade_refusal(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> str | None:
     """Why this upgrade is not tunnelled (a 400), or None when the protocol is acceptable."""
-    protocols = [p.strip() for v in request.headers.getall("Upgrade", ()) for p in v.split(",") if p.strip()]
+    protocols = [p.strip() for v in headers.getall("Upgrade", ()) for p in v.split(",") if p.strip()]
     if not protocols:
         return "the request asks for a protocol upgrade but names no protocol in Upgrade"
     for protocol in protocols:
@@ -78,17 +75,17 @@ def upgrade_refusal(request: web.Request) -> str | None:
     return None
 
 
-def upgrade_gate(metrics: Metrics) -> Any:
+def upgrade_gate(metrics: Metrics) -> Callable[[RequestContext], web.StreamResponse | None]:
     """A pipeline gate: upgrade requests on routes that never serve them get a 400 (k/k#72113)."""
 
-    async def refuse_upgrades(request: web.Request, route: Route) -> web.StreamResponse | None:
-        if route.upgradable or not is_upgrade_request(request.headers):
+    def refuse_upgrades(ctx: RequestContext) -> web.StreamResponse | None:
+        if not ctx.upgrade or ctx.route.upgradable:
             return None
         metrics.upgrade_rejected.labels("path").inc()
         response = status_response(
-            request,
+            ctx,
             400,
-            f'upgrade requests are not allowed on path "{request.path}": only resource paths of '
+            f'upgrade requests are not allowed on path "{ctx.path}": only resource paths of '
             "aggregated APIs tunnel upgrades",
         )
         response.force_close()
@@ -132,9 +129,21 @@ async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[str, str]
     return await reader.read(ERROR_BODY_LIMIT)
 
 
+class ClientBodyError(Exception):
+    """The client's body could not be read (it went away, or its chunks are malformed)."""
+
+
+async def _client_chunks(body: StreamReader) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in body.iter_any():
+            yield chunk
+    except Exception as err:  # aiohttp raises connection and payload errors alike here
+        raise ClientBodyError(str(err) or type(err).__name__) from err
+
+
 async def _send_body(body: StreamReader, writer: asyncio.StreamWriter, *, chunked: bool) -> None:
     """The upgrade request's body, as announced: its exact bytes, or re-chunked."""
-    async for chunk in body.iter_any():
+    async for chunk in _client_chunks(body):
         if chunked:
             writer.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
         else:
@@ -142,6 +151,49 @@ async def _send_body(body: StreamReader, writer: asyncio.StreamWriter, *, chunke
         await writer.drain()
     if chunked:
         writer.write(b"0\r\n\r\n")
+
+
+class _BodySender:
+    """Sends the upgrade request's body while the backend's answer is awaited.
+
+    Upstream writes the whole request before reading the answer (`req.Write`), so a backend that
+    answers at once still gets every byte of a body the client is slow to send. Here the body
+    goes out as it arrives, and an answer that comes first ends it: a backend that refused the
+    upgrade receives nothing more (`abandon`), and a 101 waits for the body to be complete
+    before any tunnelled byte follows it (`finished`).
+    """
+
+    def __init__(self, request: web.Request, writer: asyncio.StreamWriter, *, chunked: bool) -> None:
+        self._task: asyncio.Task[None] | None = None
+        if request.body_exists:
+            self._task = asyncio.get_running_loop().create_task(
+                _send_body(request.content, writer, chunked=chunked), name="upgrade-request-body"
+            )
+
+    async def until_answered(self, answer: Awaitable[bytes]) -> bytes:
+        """The backend's response head; the body keeps going meanwhile. A body that cannot be
+        read from the client (it went away) or written to the backend ends the exchange."""
+        head = asyncio.ensure_future(answer)
+        if self._task is None or self._task.done():
+            return await head
+        try:
+            await asyncio.wait({head, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            if not head.done():
+                self._task.result()  # the body failed: raise that, or it finished: wait on
+            return await head
+        finally:
+            head.cancel()
+
+    async def finished(self) -> None:
+        if self._task is not None:
+            await self._task
+
+    async def abandon(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
 
 class _ClientBytes:
@@ -192,16 +244,17 @@ class UpgradeTunnel:
         # Ends open tunnels on shutdown (web/longrunning.py).
         self.in_flight = in_flight or InFlight()
 
-    async def serve(self, request: web.Request, dest: Destination, user: UserInfo) -> web.StreamResponse:
+    async def serve(self, ctx: RequestContext, dest: Destination, user: UserInfo) -> web.StreamResponse:
+        request = ctx.request
         name = dest.name
         backend = dest.backend
-        protocol = request.headers.get("Upgrade", "")
+        protocol = ctx.headers.get("Upgrade", "")
         headers = request_headers(
-            request.headers.items(),
+            ctx.headers.items(),
             user,
             dest.policy,
             authority=dest.authority,
-            client_ip=request.remote,
+            client_ip=ctx.remote,
             upgrade=protocol,
             impersonate=dest.impersonate,
             extra=dest.credentials,
@@ -211,9 +264,11 @@ class UpgradeTunnel:
         chunked = request.body_exists and "Content-Length" not in headers
         if chunked:
             headers["Transfer-Encoding"] = "chunked"
-        raw_path = request.raw_path if request.raw_path.startswith("/") else request.rel_url.raw_path_qs
+        raw_path = ctx.target
+        if not raw_path.startswith("/"):  # absolute-form request target
+            raw_path = ctx.raw_path + ("?" + ctx.raw_query if ctx.raw_query else "")
         target = dest.base_path + raw_path
-        head = f"{request.method} {target} HTTP/1.1\r\n" + "".join(
+        head = f"{ctx.method} {target} HTTP/1.1\r\n" + "".join(
             f"{k}: {v}\r\n" for k, v in headers.items()
         )
         loop = asyncio.get_running_loop()
@@ -223,18 +278,26 @@ class UpgradeTunnel:
                 dest.address, lambda: asyncio.StreamReaderProtocol(reader, loop=loop)
             )
         except BackendError as err:
-            return self._error(request, name, err.cause, err.hop.value)
+            return self._error(ctx, name, err.cause, err.hop.value)
         writer = asyncio.StreamWriter(transport, stream_protocol, reader, loop)
+        body = _BodySender(request, writer, chunked=chunked)
         try:
             writer.write(head.encode("latin-1") + b"\r\n")
             async with asyncio.timeout(RESPONSE_HEAD_TIMEOUT):
-                if request.body_exists:
-                    await _send_body(request.content, writer, chunked=chunked)
-                response_head = await reader.readuntil(b"\r\n\r\n")
-            status, reason, response_fields = _parse_head(response_head)
+                response_head = await body.until_answered(reader.readuntil(b"\r\n\r\n"))
+                status, reason, response_fields = _parse_head(response_head)
+                if status == 101:
+                    await body.finished()  # the body goes before any tunnelled byte
             if status != 101:
-                return await self._refused(request, name, status, reason, response_fields, reader)
-            return await self._splice(request, response_head, reader, writer)
+                await body.abandon()  # no byte more reaches a backend that refused
+                return await self._refused(ctx, name, status, reason, response_fields, reader)
+            return await self._splice(ctx, response_head, reader, writer)
+        except ClientBodyError as err:
+            # The client, not the backend, failed: nothing to count against the APIService.
+            log.info("upgrade request body not read", extra=fields(apiservice=name, reason=str(err)))
+            response = status_response(ctx, 400, f"the request body could not be read: {err}")
+            response.force_close()
+            return response
         except (
             OSError,
             TimeoutError,
@@ -248,15 +311,17 @@ class UpgradeTunnel:
             elif isinstance(err, ValueError | asyncio.LimitOverrunError):
                 cause = str(err)
             hop, cause = await backend.diagnose(hop, cause, dest.address)
-            return self._error(request, name, cause, hop.value)
+            return self._error(ctx, name, cause, hop.value)
         finally:
+            await body.abandon()
+            # Never pooled, never reused: whatever the backend answered, this connection ends here.
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
     async def _refused(
         self,
-        request: web.Request,
+        ctx: RequestContext,
         name: str,
         status: int,
         reason: str,
@@ -266,10 +331,10 @@ class UpgradeTunnel:
         self.metrics.upgrade_rejected.labels("non101").inc()
         log.info(
             "backend refused a protocol upgrade",
-            extra=fields(apiservice=name, status=status, method=request.method, path=request.path),
+            extra=fields(apiservice=name, status=status, method=ctx.method, path=ctx.path),
         )
         if status < 400:
-            response = status_response(request, 503, f"invalid upgrade response: status code {status}")
+            response = status_response(ctx, 503, f"invalid upgrade response: status code {status}")
             response.force_close()
             return response
         try:
@@ -285,11 +350,12 @@ class UpgradeTunnel:
 
     async def _splice(
         self,
-        request: web.Request,
+        ctx: RequestContext,
         response_head: bytes,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> web.StreamResponse:
+        request = ctx.request
         transport = request.transport
         protocol: Any = request.protocol
         if transport is None or transport.is_closing():
@@ -298,7 +364,7 @@ class UpgradeTunnel:
         tasks = TaskSet("upgrade")
         # Take the client's bytes before it can send any: it waits for the 101 first.
         take_over_connection(request, _ClientBytes(writer, transport, client_done, tasks))
-        raw_head_sent(request, 101)  # the audit's ResponseStarted, as upstream's Hijack fakes it
+        ctx.head_going_out(101, None)  # the audit's ResponseStarted, as upstream's Hijack fakes it
         transport.write(response_head)
         pump = tasks.spawn(self._backend_to_client(reader, transport, protocol), name="backend-to-client")
         try:
@@ -323,15 +389,15 @@ class UpgradeTunnel:
                 transport.write(data)
                 await drain(protocol)
 
-    def _error(self, request: web.Request, name: str, cause: str, kind: str) -> web.Response:
+    def _error(self, ctx: RequestContext, name: str, cause: str, kind: str) -> web.Response:
         """Upstream's upgrade responder: 503 with the error itself (no `error trying to reach service`)."""
         self.metrics.backend_errors.labels(name, kind).inc()
         if self.recheck is not None and kind in (Hop.CONNECT, Hop.TLS):
             self.recheck.suspect(name)
         log.warning(
             "cannot open an upgraded connection to the backend",
-            extra=fields(apiservice=name, hop=kind, path=request.path, reason=cause),
+            extra=fields(apiservice=name, hop=kind, path=ctx.path, reason=cause),
         )
-        response = status_response(request, 503, cause)
+        response = status_response(ctx, 503, cause)
         response.force_close()
         return response

@@ -23,7 +23,6 @@ import yaml
 from aiohttp import web
 
 import aggregator.sample.errors as errors
-from aggregator.auth.requestinfo import RequestInfo
 from aggregator.model.fielderrors import go_quote, is_valid_path_segment_name
 from aggregator.model.meta import ordered_metadata
 from aggregator.sample.api import (
@@ -43,6 +42,7 @@ from aggregator.sample.patch import PatchError, json_patch, merge_patch, strateg
 from aggregator.sample.selectors import SelectorError, object_predicate
 from aggregator.sample.store import Event, ObjectStore, TooOldResourceVersion, Watcher
 from aggregator.sample.table import INCLUDE_OBJECT_VALUES, render_table
+from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.responses import wants_pretty
 from aggregator.wire.jsonenc import encode_object
 

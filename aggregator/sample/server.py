@@ -17,7 +17,6 @@ from email.utils import format_datetime
 from aiohttp import web
 
 from aggregator import __version__
-from aggregator.auth.requestinfo import RequestInfo, RequestInfoError, request_info
 from aggregator.model.status import forbidden_details, forbidden_message
 from aggregator.sample.api import GROUP, VERSIONS
 from aggregator.sample.auth import FrontProxyAuthenticator, StaticAuthorizer, Unauthenticated, log_refusal
@@ -34,7 +33,9 @@ from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.tls.verify import CAFile
 from aggregator.util.logs import fields
 from aggregator.util.runtime import wait_for_termination
+from aggregator.web.requestinfo import RequestInfo, RequestInfoError, decoded_path, new_request_info
 from aggregator.web.responses import json_response, not_found, status_response, wants_pretty
+from aggregator.wire.gourl import parse_query
 from aggregator.wire.jsonenc import encode_object, go_marshal_indent
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,13 @@ class SampleAPI:
                 return response
             user_name = user.name
             try:
-                info = request_info(request)
+                url = request.rel_url
+                info = new_request_info(
+                    request.method,
+                    decoded_path(url.raw_path),
+                    parse_query(url.raw_query_string),
+                    request_uri=request.raw_path,
+                )
             except RequestInfoError as err:
                 response = status_response(request, 500, str(err))
                 return response

@@ -4,7 +4,9 @@ Every `*.yaml`, `*.yml` and `*.json` under the folder is read (multi-document YA
 included). The folder is polled once a second, so edits land within 2 s. A file that does not parse
 is reported with its line and keeps contributing the objects it held before; an invalid object is
 refused with upstream's validation message while its previous valid version (if any) stays, just as
-kube-apiserver keeps the old object when an update is rejected.
+kube-apiserver keeps the old object when an update is rejected. Fields are checked as `kubectl
+apply` has kube-apiserver check them (strict: `unknown field "spec.versoin"` refuses the object);
+a document of any other kind is skipped, and said once per file and kind.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import os
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +69,8 @@ class _FileState:
     error: str | None = None
 
 
-def _manifest_files(directory: Path) -> dict[Path, tuple[int, int, int]]:
+def manifest_files(directory: Path) -> dict[Path, tuple[int, int, int]]:
+    """Every manifest file under `directory` (hidden entries skipped) with its (inode, size, mtime)."""
     found: dict[Path, tuple[int, int, int]] = {}
     for root, dirs, files in os.walk(directory, followlinks=True):
         # Skip hidden entries, which includes Kubernetes volume internals (`..data`, `..2026_...`).
@@ -87,15 +91,24 @@ class FolderSource:
     """Keeps the store equal to the valid objects in `directory`."""
 
     def __init__(
-        self, directory: str | Path, store: Store, *, interval: float = 1.0, use_inotify: bool = True
+        self,
+        directory: str | Path,
+        store: Store,
+        *,
+        interval: float = 1.0,
+        use_inotify: bool = True,
+        read_elsewhere: Callable[[Mapping[str, Any]], bool] = lambda _doc: False,
     ) -> None:
         self.directory = Path(directory)
         self.store = store
+        # Documents of the folder another component reads (local mode's RBAC): not "skipped".
+        self.read_elsewhere = read_elsewhere
         self._files: dict[Path, _FileState] = {}
         self._owners: dict[ObjKey, set[Path]] = {}  # which files define each object
+        self._reported: set[tuple[Path, str, str]] = set()  # (file, apiVersion, kind) skipped and said
         self._watcher = DirectoryWatcher(
             self.directory,
-            lambda: tuple(sorted(_manifest_files(self.directory).items())),
+            lambda: tuple(sorted(manifest_files(self.directory).items())),
             self.reload,
             interval=interval,
             name="apiservices-dir",
@@ -121,10 +134,11 @@ class FolderSource:
         Only the objects of files that changed are compared: one edit in a folder of thousands of
         APIServices costs what that file holds, not what the folder holds.
         """
-        current = _manifest_files(self.directory)
+        current = manifest_files(self.directory)
         affected: set[ObjKey] = set()
         for path in set(self._files) - set(current):
             log.info("manifest file removed", extra=fields(file=str(path)))
+            self._reported = {seen for seen in self._reported if seen[0] != path}
             affected |= self._forget_file(path)
         for path, fingerprint in current.items():
             state = self._files.get(path)
@@ -165,10 +179,8 @@ class FolderSource:
             if result is None:
                 continue
             if isinstance(result, Ignored):
-                log.debug(
-                    "ignoring manifest of another kind",
-                    extra=fields(file=str(path), apiVersion=result.api_version, kind=result.kind),
-                )
+                if not self.read_elsewhere(doc):
+                    self._skipped(path, result)
                 continue
             if isinstance(result, Rejected):
                 name = (doc.get("metadata") or {}).get("name") if isinstance(doc, dict) else None
@@ -177,13 +189,29 @@ class FolderSource:
                 )
                 log.error(
                     result.message,
-                    extra=fields(file=str(path), document=index, kept_previous=previous_obj is not None),
+                    extra=fields(
+                        file=str(path), document=index, name=name or "", kept_previous=previous_obj is not None
+                    ),
                 )
                 if previous_obj is not None:
                     objects[(kind_of(previous_obj), key_of(previous_obj))] = previous_obj
                 continue
             objects[(kind_of(result), key_of(result))] = result
         return _FileState(fingerprint, objects)
+
+    def _skipped(self, path: Path, ignored: Ignored) -> None:
+        """A document of a kind the gateway does not read: said once per file and kind, so a
+        `kind: Deployment` left in the folder is noticed without a line at every reload."""
+        seen = (path, ignored.api_version, ignored.kind)
+        if seen in self._reported:
+            return
+        self._reported.add(seen)
+        log.warning(
+            "manifest skipped: the gateway reads only APIService (apiregistration.k8s.io/v1), Service (v1), "
+            "EndpointSlice (discovery.k8s.io/v1), and Role, ClusterRole, RoleBinding and ClusterRoleBinding "
+            "(rbac.authorization.k8s.io/v1)",
+            extra=fields(file=str(path), apiVersion=ignored.api_version, kind=ignored.kind),
+        )
 
     def _apply(self, affected: set[ObjKey]) -> None:
         events: list[Event] = []

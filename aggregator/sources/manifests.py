@@ -12,6 +12,14 @@ from typing import Any
 from aggregator.model import apiservice as apisvc
 from aggregator.model.decode import DecodeError
 from aggregator.model.objects import decode_endpointslice, decode_service
+from aggregator.model.strict import (
+    APISERVICE,
+    ENDPOINT_SLICE,
+    SERVICE,
+    Fields,
+    strict_decoding_error,
+    unknown_fields,
+)
 from aggregator.sources.store import Obj
 
 # (apiVersion, kind) -> qualified kind used in messages, as apimachinery prints it.
@@ -20,6 +28,8 @@ SUPPORTED = {
     ("v1", "Service"): "Service",
     ("discovery.k8s.io/v1", "EndpointSlice"): "EndpointSlice.discovery.k8s.io",
 }
+# The fields each kind has, for strict field validation (`kubectl apply`'s default).
+FIELDS: dict[str, Fields] = {apisvc.KIND: APISERVICE, "Service": SERVICE, "EndpointSlice": ENDPOINT_SLICE}
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,9 @@ def to_object(doc: Any) -> Obj | Rejected | Ignored | None:
                 f"{api_version} APIService is not served (removed in Kubernetes 1.22); use {apisvc.API_VERSION}"
             )
         return Ignored(api_version, kind)
+    unknown = unknown_fields(doc, FIELDS[kind])
+    if unknown:
+        return Rejected(strict_decoding_error(kind, api_version.rpartition("/")[2], unknown))
     metadata = doc.get("metadata")
     name = metadata.get("name", "") if isinstance(metadata, Mapping) else ""
     try:

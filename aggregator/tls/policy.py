@@ -105,8 +105,11 @@ def parse_min_version(name: str) -> ssl.TLSVersion:
         return VERSIONS[name]
     except KeyError:
         # Go's %q; json quoting agrees for every printable name.
+        # Upstream's error names no valid value (its --help does); the list follows its words.
         raise PolicyError(
-            "--tls-min-version", f"unknown tls version {json.dumps(name, ensure_ascii=False)}"
+            "--tls-min-version",
+            f"unknown tls version {json.dumps(name, ensure_ascii=False)}; "
+            f"possible values: {', '.join(sorted(VERSIONS))}",
         ) from None
 
 

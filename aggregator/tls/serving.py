@@ -16,6 +16,7 @@ import logging
 import ssl
 from pathlib import Path
 
+from aggregator.tls.issue import self_signed_serving_pair
 from aggregator.tls.peer import request_client_certificates
 from aggregator.tls.pem import CertKeyPair, PEMError, load_pair_into, read_pair
 from aggregator.tls.policy import DEFAULT_POLICY, TLSPolicy
@@ -118,7 +119,5 @@ def resolve_serving_files(
     """
     if tls_cert_file and tls_private_key_file:
         return tls_cert_file, tls_private_key_file, False
-    from aggregator.commands.certs import self_signed_serving_pair
-
     cert, key, generated = self_signed_serving_pair(Path(cert_dir), hosts)
     return str(cert), str(key), generated

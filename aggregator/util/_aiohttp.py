@@ -24,11 +24,12 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 __all__ = [
-    "ON_RESPONSE_HEAD",
+    "ConnectionFactory",
     "GatewayRequest",
     "HeadersWithBody",
     "RawResponseMessage",
     "ResponseHandler",
+    "ResponseHeadHook",
     "StreamReader",
     "TimedServer",
     "TimedSite",
@@ -38,6 +39,10 @@ __all__ = [
     "response_protocol",
     "take_over_connection",
 ]
+
+
+# Makes the gateway's record of a new client connection from its transport.
+ConnectionFactory = Callable[[asyncio.BaseTransport], object]
 
 
 class RawBytesSink(Protocol):
@@ -88,14 +93,16 @@ def take_over_connection(request: web.BaseRequest, sink: RawBytesSink) -> None:
     protocol.set_parser(sink)
 
 
-# Called with a response just before its head is written (every response, streamed or not): the
-# pipeline's one look at the status line going out (`web/lifecycle.py`).
-ON_RESPONSE_HEAD = web.RequestKey[Callable[[web.StreamResponse], None]]("aggregator.on_response_head")
+class ResponseHeadHook(Protocol):
+    """Told of a response just before its head is written (`web.context.RequestContext`)."""
+
+    def head_going_out(self, status: int, response: web.StreamResponse | None) -> None: ...
 
 
 class GatewayRequest(web.Request):
     """A request whose responses go out without aiohttp's `Server: Python/3.x aiohttp/3.x`, and
-    which tells the pipeline (`ON_RESPONSE_HEAD`) when a response head is about to be written.
+    which tells the pipeline's context (`gateway_context`) when a response head is about to be
+    written.
 
     kube-apiserver sends no `Server` header, and naming the exact versions helps nobody but an
     attacker. aiohttp adds it with `setdefault` while preparing any response, then calls this hook
@@ -104,13 +111,16 @@ class GatewayRequest(web.Request):
     even when an aiohttp backend sends the same text) is the backend's business and stays.
     """
 
+    ATTRS = web.Request.ATTRS | frozenset(["gateway_context"])
+    gateway_context: ResponseHeadHook | None = None
+
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         headers = response.headers
         if headers.get("Server") is SERVER_SOFTWARE:
             del headers["Server"]
-        hook = self.get(ON_RESPONSE_HEAD)
-        if hook is not None:
-            hook(response)
+        context = self.gateway_context
+        if context is not None:
+            context.head_going_out(response.status, response)
         await super()._prepare_hook(response)
 
 
@@ -126,15 +136,27 @@ class TimedRequestHandler(RequestHandler):
     handler's time and an upgraded (taken over) connection are not bounded by it.
     """
 
-    __slots__ = ("_header_handle", "_read_header_timeout")
+    __slots__ = ("_connection_factory", "_header_handle", "_read_header_timeout", "gateway_connection")
 
-    def __init__(self, manager: web.Server, *, read_header_timeout: float, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        manager: web.Server,
+        *,
+        read_header_timeout: float,
+        connection_factory: ConnectionFactory | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(manager, **kwargs)
         self._read_header_timeout = read_header_timeout
+        self._connection_factory = connection_factory
         self._header_handle: asyncio.TimerHandle | None = None
+        # What the gateway knows of this connection (`web.context.Connection`), made once.
+        self.gateway_connection: object | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if self._connection_factory is not None:
+            self.gateway_connection = self._connection_factory(transport)
         self._arm_header_deadline()
 
     def data_received(self, data: bytes) -> None:
@@ -185,6 +207,7 @@ class TimedServer(web.Server):
         read_header_timeout: float,
         request_factory: Any = None,
         handler_cancellation: bool = False,
+        connection_factory: ConnectionFactory | None = None,
         **handler_kwargs: Any,
     ) -> None:
         super().__init__(
@@ -194,12 +217,17 @@ class TimedServer(web.Server):
             **handler_kwargs,
         )
         self.read_header_timeout = read_header_timeout
+        self.connection_factory = connection_factory
         self._handler_kwargs = handler_kwargs
         self._event_loop = asyncio.get_running_loop()
 
     def __call__(self) -> RequestHandler:
         return TimedRequestHandler(
-            self, loop=self._event_loop, read_header_timeout=self.read_header_timeout, **self._handler_kwargs
+            self,
+            loop=self._event_loop,
+            read_header_timeout=self.read_header_timeout,
+            connection_factory=self.connection_factory,
+            **self._handler_kwargs,
         )
 
 

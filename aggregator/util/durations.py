@@ -1,31 +1,7 @@
-"""Go-style duration strings (`10s`, `1m30s`, `500ms`), as kube-apiserver's flags take them."""
+"""Go duration strings (`10s`, `1m30s`, `500ms`), read as Go's `time.ParseDuration` reads them: for
+kube-apiserver's duration flags (pflag) and a request's `?timeout=`."""
 
 from __future__ import annotations
-
-import re
-
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds for a Go duration; a bare number is taken as seconds. Raises ValueError."""
-    s = text.strip()
-    if not s:
-        raise ValueError("empty duration")
-    if re.fullmatch(r"\d+(?:\.\d+)?", s):
-        return float(s)
-    sign = -1.0 if s.startswith("-") else 1.0
-    s = s.lstrip("+-")
-    pos, total = 0, 0.0
-    while pos < len(s):
-        m = _PART.match(s, pos)
-        if not m:
-            raise ValueError(f"invalid duration {text!r}")
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    return sign * total
-
 
 # Go's time.unitMap, in nanoseconds; both micro signs (U+00B5, U+03BC) are accepted.
 _GO_UNITS = {
@@ -41,8 +17,10 @@ _GO_UNITS = {
 _MAX_NS = 1 << 63
 
 
-def _go_quote(raw: bytes) -> str:
-    """time.quote: `"`-wrapped, `"` and `\\` escaped, every non-ASCII or control byte as `\\xNN`."""
+def _time_quote(raw: bytes) -> str:
+    """Go's `time.quote`, which the time package's errors use instead of `strconv.Quote`
+    (`model.fielderrors.go_quote`): `"`-wrapped, `"` and `\\` escaped, every non-ASCII or
+    control byte as `\\xNN` (printable Unicode included, unlike strconv)."""
     out = ['"']
     for byte in raw:
         if byte >= 0x80 or byte < 0x20:
@@ -57,8 +35,8 @@ def _go_quote(raw: bytes) -> str:
 def parse_go_duration(text: str) -> float:
     """Seconds for `text` exactly as Go's `time.ParseDuration` reads it, errors worded as Go's.
 
-    Unlike `parse_duration` (flags), a bare number other than `0` is an error (`missing unit`), as
-    it is for a request's `?timeout=` in kube-apiserver. Raises ValueError.
+    A bare number other than `0` is an error (`missing unit`), for a flag as for a request's
+    `?timeout=` in kube-apiserver. Raises ValueError.
     """
     orig = text.encode()
     s = orig
@@ -68,7 +46,7 @@ def parse_go_duration(text: str) -> float:
         s = s[1:]
     if s == b"0":
         return 0.0
-    invalid = ValueError("time: invalid duration " + _go_quote(orig))
+    invalid = ValueError("time: invalid duration " + _time_quote(orig))
     if not s:
         raise invalid
     total = 0
@@ -107,11 +85,11 @@ def parse_go_duration(text: str) -> float:
         while i < len(s) and not (s[i : i + 1] == b"." or s[i : i + 1].isdigit()):
             i += 1
         if i == 0:
-            raise ValueError("time: missing unit in duration " + _go_quote(orig))
+            raise ValueError("time: missing unit in duration " + _time_quote(orig))
         unit_name, s = s[:i], s[i:]
         unit = _GO_UNITS.get(unit_name)
         if unit is None:
-            raise ValueError(f"time: unknown unit {_go_quote(unit_name)} in duration {_go_quote(orig)}")
+            raise ValueError(f"time: unknown unit {_time_quote(unit_name)} in duration {_time_quote(orig)}")
         if whole > _MAX_NS // unit:
             raise invalid
         value = whole * unit

@@ -14,11 +14,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from aggregator.util.logs import ACCESS_LOGGER, fields
-from aggregator.web.context import get_user
-from aggregator.web.routing import Route
+from aggregator.web.context import RequestContext
 
 log = logging.getLogger(ACCESS_LOGGER)
 
@@ -70,19 +67,19 @@ class AccessLog:
             return True
         return mode == "sampled" and next(self._counter) % self.policy.every == 0
 
-    def record(self, request: web.Request, route: Route, code: int, started: float) -> None:
+    def record(self, ctx: RequestContext, code: int) -> None:
         if not self.wanted(code) or not log.isEnabledFor(logging.INFO):
             return
-        user = get_user(request)
+        user = ctx.user
         log.info(
             "request",
             extra=fields(
-                method=request.method,
-                path=request.path,
+                method=ctx.method,
+                path=ctx.path,
                 status=code,
-                duration_ms=round((time.monotonic() - started) * 1000, 2),
+                duration_ms=round((time.monotonic() - ctx.received) * 1000, 2),
                 user=user.name if user is not None else "",
-                route=route.name,
-                remote=request.remote or "",
+                route=ctx.route.name,
+                remote=ctx.remote or "",
             ),
         )

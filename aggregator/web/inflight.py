@@ -20,20 +20,16 @@ import time
 
 from aiohttp import web
 
-from aggregator.auth.requestinfo import RequestInfoError, request_info
 from aggregator.model.userinfo import MASTERS_GROUP
 from aggregator.util.logs import fields
-from aggregator.web.context import get_user
-from aggregator.web.lifecycle import get_state
+from aggregator.web.context import RequestContext
 from aggregator.web.requestlabels import MUTATING_KIND, READ_ONLY_KIND, request_kind
-from aggregator.web.requestmetrics import APISERVER, MonitoredRequest, RequestMetrics
-from aggregator.web.routing import Route
+from aggregator.web.requestmetrics import APISERVER, RequestMetrics
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER = "1"  # maxinflight.go retryAfter
 TOO_MANY_REQUESTS = "Too many requests, please try again later."
-_COUNTED = web.RequestKey("aggregator.inflight_kind", str)
 _LOG_EVERY = 10.0
 
 
@@ -60,34 +56,34 @@ class MaxInFlight:
         self._rejected = 0
         self._last_logged = float("-inf")
 
-    async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
-        state = get_state(request)
-        if state is not None and state.long_running:
-            return None
-        try:
-            info = request_info(request)
-        except RequestInfoError:
-            return None  # authorization answers it with upstream's 500
+    @property
+    def enabled(self) -> bool:
+        """Whether either kind has a limit (both 0: the pipeline has no max-in-flight gate)."""
+        return any(self.limits.values())
+
+    def gate(self, ctx: RequestContext) -> web.StreamResponse | None:
+        info = ctx.info
+        if ctx.long_running or info is None:
+            return None  # no RequestInfo: authorization answers it with upstream's 500
         kind = request_kind(info)
         limit = self.limits[kind]
         if limit == 0 or self._watermark.executing(kind) < limit:
             self._watermark.started(kind)
-            request[_COUNTED] = kind
+            ctx.inflight_kind = kind
             return None
-        user = get_user(request)
+        user = ctx.user
         if user is not None and MASTERS_GROUP in user.groups:
             return None
-        monitored = MonitoredRequest.of(request)
-        self.metrics.dropped(monitored, component=APISERVER)
-        self.metrics.terminated(monitored, 429, component=APISERVER)
+        self.metrics.dropped(ctx, component=APISERVER)
+        self.metrics.terminated(ctx, 429, component=APISERVER)
         self._log(kind, limit)
         return too_many_requests()
 
-    def finished(self, request: web.Request) -> None:
+    def finished(self, ctx: RequestContext, _response: web.StreamResponse | None, _error: BaseException | None) -> None:
         """Give the request's place back (a no-op for one that was never counted)."""
-        kind = request.get(_COUNTED)
+        kind = ctx.inflight_kind
         if kind is not None:
-            del request[_COUNTED]
+            ctx.inflight_kind = None
             self._watermark.finished(kind)
 
     def _log(self, kind: str, limit: int) -> None:

@@ -14,19 +14,18 @@ observed, as upstream; 429s and 504s count through `dropped` and `terminated` wh
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
 
 from aiohttp import web
+from prometheus_client import Gauge
 
-from aggregator.web.lifecycle import get_state
-from aggregator.web.requestmetrics import AGGREGATOR, APISERVER, MonitoredRequest, RequestMetrics
+from aggregator.web.context import RequestContext
+from aggregator.web.requestmetrics import AGGREGATOR, APISERVER, RequestMetrics
 from aggregator.web.routing import Route, RouteKind
 
 # The gateway's own routes that serve resources kube-apiserver would (local mode's APIService API).
 _APISERVER_OWN_ROUTES = frozenset({"apiregistration"})
 # healthz.go instruments the root of each health endpoint, not the single checks below it.
 _HEALTH_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
-_LONG_RUNNING = web.RequestKey[AbstractContextManager[None]]("aggregator.longrunning_gauge")
 
 
 def component_of(route: Route) -> str | None:
@@ -41,48 +40,42 @@ def component_of(route: Route) -> str | None:
 class RequestInstrumentation:
     def __init__(self, metrics: RequestMetrics) -> None:
         self.metrics = metrics
+        # The long-running requests' gauges, by request (few: watches and tunnels).
+        self._gauges: dict[RequestContext, Gauge] = {}
 
-    async def gate(self, request: web.Request, route: Route) -> web.StreamResponse | None:
+    def gate(self, ctx: RequestContext) -> None:
         """The last gate: the request reaches its handler."""
-        state = get_state(request)
-        if state is None:
-            return None
-        state.handled = True
-        component = component_of(route)
-        if state.long_running and component is not None:
-            gauge = self.metrics.long_running(MonitoredRequest.of(request), component=component)
-            gauge.__enter__()
-            request[_LONG_RUNNING] = gauge
-        return None
+        ctx.handled = True
+        if ctx.long_running:
+            component = component_of(ctx.route)
+            if component is not None:
+                gauge = self.metrics.long_running_gauge(ctx, component=component)
+                if gauge is not None:
+                    gauge.inc()
+                    self._gauges[ctx] = gauge
 
-    def finished(self, request: web.Request, route: Route, response: web.StreamResponse | None) -> None:
-        state = get_state(request)
-        if state is None or not state.handled:
+    def finished(self, ctx: RequestContext, response: web.StreamResponse | None, _error: BaseException | None) -> None:
+        if not ctx.handled:
             return
-        gauge = request.pop(_LONG_RUNNING, None)
-        if gauge is not None:
-            gauge.__exit__(None, None, None)
-        code = response.status if response is not None else state.status
+        if ctx.long_running:
+            gauge = self._gauges.pop(ctx, None)
+            if gauge is not None:
+                gauge.dec()
+        code = response.status if response is not None else ctx.status
         if code is None:
             return  # the client went away before anything was answered
-        seconds = time.monotonic() - state.received
+        seconds = time.monotonic() - ctx.received
         size = 0
         if response is not None:
             size = response.body_length if response.prepared else (response.content_length or 0)
+        route = ctx.route
         component = component_of(route)
         if component is not None:
-            self.metrics.observe(MonitoredRequest.of(request), code, seconds, size, component=component)
-        elif state.instrumented_as is not None:
-            subresource, handler_component = state.instrumented_as
+            self.metrics.observe(ctx, code, seconds, size, component=component)
+        elif ctx.instrumented_as is not None:
+            subresource, handler_component = ctx.instrumented_as
             self.metrics.observe_handler(
-                MonitoredRequest.of(request),
-                code,
-                seconds,
-                size,
-                subresource=subresource,
-                component=handler_component,
+                ctx, code, seconds, size, subresource=subresource, component=handler_component
             )
-        elif request.path in _HEALTH_PATHS and request.path == f"/{route.name}":
-            self.metrics.observe_handler(
-                MonitoredRequest.of(request), code, seconds, size, subresource=request.path, component=""
-            )
+        elif ctx.path in _HEALTH_PATHS and ctx.path == f"/{route.name}":
+            self.metrics.observe_handler(ctx, code, seconds, size, subresource=ctx.path, component="")

@@ -13,8 +13,8 @@ new ones:
   grace period allows (filters/watch_termination.go, `WatchRequestWaitGroup.Wait`), so every one
   has ended when `--shutdown-watch-termination-grace-period` is over.
 
-Here a long-running request is anything upstream's `BasicLongRunningRequestCheck` calls one (the
-caller decides; `InFlight.wrap`) plus every upgrade. Its relay opens `ending(request)` around the
+Here a long-running request is what the request's context says is one (`context.is_long_running`:
+upstream's `BasicLongRunningRequestCheck`, plus every upgrade). Its relay opens `ending(ctx)` around the
 part that streams: ending it interrupts that part only (an `asyncio.Timeout` rescheduled to now),
 so the relay still closes the stream properly (a watch with its last chunk, a tunnel on both
 sides) and client-go reconnects elsewhere. Deviation: upstream does not end watches at all when
@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
+from aggregator.web.context import RequestContext
 from aggregator.web.responses import status_response
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SHUTTING_DOWN = "apiserver is shutting down"
 # genericapiserver.go: watches are ended at this rate at least ("hard coded to 200").
@@ -40,7 +39,6 @@ MIN_END_RATE = 200.0
 ENDED_WAIT = 1.0
 # with_retry_after.go `pathPrefixesExemptFromRetryAfter`: always served, never counted.
 EXEMPT_PREFIXES = ("/readyz", "/livez", "/healthz", "/metrics")
-LONG_RUNNING = web.RequestKey("aggregator.long_running", bool)
 
 
 class Ending:
@@ -82,43 +80,38 @@ class InFlight:
     def long_running(self) -> int:
         return self._long_running
 
-    def wrap(self, handler: Handler, *, is_long_running: Callable[[web.Request], bool]) -> Handler:
-        """`handler`, counted; once `stop_accepting` was called, new requests get upstream's 503."""
+    def enter(self, ctx: RequestContext) -> web.Response | None:
+        """Count the request in (ordinary or long-running); once `stop_accepting` was called, a new
+        request gets upstream's 503 instead. The health and metrics paths are never counted."""
+        if ctx.path.startswith(EXEMPT_PREFIXES):
+            ctx.tracked = False
+            return None
+        if not self.accepting:
+            ctx.tracked = False
+            return refuse(ctx)
+        ctx.tracked = True
+        if ctx.long_running:
+            self._long_running += 1
+        else:
+            self._ordinary += 1
+        return None
 
-        async def counted(request: web.Request) -> web.StreamResponse:
-            if request.path.startswith(EXEMPT_PREFIXES):
-                return await handler(request)
-            if not self.accepting:
-                return refuse(request)
-            long_running = is_long_running(request)
-            if long_running:
-                request[LONG_RUNNING] = True
-                self._long_running += 1
-            else:
-                self._ordinary += 1
-            try:
-                return await handler(request)
-            finally:
-                if long_running:
-                    self._long_running -= 1
-                else:
-                    self._ordinary -= 1
-                if not self.accepting:
-                    self._changed.set()
-
-        return counted
+    def leave(self, ctx: RequestContext) -> None:
+        """The request `enter` counted is over."""
+        if not ctx.tracked:
+            return
+        if ctx.long_running:
+            self._long_running -= 1
+        else:
+            self._ordinary -= 1
+        if not self.accepting:
+            self._changed.set()
 
     @contextlib.asynccontextmanager
-    async def ending(self, request: web.Request | None = None) -> AsyncIterator[Ending]:
-        """Run the block until it finishes or shutdown ends it (`Ending.ended`, no exception).
-
-        With a request that `wrap` did not mark long-running, the block is never interrupted
-        (an ordinary request drains instead); without one (a tunnel), always tracked.
-        """
+    async def ending(self) -> AsyncIterator[Ending]:
+        """Run the block (a long-running answer's stream, a tunnel) until it finishes or shutdown
+        ends it (`Ending.ended`, no exception). Ordinary requests never open one: they drain."""
         ending = Ending()
-        if request is not None and not request.get(LONG_RUNNING, False):
-            yield ending
-            return
         self._endings.add(ending)
         try:
             async with asyncio.timeout(None) as scope:
@@ -165,8 +158,8 @@ class InFlight:
                     await self._changed.wait()
 
 
-def refuse(request: web.Request) -> web.Response:
+def refuse(ctx: RequestContext) -> web.Response:
     """filters/waitgroup.go `waitGroupWriteRetryAfterToResponse`, and the connection closes."""
-    response = status_response(request, 503, SHUTTING_DOWN, headers={"Retry-After": "1"})
+    response = status_response(ctx, 503, SHUTTING_DOWN, headers={"Retry-After": "1"})
     response.force_close()
     return response

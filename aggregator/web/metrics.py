@@ -44,23 +44,25 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 class Children(Generic[M]):
     """The labelled children of one metric, each looked up once: `labels()` costs about 10 µs, and
-    the background loops count thousands of fetches a minute under a few label sets each."""
+    the request path and the background loops count under a few label sets each, many times a
+    second. Values may be given as ints (an HTTP code): they are turned into text only the first
+    time a label set is seen."""
 
     def __init__(self, metric: M) -> None:
         self.metric: M = metric
-        self._children: dict[tuple[str, ...], M] = {}
+        self._children: dict[tuple[str | int, ...], M] = {}
 
-    def __call__(self, *values: str) -> M:
+    def __call__(self, *values: str | int) -> M:
         child = self._children.get(values)
         if child is None:
-            child = self._children[values] = self.metric.labels(*values)
+            child = self._children[values] = self.metric.labels(*(str(v) for v in values))
         return child
 
-    def remove(self, *values: str) -> None:
+    def remove(self, *values: str | int) -> None:
         """Drop the series (the APIService is gone), if it exists."""
         self._children.pop(values, None)
         with contextlib.suppress(KeyError):
-            self.metric.remove(*values)
+            self.metric.remove(*(str(v) for v in values))
 
 
 class UnavailableGauge:
@@ -224,9 +226,10 @@ class Metrics:
         # OpenAPI aggregation
         self.openapi_fetches = Counter(
             "aggregator_openapi_fetches",
-            "OpenAPI downloads, by source (backend Service or kube-apiserver), document (v2, v3) and "
-            "outcome (ok, not_modified, not_found, error; moved: a document's hash moved, the index is read again).",
-            ["source", "document", "result"],
+            "OpenAPI downloads, by APIService (or kube-apiserver; a download shared by the APIServices of "
+            "one Service counts for each), document (v2, v3) and outcome (ok, not_modified, not_found, "
+            "error; moved: a document's hash moved, the index is read again).",
+            ["apiservice", "document", "result"],
             registry=r,
         )
         self.openapi_v2_merges = Counter(

@@ -24,8 +24,8 @@ from urllib.parse import unquote, urlsplit
 from aiohttp import web
 
 from aggregator.util.logs import fields
+from aggregator.web.context import RequestContext
 from aggregator.web.responses import status_response
-from aggregator.web.routing import Route
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +46,15 @@ def path_problem(target: str) -> str | None:
     return None
 
 
-async def refuse_confusing_paths(request: web.Request, _route: Route) -> web.StreamResponse | None:
+def refuse_confusing_paths(ctx: RequestContext) -> web.StreamResponse | None:
     """A pipeline gate: 400 for a path with a dot or empty segment, raw or percent-encoded."""
-    problem = path_problem(request.raw_path)
+    problem = path_problem(ctx.target)
     if problem is None:
         return None
-    shown = request.raw_path[:1024]
+    shown = ctx.target[:1024]
     log.info("refused a request path", extra=fields(path=shown, reason=problem))
     return status_response(
-        request,
+        ctx,
         400,
         f'invalid request path "{shown}": {problem}; "." and ".." segments (raw or percent-encoded) '
         "and empty segments are not allowed",

@@ -1,17 +1,20 @@
-"""The request pipeline: match a route, run the gates, serve, count, log.
+"""The request pipeline: build the request's context, run the gates, serve, count, log.
 
-Gates are kube-apiserver's filter chain in the order the composition root installs them
-(authentication, impersonation, authorization, upgrade refusal...): each may answer the request
-itself (a 401, a 403) or let it go on. The handler answers everything else. Every request is
-counted by route kind and code, and gets an access-log line when `--access-log` asks for one. An exception a
-handler did not expect becomes upstream's 500 Status, logged with its traceback; a client that
-went away is not an error.
+`handle` is the one entry of HTTP/1.1 requests (aiohttp's low-level server calls it). It builds
+the request's `RequestContext` (route, RequestInfo, the long-running verdict: `web/context.py`),
+admits it past the shutdown tracker (`web/longrunning.py`), arms its deadline when timeouts are
+configured (`web/timeout.py`), then runs the gates: kube-apiserver's filter chain in the order
+the composition root installs them (authentication, audit, impersonation, max-in-flight,
+authorization, upgrade refusal...). A gate reads the context and answers the request itself (a
+401, a 403) or lets it go on; a gate that needs no I/O answers without an await. The route's
+handler answers everything else. Finishers (the max-in-flight release, the request metrics, the
+audit) are told of every request's end, in the order they were added; then the request is
+counted by route kind and code and gets an access-log line when `--access-log` asks for one. An
+exception a handler did not expect becomes upstream's 500 Status, logged with its traceback; a
+client that went away is not an error.
 
-Before any gate, the request's state is attached once (`lifecycle.begin`: its long-running
-classification, its arrival time, the status line once it goes out). With timeouts configured,
-the gates and the handler run under the request's deadline (`web/timeout.py`), as kube-apiserver's
-timeout filters wrap everything after request info. Finishers (the max-in-flight release, the
-request metrics, the audit) are told of every request's end, in the order they were added.
+Only what is switched on is in the chain: without an audit policy there is no audit gate,
+without limits no max-in-flight gate, without timeouts no deadline.
 """
 
 from __future__ import annotations
@@ -19,27 +22,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import Counter
 
 from aggregator.util.logs import fields
 from aggregator.web.accesslog import CLIENT_GONE, AccessLog
-from aggregator.web.context import set_route
-from aggregator.web.lifecycle import HeadListener, RequestState, begin
-from aggregator.web.metrics import Metrics
+from aggregator.web.context import HeadListener, RequestContext
+from aggregator.web.longrunning import InFlight
+from aggregator.web.metrics import Children
 from aggregator.web.responses import status_response
-from aggregator.web.routing import Route, Router
+from aggregator.web.routing import Router
 from aggregator.web.timeout import RequestTimeouts
 
 log = logging.getLogger(__name__)
 
-# A stage before the handler: returns a response to stop the request, or None to go on.
-Gate = Callable[[web.Request, Route], Awaitable[web.StreamResponse | None]]
+GateAnswer = web.StreamResponse | None
+# A stage before the handler: a response stops the request, None lets it go on. A gate that must
+# wait (a review) returns an awaitable of either; one that need not wait answers at once.
+Gate = Callable[[RequestContext], "GateAnswer | Awaitable[GateAnswer]"]
 # Told of a request's end: the response (None if the client went away first) and the exception a
 # handler did not expect, if any.
-Finisher = Callable[[web.Request, Route, web.StreamResponse | None, BaseException | None], None]
+Finisher = Callable[[RequestContext, web.StreamResponse | None, BaseException | None], None]
 
 INTERNAL_ERROR = "Internal error occurred: the gateway failed to serve this request"
 
@@ -48,40 +53,60 @@ class Pipeline:
     def __init__(
         self,
         router: Router,
-        metrics: Metrics,
+        requests: Counter,
         access_log: AccessLog,
         *,
+        in_flight: InFlight,
         timeouts: RequestTimeouts | None = None,
+        gates: Sequence[Gate] = (),
+        head_listeners: Sequence[HeadListener] = (),
+        finishers: Sequence[Finisher] = (),
     ) -> None:
         self.router = router
-        self.metrics = metrics
         self.access_log = access_log
+        self.in_flight = in_flight
         self.timeouts = timeouts
-        self.gates: list[Gate] = []
-        self.head_listeners: list[HeadListener] = []
-        self.finishers: list[Finisher] = []
-        self._counters: dict[tuple[str, int], Counter] = {}
+        # Lists, so a test (or a benchmark) may take a stage out.
+        self.gates: list[Gate] = list(gates)
+        self.head_listeners: tuple[HeadListener, ...] = tuple(head_listeners)
+        self.finishers: list[Finisher] = list(finishers)
+        # `aggregator_requests_total{route, code}`, one child per (route kind, code).
+        self._requests = Children(requests)
 
-    def add_gate(self, gate: Gate) -> None:
-        """Gates run in the order they are added."""
-        self.gates.append(gate)
-
-    def on_response_head(self, listener: HeadListener) -> None:
-        """Called when a request's status line goes out (`lifecycle.RequestState`)."""
-        self.head_listeners.append(listener)
-
-    def on_finish(self, finisher: Finisher) -> None:
-        self.finishers.append(finisher)
+    def context(self, request: web.Request) -> RequestContext:
+        """The context of an HTTP/1.1 request, attached to it for the handlers (`context_of`)."""
+        ctx = RequestContext.of_request(
+            request, self.router.match(request.path), time.monotonic(), self.head_listeners
+        )
+        request.gateway_context = ctx
+        return ctx
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        started = time.monotonic()
-        route = self.router.match(request.path)
-        set_route(request, route)
-        state = begin(request, self.head_listeners)
+        ctx = self.context(request)
+        in_flight = self.in_flight
+        refusal = in_flight.enter(ctx)
+        if refusal is not None:
+            return refusal
         response: web.StreamResponse | None = None
         error: BaseException | None = None
+        timeouts = self.timeouts
         try:
-            response = await self._serve(request, route, state)
+            if timeouts is None:
+                response = await self._run(ctx)
+                return response
+            refusal = timeouts.arm(ctx)
+            if refusal is not None:
+                response = refusal  # a `?timeout=` that is not a Go duration
+                return response
+            try:
+                response = await self._run(ctx)
+                if ctx.timed_out:  # the handler swallowed the deadline's cancellation
+                    ctx.task.uncancel()
+            except asyncio.CancelledError:
+                # The deadline cancelled the handler (and nothing else did): answer for it.
+                if not ctx.timed_out or ctx.task.uncancel() > 0:
+                    raise
+                response = timeouts.expired(ctx)
             return response
         except web.HTTPException as exc:
             response = exc
@@ -90,45 +115,27 @@ class Pipeline:
             raise
         except Exception as exc:
             error = exc
-            log.exception("request failed", extra=fields(method=request.method, path=request.path))
-            response = status_response(request, 500, INTERNAL_ERROR)
+            log.exception("request failed", extra=fields(method=ctx.method, path=ctx.path))
+            response = status_response(ctx, 500, INTERNAL_ERROR)
             return response
         finally:
+            if ctx.deadline is not None and timeouts is not None:
+                timeouts.disarm(ctx)
             for finisher in self.finishers:
-                finisher(request, route, response, error)
-            self._finished(request, route, response, started)
+                finisher(ctx, response, error)
+            code = response.status if response is not None else CLIENT_GONE
+            self._requests(ctx.route.kind.value, code).inc()
+            self.access_log.record(ctx, code)
+            in_flight.leave(ctx)
 
-    async def _serve(self, request: web.Request, route: Route, state: RequestState) -> web.StreamResponse:
-        """The gates and the handler, under the request's deadline if it has one."""
-        timeouts = self.timeouts
-        deadline = timeouts.deadline(request, state) if timeouts is not None else None
-        if deadline is None or timeouts is None:
-            return await self._run(request, route)
-        if isinstance(deadline, web.StreamResponse):
-            return deadline  # a `?timeout=` that is not a Go duration
-        scope = asyncio.timeout(timeouts.remaining(deadline, state))
-        try:
-            async with scope:
-                return await self._run(request, route)
-        except TimeoutError:
-            if not scope.expired():
-                raise
-            return timeouts.expired(request, state, deadline)
-
-    async def _run(self, request: web.Request, route: Route) -> web.StreamResponse:
+    async def _run(self, ctx: RequestContext) -> web.StreamResponse:
         for gate in self.gates:
-            response = await gate(request, route)
-            if response is not None:
-                return response
-        return await route.handler(request)
-
-    def _finished(
-        self, request: web.Request, route: Route, response: web.StreamResponse | None, started: float
-    ) -> None:
-        code = response.status if response is not None else CLIENT_GONE
-        key = (route.kind.value, code)
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters[key] = self.metrics.requests.labels(route.kind.value, str(code))
-        counter.inc()
-        self.access_log.record(request, route, code, started)
+            answer = gate(ctx)
+            if answer is None:
+                continue
+            if not isinstance(answer, web.StreamResponse):
+                answer = await answer
+                if answer is None:
+                    continue
+            return answer
+        return await ctx.route.handler(ctx.request)

@@ -9,8 +9,9 @@ must be upstream's values, quirks included. Ported from k8s.io/apiserver
 
 from __future__ import annotations
 
-from aggregator.auth.gourl import parse_query
-from aggregator.auth.requestinfo import RequestInfo
+from collections.abc import Mapping
+
+from aggregator.web.requestinfo import RequestInfo
 
 OTHER = "other"
 WATCH = "WATCH"
@@ -44,10 +45,6 @@ APPLY_PATCH_CONTENT_TYPE = "application/apply-patch+yaml"  # types.ApplyPatchTyp
 _READ_ONLY_VERBS = frozenset({"get", "list", "watch"})
 READ_ONLY_KIND = "readOnly"
 MUTATING_KIND = "mutating"
-# kube-apiserver's long-running check (pkg/controlplane/apiserver/config.go BuildGenericConfig:
-# `BasicLongRunningRequestCheck({"watch", "proxy"}, {"attach", "exec", "proxy", "log", "portforward"})`).
-_LONG_RUNNING_VERBS = frozenset({"watch", "proxy"})
-_LONG_RUNNING_SUBRESOURCES = frozenset({"attach", "exec", "proxy", "log", "portforward"})
 
 
 def canonical_verb(verb: str, scope: str) -> str:
@@ -57,29 +54,24 @@ def canonical_verb(verb: str, scope: str) -> str:
     return verb
 
 
-def _query_values(raw_query: str, key: str) -> list[str]:
-    # metrics.go avoids parsing the query when the key cannot be in it; so does this.
-    if key not in raw_query:
-        return []
-    return parse_query(raw_query).get(key, [])
-
-
-def watch_requested(method: str, raw_query: str) -> bool:
+def watch_requested(method: str, query: Mapping[str, list[str]]) -> bool:
     """`getVerbIfWatch`: a GET whose first `watch` value is not `0`/`false` (any case) is a watch."""
     if method.upper() not in ("GET", "LIST"):
         return False
-    values = _query_values(raw_query, "watch")
-    return bool(values) and values[0].lower() not in ("0", "false")
+    values = query.get("watch")
+    if not values:
+        return False
+    return values[0].lower() not in ("0", "false")
 
 
-def clean_verb(verb: str, method: str, raw_query: str, content_type: str, info: RequestInfo | None) -> str:
+def clean_verb(verb: str, watch: bool, content_type: str, info: RequestInfo | None) -> str:
     """`CleanVerb`: tell WATCH from LIST, APPLY from PATCH and CONNECT from the rest.
 
     Only an exact `application/apply-patch+yaml` Content-Type is an APPLY (upstream compares the
     header to the constant).
     """
     reported = verb
-    if watch_requested(method, raw_query):
+    if watch:
         reported = WATCH
     if verb == WATCHLIST:
         reported = WATCH
@@ -90,13 +82,12 @@ def clean_verb(verb: str, method: str, raw_query: str, content_type: str, info: 
     return reported
 
 
-def report_verb(
-    verb: str, suggested: str, method: str, raw_query: str, content_type: str, info: RequestInfo | None
-) -> str:
-    """`cleanVerb`: the route's WATCH/WATCHLIST wins (the `/watch/` path form), unknown verbs are `other`."""
+def report_verb(verb: str, suggested: str, watch: bool, content_type: str, info: RequestInfo | None) -> str:
+    """`cleanVerb`: the route's WATCH/WATCHLIST wins (the `/watch/` path form), unknown verbs are
+    `other`. `watch` is `watch_requested` of the request."""
     if suggested in (WATCH, WATCHLIST):
         return WATCH
-    reported = clean_verb(verb, method, raw_query, content_type, info)
+    reported = clean_verb(verb, watch, content_type, info)
     return reported if reported in VALID_VERBS else OTHER
 
 
@@ -153,9 +144,11 @@ def action_verb(info: RequestInfo, method: str) -> str:
     return upper
 
 
-def clean_dry_run(raw_query: str) -> str:
+def clean_dry_run(query: Mapping[str, list[str]]) -> str:
     """`cleanDryRun`: the sorted, distinct `dryRun` values joined by `,`; `invalid` if any is not `All`."""
-    values = _query_values(raw_query, "dryRun")
+    values = query.get("dryRun")
+    if not values:
+        return ""
     if any(value != "All" for value in values):  # validation.ValidateDryRun
         return "invalid"
     return ",".join(sorted(set(values)))
@@ -164,14 +157,3 @@ def clean_dry_run(raw_query: str) -> str:
 def request_kind(info: RequestInfo) -> str:
     """`readOnly` for get/list/watch, `mutating` for everything else (maxinflight.go)."""
     return READ_ONLY_KIND if info.verb in _READ_ONLY_VERBS else MUTATING_KIND
-
-
-def is_long_running(info: RequestInfo) -> bool:
-    """kube-apiserver's `BasicLongRunningRequestCheck` (filters/longrunning.go): watches, proxy,
-    the streaming subresources and the profiler. These are tracked in `apiserver_longrunning_requests`, not in
-    the in-flight gauge."""
-    if info.verb in _LONG_RUNNING_VERBS:
-        return True
-    if info.is_resource_request:
-        return info.subresource in _LONG_RUNNING_SUBRESOURCES
-    return info.path.startswith("/debug/pprof/")

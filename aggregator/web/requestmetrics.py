@@ -35,24 +35,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from aggregator.auth.requestinfo import RequestInfo, request_info
+from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.requestlabels import (
     MUTATING_KIND,
     READ_ONLY_KIND,
     action_verb,
     canonical_verb,
-    clean_dry_run,
     clean_scope,
-    is_long_running,
     report_verb,
-    request_kind,
     route_scope,
 )
 
@@ -76,24 +72,24 @@ _RESOURCE_LABELS = ("verb", "group", "version", "resource", "subresource", "scop
 _SIZED_VERBS = frozenset({"GET", "LIST"})
 
 
-@dataclass(frozen=True, slots=True)
-class MonitoredRequest:
-    """What the request metrics need to know about one request (upstream reads them off
-    `*http.Request`: the method, the raw query for `watch`/`dryRun`, the Content-Type)."""
+class MonitoredRequest(Protocol):
+    """What the request metrics read of one request (upstream reads them off `*http.Request` and
+    its context); `web.context.RequestContext` holds them, each derived once."""
 
-    info: RequestInfo
-    method: str
-    raw_query: str = ""
-    content_type: str = ""
+    @property
+    def info(self) -> RequestInfo | None: ...
 
-    @classmethod
-    def of(cls, request: web.Request) -> MonitoredRequest:
-        return cls(
-            request_info(request),
-            request.method,
-            request.rel_url.raw_query_string,
-            request.headers.get("Content-Type", ""),
-        )
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def watch(self) -> bool: ...  # metrics.go `getVerbIfWatch`
+
+    @property
+    def dry_run(self) -> str: ...  # metrics.go `cleanDryRun`
+
+    @property
+    def content_type(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +223,7 @@ class RequestMetrics:
         )
         self.inflight = InflightWatermark(clock)
         registry.register(self.inflight)
-        self._series: dict[tuple[str, ...], _Series] = {}
+        self._series: dict[tuple[str | int | bool, ...], _Series] = {}
 
     # --- MonitorRequest --------------------------------------------------------------------------
 
@@ -240,7 +236,7 @@ class RequestMetrics:
         instrumented non-resource handlers go through `observe_handler`.
         """
         info = request.info
-        if not info.is_resource_request:
+        if info is None or not info.is_resource_request:
             return
         self._monitor(
             request,
@@ -279,14 +275,13 @@ class RequestMetrics:
         reported = report_verb(
             canonical_verb(request.method.upper(), scope),
             verb,
-            request.method,
-            request.raw_query,
+            request.watch,
             request.content_type,
             request.info,
         )
-        dry_run = clean_dry_run(request.raw_query)
+        dry_run = request.dry_run
         sized = verb in _SIZED_VERBS
-        key = (reported, dry_run, *route, component, str(code), "sized" if sized else "")
+        key = (reported, dry_run, *route, component, code, sized)
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = self._new_series(reported, dry_run, route, component, code, sized)
@@ -318,16 +313,11 @@ class RequestMetrics:
 
     # --- self-defence and long-running requests ---------------------------------------------------
 
-    def _cleaned(self, request: MonitoredRequest) -> tuple[str, str]:
+    def _cleaned(self, request: MonitoredRequest, info: RequestInfo) -> tuple[str, str]:
         """(verb, scope) as the Record* functions compute them: `CleanScope`, no route verb."""
-        scope = clean_scope(request.info)
+        scope = clean_scope(info)
         verb = report_verb(
-            canonical_verb(request.method.upper(), scope),
-            "",
-            request.method,
-            request.raw_query,
-            request.content_type,
-            request.info,
+            canonical_verb(request.method.upper(), scope), "", request.watch, request.content_type, info
         )
         return verb, scope
 
@@ -337,7 +327,9 @@ class RequestMetrics:
         A non-resource request is labelled with its path as the subresource, as upstream does.
         """
         info = request.info
-        verb, scope = self._cleaned(request)
+        if info is None:
+            return  # no RequestInfo: authorization answers it with a 500 before anything else
+        verb, scope = self._cleaned(request, info)
         if info.is_resource_request:
             route = (info.api_group, info.api_version, info.resource, info.subresource)
         else:
@@ -347,8 +339,10 @@ class RequestMetrics:
     def dropped(self, request: MonitoredRequest, *, component: str) -> None:
         """`RecordDroppedRequest`: a max-in-flight 429 also counts in `apiserver_request_total`."""
         info = request.info
-        verb, scope = self._cleaned(request)
-        dry_run = clean_dry_run(request.raw_query)
+        if info is None:
+            return
+        verb, scope = self._cleaned(request, info)
+        dry_run = request.dry_run
         # Upstream's non-resource branch labels with RequestInfo.Subresource (always empty there).
         group, version, resource = (
             (info.api_group, info.api_version, info.resource) if info.is_resource_request else ("", "", "")
@@ -357,32 +351,15 @@ class RequestMetrics:
             verb, dry_run, group, version, resource, info.subresource, scope, component, "429"
         ).inc()
 
-    @contextmanager
-    def long_running(self, request: MonitoredRequest, *, component: str) -> Iterator[None]:
-        """`RecordLongRunning`: the request counts in `apiserver_longrunning_requests` while it runs."""
+    def long_running_gauge(self, request: MonitoredRequest, *, component: str) -> Gauge | None:
+        """`RecordLongRunning`: the child of `apiserver_longrunning_requests` the request counts in
+        while it runs (the caller increments it, and decrements it at the end)."""
         info = request.info
-        verb, scope = self._cleaned(request)
+        if info is None:
+            return None
+        verb, scope = self._cleaned(request, info)
         if info.is_resource_request:
             route = (info.api_group, info.api_version, info.resource, info.subresource)
         else:
             route = ("", "", "", info.path)
-        gauge = self.longrunning.labels(verb, *route, scope, component)
-        gauge.inc()
-        try:
-            yield
-        finally:
-            gauge.dec()
-
-    @contextmanager
-    def in_flight(self, request: MonitoredRequest) -> Iterator[None]:
-        """A non-long-running request executing, for the in-flight watermark (long-running
-        requests are exempt from max-in-flight upstream, and so not counted)."""
-        if is_long_running(request.info):
-            yield
-            return
-        kind = request_kind(request.info)
-        self.inflight.started(kind)
-        try:
-            yield
-        finally:
-            self.inflight.finished(kind)
+        return self.longrunning.labels(verb, *route, scope, component)

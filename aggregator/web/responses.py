@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from aggregator.model.status import NOT_FOUND_MESSAGE, status_body
+from aggregator.web.context import RequestContext, context_of
 from aggregator.wire.jsonenc import encode_object
 
 # The Status a response carries, kept beside it for the audit's `responseStatus` (upstream's
@@ -16,24 +17,33 @@ STATUS = web.ResponseKey[dict[str, Any]]("aggregator.status")
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _PRETTY_AGENTS = ("curl", "Wget", "Mozilla/5.0")
 
+# Who asked: the request's context, or (a handler's view) the protocol's request object.
+Asker = RequestContext | web.BaseRequest | None
 
-def wants_pretty(request: web.Request) -> bool:
+
+def wants_pretty(asker: Asker) -> bool:
     """Upstream's rule: `?pretty=<ParseBool>` wins, else curl, Wget and browsers get indented JSON."""
-    pretty = request.query.get("pretty")
+    if asker is None:
+        return False
+    ctx = asker if isinstance(asker, RequestContext) else context_of(asker)
+    if ctx is not None:
+        return ctx.pretty
+    assert isinstance(asker, web.BaseRequest)
+    pretty = asker.query.get("pretty")
     if pretty:
         return pretty in _TRUE
-    return request.headers.get("User-Agent", "").startswith(_PRETTY_AGENTS)
+    return asker.headers.get("User-Agent", "").startswith(_PRETTY_AGENTS)
 
 
-def json_response(request: web.Request | None, obj: Any, *, status: int = 200) -> web.Response:
-    pretty = request is not None and wants_pretty(request)
+def json_response(request: Asker, obj: Any, *, status: int = 200) -> web.Response:
+    pretty = wants_pretty(request)
     return web.Response(
         body=encode_object(obj, pretty=pretty), status=status, content_type="application/json"
     )
 
 
 def status_response(
-    request: web.Request | None,
+    request: Asker,
     code: int,
     message: str,
     *,
@@ -50,6 +60,6 @@ def status_response(
     return response
 
 
-def not_found(request: web.Request | None) -> web.Response:
+def not_found(request: Asker) -> web.Response:
     """kube-apiserver's answer for a path nothing serves."""
     return status_response(request, 404, NOT_FOUND_MESSAGE, details={})

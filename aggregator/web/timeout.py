@@ -21,24 +21,28 @@ The gateway applies that to every watch it proxies and ends it cleanly: the chun
 terminated, as upstream's handler returns, and client-go opens a new watch from the last
 resourceVersion it saw. (The backend applies its own rule as well; whichever ends first wins.)
 Other long-running requests (exec, attach, port-forward, proxy, log) have no deadline, as upstream.
+
+Every deadline is watched by one timer (`DeadlineTimer`), not a timer per request: a request
+registers in a set and leaves it when it ends, and the timer only ever fires at the earliest
+deadline of the requests still in flight. A request that ends before then costs a set insertion
+and a removal; expiry is exact.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from aiohttp import web
 
-from aggregator.auth.gourl import parse_query
-from aggregator.auth.requestinfo import RequestInfoError, request_info
 from aggregator.util.durations import parse_go_duration
 from aggregator.util.logs import fields
-from aggregator.web.lifecycle import RequestState
-from aggregator.web.requestmetrics import APISERVER, MonitoredRequest, RequestMetrics
+from aggregator.web.context import RequestContext
+from aggregator.web.requestmetrics import APISERVER, RequestMetrics
 from aggregator.web.responses import status_response
 
 log = logging.getLogger(__name__)
@@ -54,21 +58,16 @@ TIMEOUT_BODY = (
 TIMEOUT_CONTENT_TYPE = "text/plain; charset=utf-8"
 
 
-@dataclass(frozen=True, slots=True)
-class Deadline:
-    seconds: float  # from the request's arrival
-    watch: bool  # a watch's end (clean), not a request timeout
-
-
 def timeout_answer() -> web.Response:
-    response = web.Response(status=504, body=TIMEOUT_BODY, headers={"Content-Type": TIMEOUT_CONTENT_TYPE})
-    return response
+    return web.Response(status=504, body=TIMEOUT_BODY, headers={"Content-Type": TIMEOUT_CONTENT_TYPE})
 
 
-def watch_timeout(raw_query: str, min_request_timeout: float, rand: Callable[[], float]) -> float | None:
+def watch_timeout(
+    query: dict[str, list[str]], min_request_timeout: float, rand: Callable[[], float]
+) -> float | None:
     """`handleWatch`: `timeoutSeconds` if given and not 0, else `minRequestTimeout * (1 + rand)`;
     None when neither applies (no `--min-request-timeout`, or a value the backend will refuse)."""
-    values = parse_query(raw_query).get("timeoutSeconds") if "timeoutSeconds" in raw_query else None
+    values = query.get("timeoutSeconds")
     if values:
         try:
             given = int(values[0])
@@ -81,6 +80,56 @@ def watch_timeout(raw_query: str, min_request_timeout: float, rand: Callable[[],
     if min_request_timeout > 0:
         return min_request_timeout * (1.0 + rand())
     return None
+
+
+class DeadlineTimer:
+    """One event-loop timer for the deadlines of every request in flight.
+
+    `add` registers a request whose `deadline` is set; `discard` forgets it when it ends. The
+    timer is set to the earliest deadline it has seen and, when it fires, expires every request
+    whose deadline has passed and sets itself to the earliest deadline left. Requests that end
+    before the timer fires were only ever a set member.
+    """
+
+    def __init__(self, expire: Callable[[RequestContext], None], clock: Callable[[], float] = time.monotonic):
+        self._expire = expire
+        self._clock = clock
+        self._armed: set[RequestContext] = set()
+        self._handle: asyncio.TimerHandle | None = None
+        self._fires_at = math.inf
+
+    def __len__(self) -> int:
+        return len(self._armed)
+
+    def add(self, ctx: RequestContext) -> None:
+        deadline = ctx.deadline
+        assert deadline is not None
+        self._armed.add(ctx)
+        if deadline < self._fires_at:
+            self._schedule(deadline)
+
+    def discard(self, ctx: RequestContext) -> None:
+        self._armed.discard(ctx)
+
+    def _schedule(self, deadline: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._fires_at = deadline
+        delay = max(0.0, deadline - self._clock())
+        self._handle = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._fires_at = math.inf
+        now = self._clock()
+        due = [ctx for ctx in self._armed if ctx.deadline is not None and ctx.deadline <= now]
+        for ctx in due:
+            self._armed.discard(ctx)
+        earliest = min((ctx.deadline for ctx in self._armed if ctx.deadline is not None), default=math.inf)
+        if earliest < math.inf:
+            self._schedule(earliest)
+        for ctx in due:
+            self._expire(ctx)
 
 
 class RequestTimeouts:
@@ -97,60 +146,67 @@ class RequestTimeouts:
         self.min_request_timeout = min_request_timeout
         # The watch's random factor; injectable so tests need not wait half an hour or race.
         self.rand = rand
+        self.timer = DeadlineTimer(self._cancel)
 
-    def deadline(self, request: web.Request, state: RequestState) -> Deadline | web.Response | None:
-        """The request's deadline, a 400 for a bad `?timeout=`, or None (no deadline)."""
-        if state.long_running:
-            return self._watch_deadline(request)
-        query = request.rel_url.raw_query_string
-        timeout = self.request_timeout
-        if "timeout" in query:
-            values = parse_query(query).get("timeout")
-            if values and values[0]:
-                try:
-                    given = parse_go_duration(values[0])
-                except ValueError as err:
-                    message = f"{INVALID_TIMEOUT} - {err}"
-                    log.info(
-                        "bad request", extra=fields(method=request.method, path=request.path, reason=message)
-                    )
-                    return status_response(request, 400, message)
-                if 0 < given < timeout or (timeout == 0 and given > 0):
-                    timeout = given
-        if timeout <= 0:
-            return None  # --request-timeout=0: no deadline (upstream would time out at once)
-        return Deadline(timeout, watch=False)
+    @property
+    def enabled(self) -> bool:
+        """Whether any request can get a deadline (both flags 0: the pipeline skips this)."""
+        return self.request_timeout > 0 or self.min_request_timeout > 0
 
-    def _watch_deadline(self, request: web.Request) -> Deadline | None:
-        try:
-            watch = request_info(request).verb == "watch"
-        except RequestInfoError:
-            return None
-        if not watch:
-            return None
-        seconds = watch_timeout(request.rel_url.raw_query_string, self.min_request_timeout, self.rand)
-        return Deadline(seconds, watch=True) if seconds is not None else None
+    def arm(self, ctx: RequestContext) -> web.Response | None:
+        """Give `ctx` its deadline, if it has one; a 400 for a bad `?timeout=`."""
+        if ctx.long_running:
+            if ctx.info is None or ctx.info.verb != "watch":
+                return None
+            seconds = watch_timeout(ctx.query, self.min_request_timeout, self.rand)
+            if seconds is None:
+                return None
+            ctx.watch_deadline = True
+        else:
+            seconds = self.request_timeout
+            if "timeout" in ctx.raw_query:
+                values = ctx.query.get("timeout")
+                if values and values[0]:
+                    try:
+                        given = parse_go_duration(values[0])
+                    except ValueError as err:
+                        message = f"{INVALID_TIMEOUT} - {err}"
+                        log.info("bad request", extra=fields(method=ctx.method, path=ctx.path, reason=message))
+                        return status_response(ctx, 400, message)
+                    if 0 < given < seconds or (seconds == 0 and given > 0):
+                        seconds = given
+            if seconds <= 0:
+                return None  # --request-timeout=0: no deadline (upstream would time out at once)
+        ctx.deadline = ctx.received + seconds
+        ctx.task = asyncio.current_task()
+        self.timer.add(ctx)
+        return None
 
-    def remaining(self, deadline: Deadline, state: RequestState) -> float:
-        return deadline.seconds - (time.monotonic() - state.received)
+    def disarm(self, ctx: RequestContext) -> None:
+        self.timer.discard(ctx)
 
-    def expired(self, request: web.Request, state: RequestState, deadline: Deadline) -> web.StreamResponse:
+    @staticmethod
+    def _cancel(ctx: RequestContext) -> None:
+        ctx.timed_out = True
+        ctx.task.cancel()
+
+    def expired(self, ctx: RequestContext) -> web.StreamResponse:
         """The answer once the deadline passed and the handler was cancelled."""
-        started = state.response
-        if deadline.watch and started is not None:
+        started = ctx.response
+        if ctx.watch_deadline and started is not None:
             # The watch's time is up: the pipeline returns the streamed answer, which terminates it.
             return started
-        self.metrics.terminated(MonitoredRequest.of(request), 504, component=APISERVER)
-        if state.status is None:
-            log.info(
-                "request timed out",
-                extra=fields(method=request.method, path=request.path, timeout=round(deadline.seconds, 3)),
-            )
+        self.metrics.terminated(ctx, 504, component=APISERVER)
+        assert ctx.deadline is not None
+        timeout = round(ctx.deadline - ctx.received, 3)
+        if ctx.status is None:
+            log.info("request timed out", extra=fields(method=ctx.method, path=ctx.path, timeout=timeout))
             return timeout_answer()
         log.info(
             "request timed out after its answer started; closing the connection",
-            extra=fields(method=request.method, path=request.path, timeout=round(deadline.seconds, 3)),
+            extra=fields(method=ctx.method, path=ctx.path, timeout=timeout),
         )
-        if request.transport is not None:
-            request.transport.close()
+        transport = ctx.request.transport
+        if transport is not None:
+            transport.close()
         return started if started is not None else timeout_answer()

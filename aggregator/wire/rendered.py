@@ -2,7 +2,8 @@
 
 Every document is encoded once per change (compact JSON at once; indented JSON and YAML the first
 time one is asked for) and carries an ETag, so serving one is a dictionary lookup, a header check
-and a write: no sorting, no hashing, and no encoding after the first request for a form.
+and a write: no sorting, no hashing, and no encoding after the first request for a form. The
+answer itself (ETag check, gzip, 406) is `web/rendering.py`'s.
 """
 
 from __future__ import annotations
@@ -12,11 +13,8 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from aiohttp import web
-
-from aggregator.web.responses import wants_pretty
 from aggregator.wire.jsonenc import encode_object, go_marshal_indent
-from aggregator.wire.negotiation import JSON, YAML, MediaType, not_acceptable_body
+from aggregator.wire.negotiation import YAML, MediaType
 from aggregator.wire.yamlenc import go_yaml
 
 
@@ -62,10 +60,11 @@ class Rendered:
             self._yaml = go_yaml(self._document)
         return self._yaml
 
-    def body(self, media: MediaType, request: web.Request) -> bytes:
+    def body(self, media: MediaType, pretty: bool) -> bytes:
+        """The form `media` asks for; `pretty`: the request asked for indented JSON otherwise."""
         if media.media_type == YAML:
             return self.yaml
-        return self.pretty if media.pretty or wants_pretty(request) else self.json
+        return self.pretty if media.pretty or pretty else self.json
 
     def gzipped(self, body: bytes) -> bytes:
         """`body` (one of this document's forms) gzip-compressed at upstream's level, once."""
@@ -79,53 +78,3 @@ class Rendered:
 # client whose Accept-Encoding lists `gzip`.
 GZIP_THRESHOLD = 128 * 1024
 GZIP_LEVEL = 1
-
-
-def accepts_gzip(request: web.Request) -> bool:
-    """`negotiateContentEncoding`: the first Accept-Encoding value, split on commas, has a token
-    exactly `gzip` (so `gzip;q=1` does not count, as upstream)."""
-    header = request.headers.get("Accept-Encoding", "")
-    return bool(header) and any(token.strip() == "gzip" for token in header.split(","))
-
-
-def if_none_match(request: web.Request, etag: str) -> bool:
-    """True when the client already holds `etag` (exact header match as upstream, or RFC 9110 lists)."""
-    header = request.headers.get("If-None-Match")
-    if not header:
-        return False
-    if header == etag:
-        return True
-    for candidate in header.split(","):
-        candidate = candidate.strip()
-        if candidate == "*" or candidate.removeprefix("W/") == etag:
-            return True
-    return False
-
-
-def respond(
-    request: web.Request,
-    rendered: Rendered,
-    media: MediaType,
-    *,
-    content_type: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> web.Response:
-    """200 with the negotiated representation, or 304 when the client's copy is current."""
-    out = {"ETag": rendered.etag}
-    if headers:
-        out.update(headers)
-    if if_none_match(request, rendered.etag):
-        return web.Response(status=304, headers=out)
-    out["Content-Type"] = content_type or media.media_type
-    body = rendered.body(media, request)
-    if len(body) > GZIP_THRESHOLD and accepts_gzip(request):
-        response = web.Response(body=rendered.gzipped(body), headers=out)
-        response.headers["Content-Encoding"] = "gzip"
-        response.headers.add("Vary", "Accept-Encoding")  # upstream adds a second Vary line
-        return response
-    return web.Response(body=body, headers=out)
-
-
-def not_acceptable() -> web.Response:
-    """Upstream's 406 for a request that accepts none of the types served."""
-    return web.Response(status=406, body=not_acceptable_body(), headers={"Content-Type": JSON})

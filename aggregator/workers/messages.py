@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import Metric
 
 from aggregator.auth.authconfigmap import ClusterAuthentication
+from aggregator.auth.rbac import RBACPolicy
 from aggregator.config import Options
 from aggregator.openapi.component import V2Published
 from aggregator.openapi.documents import Document
@@ -65,6 +66,7 @@ class State:
     openapi_v3_index: Document | None = None
     openapi_v3: dict[str, Document | None] = field(default_factory=dict)  # None: removed
     cluster_auth: ClusterAuthentication | None = None
+    rbac: RBACPolicy | None = None  # local mode: the folder's RBAC policy, compiled
 
 
 @dataclass(frozen=True, slots=True)

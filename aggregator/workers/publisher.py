@@ -4,8 +4,9 @@ Store events go out as they happen (in order, each with the control's revision),
 resolves addresses and routes from the same objects. Everything else derived on the control is
 compared by identity every `interval` (the documents are immutable once rendered: a new render
 is a new object) and sent only when it changed: availability verdicts, the health checks'
-results and notes, the aggregated discovery document, the OpenAPI documents, and the
-requestheader configuration read from the cluster's ConfigMap. Nothing here probes or fetches:
+results and notes, the aggregated discovery document, the OpenAPI documents, the
+requestheader configuration read from the cluster's ConfigMap, and local mode's RBAC policy.
+Nothing here probes or fetches:
 workers never cause background traffic of their own.
 """
 
@@ -23,6 +24,8 @@ from prometheus_client.core import Metric
 from aggregator.audit.recorder import EventWriter
 from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
 from aggregator.auth.authconfigmap import AuthConfigMap, ClusterAuthentication
+from aggregator.auth.modes import PolicySource
+from aggregator.auth.rbac import RBACPolicy
 from aggregator.availability.checker import AvailabilityChecker
 from aggregator.discovery.component import Discovery
 from aggregator.openapi.component import OpenAPIAggregation, V2Published
@@ -70,6 +73,7 @@ class _Published:
     openapi_v3_index: Document | None = None
     openapi_v3: dict[str, Document] = field(default_factory=dict)
     cluster_auth: ClusterAuthentication | None = None
+    rbac: RBACPolicy | None = None
     synced: bool = False
 
 
@@ -87,6 +91,7 @@ class Publisher:
         cluster_auth: AuthConfigMap | None,
         collectors: Callable[[], list[Metric]],
         audit: EventWriter | None = None,
+        rbac: PolicySource | None = None,
         interval: float = INTERVAL,
     ) -> None:
         # The one writer of the audit log: workers send their encoded events here.
@@ -97,6 +102,9 @@ class Publisher:
         self.discovery = discovery
         self.openapi = openapi
         self.cluster_auth = cluster_auth
+        # Local mode: the RBAC policy workers authorize with (never derived in a worker, so a
+        # worker started after a bad edit holds the same last good rules as its siblings).
+        self.rbac = rbac
         self.collectors = collectors
         self.interval = interval
         self._channels: dict[int, Channel] = {}
@@ -253,6 +261,7 @@ class Publisher:
             openapi_v3_index=p.openapi_v3_index,
             openapi_v3=dict(p.openapi_v3),
             cluster_auth=p.cluster_auth,
+            rbac=p.rbac,
         )
 
     def _update(self) -> State | None:
@@ -301,6 +310,10 @@ class Publisher:
         cluster = self.cluster_auth.current if self.cluster_auth is not None else None
         if cluster is not p.cluster_auth:
             p.cluster_auth = state.cluster_auth = cluster
+            changed = True
+        rbac = self.rbac.current if self.rbac is not None else None
+        if rbac is not p.rbac:
+            p.rbac = state.rbac = rbac
             changed = True
         return state if changed else None
 

@@ -28,6 +28,7 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from aggregator.auth.authconfigmap import AuthConfigMap, ClusterAuthentication
+from aggregator.auth.modes import PolicyHolder
 from aggregator.discovery.aggregated import HEADERS as AGGREGATED_HEADERS
 from aggregator.discovery.routes import DiscoveryRoutes
 from aggregator.model.apiservice import Condition
@@ -35,8 +36,9 @@ from aggregator.openapi.component import EMPTY_V3, V2Input, V2Published, V3Publi
 from aggregator.openapi.documents import Document
 from aggregator.sources.store import Store
 from aggregator.util.logs import fields
+from aggregator.web.rendering import respond
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, MediaType
-from aggregator.wire.rendered import Rendered, respond
+from aggregator.wire.rendered import Rendered
 from aggregator.workers import metrics as merging
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import (
@@ -128,6 +130,8 @@ class Replica:
         self._v3: V3Published = EMPTY_V3
         self._cluster: AuthConfigMap | None = None
         self._cluster_auth: ClusterAuthentication | None = None
+        # Local mode: the control's RBAC policy (the snapshot carries it, before anything is built).
+        self.rbac = PolicyHolder()
         self._collect: Callable[[], list[Metric]] = list
         self._suspected: dict[str, float] = {}
         self._scrapes: dict[int, asyncio.Future[list[Metric]]] = {}
@@ -222,10 +226,14 @@ class Replica:
             self._cluster_auth = state.cluster_auth
             if self._cluster is not None:
                 self._cluster.use(state.cluster_auth)
+        if state.rbac is not None:
+            self.rbac.use(state.rbac)
         self.first_state.set()
 
     def _apply_discovery(self, docs: AggregatedDocs) -> None:
-        self._aggregated = {version: _Received(_UNPARSED, body, etag) for version, body, etag in docs.documents}
+        self._aggregated = {
+            version: _Received(_UNPARSED, body, etag) for version, body, etag in docs.documents
+        }
         self._legacy_only = docs.legacy_only
         if self._routes is not None:
             self._routes.aggregated = None if docs.legacy_only else self

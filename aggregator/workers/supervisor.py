@@ -104,6 +104,7 @@ class Supervisor:
             cluster_auth=control.cluster_auth,
             collectors=lambda: families([control.metrics.registry, self.metrics.registry]),
             audit=control.auditor.writer if control.auditor is not None else None,
+            rbac=control.rbac,
         )
         self.workers = [_Worker(index) for index in range(count)]
         self.stopping = False

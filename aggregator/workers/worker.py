@@ -22,7 +22,7 @@ from aggregator.assembly import build_worker_gateway
 from aggregator.config import ConfigError
 from aggregator.server import GatewayServer, shut_down
 from aggregator.util.logs import configure_logging, fields
-from aggregator.util.runtime import new_event_loop, wait_for_termination
+from aggregator.util.runtime import new_event_loop, settle_heap, wait_for_termination
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import Hello, Listening
 from aggregator.workers.replica import Replica
@@ -65,6 +65,7 @@ async def serve(fd: int) -> int:
         except ConfigError as err:
             print(f"aggregator serve: {err}", file=sys.stderr, flush=True)
             return EXIT_USAGE
+        settle_heap()
         channel.send(Listening(os.getpid()))
         await asyncio.wait([stop, following], return_when=asyncio.FIRST_COMPLETED)
         lost = following.done()

@@ -10,9 +10,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from aggregator.commands.certs import kubeconfig, load_pair, write_kubeconfig
-from aggregator.model.apiservice import Condition
+from aggregator.commands.certs import kubeconfig, write_kubeconfig
+from aggregator.model.apiservice import APIService, Condition
 from aggregator.server import GatewayServer
+from aggregator.tls.issue import load_pair
 from tests.conftest import StartGateway
 from tests.discovery.manifests import apiservice, write_manifests
 from tests.support.e2e import Kubectl, kubectl_binaries
@@ -247,3 +248,34 @@ async def test_watch_from_a_listed_resource_version(
             f"{server.url}{BASE}/apiservices?watch=1&resourceVersion=abc", ssl=ssl
         ) as resp:
             assert resp.status == 400
+
+
+# --- selectors: apimachinery's parser, not a second one --------------------------------------------
+
+
+def _labelled(name: str, labels: dict[str, str]) -> APIService:
+    from aggregator.model.apiservice import decode_apiservice
+
+    doc = {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"group": name.split(".", 1)[1], "version": name.split(".", 1)[0],
+                 "groupPriorityMinimum": 1000, "versionPriority": 15},
+    }  # fmt: skip
+    return decode_apiservice(doc)
+
+
+def test_selectors_are_parsed_as_apimachinery_parses_them() -> None:
+    from aggregator.apiregistration.selectors import matches
+    from aggregator.model.selectors import SelectorError
+
+    svc = _labelled("v1.a.example.com", {"tier": "api", "team": "x"})
+    assert matches(svc, "tier in (api, web),team", "metadata.name=v1.a.example.com")
+    assert not matches(svc, "tier notin (api)", "")
+    assert not matches(svc, "", "metadata.name!=v1.a.example.com")
+    assert matches(svc, "!missing", "")
+    with pytest.raises(SelectorError):
+        matches(None, "tier in (api", "")
+    with pytest.raises(ValueError, match=r"field label not supported: spec\.group"):
+        matches(None, "", "spec.group=a.example.com")

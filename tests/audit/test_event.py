@@ -19,7 +19,6 @@ from aggregator.audit.event import (
     truncate_user_agent,
 )
 from aggregator.audit.policy import Level, Stage
-from aggregator.auth.requestinfo import request_info
 from aggregator.model.userinfo import UserInfo
 from tests.audit.support import T0, Clock, auditor, mocked_request, policy_for
 
@@ -73,7 +72,7 @@ def test_watch_events_match_kube_apiserver_byte_for_byte() -> None:
         peer="10.217.0.1",
     )
     user = UserInfo("system:kube-controller-manager", groups=("system:authenticated",))
-    recorded = audit.begin(request, user, request_info(request))
+    recorded = audit.begin(request, user, request.info)
     assert recorded is not None
     recorded.authorized(True, RBAC)
     recorded.complete()  # the watch ended before anything was written: "Connection closed early"

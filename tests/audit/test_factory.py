@@ -15,7 +15,6 @@ import pytest
 
 from aggregator.audit.factory import build_auditor
 from aggregator.audit.sinks import AppendFile, RotatingFile, StdoutSink
-from aggregator.auth.requestinfo import request_info
 from aggregator.commands.cli import build_parser
 from aggregator.config import ConfigError, Options, options_from_args, validate
 from aggregator.model.userinfo import UserInfo
@@ -118,7 +117,7 @@ def test_dash_writes_events_to_stdout(
     assert isinstance(auditor.writer._sink, StdoutSink)  # type: ignore[attr-defined]
     auditor.start()
     request = mocked_request("GET", "/apis/wardle.example.com/v1alpha1/flunders")
-    recorded = auditor.begin(request, UserInfo("alice"), request_info(request))
+    recorded = auditor.begin(request, UserInfo("alice"), request.info)
     assert recorded is not None
     recorded.complete(200)
     assert auditor.stop(timeout=10)

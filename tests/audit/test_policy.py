@@ -19,8 +19,8 @@ from aggregator.audit.policy import (
     load_policy_file,
     parse_policy,
 )
-from aggregator.auth.requestinfo import RequestInfo, new_request_info
 from aggregator.model.userinfo import UserInfo
+from aggregator.web.requestinfo import RequestInfo, new_request_info
 
 TIM = UserInfo("tim@k8s.io", groups=("humans", "developers"))
 

@@ -4,6 +4,7 @@ bodies like the proxy, with events read back from a real audit log file: one tes
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -14,16 +15,17 @@ from aiohttp.test_utils import TestClient
 
 from aggregator.audit.event import ResponseStatus, encode_event
 from aggregator.audit.policy import parse_policy
-from aggregator.audit.recorder import Auditor, AuditRequest, echo_audit_id, is_long_running
+from aggregator.audit.recorder import AUDIT_ID_RESPONSE_HEADER, Auditor, AuditRequest, audit_id
 from aggregator.audit.sinks import RotatingFile
 from aggregator.audit.writer import BufferedWriter
-from aggregator.auth.requestinfo import RequestInfo, request_info
 from aggregator.model.status import status_body
 from aggregator.model.userinfo import UserInfo
+from aggregator.web.context import RequestContext, context_of
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
 from tests.audit.support import ListWriter, mocked_request, policy_for
 from tests.audit.support import auditor as make_auditor
+from tests.support.contexts import TEST_ROUTE
 
 AUDIT = web.AppKey("audit", Auditor)
 RECORD = web.RequestKey("record", AuditRequest)
@@ -46,7 +48,9 @@ async def backend(request: web.Request) -> web.StreamResponse:
         body += chunk
     if tee:
         tee.finish()
-    info = request_info(request)
+    ctx = context_of(request)
+    assert ctx is not None and ctx.info is not None
+    info = ctx.info
     if info.resource == "explode":
         raise RuntimeError("kaboom")
     if info.verb == "watch":
@@ -78,12 +82,15 @@ async def pipeline(
     """What the gateway's pipeline does around its handlers: authenticate, begin, impersonate,
     authorize, handle, then complete (or panic)."""
     auditor = request.app[AUDIT]
-    info = request_info(request)
+    ctx = RequestContext.of_request(request, TEST_ROUTE, time.monotonic())
+    request.gateway_context = ctx
+    assert ctx.info is not None
+    info = ctx.info
     name = request.headers.get("X-Test-User")
     if not name:
-        auditor.failed_authentication(request, info, status=status_body(401, "Unauthorized"))
+        auditor.failed_authentication(ctx, info, status=status_body(401, "Unauthorized"))
         return status_response(request, 401, "Unauthorized")
-    record = auditor.begin(request, UserInfo(name, groups=("system:authenticated",)), info)
+    record = auditor.begin(ctx, UserInfo(name, groups=("system:authenticated",)), info)
     if record:
         request[RECORD] = record
         if target := request.headers.get("Impersonate-User"):
@@ -107,6 +114,13 @@ async def pipeline(
     return response
 
 
+async def _echo_audit_id(request: web.Request, response: web.StreamResponse) -> None:
+    """What the pipeline's head listener does (`audit/filter.py`): every answer carries Audit-Id."""
+    ctx = context_of(request)
+    if ctx is not None and AUDIT_ID_RESPONSE_HEADER not in response.headers:
+        response.headers[AUDIT_ID_RESPONSE_HEADER] = audit_id(ctx)
+
+
 Events = Callable[[], list[dict[str, Any]]]
 Start = Callable[..., Awaitable[tuple[TestClient[web.Request, web.Application], Events]]]
 
@@ -125,7 +139,7 @@ async def audited(aiohttp_client: Any, tmp_path: Path) -> AsyncIterator[Start]:
         auditors.append(auditor)
         app = web.Application(middlewares=[pipeline])
         app[AUDIT] = auditor
-        app.on_response_prepare.append(echo_audit_id)
+        app.on_response_prepare.append(_echo_audit_id)
         app.router.add_route("*", "/{tail:.*}", backend)
 
         def events() -> list[dict[str, Any]]:
@@ -329,7 +343,7 @@ def recorded_with(
 ) -> tuple[AuditRequest, ListWriter]:
     auditor, writer = make_auditor(policy)
     request = mocked_request(method, path, headers)
-    made = auditor.begin(request, UserInfo("alice"), request_info(request))
+    made = auditor.begin(request, UserInfo("alice"), request.info)
     assert made is not None
     return made, writer
 
@@ -377,41 +391,6 @@ def test_nothing_written_means_connection_closed_early() -> None:
 
 
 @pytest.mark.parametrize(
-    ("info", "expected"),
-    [
-        (RequestInfo(True, "/api/v1/pods", "watch", resource="pods"), True),
-        (
-            RequestInfo(
-                True, "/api/v1/namespaces/a/pods/p/exec", "create", resource="pods", subresource="exec"
-            ),
-            True,
-        ),
-        (
-            RequestInfo(True, "/api/v1/namespaces/a/pods/p/log", "get", resource="pods", subresource="log"),
-            True,
-        ),
-        (
-            RequestInfo(
-                True, "/api/v1/namespaces/a/services/s/proxy", "get", resource="services", subresource="proxy"
-            ),
-            True,
-        ),
-        (
-            RequestInfo(
-                True, "/api/v1/namespaces/a/pods/p/status", "get", resource="pods", subresource="status"
-            ),
-            False,
-        ),
-        (RequestInfo(True, "/api/v1/pods", "list", resource="pods"), False),
-        (RequestInfo(False, "/debug/pprof/profile", "get"), True),
-        (RequestInfo(False, "/log", "get"), False),
-    ],
-)
-def test_long_running_like_kube_apiserver(info: RequestInfo, expected: bool) -> None:
-    assert is_long_running(info) is expected
-
-
-@pytest.mark.parametrize(
     ("target", "logged"),
     [
         ("/api/v1/pods?limit=5&watch=1", "/api/v1/pods?limit=5&watch=1"),
@@ -442,7 +421,7 @@ def test_failed_authentication_names_what_was_tried_never_the_credential(
 ) -> None:
     auditor, writer = make_auditor(policy_for("Metadata"))
     request = mocked_request("GET", target, headers)
-    auditor.failed_authentication(request, request_info(request))
+    auditor.failed_authentication(request, request.info)
     (event,) = writer.events
     assert event.stage.value == "ResponseStarted"
     assert event.response_status == ResponseStatus(401, message=message)

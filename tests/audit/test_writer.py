@@ -12,7 +12,6 @@ from aggregator.audit.event import Event
 from aggregator.audit.policy import Level, Stage, parse_policy
 from aggregator.audit.recorder import Auditor
 from aggregator.audit.writer import BufferedWriter
-from aggregator.auth.requestinfo import request_info
 from aggregator.model.userinfo import UserInfo
 from aggregator.web.metrics import Metrics
 from tests.audit.support import T0, mocked_request, policy_for
@@ -138,11 +137,11 @@ def test_a_stalled_writer_never_slows_begin_or_complete(metrics: Metrics, stalle
     audit.start()
     user = UserInfo("alice")
     first = mocked_request("GET", "/api/v1/namespaces/a/pods")
-    assert audit.begin(first, user, request_info(first)) is not None
+    assert audit.begin(first, user, first.info) is not None
     assert stalled.entered.wait(10)  # the writer holds event 1 and is stuck in write()
 
     requests = [mocked_request("GET", f"/api/v1/namespaces/a/pods/p{n}") for n in range(50)]
-    infos = [request_info(r) for r in requests]
+    infos = [r.info for r in requests]
 
     def burst() -> None:
         for request, info in zip(requests, infos, strict=True):

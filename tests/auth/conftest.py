@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 
 from aggregator.server import GatewayServer
-from aggregator.web.context import get_user
 from aggregator.web.routing import Route, RouteKind
 from tests.conftest import StartGateway
+from tests.support.contexts import user_of
 from tests.support.fakekube import FakeKube
 from tests.support.fakereviews import FakeReviews
 from tests.support.pki import PKI
@@ -24,8 +24,7 @@ GROUP_PREFIX = "/apis/wardle.example.com/"
 
 
 async def echo_user(request: web.Request) -> web.StreamResponse:
-    user = get_user(request)
-    assert user is not None
+    user = user_of(request)
     return web.json_response({"name": user.name, "groups": list(user.groups)})
 
 

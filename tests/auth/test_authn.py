@@ -13,8 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggregator.commands.certs import issue_client_cert, load_pair, new_ca, write_pair
-from aggregator.web.context import get_user
+from aggregator.tls.issue import issue_client_cert, load_pair, new_ca, write_pair
 from aggregator.web.routing import Route, RouteKind
 from aggregator.wire.wsprotocol import (
     BEARER_PROTOCOL_PREFIX,
@@ -24,6 +23,7 @@ from aggregator.wire.wsprotocol import (
     MULTIPLE_TOKENS,
 )
 from tests.conftest import StartGateway
+from tests.support.contexts import user_of
 from tests.support.pki import PKI
 
 UNAUTHORIZED = (
@@ -44,8 +44,7 @@ async def whoami(start_gateway: StartGateway, pki: PKI) -> WhoAmI:
     server = await start_gateway()
 
     async def echo(request: web.Request) -> web.StreamResponse:
-        user = get_user(request)
-        assert user is not None
+        user = user_of(request)
         return web.json_response(
             {
                 "name": user.name,
@@ -147,7 +146,7 @@ async def test_expired_certificate_is_401(whoami: WhoAmI, pki: PKI, caplog: pyte
 async def test_server_certificate_cannot_be_used_as_a_client_certificate(
     whoami: WhoAmI, pki: PKI, tmp_path: Path
 ) -> None:
-    from aggregator.commands.certs import issue_serving_cert
+    from aggregator.tls.issue import issue_serving_cert
 
     write_pair(
         pki.dir, "serverish", issue_serving_cert(load_pair(pki.dir, "client-ca"), ["x"], common_name="x")
@@ -165,8 +164,7 @@ async def test_anonymous_auth_flag_admits_system_anonymous(start_gateway: StartG
     server = await start_gateway(anonymous_auth=True)
 
     async def echo(request: web.Request) -> web.StreamResponse:
-        user = get_user(request)
-        assert user is not None
+        user = user_of(request)
         return web.json_response({"name": user.name, "groups": list(user.groups)})
 
     server.gateway.router.add_exact("/whoami", Route(echo, RouteKind.OWN, "whoami"))

@@ -263,11 +263,14 @@ async def test_bad_request_info_is_upstreams_500(start_reviewed: StartReviewed) 
 async def test_local_mode_without_kubeconfig_allows_every_authenticated_caller_and_says_so(
     start_gateway: StartGateway, users: object, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="aggregator.auth.setup")
+    caplog.set_level(logging.WARNING, logger="aggregator.auth.build")
     server = await start_gateway()
     add_test_routes(server)
-    assert any("AUTHORIZATION IS OFF" in r.getMessage() for r in caplog.records)
-    assert "authorization: ALLOW ALL authenticated callers (no kubeconfig)" in server.gateway.auth_summary
+    assert any("NO RBAC MANIFESTS in --apiservices-dir" in r.getMessage() for r in caplog.records)
+    assert (
+        f"authorization: RBAC from {server.gateway.options.apiservices_dir}; without RBAC manifests: every "
+        "authenticated caller, never impersonation"
+    ) in server.gateway.auth_summary
     import aiohttp
 
     from tests.support.pki import PKI
@@ -283,5 +286,7 @@ async def test_local_mode_without_kubeconfig_allows_every_authenticated_caller_a
 async def test_start_up_summary_names_the_review_source(start_reviewed: StartReviewed) -> None:
     reviewed = await start_reviewed(authorization_webhook_cache_unauthorized_ttl=3.0)
     summary = reviewed.server.gateway.auth_summary
-    assert any(s.startswith("authorization: SubjectAccessReview via ") and "3s denied" in s for s in summary)
+    (line,) = [s for s in summary if s.startswith("authorization: ")]
+    assert line.startswith("authorization: RBAC from ") and " (while it holds RBAC manifests), then " in line
+    assert ", then SubjectAccessReview via " in line and line.endswith("(cached 10s allowed, 3s denied)")
     assert "bearer tokens (TokenReview, cached 10s)" in summary

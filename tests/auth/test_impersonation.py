@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggregator.auth.impersonation import announce, requested, split_service_account
+from aggregator.auth.impersonation import requested, split_service_account
+from aggregator.auth.modes import IMPERSONATION_HINT
 from aggregator.model.userinfo import UserInfo
-from aggregator.web.context import get_requester, get_user
 from aggregator.web.routing import Route, RouteKind
 from tests.auth.conftest import GROUP_PREFIX, Reviewed, StartReviewed, add_test_routes
 from tests.conftest import StartGateway
@@ -31,6 +31,7 @@ from tests.support.backend import (
     wait_available,
     write_manifests,
 )
+from tests.support.contexts import requester_of, user_of
 from tests.support.fakereviews import Spec
 from tests.support.pki import PKI
 
@@ -80,7 +81,7 @@ def status_bytes(code: int, reason: str, message: str, details: dict[str, str] |
 
 
 async def who(request: web.Request) -> web.StreamResponse:
-    user, requester = get_user(request), get_requester(request)
+    user, requester = user_of(request), requester_of(request)
     assert user is not None
     return web.json_response(
         {
@@ -427,30 +428,29 @@ async def test_routes_kube_apiserver_serves_are_left_to_it(impersonating: Review
     assert impersonating.reviews.access_reviews == []
 
 
-async def test_without_authorization_every_caller_may_impersonate_and_the_start_says_so(
+async def test_without_an_authorizer_impersonation_is_refused_and_says_how_to_enable_it(
     start_gateway: StartGateway, users: PKI, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="aggregator.auth.impersonation"):
+    """Local mode with no kubeconfig and no RBAC manifests still serves every authenticated
+    caller, but nothing authorizes impersonation: upstream's 403, with a reason saying what would."""
+    with caplog.at_level(logging.WARNING, logger="aggregator.auth.build"):
         server = await start_gateway()
     add_test_routes(server)
-    assert "impersonation: ALLOWED for every caller (no kubeconfig)" in server.gateway.auth_summary
-    (record,) = [r for r in caplog.records if r.name == "aggregator.auth.impersonation"]
-    assert record.getMessage().startswith(
-        "IMPERSONATION IS UNCHECKED: with authorization off, every authenticated"
-    )
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(
+    assert any(r.getMessage().startswith("NO RBAC MANIFESTS in --apiservices-dir") for r in caplog.records)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + FLUNDER, ssl=users.client_context("bob")) as resp:
+            assert (resp.status, await resp.json()) == (200, {"name": "bob", "groups": ["system:authenticated"]})
+        async with session.get(
             server.url + FLUNDER,
             ssl=users.client_context("bob"),
             headers=[("Impersonate-User", "alice"), ("Impersonate-Group", "system:masters")],
-        ) as resp,
-    ):
-        assert await resp.json() == {"name": "alice", "groups": ["system:masters", "system:authenticated"]}
-
-
-async def test_checked_impersonation_announces_nothing(impersonating: Reviewed) -> None:
-    assert announce(impersonating.server.gateway.authorizer, anonymous_auth=True) is None
+        ) as resp:
+            status, body = resp.status, await resp.read()
+    message = (
+        'users "alice" is forbidden: User "bob" cannot impersonate resource "users" in API group "" at the '
+        f"cluster scope: {IMPERSONATION_HINT}"
+    )
+    assert (status, body) == (403, status_bytes(403, "Forbidden", message, {"name": "alice", "kind": "users"}))
 
 
 # --- through to an extension API server -------------------------------------------------------------------

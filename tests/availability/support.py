@@ -11,11 +11,11 @@ from typing import Any
 
 from aggregator.assembly import build_backends
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
-from aggregator.commands.certs import KeyPair
 from aggregator.config import Options
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.objects import decode_endpointslice, decode_service
 from aggregator.sources.store import Store
+from aggregator.tls.issue import KeyPair
 from aggregator.web.metrics import Metrics
 from tests.support.backend import (
     APISERVICE,

@@ -1,12 +1,19 @@
-"""The checker's rate limit on the proxy's suspicions: one check per APIService per second, none lost."""
+"""The checker: its rate limit on the proxy's suspicions (one check per APIService per second, none
+lost), and what it logs when a verdict changes."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
+import pytest
+
 from aggregator.availability.checker import AvailabilityChecker
+from aggregator.availability.conditions import endpoints_not_found, failed_discovery_check, passed
+from aggregator.availability.probe import Report
 from aggregator.availability.status import MemoryStatus
 from tests.availability.support import Harness
+from tests.support.backend import APISERVICE, apiservice_manifest
 
 
 @dataclass
@@ -32,6 +39,7 @@ def test_suspicions_are_rate_limited_per_apiservice_and_never_lost(harness: Harn
     checker = AvailabilityChecker(
         harness.store, harness.probe, harness.metrics, MemoryStatus(), timer=lambda: loops.now
     )
+    harness.store.add_listener(checker.on_store_event)
     checker.loops = loops  # type: ignore[assignment]
 
     def suspect_at(now: float, name: str = "v1.a.example.com") -> None:
@@ -51,4 +59,32 @@ def test_suspicions_are_rate_limited_per_apiservice_and_never_lost(harness: Harn
         ("now", "v1.b.example.com", 0.6),
         ("at", "v1.a.example.com", 2.0),
         ("now", "v1.a.example.com", 3.5),
+    ]
+
+
+async def test_a_change_of_reason_is_logged_as_well_as_a_flip(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EndpointsNotFound, then FailedDiscoveryCheck once the pods are up but not answering: still
+    unavailable, but the next thing to fix moved, so the log says so (upstream logs every change)."""
+    caplog.set_level(logging.INFO, logger="aggregator.availability.checker")
+    harness.add(apiservice_manifest(port=443, ca_pem=None, available=True))  # stored: True, Passed
+    svc = harness.store.apiservice(APISERVICE)
+    assert svc is not None and svc.service is not None
+    checker = AvailabilityChecker(harness.store, harness.probe, harness.metrics, MemoryStatus())
+    for verdict in (
+        endpoints_not_found(svc.service),
+        endpoints_not_found(svc.service),  # the same again: nothing to say
+        failed_discovery_check("failing or missing response from https://10.0.0.2:443/apis/g/v", []),
+        passed(),
+    ):
+        await checker.record(Report(APISERVICE, verdict))
+    lines = [
+        (r.getMessage(), r.fields.get("old_status") or r.fields.get("old_reason"), r.fields["reason"])  # type: ignore[attr-defined]
+        for r in caplog.records
+    ]
+    assert lines == [
+        ("APIService availability changed", "True", "EndpointsNotFound"),
+        ("APIService availability reason changed", "EndpointsNotFound", "FailedDiscoveryCheck"),
+        ("APIService availability changed", "False", "Passed"),
     ]

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.auth.requestheader import path_unescape
 from aggregator.backends.headers import (
     HOP_BY_HOP,
     IdentityHeaderPolicy,
@@ -22,6 +21,7 @@ from aggregator.backends.headers import (
     response_headers,
 )
 from aggregator.model.userinfo import UserInfo
+from aggregator.wire.gourl import path_unescape
 from aggregator.wire.wsprotocol import BEARER_PROTOCOL_PREFIX
 
 TOKEN = string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~"

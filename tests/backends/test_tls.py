@@ -15,8 +15,8 @@ import pytest
 from cryptography import x509
 
 from aggregator.backends.tls import client_context
-from aggregator.commands.certs import KeyPair, issue_serving_cert, write_pair
 from aggregator.kube.client import ServerTrust
+from aggregator.tls.issue import KeyPair, issue_serving_cert, write_pair
 from tests.conftest import StartGateway
 from tests.support.backend import (
     APISERVICE,

@@ -100,7 +100,8 @@ def test_help_documents_every_flag_named_in_the_issue() -> None:
         ),
         (
             ["--tls-min-version", "VersionTLS14"],
-            '--tls-min-version: unknown tls version "VersionTLS14"',
+            '--tls-min-version: unknown tls version "VersionTLS14"; '
+            "possible values: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13",
         ),
         (
             ["--tls-cipher-suites", "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,TLS_FOO"],
@@ -118,6 +119,11 @@ def test_help_documents_every_flag_named_in_the_issue() -> None:
             ["--leader-elect-resource-lock=endpoints"],
             "--leader-elect-resource-lock: endpoints lock is removed, migrate to leases",
         ),
+        (
+            ["--leader-elect-resource-lock=nope"],
+            "--leader-elect-resource-lock: Invalid lock-type nope; possible values: leases",
+        ),
+        (["--access-log=most"], "--access-log: 'most' is not one of off, errors, sampled[:N], all"),
         # Kube-mode flags mean nothing in local mode: refused rather than silently ignored.
         *(
             (
@@ -167,6 +173,21 @@ def test_wrong_combination_exits_2_with_one_line(
             "aggregator serve: error: argument --secure-port: invalid int value: 'x'",
         ),
         (["certs", "init", "--bar"], "aggregator certs init: error: unrecognized arguments: --bar"),
+        # pflag's words for a duration without a unit (kube-apiserver refuses `--request-timeout 5`).
+        (
+            ["serve", "--request-timeout", "5"],
+            'aggregator serve: error: invalid argument "5" for "--request-timeout" flag: '
+            'time: missing unit in duration "5"',
+        ),
+        (
+            ["serve", "--authentication-token-webhook-cache-ttl=1d"],
+            'aggregator serve: error: invalid argument "1d" for "--authentication-token-webhook-cache-ttl" '
+            'flag: time: unknown unit "d" in duration "1d"',
+        ),
+        (
+            ["serve", "--log-format", "xml"],
+            "aggregator serve: error: argument --log-format: invalid choice: 'xml' (choose from 'text', 'json')",
+        ),
         ([], "aggregator: error: the following arguments are required: COMMAND"),
     ],
 )

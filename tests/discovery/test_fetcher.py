@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Mapping
 
-from aggregator.discovery.fetcher import DiscoveryFetcher
+import pytest
+
+from aggregator.discovery.fetcher import DiscoveryFetcher, FetchState
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.objects import EndpointSlice, Service
 from aggregator.sources.store import Kind, Store
@@ -22,6 +25,7 @@ def make(store: Store, fakes: FakeBackends, **options: float) -> tuple[Discovery
     store.mark_synced()
     changes: list[int] = []
     fetcher = DiscoveryFetcher(store, fakes, lambda: changes.append(1), metrics=Metrics(), **options)  # type: ignore[arg-type]
+    store.add_listener(fetcher.on_store_event)  # as the composition root subscribes it
     return fetcher, changes
 
 
@@ -197,3 +201,29 @@ async def test_a_backend_the_checker_found_unreachable_is_not_dialed_until_it_is
         assert len(fakes.calls) == 1
     finally:
         await fetcher.stop()
+
+
+async def test_a_failure_says_last_good_only_when_there_were_good_resources(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="aggregator.discovery.fetcher")
+    store = Store()
+    for name in ("v1.never.example.com", "v1.once.example.com"):
+        store.upsert(decode_apiservice(apiservice(name, 100, 10)))
+    fakes = FakeBackends()
+    fakes.handlers["v1.never.example.com"] = lambda _p, _h: Unreachable("tls", "x509: unknown authority")
+    fakes.handlers["v1.once.example.com"] = serve_aggregated(
+        {"once.example.com": {"v1": [resource("os", "O")]}}
+    )
+    fetcher, _ = make(store, fakes)
+    states = {svc.name: FetchState(svc) for svc in store.apiservices()}
+    for state in states.values():
+        await fetcher.fetch_once(state)
+    fakes.handlers["v1.once.example.com"] = lambda _p, _h: Unreachable("connect", "connection refused")
+    await fetcher.fetch_once(states["v1.once.example.com"])
+    said = {r.fields["apiservice"]: r.getMessage() for r in caplog.records}  # type: ignore[attr-defined]
+    assert said == {
+        "v1.never.example.com": "discovery fetch failed; its group-version is listed as Stale, with no "
+        "resources until a fetch succeeds",
+        "v1.once.example.com": "discovery fetch failed; serving the last good resources as Stale",
+    }

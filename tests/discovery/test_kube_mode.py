@@ -26,7 +26,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from aggregator.commands.certs import kubeconfig, load_pair, write_kubeconfig
+from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.discovery.aggregated import STALE, merge_items
 from aggregator.discovery.component import Discovery
 from aggregator.discovery.delegated import (
@@ -42,6 +42,7 @@ from aggregator.kube.calls import GET_APIS, is_declared
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.server import GatewayServer
 from aggregator.sources.store import Store
+from aggregator.tls.issue import load_pair
 from tests.support.backend import BackendPKI, FakeBackend, endpointslice_manifest, service_manifest
 from tests.support.e2e import Kubectl, kubectl_binaries, logged_requests
 from tests.support.fakekube import GATEWAY_USER, FakeKube, kube_options

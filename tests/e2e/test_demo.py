@@ -2,7 +2,7 @@
 
 One demo process for the module: the sample wardle server behind a local-mode gateway, started
 exactly as `make demo` starts it, and stopped with Ctrl-C at the end. The failure walk-through of
-the README runs on a demo of its own: the sample killed, the gateway still serving and saying
+docs/demo.md runs on a demo of its own: the sample killed, the gateway still serving and saying
 which hop fails, then Enter and everything Current and True again.
 """
 
@@ -82,6 +82,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
         banner = out.read_text()
         assert f"https://127.0.0.1:{port}" in banner
         assert "kubectl --kubeconfig" in banner and "api-resources" in banner
+        assert "it keeps its objects in memory, so they are gone when it restarts" in banner
         yield Demo(workdir / "certs", port, log, banner)
     finally:
         proc.send_signal(signal.SIGINT)
@@ -220,19 +221,70 @@ async def test_watch_sees_an_event(demo: Demo, binary: str, tmp_path: Path) -> N
         await kubectl("delete", "flunder", name, "--ignore-not-found")
 
 
+async def proxied_refusals(demo: Demo) -> float:
+    """How many 403s the sample server answered through the gateway (`aggregator_proxy_requests_total`)."""
+    ctx = ssl.create_default_context(cafile=str(demo.certs / "ca.crt"))
+    ctx.load_cert_chain(str(demo.certs / "admin.crt"), str(demo.certs / "admin.key"))
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"https://127.0.0.1:{demo.port}/metrics", ssl=ctx) as resp,
+    ):
+        text = await resp.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("aggregator_proxy_requests_total{") and 'code="403"' in line
+    )
+
+
+FORBIDDEN_LIST = (
+    'Error from server (Forbidden): flunders.wardle.example.com is forbidden: User "alice" cannot list '
+    'resource "flunders" in API group "wardle.example.com" in the namespace "default"'
+)
+FORBIDDEN_AS = (
+    'Error from server (Forbidden): users "x" is forbidden: User "alice" cannot impersonate resource "users" '
+    'in API group "" at the cluster scope'
+)
+
+
 @pytest.mark.parametrize("binary", KUBECTLS)
-async def test_a_user_without_rights_is_refused(demo: Demo, binary: str, tmp_path: Path) -> None:
+async def test_alice_is_refused_by_the_gateways_rbac_with_and_without_as(
+    demo: Demo, binary: str, tmp_path: Path
+) -> None:
+    """The README's walk-through: the demo's RBAC manifests let alice read fischers and nothing
+    else, and the refusals come from the gateway (the sample never sees them)."""
     admin = demo.kubectl(binary, tmp_path)
     await wait_available(admin)
     alice = demo.kubectl(binary, tmp_path, user="alice")
+    refusals = await proxied_refusals(demo)
+    _, out, err = await alice("get", "fischers")  # allowed by the gateway and served by the sample
+    assert "No resources found" in err or out.startswith("NAME")
     code, _, err = await alice("get", "flunders", check=False)
-    assert code != 0
-    assert (
-        'Error from server (Forbidden): flunders.wardle.example.com is forbidden: User "alice" cannot list '
-        'resource "flunders" in API group "wardle.example.com" in the namespace "default"'
-    ) in err
+    assert code != 0 and FORBIDDEN_LIST in err
+    code, _, err = await alice("--as=x", "--as-group=system:masters", "get", "flunders", check=False)
+    assert code != 0 and FORBIDDEN_AS in err
     code, _, err = await alice("create", "-f", str(REPO / "examples" / "flunder.yaml"), check=False)
     assert code != 0 and "Forbidden" in err
+    assert await proxied_refusals(demo) == refusals  # every refusal was the gateway's own
+
+
+@pytest.mark.parametrize("binary", KUBECTLS)
+async def test_kubectl_auth_can_i_asks_the_gateway(demo: Demo, binary: str, tmp_path: Path) -> None:
+    alice = demo.kubectl(binary, tmp_path, user="alice")
+    assert (await alice("auth", "can-i", "list", "fischers"))[1].strip() == "yes"
+    code, out, _ = await alice("auth", "can-i", "list", "flunders", check=False)
+    assert (code, out.strip()) == (1, "no")
+    code, out, _ = await alice("auth", "can-i", "impersonate", "users", check=False)
+    assert (code, out.strip()) == (1, "no")
+    _, listed, _ = await alice("auth", "can-i", "--list")
+    rows = {line.split()[0]: line for line in listed.splitlines()[1:] if line.strip()}
+    assert rows["fischers.wardle.example.com"].endswith("[get list watch]")
+    assert "flunders.wardle.example.com" not in rows
+    admin = demo.kubectl(binary, tmp_path)
+    assert (await admin("auth", "can-i", "delete", "flunders"))[1].strip() == "yes"
+    # as someone else: the impersonation is checked, then the question is asked as them
+    code, _, err = await alice("auth", "can-i", "list", "fischers", "--as=x", check=False)
+    assert code != 0 and "cannot impersonate" in err
 
 
 @pytest.mark.parametrize("binary", KUBECTLS)
@@ -287,9 +339,11 @@ async def test_a_second_demo_on_a_busy_port_or_the_same_folder_touches_nothing(
     """The running demo keeps working: its manifests and kubeconfigs are left exactly as they were."""
     watched = [demo.certs / "demo" / "apiservices" / "wardle.yaml", demo.certs / "demo.kubeconfig"]
     before = [(p.read_bytes(), p.stat().st_mtime_ns) for p in watched]
-    for port, message in (
-        (demo.port, f"port {demo.port} on 127.0.0.1 is in use"),
-        (free_port(), "another aggregator demo (pid"),
+    other = tmp_path / "other-certs"
+    for folder, port, message in (
+        (demo.certs, demo.port, "another aggregator demo (pid"),  # the lock is taken before the ports
+        (demo.certs, free_port(), "another aggregator demo (pid"),
+        (other, demo.port, f"port {demo.port} on 127.0.0.1 is in use"),
     ):
         done = subprocess.run(
             [
@@ -298,7 +352,7 @@ async def test_a_second_demo_on_a_busy_port_or_the_same_folder_touches_nothing(
                 "aggregator",
                 "demo",
                 "--dir",
-                str(demo.certs),
+                str(folder),
                 "--secure-port",
                 str(port),
             ],
@@ -310,6 +364,7 @@ async def test_a_second_demo_on_a_busy_port_or_the_same_folder_touches_nothing(
         )
         assert done.returncode == 1 and message in done.stderr, done.stderr
         assert [(p.read_bytes(), p.stat().st_mtime_ns) for p in watched] == before
+    assert not (other / "demo" / "apiservices").exists() and not (other / "demo.kubeconfig").exists()
     await wait_available(demo.kubectl(KUBECTLS[0], tmp_path))
 
 
@@ -370,7 +425,7 @@ async def available(kubectl: Kubectl) -> dict[str, str]:
 
 
 async def test_the_sample_dies_the_gateway_says_so_and_recovers(tmp_path: Path) -> None:
-    """The README's 'see a failure' walk-through, with manifests the user edited beforehand."""
+    """docs/demo.md's 'see a failure' walk-through, with manifests the user edited beforehand."""
     certs = tmp_path / "certs"
     subprocess.run(
         [sys.executable, "-m", "aggregator", "certs", "init", "--dir", str(certs)],

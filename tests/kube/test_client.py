@@ -12,7 +12,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from aggregator.commands.certs import load_pair
 from aggregator.config import ConfigError, Options
 from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
@@ -24,6 +23,7 @@ from aggregator.kube.client import (
     NotLoaded,
     client_for_options,
 )
+from aggregator.tls.issue import load_pair
 from aggregator.tls.pem import load_pair_into, read_pair
 from tests.support.fakekube import GATEWAY_USER, FakeKube, apiservice
 from tests.support.ports import free_port

@@ -30,7 +30,6 @@ from aggregator.server import shutdown_bound
 from tests.manifests.k8s import (
     KUBECTL,
     MANIFESTS,
-    DiscoveryServer,
     Obj,
     describe,
     find,
@@ -170,15 +169,6 @@ def test_both_optional_components_combine_in_one_kustomization(tmp_path: Path) -
     assert "--delegate-auth=impersonate" in args
     find(objs, "ClusterRole", "aggregator:apiservice-status-writer")
     find(objs, "ClusterRole", "aggregator:impersonator")
-
-
-@pytest.fixture(scope="module")
-def discovery(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A discovery-only API server knowing every kind the manifests use, and a kubeconfig for it."""
-    kinds = {(d["apiVersion"], d["kind"]): resource_for(d) for _, d in DOCUMENTS}
-    server = DiscoveryServer([(resource, kind) for (_, kind), resource in sorted(kinds.items())])
-    with server.running():
-        yield server, server.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
 
 
 def _assert_dry_run_created(result: subprocess.CompletedProcess[str], objs: list[Obj]) -> None:

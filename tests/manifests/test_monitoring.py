@@ -138,6 +138,7 @@ def test_the_overlay_is_the_base_plus_monitoring_and_the_base_has_none(monitorin
     assert added == [
         ("ClusterRole", "aggregator:metrics-reader"),
         ("ClusterRoleBinding", "aggregator:metrics-reader"),
+        ("ConfigMap", "aggregator-dashboard"),
         ("PrometheusRule", "aggregator"),
         ("ServiceMonitor", "aggregator"),
     ]

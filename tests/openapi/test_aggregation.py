@@ -5,12 +5,15 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
+from aggregator.commands.certs import new_ca
 from aggregator.openapi.local import build_documents
 from aggregator.server import GatewayServer
 from aggregator.wire.jsonenc import go_marshal
@@ -24,7 +27,7 @@ from tests.openapi.support import (
     v2_paths,
     v3_document,
 )
-from tests.support.backend import BackendPKI
+from tests.support.backend import BackendPKI, apiservice_manifest, write_manifests
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -225,12 +228,17 @@ async def test_404_is_retried_with_backoff_until_the_backend_publishes(
     # first wait may precede `fast`), each jittered down by at most 10%
     assert time.monotonic() - started >= 0.27 and len(seen) < 10
     metrics = server.gateway.metrics.registry
-    assert (
-        metrics.get_sample_value(
-            "aggregator_openapi_fetches_total",
-            {"source": "late/api:" + str(backend.port), "document": "v2", "result": "not_found"},
+    # Counted once the answer is read: the backend has seen the 4th request a moment before.
+    await until(
+        lambda: (
+            metrics.get_sample_value(
+                "aggregator_openapi_fetches_total",
+                {"apiservice": "v1.late.example.com", "document": "v2", "result": "not_found"},
+            )
+            or 0
         )
-        >= 4
+        >= 4,
+        what="four 404s counted",
     )
 
     backend.status = {}  # the backend starts publishing; no APIService changes
@@ -259,11 +267,10 @@ async def test_refreshes_revalidate_share_one_download_per_service_and_keep_docu
     )
     server = await start_gateway()
     aggregation = fast(server.gateway, interval=0.1)
+    await until(lambda: len(backend.requests("/openapi/v2")) >= 3, what="three refreshes")
+    # The merge runs in a thread after the download that fed it: wait for it, not for a guess.
     merged = ("gateway", "v2.multi.example.com", "v1.multi.example.com")
-    await until(
-        lambda: len(backend.requests("/openapi/v2")) >= 3 and aggregation.v2.sources == merged,
-        what="three refreshes and the merge",
-    )
+    await until(lambda: aggregation.v2.sources == merged, what="the merged v2 document")
     v2_requests = backend.requests("/openapi/v2")
     # two APIServices, one Service: one download per refresh, revalidated with the server's ETag
     assert len(backend.requests("/openapi/v3")) in (len(v2_requests), len(v2_requests) + 1)
@@ -384,7 +391,78 @@ async def test_backends_follow_the_same_hash_redirect_rule(
     metrics = server.gateway.metrics.registry
 
     def fetches(result: str) -> float:
-        labels = {"source": settling_source.name, "document": "v3", "result": result}
+        labels = {"apiservice": settling_source.labels()[0], "document": "v3", "result": result}
         return metrics.get_sample_value("aggregator_openapi_fetches_total", labels) or 0.0
 
     assert fetches("moved") == 2 and fetches("error") == 0  # two re-reads, never a failed download
+
+
+async def test_a_bad_ca_beside_a_good_one_on_the_same_service_is_labelled_with_its_own_apiservice(
+    start_openapi_backend: StartBackend,
+    start_gateway: StartGateway,
+    apiservices_dir: Path,
+    backend_pki: BackendPKI,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two APIServices of one Service, one with a caBundle that did not sign the backend: the failure
+    is logged (at debug level: a backend it cannot reach, a failed handshake included, is the
+    availability checker's to report) and counted under the failing APIService, and, since it never
+    had documents, never said to serve "the last good" ones."""
+    caplog.set_level(logging.DEBUG, logger="aggregator.openapi.sources")
+    backend = await start_openapi_backend("shared")
+    wardle_like(backend, "good.example.com")
+    backend.v3["apis/bad.example.com/v1"] = v3_document("bad.example.com", "v1", "Widget")
+    register(apiservices_dir, backend, backend_pki, "shared", [("good.example.com", "v1", 1000, 15)])
+    bad = apiservice_manifest(
+        port=backend.port, ca_pem=new_ca("not-the-backends-ca").cert_pem, group="bad.example.com",
+        version="v1", namespace="shared", service="api",
+    )  # fmt: skip
+    write_manifests(apiservices_dir, "bad", bad)
+    server = await start_gateway()
+    aggregation = fast(server.gateway)
+    await until(lambda: "apis/good.example.com/v1" in aggregation.v3.documents, what="the good document")
+    failed = "OpenAPI v3 download failed; no documents to serve until one succeeds"
+    await until(lambda: any(r.getMessage() == failed for r in caplog.records), what="the bad CA's failure")
+    record = next(r for r in caplog.records if r.getMessage() == failed)
+    assert record.levelno == logging.DEBUG
+    assert record.fields["apiservices"] == "v1.bad.example.com"  # type: ignore[attr-defined]
+    assert record.fields["service"] == f"shared/api:{backend.port}"  # type: ignore[attr-defined]
+    assert "x509" in record.fields["error"] or "certificate" in record.fields["error"]  # type: ignore[attr-defined]
+    openapi_lines = [r for r in caplog.records if r.name == "aggregator.openapi.sources"]
+    assert not any("last good" in r.getMessage() for r in openapi_lines)
+    assert not any(
+        r.fields.get("apiservices") == "v1.good.example.com"  # type: ignore[attr-defined]
+        for r in openapi_lines
+        if "failed" in r.getMessage()
+    )
+    metrics = server.gateway.metrics.registry
+
+    def fetches(apiservice: str, result: str) -> float:
+        labels = {"apiservice": apiservice, "document": "v3", "result": result}
+        return metrics.get_sample_value("aggregator_openapi_fetches_total", labels) or 0.0
+
+    assert fetches("v1.bad.example.com", "error") >= 1 and fetches("v1.bad.example.com", "ok") == 0
+    assert fetches("v1.good.example.com", "ok") >= 1 and fetches("v1.good.example.com", "error") == 0
+    assert "apis/bad.example.com/v1" not in aggregation.v3.documents
+
+
+async def test_a_failure_after_a_success_says_the_last_good_documents_are_served(
+    start_openapi_backend: StartBackend,
+    start_gateway: StartGateway,
+    apiservices_dir: Path,
+    backend_pki: BackendPKI,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="aggregator.openapi.sources")
+    backend = await start_openapi_backend("flaky")
+    wardle_like(backend, "flaky.example.com")
+    register(apiservices_dir, backend, backend_pki, "flaky", [("flaky.example.com", "v1", 1000, 15)])
+    server = await start_gateway()
+    aggregation = fast(server.gateway, interval=0.1)
+    await until(lambda: "apis/flaky.example.com/v1" in aggregation.v3.documents, what="the first download")
+    backend.status = {"v3": 500}
+    failed = "OpenAPI v3 download failed; serving the last good documents"
+    await until(lambda: any(r.getMessage() == failed for r in caplog.records), what="the failure")
+    (record,) = [r for r in caplog.records if r.getMessage() == failed]
+    assert record.fields["apiservices"] == "v1.flaky.example.com"  # type: ignore[attr-defined]
+    assert "apis/flaky.example.com/v1" in aggregation.v3.documents

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from aggregator.backends.hops import HOP_HEADER
-from aggregator.commands.certs import issue_serving_cert, write_pair
 from aggregator.server import GatewayServer
+from aggregator.tls.issue import issue_serving_cert, write_pair
 from tests.support.backend import (
     APISERVICE,
     PREFIX,

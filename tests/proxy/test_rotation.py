@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from aggregator.commands.certs import issue_client_cert, load_pair, write_pair
+from aggregator.tls.issue import issue_client_cert, load_pair, write_pair
 from tests.conftest import StartGateway
 from tests.support.backend import (
     APISERVICE,

@@ -11,7 +11,6 @@ import asyncio
 import base64
 import json
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -20,18 +19,12 @@ from aiohttp import web
 
 from aggregator.server import GatewayServer
 from aggregator.wire.wsprotocol import BEARER_PROTOCOL_PREFIX
-from tests.conftest import StartGateway
+from tests.proxy.conftest import RawRespond
 from tests.support.backend import (
     PREFIX,
-    SERVER_NAME,
-    BackendPKI,
     RawBackend,
     Received,
-    apiservice_manifest,
-    backend_service,
-    force_available,
     parse_request_head,
-    write_manifests,
 )
 from tests.support.fakekube import FakeKube
 from tests.support.fakereviews import FakeReviews
@@ -75,36 +68,6 @@ async def closed_by_peer(reader: asyncio.StreamReader) -> bool:
     except (ConnectionError, ssl.SSLError):
         return True
     return data == b""
-
-
-RawRespond = Callable[[RawBackend, asyncio.StreamReader, asyncio.StreamWriter, Received], Awaitable[None]]
-
-
-@pytest.fixture
-async def raw_gateway(
-    start_gateway: StartGateway, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path
-) -> AsyncIterator[Callable[..., Awaitable[tuple[GatewayServer, RawBackend]]]]:
-    backends: list[RawBackend] = []
-
-    async def start(respond: RawRespond, **options: object) -> tuple[GatewayServer, RawBackend]:
-        cert, key = backend_pki.serving("raw", [SERVER_NAME])
-        raw = RawBackend(cert, key, pki.path("front-proxy-ca.crt"), respond)
-        backends.append(raw)
-        port = await raw.start()
-        write_manifests(
-            apiservices_dir,
-            "demo",
-            apiservice_manifest(port=port, ca_pem=backend_pki.ca.cert_pem),
-            *backend_service(port),
-        )
-        server = await start_gateway(**options)
-        # The raw backend answers no discovery: tell the proxy the APIService is available anyway.
-        force_available(server)
-        return server, raw
-
-    yield start
-    for raw in backends:
-        await raw.stop()
 
 
 async def switch_and_echo(

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from aggregator.commands.certs import issue_client_cert, new_ca, write_pair
 from aggregator.sample import SampleServer
+from aggregator.tls.issue import issue_client_cert, new_ca, write_pair
 from tests.sample.conftest import MakeClient
 from tests.support.pki import PKI
 

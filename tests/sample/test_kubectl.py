@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.commands.certs import kubeconfig, load_pair, write_kubeconfig
+from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.sample import SampleServer
+from aggregator.tls.issue import load_pair
 from tests.sample.frontproxy import FrontProxy
 from tests.support.e2e import FLUNDER, Kubectl, kubectl_binaries
 from tests.support.pki import PKI

@@ -166,3 +166,72 @@ async def test_v1beta1_apiservice_is_refused_with_a_reason(
         lambda: any("v1beta1 APIService is not served" in r.getMessage() for r in caplog.records)
     )
     assert source.store.apiservices() == []
+
+
+async def test_an_unknown_field_is_refused_in_kube_apiservers_words(
+    source: FolderSource, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`kubectl apply` has kube-apiserver refuse a typo (strict field validation); so does the folder.
+
+    The previous valid version stays, as for any refused edit.
+    """
+    caplog.set_level(logging.ERROR)
+    path = tmp_path / "wardle.yaml"
+    path.write_text(manifest())
+    await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
+    path.write_text(manifest().replace("  version: v1alpha1", "  versoin: v1alpha1\n  version: v1alpha1"))
+    expected = (
+        'APIService in version "v1" cannot be handled as a APIService: strict decoding error: '
+        'unknown field "spec.versoin"'
+    )
+    await until(lambda: any(r.getMessage() == expected for r in caplog.records))
+    (record,) = [r for r in caplog.records if r.getMessage() == expected]
+    assert record.fields["file"] == str(path)  # type: ignore[attr-defined]
+    assert record.fields["name"] == "v1alpha1.wardle.example.com"  # type: ignore[attr-defined]
+    assert record.fields["kept_previous"] is True  # type: ignore[attr-defined]
+    assert source.store.apiservice("v1alpha1.wardle.example.com") is not None
+
+
+async def test_every_unknown_field_of_a_service_is_named_with_its_path(
+    source: FolderSource, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"namespace": "wardle", "name": "api", "lables": {"a": "b"}},
+        "spec": {"ports": [{"port": 443}, {"nmae": "https", "port": 8443}], "selector": {"any-key": "x"}},
+    }
+    (tmp_path / "service.json").write_text(json.dumps(service))
+    expected = (
+        'Service in version "v1" cannot be handled as a Service: strict decoding error: '
+        'unknown field "metadata.lables", unknown field "spec.ports[1].nmae"'
+    )
+    await until(lambda: any(r.getMessage() == expected for r in caplog.records))
+    assert source.store.service("wardle", "api") is None
+
+
+async def test_a_document_of_another_kind_is_said_once_per_file(
+    source: FolderSource, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n"
+    path = tmp_path / "mixed.yaml"
+    path.write_text(manifest() + "---\n" + deployment)
+    await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
+    path.write_text(manifest(vp=20) + "---\n" + deployment + "---\n" + deployment.replace("web", "api"))
+    await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com").version_priority == 20)  # type: ignore[union-attr]
+    source.reload()
+    skipped = [r for r in caplog.records if r.getMessage().startswith("manifest skipped")]
+    assert len(skipped) == 1, [r.getMessage() for r in skipped]
+    assert skipped[0].fields == {"file": str(path), "apiVersion": "apps/v1", "kind": "Deployment"}  # type: ignore[attr-defined]
+    assert "reads only APIService (apiregistration.k8s.io/v1), Service (v1)" in skipped[0].getMessage()
+    # What another reader of the folder takes (local mode's RBAC) is not said to be skipped.
+    source.read_elsewhere = lambda doc: doc.get("kind") == "ClusterRole"
+    rbac = "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: r\nrules: []\n"
+    (tmp_path / "rbac.yaml").write_text(rbac)
+    source.reload()
+    assert len([r for r in caplog.records if r.getMessage().startswith("manifest skipped")]) == 1
+    # Another file is another line.
+    (tmp_path / "other.yaml").write_text(deployment)
+    await until(lambda: len([r for r in caplog.records if r.getMessage().startswith("manifest skipped")]) == 2)

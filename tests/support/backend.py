@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from aggregator.commands.certs import KeyPair, issue_serving_cert, new_ca, write_pair
+from aggregator.tls.issue import KeyPair, issue_serving_cert, new_ca, write_pair
 from tests.support.polling import until
 from tests.support.threaded import ThreadedTLSServer
 

@@ -29,19 +29,12 @@ from urllib.parse import urlsplit
 import aiohttp
 import yaml
 
-from aggregator.commands.certs import (
-    KeyPair,
-    issue_serving_cert,
-    kubeconfig,
-    load_pair,
-    new_ca,
-    write_kubeconfig,
-    write_pair,
-)
+from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.sample import SampleOptions, SampleServer
 from aggregator.sample.api import GROUP, VERSIONS
 from aggregator.sample.registration import local_manifests
 from aggregator.server import GatewayServer
+from aggregator.tls.issue import KeyPair, issue_serving_cert, load_pair, new_ca, write_pair
 from tests.support.gateway import local_options, running_gateway
 from tests.support.pki import PKI
 

@@ -49,16 +49,16 @@ from typing import Any
 
 from aiohttp import web
 
-from aggregator.commands.certs import (
+from aggregator.commands.certs import write_kubeconfig
+from aggregator.config import DEFAULT_DENY_CIDRS, Options, validate
+from aggregator.tls.issue import (
     KeyPair,
     issue_client_cert,
     issue_serving_cert,
     new_ca,
     write_cert,
-    write_kubeconfig,
     write_pair,
 )
-from aggregator.config import DEFAULT_DENY_CIDRS, Options, validate
 from tests.support.pki import PKI
 
 # The authenticated caller of a request, for handlers added with `add_route`: `request[USER]`.

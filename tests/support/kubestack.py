@@ -34,16 +34,10 @@ from typing import Any
 
 from aiohttp import web
 
-from aggregator.commands.certs import (
-    issue_serving_cert,
-    kubeconfig,
-    load_pair,
-    new_ca,
-    write_kubeconfig,
-    write_pair,
-)
+from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.sample import SampleOptions, SampleServer
 from aggregator.sample.registration import local_manifests
+from aggregator.tls.issue import issue_serving_cert, load_pair, new_ca, write_pair
 from tests.support.e2e import Kubectl
 from tests.support.fakeauthz import KubeAuthorization, Policy
 from tests.support.fakekube import FakeKube, FakeResource, running_fake_kube

@@ -6,7 +6,8 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregator.commands.certs import KeyPair, init_pki, issue_client_cert, load_pair, write_pair
+from aggregator.commands.certs import init_pki
+from aggregator.tls.issue import KeyPair, issue_client_cert, load_pair, write_pair
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import asyncio
 import ssl
 from pathlib import Path
 
-from aggregator.commands.certs import issue_client_cert, new_ca, write_pair
+from aggregator.tls.issue import issue_client_cert, new_ca, write_pair
 from tests.conftest import StartGateway
 from tests.support.pki import PKI
 

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 import uvloop
 
-from aggregator.commands.certs import load_pair
+from aggregator.tls.issue import load_pair
 from aggregator.tls.peer import request_client_certificates
 from aggregator.tls.peerchain import PeerChainReader
 from tests.conftest import StartGateway

@@ -90,10 +90,13 @@ def test_min_version_names(value: str, expected: ssl.TLSVersion) -> None:
     ],
 )
 def test_unknown_min_version_is_refused_with_upstreams_words(value: str, message: str) -> None:
+    """Upstream's words, then the values it lists only in --help."""
     with pytest.raises(PolicyError) as caught:
         parse_min_version(value)
     assert caught.value.flag == "--tls-min-version"
-    assert caught.value.problem == message
+    assert caught.value.problem == (
+        f"{message}; possible values: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13"
+    )
 
 
 def test_every_go_name_is_accepted_and_nothing_else() -> None:

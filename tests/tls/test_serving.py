@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from aggregator.commands.certs import issue_serving_cert, new_ca, write_cert, write_key
+from aggregator.tls.issue import issue_serving_cert, new_ca, write_cert, write_key
 from tests.conftest import StartGateway
 from tests.support.pki import PKI
 
@@ -79,7 +79,7 @@ async def test_key_type_change_is_served_too(
     """OpenSSL keeps one certificate per key type; an RSA pair must fully replace an EC one."""
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    import aggregator.commands.certs as certs_module
+    import aggregator.tls.issue as certs_module
 
     cert, key = serving_files
     server = await start_gateway(tls_cert_file=str(cert), tls_private_key_file=str(key))

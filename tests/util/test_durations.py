@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aggregator.util.durations import parse_duration, parse_go_duration
+from aggregator.util.durations import parse_go_duration
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,3 @@ def test_go_duration_errors_are_worded_as_go(text: str, error: str) -> None:
     with pytest.raises(ValueError) as raised:
         parse_go_duration(text)
     assert str(raised.value) == error
-
-
-def test_flag_durations_still_take_bare_seconds() -> None:
-    assert parse_duration("30") == 30.0

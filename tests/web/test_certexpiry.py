@@ -15,7 +15,7 @@ from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
 from aggregator.backends.client_cert import ProxyClientCertificate
-from aggregator.commands.certs import issue_client_cert, new_ca, write_cert, write_pair
+from aggregator.tls.issue import issue_client_cert, new_ca, write_cert, write_pair
 from aggregator.tls.pem import PEMError
 from aggregator.tls.verify import CAFile
 from aggregator.web.certexpiry import CLIENT_CA, PROXY_CLIENT, SERVING, CertificateExpiry

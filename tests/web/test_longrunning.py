@@ -5,31 +5,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from aiohttp.test_utils import make_mocked_request
 
+from aggregator.web.context import RequestContext
 from aggregator.web.longrunning import InFlight
+from tests.support.contexts import context_for
 from tests.support.polling import until
 
+Handler = Callable[[RequestContext], Awaitable[web.StreamResponse]]
 
-def is_watch(request: web.Request) -> bool:
-    return request.query.get("watch") == "true"
+
+def tracked(in_flight: InFlight, handler: Handler) -> Callable[[str], Awaitable[web.StreamResponse]]:
+    """What the pipeline does around a request: `enter` (or the refusal), the handler, `leave`."""
+
+    async def handle(target: str) -> web.StreamResponse:
+        ctx = context_for("GET", target)
+        refusal = in_flight.enter(ctx)
+        if refusal is not None:
+            return refusal
+        try:
+            return await handler(ctx)
+        finally:
+            in_flight.leave(ctx)
+
+    return handle
 
 
 async def test_requests_after_stop_accepting_get_503_retry_after_except_health_paths() -> None:
     in_flight = InFlight()
     served: list[str] = []
 
-    async def handler(request: web.Request) -> web.StreamResponse:
-        served.append(request.path)
+    async def handler(ctx: RequestContext) -> web.StreamResponse:
+        served.append(ctx.path)
         return web.Response(text="ok")
 
-    handle = in_flight.wrap(handler, is_long_running=is_watch)
-    assert (await handle(make_mocked_request("GET", "/apis"))).status == 200
+    handle = tracked(in_flight, handler)
+    assert (await handle("/apis")).status == 200
     in_flight.stop_accepting()
     for path in ("/apis/g/v/things", "/apis/g/v/things?watch=true"):
-        refused = await handle(make_mocked_request("GET", path))
+        refused = await handle(path)
         assert isinstance(refused, web.Response)
         assert refused.status == 503
         assert refused.headers["Retry-After"] == "1"
@@ -39,7 +55,7 @@ async def test_requests_after_stop_accepting_get_503_retry_after_except_health_p
         assert (body["reason"], body["message"]) == ("ServiceUnavailable", "apiserver is shutting down")
     # Probes and scrapes are still answered (with_retry_after.go's exempt prefixes).
     for path in ("/readyz", "/livez", "/healthz/ping", "/metrics"):
-        assert (await handle(make_mocked_request("GET", path))).status == 200
+        assert (await handle(path)).status == 200
     assert served == ["/apis", "/readyz", "/livez", "/healthz/ping", "/metrics"]
 
 
@@ -47,12 +63,12 @@ async def test_drain_waits_for_ordinary_requests_up_to_its_bound() -> None:
     in_flight = InFlight()
     release = asyncio.Event()
 
-    async def slow(request: web.Request) -> web.StreamResponse:
+    async def slow(_ctx: RequestContext) -> web.StreamResponse:
         await release.wait()
         return web.Response(text="done")
 
-    handle = in_flight.wrap(slow, is_long_running=is_watch)
-    first = asyncio.ensure_future(handle(make_mocked_request("GET", "/apis/g/v/things")))
+    handle = tracked(in_flight, slow)
+    first = asyncio.ensure_future(handle("/apis/g/v/things"))
     await until(lambda: in_flight.ordinary == 1)
     in_flight.stop_accepting()
     assert await in_flight.drain(0.05) == 1  # still running when the bound is over
@@ -67,18 +83,21 @@ async def test_end_long_running_interrupts_only_the_marked_streams() -> None:
     endings: dict[str, bool] = {}
     never = asyncio.Event()
 
-    async def stream(request: web.Request) -> web.StreamResponse:
-        async with in_flight.ending(request) as ending:
+    async def stream(ctx: RequestContext) -> web.StreamResponse:
+        # As the forwarder relays: only a long-running answer can be ended.
+        ended = False
+        if ctx.long_running:
+            async with in_flight.ending() as ending:
+                await never.wait()
+            ended = ending.ended
+        else:
             await never.wait()
-        endings[request.path_qs] = ending.ended
+        endings[ctx.target] = ended
         return web.Response(text="ended")
 
-    handle = in_flight.wrap(stream, is_long_running=is_watch)
-    watches = [
-        asyncio.ensure_future(handle(make_mocked_request("GET", f"/apis/g/v/things?watch=true&n={n}")))
-        for n in range(3)
-    ]
-    ordinary = asyncio.ensure_future(handle(make_mocked_request("GET", "/apis/g/v/things")))
+    handle = tracked(in_flight, stream)
+    watches = [asyncio.ensure_future(handle(f"/apis/g/v/things?watch=true&n={n}")) for n in range(3)]
+    ordinary = asyncio.ensure_future(handle("/apis/g/v/things"))
     await until(lambda: in_flight.long_running == 3 and in_flight.ordinary == 1)
 
     in_flight.stop_accepting()

@@ -7,7 +7,7 @@ from prometheus_client import Gauge, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from aggregator.commands.certs import new_ca
+from aggregator.tls.issue import new_ca
 from aggregator.web.certexpiry import CLIENT_CA, SERVING
 from aggregator.web.metrics import Metrics
 from tests.conftest import StartGateway

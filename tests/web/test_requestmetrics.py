@@ -13,16 +13,19 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from aggregator.auth.gourl import parse_query
-from aggregator.auth.requestinfo import RequestInfo, new_request_info
+from aggregator.web.context import RequestContext, is_long_running
+from aggregator.web.inflight import MaxInFlight
+from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.requestlabels import (
     clean_dry_run,
     clean_scope,
-    is_long_running,
     report_verb,
     request_kind,
+    watch_requested,
 )
-from aggregator.web.requestmetrics import AGGREGATOR, APISERVER, MonitoredRequest, RequestMetrics
+from aggregator.web.requestmetrics import AGGREGATOR, APISERVER, RequestMetrics
+from aggregator.wire.gourl import parse_query
+from tests.support.contexts import context_for
 
 # --- metrics_test.go TestCleanVerb -------------------------------------------------------------------
 
@@ -129,7 +132,8 @@ CLEAN_VERB_CASES = [
 
 @pytest.mark.parametrize("case", CLEAN_VERB_CASES, ids=lambda c: c.desc)
 def test_clean_verb(case: VerbCase) -> None:
-    got = report_verb(case.initial, case.suggested, case.method, case.raw_query, case.content_type, case.info)
+    watch = watch_requested(case.method, parse_query(case.raw_query))
+    got = report_verb(case.initial, case.suggested, watch, case.content_type, case.info)
     assert got == case.expected
 
 
@@ -170,16 +174,14 @@ def test_clean_scope(info: RequestInfo, scope: str) -> None:
     ],
 )
 def test_clean_dry_run(raw_query: str, label: str) -> None:
-    assert clean_dry_run(raw_query) == label
+    assert clean_dry_run(parse_query(raw_query)) == label
 
 
 # --- the whole MonitorRequest, from real request paths ---------------------------------------------
 
 
-def request(method: str, target: str, content_type: str = "") -> MonitoredRequest:
-    path, _, raw_query = target.partition("?")
-    info = new_request_info(method, path, parse_query(raw_query))
-    return MonitoredRequest(info, method, raw_query, content_type)
+def request(method: str, target: str, content_type: str = "") -> RequestContext:
+    return context_for(method, target, headers={"Content-Type": content_type} if content_type else None)
 
 
 def samples(registry: CollectorRegistry, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -415,13 +417,16 @@ def test_long_running_requests_are_counted_while_they_run(
     metrics: RequestMetrics, registry: CollectorRegistry
 ) -> None:
     watch = request("GET", "/api/v1/namespaces/ns/pods?watch=1")
-    assert is_long_running(watch.info)
+    assert watch.long_running
 
     def gauge() -> list[tuple[str, float]]:
         return [(dict(k)["verb"], v) for k, v in samples(registry, "apiserver_longrunning_requests").items()]
 
-    with metrics.long_running(watch, component=APISERVER):
-        assert gauge() == [("WATCH", 1.0)]
+    child = metrics.long_running_gauge(watch, component=APISERVER)
+    assert child is not None
+    child.inc()
+    assert gauge() == [("WATCH", 1.0)]
+    child.dec()
     assert gauge() == [("WATCH", 0.0)]
 
 
@@ -445,7 +450,8 @@ def test_long_running_and_request_kind_follow_kube_apiserver(
 ) -> None:
     # BasicLongRunningRequestCheck with kube-apiserver's sets; maxinflight's read-only verbs.
     info = request(method, target).info
-    assert (is_long_running(info), request_kind(info)) == (long_running, kind)
+    assert info is not None
+    assert (is_long_running(info, upgrade=False), request_kind(info)) == (long_running, kind)
 
 
 # --- apiserver_current_inflight_requests: the 1 s high-water mark ------------------------------------
@@ -472,15 +478,28 @@ def test_inflight_publishes_the_last_seconds_high_water_mark(registry: Collector
             for k, v in samples(registry, "apiserver_current_inflight_requests").items()
         }
 
+    limits = MaxInFlight(metrics, read_only=10, mutating=10)  # what feeds the watermark
+
+    def run(*contexts: RequestContext) -> None:
+        for ctx in contexts:
+            assert limits.gate(ctx) is None
+
+    def end(*contexts: RequestContext) -> None:
+        for ctx in contexts:
+            limits.finished(ctx, None, None)
+
     assert published() == {"readOnly": 0, "mutating": 0}
-    with metrics.in_flight(get), metrics.in_flight(get), metrics.in_flight(post), metrics.in_flight(watch):
-        clock.now += 0.5
-        assert published() == {"readOnly": 0, "mutating": 0}  # the window is not over yet
-        assert metrics.inflight.executing("readOnly") == 2  # the watch is long-running: exempt
+    second_get = request("GET", "/api/v1/namespaces/ns/pods/p")
+    run(get, second_get, post, watch)
+    clock.now += 0.5
+    assert published() == {"readOnly": 0, "mutating": 0}  # the window is not over yet
+    assert metrics.inflight.executing("readOnly") == 2  # the watch is long-running: exempt
+    end(get, second_get, post, watch)
     clock.now += 0.6  # the first window closed with 2 reads and 1 write at once
     assert published() == {"readOnly": 2, "mutating": 1}
-    with metrics.in_flight(get):
-        pass
+    again = request("GET", "/api/v1/namespaces/ns/pods/p")
+    run(again)
+    end(again)
     clock.now += 1.0
     assert published() == {"readOnly": 1, "mutating": 0}
     clock.now += 1.0  # a second in which nothing started or ended publishes 0, as upstream
@@ -534,8 +553,10 @@ def test_names_types_labels_and_buckets_are_upstreams(
     get = request("GET", "/api/v1/namespaces/ns/pods")
     metrics.observe(get, 200, 0.01, 10, component=APISERVER)
     metrics.terminated(get, 504, component=APISERVER)
-    with metrics.long_running(request("GET", "/api/v1/pods?watch=1"), component=APISERVER):
-        pass
+    child = metrics.long_running_gauge(request("GET", "/api/v1/pods?watch=1"), component=APISERVER)
+    assert child is not None
+    child.inc()
+    child.dec()
 
     exposed = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from aggregator.web.timeout import TIMEOUT_BODY, watch_timeout
+from aggregator.wire.gourl import parse_query
 from tests.support.backend import GROUP, PREFIX, VERSION
 from tests.support.fixtures import StartProxied
 from tests.support.polling import until
@@ -152,13 +153,13 @@ async def test_a_watch_without_timeout_seconds_ends_cleanly_after_min_request_ti
 
 def test_watch_timeout_follows_handle_watch() -> None:
     # no timeoutSeconds (or 0): minRequestTimeout * (1 + rand), in [min, 2 * min)
-    assert watch_timeout("watch=1", 1800, lambda: 0.0) == 1800
-    assert 1800 <= watch_timeout("watch=1", 1800, lambda: 0.999999) < 3600  # type: ignore[operator]
-    assert watch_timeout("watch=1&timeoutSeconds=0", 1800, lambda: 0.5) == 2700
+    assert watch_timeout(parse_query("watch=1"), 1800, lambda: 0.0) == 1800
+    assert 1800 <= watch_timeout(parse_query("watch=1"), 1800, lambda: 0.999999) < 3600  # type: ignore[operator]
+    assert watch_timeout(parse_query("watch=1&timeoutSeconds=0"), 1800, lambda: 0.5) == 2700
     # timeoutSeconds wins, whatever the flag
-    assert watch_timeout("watch=1&timeoutSeconds=42", 1800, lambda: 0.5) == 42
-    assert watch_timeout("timeoutSeconds=42", 0, lambda: 0.5) == 42
+    assert watch_timeout(parse_query("watch=1&timeoutSeconds=42"), 1800, lambda: 0.5) == 42
+    assert watch_timeout(parse_query("timeoutSeconds=42"), 0, lambda: 0.5) == 42
     # --min-request-timeout=0 and no timeoutSeconds: no deadline; values the backend refuses: its business
-    assert watch_timeout("watch=1", 0, lambda: 0.5) is None
-    assert watch_timeout("timeoutSeconds=x", 1800, lambda: 0.5) is None
-    assert watch_timeout("timeoutSeconds=-1", 1800, lambda: 0.5) is None
+    assert watch_timeout(parse_query("watch=1"), 0, lambda: 0.5) is None
+    assert watch_timeout(parse_query("timeoutSeconds=x"), 1800, lambda: 0.5) is None
+    assert watch_timeout(parse_query("timeoutSeconds=-1"), 1800, lambda: 0.5) is None

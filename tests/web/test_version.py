@@ -9,7 +9,8 @@ import aiohttp
 import pytest
 
 from aggregator import __version__
-from aggregator.commands.certs import kubeconfig, load_pair, write_kubeconfig
+from aggregator.commands.certs import kubeconfig, write_kubeconfig
+from aggregator.tls.issue import load_pair
 from aggregator.web.version import KUBERNETES_VERSION, build_metadata
 from tests.conftest import StartGateway
 from tests.support.e2e import Kubectl, kubectl_binaries, kubectl_minor

@@ -7,8 +7,9 @@ import gzip
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
+from aggregator.web.rendering import accepts_gzip, respond
 from aggregator.wire.negotiation import JSON, MediaType
-from aggregator.wire.rendered import GZIP_THRESHOLD, Rendered, accepts_gzip, respond
+from aggregator.wire.rendered import GZIP_THRESHOLD, Rendered
 
 MEDIA = MediaType(JSON, None, False)
 

@@ -57,14 +57,14 @@ class Group:
         return self.log_path.read_text()
 
 
-def serve_args(pki: PKI, apiservices_dir: Path, port: int, *extra: str) -> list[str]:
+def serve_args(pki: PKI, apiservices_dir: Path | None, port: int, *extra: str) -> list[str]:
+    """Local mode in `apiservices_dir`; None: kube mode (`extra` names the kubeconfig)."""
     return [
         sys.executable,
         "-m",
         "aggregator",
         "serve",
-        "--apiservices-dir",
-        str(apiservices_dir),
+        *(["--apiservices-dir", str(apiservices_dir)] if apiservices_dir is not None else []),
         "--bind-address",
         "127.0.0.1",
         "--secure-port",
@@ -89,14 +89,21 @@ def serve_args(pki: PKI, apiservices_dir: Path, port: int, *extra: str) -> list[
 
 @contextlib.asynccontextmanager
 async def running_group(
-    pki: PKI, apiservices_dir: Path, log_path: Path, *extra: str, serving: tuple[str, str] | None = None
+    pki: PKI, apiservices_dir: Path | None, log_path: Path, *extra: str, serving: tuple[str, str] | None = None
 ) -> AsyncIterator[Group]:
-    """The gateway as a subprocess, ready (`/readyz` 200); SIGTERM and exit 0 on the way out."""
+    """The gateway in local mode as a subprocess, ready (`/readyz` 200); SIGTERM and exit 0 on the way out."""
     port = free_port()
     args = serve_args(pki, apiservices_dir, port, *extra)
     if serving is not None:
         args[args.index("--tls-cert-file") + 1] = serving[0]
         args[args.index("--tls-private-key-file") + 1] = serving[1]
+    async with running_serve(pki, args, port, log_path) as group:
+        yield group
+
+
+@contextlib.asynccontextmanager
+async def running_serve(pki: PKI, args: list[str], port: int, log_path: Path) -> AsyncIterator[Group]:
+    """`args` (an `aggregator serve` command listening on `port`) as a subprocess, ready."""
     with log_path.open("wb") as log_file:
         process = await asyncio.create_subprocess_exec(*args, stderr=log_file)
     connector = aiohttp.TCPConnector(force_close=True)

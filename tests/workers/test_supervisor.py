@@ -10,7 +10,7 @@ import re
 import signal
 from pathlib import Path
 
-from aggregator.commands.certs import issue_serving_cert, write_pair
+from aggregator.tls.issue import issue_serving_cert, write_pair
 from tests.support.backend import (
     APISERVICE,
     PREFIX,

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from aggregator.auth.gourl import parse_query, path_unescape, query_unescape
-from aggregator.auth.requestinfo import RequestInfo, RequestInfoError, decoded_path, new_request_info
+from aggregator.web.requestinfo import RequestInfo, RequestInfoError, decoded_path, new_request_info
+from aggregator.wire.gourl import parse_query, path_unescape, query_unescape
 
 
 def info_for(method: str, url: str) -> RequestInfo:
@@ -276,7 +276,7 @@ def test_upstream_cases_survive_ignored_variations(
 
 
 def _fields(info: RequestInfo) -> dict[str, object]:
-    return {name: getattr(info, name) for name in RequestInfo.__slots__}
+    return info._asdict()
 
 
 @given(

@@ -1,7 +1,11 @@
+"""Go's `net/url` unescaping (`wire/gourl.py`), which identity header keys and request paths go through."""
+
+from __future__ import annotations
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggregator.auth.requestheader import path_unescape
+from aggregator.wire.gourl import path_unescape
 
 
 def test_path_unescape_matches_go() -> None:

@@ -1,0 +1,180 @@
+"""Local mode's RBAC: the Role, ClusterRole, RoleBinding and ClusterRoleBinding manifests of
+`--apiservices-dir`, reloaded like the rest of the folder.
+
+The folder source (`sources/files.py`) keeps APIServices, Services and EndpointSlices; this
+component reads the same folder for the `rbac.authorization.k8s.io` kinds, and only files that
+mention that group are parsed, so a folder of thousands of APIServices costs a text scan. Each
+change compiles a new `RBACPolicy` (`rbacobjects.compile_policy`) that the authorizer reads.
+
+Bad input never loosens authorization. A file that does not parse keeps the RBAC objects it held
+before (the error names the file and line); an invalid object is refused with kube-apiserver's
+message (naming the file, the document and the field) and its previous version stays in force.
+A file that does not parse but mentions the group counts as holding RBAC manifests even the
+first time it is read, so a broken RBAC file never lets local mode fall back to allowing every
+authenticated caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aggregator.auth.rbac import GROUP, RBACPolicy
+from aggregator.auth.rbacobjects import (
+    ObjectKey,
+    RBACObject,
+    Refused,
+    compile_policy,
+    decode,
+    is_rbac,
+    key_of,
+)
+from aggregator.sources.files import ParseError, manifest_files, read_documents
+from aggregator.sources.manifests import flatten
+from aggregator.util.dirwatch import DirectoryWatcher
+from aggregator.util.logs import fields
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[RBACPolicy, RBACPolicy], None]  # (new, previous)
+
+
+@dataclass
+class _FileState:
+    fingerprint: tuple[int, int, int]
+    objects: dict[ObjectKey, RBACObject] = field(default_factory=dict)
+    # The file holds RBAC manifests (valid or not), or fails to parse and mentions the group.
+    holds_rbac: bool = False
+
+
+def _doc_key(doc: Mapping[str, Any]) -> ObjectKey:
+    """The key a refused document would have had (to find its previous valid version)."""
+    metadata = doc.get("metadata")
+    meta = metadata if isinstance(metadata, Mapping) else {}
+    kind = str(doc.get("kind"))
+    namespace = str(meta.get("namespace") or "default") if kind in ("Role", "RoleBinding") else ""
+    return (kind, namespace, str(meta.get("name") or ""))
+
+
+class RBACFolder:
+    """Keeps `current` equal to the valid RBAC objects in `directory` (a `modes.PolicySource`)."""
+
+    def __init__(self, directory: str | Path, *, interval: float = 1.0, use_inotify: bool = True) -> None:
+        self.directory = Path(directory)
+        self.current: RBACPolicy = compile_policy((), present=False)
+        self._files: dict[Path, _FileState] = {}
+        self._listeners: list[Listener] = []
+        self._watcher = DirectoryWatcher(
+            self.directory,
+            lambda: tuple(sorted(manifest_files(self.directory).items())),
+            self.reload,
+            interval=interval,
+            name="rbac-manifests",
+            use_inotify=use_inotify,
+        )
+
+    def add_listener(self, listener: Listener) -> None:
+        """Called after each change with the new and the previous policy."""
+        self._listeners.append(listener)
+
+    async def start(self) -> None:
+        self.reload(initial=True)
+        self._watcher.start()
+
+    async def stop(self) -> None:
+        await self._watcher.stop()
+
+    def reload(self, *, initial: bool = False) -> None:
+        """Re-read the files that changed; publish a new policy if any did."""
+        current = manifest_files(self.directory)
+        changed = initial
+        for path in set(self._files) - set(current):
+            changed |= self._files.pop(path).holds_rbac
+        for path, fingerprint in current.items():
+            state = self._files.get(path)
+            if state is None or state.fingerprint != fingerprint:
+                new = self._read(path, fingerprint, state)
+                self._files[path] = new
+                changed |= new.holds_rbac or (state is not None and state.holds_rbac)
+        if changed:
+            self._publish()
+
+    def _read(self, path: Path, fingerprint: tuple[int, int, int], previous: _FileState | None) -> _FileState:
+        kept = previous.objects if previous is not None else {}
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            if previous is None or not previous.holds_rbac:
+                return _FileState(fingerprint)  # the folder source reports the file; it held no RBAC
+            return self._unreadable(path, fingerprint, previous, f"{path}: {err}", mentions=True)
+        if GROUP not in text:
+            return _FileState(fingerprint)
+        try:
+            docs = read_documents(path)
+        except (ParseError, OSError, UnicodeDecodeError) as err:
+            reason = str(err) if isinstance(err, ParseError) else f"{path}: {err}"
+            return self._unreadable(path, fingerprint, previous, reason, mentions=True)
+        objects: dict[ObjectKey, RBACObject] = {}
+        holds_rbac = False
+        for index, doc in enumerate(d for raw in docs for d in flatten(raw)):
+            if not isinstance(doc, Mapping) or not is_rbac(doc):
+                continue
+            holds_rbac = True
+            try:
+                obj = decode(doc)
+            except Refused as err:
+                key = _doc_key(doc)
+                previous_obj = kept.get(key)
+                log.error(
+                    "RBAC manifest refused; %s",
+                    "its previous version stays in force"
+                    if previous_obj is not None
+                    else "it grants nothing",
+                    extra=fields(file=str(path), document=index, reason=str(err)),
+                )
+                if previous_obj is not None:
+                    objects[key] = previous_obj
+                continue
+            objects[key_of(obj)] = obj
+        return _FileState(fingerprint, objects, holds_rbac)
+
+    @staticmethod
+    def _unreadable(
+        path: Path,
+        fingerprint: tuple[int, int, int],
+        previous: _FileState | None,
+        reason: str,
+        *,
+        mentions: bool,
+    ) -> _FileState:
+        kept = dict(previous.objects) if previous is not None else {}
+        log.error(
+            "RBAC manifest file not loaded; the RBAC objects it held before stay in force",
+            extra=fields(file=str(path), reason=reason, kept=len(kept)),
+        )
+        return _FileState(
+            fingerprint, kept, holds_rbac=mentions or (previous is not None and previous.holds_rbac)
+        )
+
+    def _publish(self) -> None:
+        merged: dict[ObjectKey, RBACObject] = {}
+        owners: dict[ObjectKey, Path] = {}
+        for path in sorted(self._files):
+            for key, obj in self._files[path].objects.items():
+                if key in owners:
+                    log.warning(
+                        "RBAC object defined in two files; the later file wins",
+                        extra=fields(kind=key[0], name=key[2], first=str(owners[key]), wins=str(path)),
+                    )
+                merged[key] = obj
+                owners[key] = path
+        present = any(state.holds_rbac for state in self._files.values())
+        previous, self.current = self.current, compile_policy(merged.values(), present=present)
+        counts = {kind: n for kind, n in sorted(self.current.counts.items())}
+        if present:
+            log.info("RBAC manifests loaded", extra=fields(directory=str(self.directory), **counts))
+        for listener in self._listeners:
+            listener(self.current, previous)

@@ -44,6 +44,7 @@ from aggregator.auth.rbacfolder import RBACFolder
 from aggregator.auth.rbacobjects import is_rbac
 from aggregator.auth.selfreviews import SelfReviews
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
+from aggregator.availability.ejections import EjectionBook
 from aggregator.availability.probe import DiscoveryProbe
 from aggregator.availability.status import (
     ALWAYS_LEADS,
@@ -60,7 +61,7 @@ from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.backends.hops import new_instance
 from aggregator.backends.registry import BackendRegistry
 from aggregator.config import Options
-from aggregator.contracts import Availability, Component, Recheck
+from aggregator.contracts import Availability, Component, EjectionReport, Recheck
 from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.routes import DiscoveryRoutes
@@ -270,7 +271,8 @@ def build_gateway(options: Options) -> Gateway:
         elector = elector_for_options(options, kube, metrics)
         components.append(("leader-election", elector))
     sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
-    availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink)
+    ejections = EjectionBook()
+    availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink, ejections=ejections)
     store.add_listener(availability.on_store_event)
 
     # 6. what serves requests; a request that cannot reach its backend has availability re-check it
@@ -320,6 +322,7 @@ def build_gateway(options: Options) -> Gateway:
         hop=hop,
         metrics_route=Route(metrics.handle, RouteKind.OWN, "metrics"),
         routes=[discovery.routes, OpenAPIRoutes(openapi), *_local_routes(apiregistration, authorizer)],
+        ejections=ejections,
     )
     components.append(("endpoint-probes", path.proxy.handling))
 
@@ -467,6 +470,7 @@ def build_request_path(
     hop: str,
     metrics_route: Route,
     routes: Sequence[RouteInstaller],
+    ejections: EjectionReport | None = None,
 ) -> RequestPath:
     """The request path, the same for `build_gateway` and `build_worker_gateway`: the router (the
     gateway's own paths, the features' `routes`, then the APIService proxy's claim), and the
@@ -487,7 +491,9 @@ def build_request_path(
     proxy = APIServiceProxy(
         store,
         availability=availability,
-        handling=HandlingTable(store, backends, metrics=forwarding.forwarder.endpoint_metrics),
+        handling=HandlingTable(
+            store, backends, metrics=forwarding.forwarder.endpoint_metrics, report=ejections
+        ),
         forwarder=forwarding.forwarder,
         fallback=forwarding.fallback.handler,
         recheck=forwarding.forwarder.recheck,
@@ -584,6 +590,7 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
         hop=hop,
         metrics_route=Route(replica.serve_metrics, RouteKind.OWN, "metrics"),
         routes=[discovery, OpenAPIRoutes(replica), *_local_routes(apiregistration, authorizer)],
+        ejections=replica,
     )
     components.append(("endpoint-probes", path.proxy.handling))
 

@@ -55,6 +55,13 @@ class Reachability(Protocol):
 UNREACHABLE_RECHECK = 600.0
 
 
+class EjectionReport(Protocol):
+    """The proxy ejected an endpoint of this APIService (`reason`), or took it back (`reason` is
+    empty): where availability hears of it, to name it in the condition and `/readyz?verbose`."""
+
+    def ejection(self, name: str, endpoint: str, reason: str) -> None: ...
+
+
 class Recheck(Protocol):
     """A request could not reach this APIService's backend: check its availability again now.
 

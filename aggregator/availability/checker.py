@@ -43,6 +43,7 @@ from dataclasses import replace
 
 from aggregator.availability import conditions as cond
 from aggregator.availability.conditions import Verdict
+from aggregator.availability.ejections import EjectionBook
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
 from aggregator.availability.status import Change, StatusSink
 from aggregator.backends.bounds import read_bounds
@@ -96,8 +97,13 @@ class AvailabilityChecker:
         first_round_limit: float | None = None,
         suspect_interval: float = SUSPECT_INTERVAL,
         timer: Callable[[], float] = time.monotonic,
+        ejections: EjectionBook | None = None,
     ) -> None:
         self.store = store
+        # The endpoints the proxy holds ejected: named in the condition message, checked again on change.
+        self.ejections = ejections
+        if ejections is not None:
+            ejections.add_listener(self.suspect)
         self.probe = probe
         self.metrics = metrics
         self.sink = sink
@@ -181,10 +187,13 @@ class AvailabilityChecker:
 
     def notes(self) -> list[str]:
         """Extra `/readyz?verbose` lines: backends being down never fails readiness, but is shown."""
-        return [
+        notes = [
             f"warn: APIService {name} is unavailable: {v.reason}: {v.message}"
             for name, v in self.unavailable()
         ]
+        if self.ejections is not None:
+            notes += self.ejections.notes()
+        return notes
 
     def first_round_check(self) -> str | None:
         """readyz `apiservice-availability-synced`: None once the first round of checks has landed.
@@ -329,9 +338,12 @@ class AvailabilityChecker:
             self._settled(name)  # a broken check must not hold readiness
             return True
         self.checks += 1
-        problems = read_bounds(svc.annotations).problems
-        if problems:  # named where operators look, whatever the verdict
-            report.verdict = replace(report.verdict, message="; ".join((report.verdict.message, *problems)))
+        extra = list(read_bounds(svc.annotations).problems)  # named where operators look
+        ejected = self.ejections.describe(name) if self.ejections is not None else None
+        if ejected is not None:
+            extra.append(ejected)
+        if extra:
+            report.verdict = replace(report.verdict, message="; ".join((report.verdict.message, *extra)))
         current = self.store.apiservice(name)
         if current is not None and current is not svc and _spec_changed(svc, current):
             # The APIService changed while it was being checked (a new caBundle, another Service):

@@ -304,7 +304,9 @@ class DiscoveryFetcher(LoopComponent):
                     if state.resources is not None
                     else "its group-version is listed as Stale, with no resources until a fetch succeeds"
                 ),
-                extra=fields(apiservice=state.apiservice.name, hop=hop, error=message, failures=state.failures),
+                extra=fields(
+                    apiservice=state.apiservice.name, hop=hop, error=message, failures=state.failures
+                ),
             )
 
     def _count(self, name: str, result: str) -> None:

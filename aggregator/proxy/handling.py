@@ -27,6 +27,7 @@ from aggregator.backends.bounds import DEFAULT_BOUNDS, Bounds, read_bounds
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.backends.headers import IdentityHeaderPolicy
 from aggregator.backends.registry import BackendRegistry
+from aggregator.contracts import EjectionReport
 from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.proxy.destination import Destination
@@ -123,11 +124,13 @@ class HandlingTable:
         backends: BackendRegistry,
         *,
         metrics: EndpointMetrics | None = None,
+        report: EjectionReport | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
         self.backends = backends
         self.metrics = metrics
+        self.report = report
         self.rng = rng or random.Random()
         self._infos: dict[str, HandlingInfo] = {}
         self._endpoints: dict[str, Endpoints] = {}
@@ -191,21 +194,32 @@ class HandlingTable:
                     name,
                     rng=self.rng,
                     prober=self._probe,
-                    listener=self.metrics.ejection if self.metrics is not None else None,
+                    listener=self._ejection,
                 )
-            gone = endpoints.update(tuple(destinations.values()), bounds)
-            if self.metrics is not None:
-                for endpoint in gone:
-                    self.metrics.forget(name, endpoint.authority)
+            for endpoint in endpoints.update(tuple(destinations.values()), bounds):
+                self._gone(name, endpoint)
             info.endpoints = endpoints
         self._infos[name] = info
         return info
 
+    def _ejection(self, name: str, endpoint: Endpoint, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.ejection(name, endpoint, reason)
+        if self.report is not None:
+            self.report.ejection(name, endpoint.authority, reason)
+
     def _forget_endpoints(self, name: str) -> None:
         endpoints = self._endpoints.pop(name, None)
-        if endpoints is not None and self.metrics is not None:
+        if endpoints is not None:
             for endpoint in endpoints.all:
-                self.metrics.forget(name, endpoint.authority)
+                self._gone(name, endpoint)
+
+    def _gone(self, name: str, endpoint: Endpoint) -> None:
+        """The endpoint left the Service: its series go, and it is no longer reported ejected."""
+        if self.metrics is not None:
+            self.metrics.forget(name, endpoint.authority)
+        if self.report is not None and endpoint.ejected_until is not None:
+            self.report.ejection(name, endpoint.authority, "")
 
     def _probe(self, endpoints: Endpoints, endpoint: Endpoint) -> None:
         self.tasks.spawn(self._run_probe(endpoints, endpoint), name=f"{endpoints.name}/{endpoint.authority}")

@@ -86,6 +86,15 @@ class Suspect:
 
 
 @dataclass(frozen=True, slots=True)
+class Ejection:
+    """A worker's proxy ejected an endpoint (`reason`), or took it back (`reason` empty)."""
+
+    name: str
+    endpoint: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Scrape:
     id: int
 

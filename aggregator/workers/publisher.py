@@ -41,6 +41,7 @@ from aggregator.workers.messages import (
     AuditLines,
     Collect,
     Collected,
+    Ejection,
     HealthCheck,
     ObjectChange,
     Scrape,
@@ -168,6 +169,8 @@ class Publisher:
             if self._channels.get(index) is channel:
                 del self._channels[index]
             channel.close()
+            if self.availability.ejections is not None:
+                self.availability.ejections.forget_source(str(index))
             for worker, future in self._collecting.values():
                 if worker == index and not future.done():
                     future.cancel()  # a scrape does not wait for a worker that died
@@ -175,6 +178,11 @@ class Publisher:
     def _handle(self, index: int, channel: Channel, message: object) -> None:
         if isinstance(message, Suspect):
             self.availability.suspect(message.name)
+        elif isinstance(message, Ejection):
+            if self.availability.ejections is not None:
+                self.availability.ejections.ejection(
+                    message.name, message.endpoint, message.reason, str(index)
+                )
         elif isinstance(message, AuditLines):
             if self.audit is not None:
                 self.audit.submit(message.data)

@@ -46,6 +46,7 @@ from aggregator.workers.messages import (
     AuditLines,
     Collect,
     Collected,
+    Ejection,
     Hello,
     ObjectChange,
     Scrape,
@@ -257,6 +258,10 @@ class Replica:
             return ""
         condition = next((c for c in svc.conditions if c.type == "Available"), None)
         return condition.reason if condition is not None else ""
+
+    def ejection(self, name: str, endpoint: str, reason: str) -> None:
+        """`contracts.EjectionReport`: the control names the endpoints any worker holds ejected."""
+        self.channel.send(Ejection(name, endpoint, reason))
 
     def suspect(self, name: str) -> None:
         """A proxied request failed: the control re-checks it (the fast re-probe, as a message)."""

@@ -28,6 +28,7 @@ from tests.support.backend import (
 from tests.support.pki import PKI
 from tests.support.polling import until
 from tests.support.replica import Replicas, endpointslice_for
+from tests.workers.group import running_group, until_async
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 THINGS = f"{PREFIX}/namespaces/default/things"
@@ -406,3 +407,35 @@ async def test_a_request_still_connecting_to_a_blackholed_backend_has_it_checked
         )  # its own connect timeout, not a retry's
         await until(lambda: not availability.is_available(APISERVICE), 10, "the verdict")
         assert time.monotonic() - stopped < 6.0
+
+
+async def test_with_two_workers_a_killed_replica_costs_no_get_and_the_control_names_it(
+    start_replicas: StartReplicas, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path, tmp_path: Path
+) -> None:
+    """`--workers 2`: each worker ejects on what its own requests meet (a new connection per
+    request here, so both workers meet the dead replica) and reports it to the control."""
+    replicas = await start_replicas()
+    register(apiservices_dir, backend_pki, replicas)
+    victim = HOSTS[0]
+    endpoint = f"{victim}:{replicas.port}"
+    args = ("--workers", "2", "--enable-aggregator-routing")
+    async with running_group(pki, apiservices_dir, tmp_path / "serve.log", *args) as group:
+
+        async def kill() -> None:
+            await replicas.kill(victim)
+
+        total = 600
+        answers = await steady_gets(group.session, group.url + THINGS, pki, total, at=150, then=kill)
+        assert len(failed(answers)) <= total // 1000, failed(answers)[:3]
+
+        async def named() -> bool:
+            status, body = await group.get("/readyz?verbose")
+            return status == 200 and f"ejected endpoints: {endpoint} (" in body.decode()
+
+        await until_async(named, 10, "the control's note")
+        status, body = await group.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}")
+        assert status == 200 and f"ejected endpoints: {endpoint} (" in body.decode()
+        status, body = await group.get("/metrics")
+        assert (
+            f'aggregator_endpoint_ejected{{apiservice="{APISERVICE}",endpoint="{endpoint}"}}' in body.decode()
+        )

@@ -1,0 +1,62 @@
+"""Which endpoints the proxy holds ejected, per APIService, as the checker words them.
+
+Ejection is passive and per serving process (`proxy/endpoints.py`): the proxy of one process, or
+each worker over its channel, reports every ejection and return here (`contracts.EjectionReport`).
+The checker appends the ejected endpoints and why to the APIService's Available condition message
+and to `/readyz?verbose`, so an operator sees a dead replica before the EndpointSlice does; an
+endpoint stays listed while any process holds it ejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class EjectionBook:
+    def __init__(self) -> None:
+        # APIService -> endpoint -> source (a worker's index, or "" for this process) -> reason
+        self._ejected: dict[str, dict[str, dict[str, str]]] = {}
+        self._listeners: list[Callable[[str], None]] = []
+
+    def add_listener(self, listener: Callable[[str], None]) -> None:
+        """Told the APIService's name whenever its set of ejected endpoints changes."""
+        self._listeners.append(listener)
+
+    def ejection(self, name: str, endpoint: str, reason: str, source: str = "") -> None:
+        """`contracts.EjectionReport`: ejected for `reason`, or back when `reason` is empty."""
+        endpoints = self._ejected.setdefault(name, {})
+        sources = endpoints.setdefault(endpoint, {})
+        if reason:
+            changed = not sources
+            sources[source] = reason
+        else:
+            sources.pop(source, None)
+            changed = not sources
+            if not sources:
+                del endpoints[endpoint]
+            if not endpoints:
+                del self._ejected[name]
+        if changed:
+            for listener in self._listeners:
+                listener(name)
+
+    def forget_source(self, source: str) -> None:
+        """A worker is gone: what it held ejected no longer counts."""
+        for name in list(self._ejected):
+            for endpoint in list(self._ejected.get(name, {})):
+                if source in self._ejected[name][endpoint]:
+                    self.ejection(name, endpoint, "", source)
+
+    def describe(self, name: str) -> str | None:
+        """`ejected endpoints: 10.0.0.5:443 (dial tcp ...: connect: connection refused)`, or None."""
+        endpoints = self._ejected.get(name)
+        if not endpoints:
+            return None
+        listed = ", ".join(
+            f"{endpoint} ({next(iter(sources.values()))})" for endpoint, sources in sorted(endpoints.items())
+        )
+        return f"ejected endpoints: {listed}"
+
+    def notes(self) -> list[str]:
+        """`/readyz?verbose` lines: an ejected endpoint never fails readiness, but is shown."""
+        return [f"warn: APIService {name}: {self.describe(name)}" for name in sorted(self._ejected)]

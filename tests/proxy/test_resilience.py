@@ -276,9 +276,11 @@ async def test_bad_annotations_are_named_and_ignored(
     )
     server = await start_gateway()
     await until(lambda: server.gateway.availability.is_available(APISERVICE), 15, "the APIService")
-    async with aiohttp.ClientSession() as session:
-        async with session.get(server.url + THINGS, ssl=pki.client_context("admin")) as resp:
-            assert resp.status == 200
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(server.url + THINGS, ssl=pki.client_context("admin")) as resp,
+    ):
+        assert resp.status == 200
     problems = [r for r in caplog.records if r.getMessage() == "APIService annotations ignored"]
     assert problems and "aggregator.dev/connect-timeout" in problems[0].fields["problems"]  # type: ignore[attr-defined]
     await until(

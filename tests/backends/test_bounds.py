@@ -64,3 +64,28 @@ def test_a_bad_value_is_named_and_its_default_used() -> None:
         "annotation aggregator.dev/retries is not one the gateway knows; ignored",
         "annotation aggregator.dev/outlier-max-ejection-time is below the ejection time; using 10s",
     )
+
+
+def test_the_example_sets_every_annotation_without_a_problem() -> None:
+    """examples/resilience: every annotation the reference documents, each one valid."""
+    from pathlib import Path
+
+    import yaml
+
+    from aggregator.backends import bounds as module
+    from aggregator.model.apiservice import decode_apiservice
+
+    example = Path(__file__).parents[2] / "examples/resilience/apiservice.yaml"
+    svc = decode_apiservice(
+        next(d for d in yaml.safe_load_all(example.read_text()) if d["kind"] == "APIService")
+    )
+    bounds = read_bounds(svc.annotations)
+    assert bounds.problems == ()
+    documented = {
+        v
+        for k, v in vars(module).items()
+        if isinstance(v, str) and v.startswith(module.PREFIX) and k.isupper()
+    }
+    assert {k for k, _ in svc.annotations} == documented - {module.PREFIX}
+    reference = (Path(__file__).parents[2] / "docs/reference.md").read_text()
+    assert all(f"| `{annotation}` |" in reference for annotation in documented - {module.PREFIX})

@@ -194,9 +194,7 @@ class GoDuration(argparse.Action):
             seconds = parse_go_duration(text)
         except ValueError as err:
             flag = option_string or "/".join(self.option_strings)
-            raise argparse.ArgumentError(
-                None, f'invalid argument "{text}" for "{flag}" flag: {err}'
-            ) from None
+            raise argparse.ArgumentError(None, f'invalid argument "{text}" for "{flag}" flag: {err}') from None
         setattr(namespace, self.dest, seconds)
 
 

@@ -442,9 +442,7 @@ class Authorizer:
             return self._reviewed(ctx, user, info)
         return self._apply(ctx, user, info, verdict)
 
-    async def _reviewed(
-        self, ctx: RequestContext, user: UserInfo, info: RequestInfo
-    ) -> web.StreamResponse | None:
+    async def _reviewed(self, ctx: RequestContext, user: UserInfo, info: RequestInfo) -> web.StreamResponse | None:
         try:
             verdict = await self.review(user, info)
         except ReviewFailed as err:
@@ -456,9 +454,7 @@ class Authorizer:
         return self._apply(ctx, user, info, verdict)
 
     @staticmethod
-    def _apply(
-        ctx: RequestContext, user: UserInfo, info: RequestInfo, verdict: Verdict
-    ) -> web.StreamResponse | None:
+    def _apply(ctx: RequestContext, user: UserInfo, info: RequestInfo, verdict: Verdict) -> web.StreamResponse | None:
         if verdict.decision is Decision.ALLOW:
             ctx.authorization = (True, verdict.reason)
             return None

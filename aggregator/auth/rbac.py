@@ -212,9 +212,7 @@ class RBACPolicy:
             for position, subject in enumerate(binding.subjects):
                 key = _subject_key(subject, binding.namespace)
                 if key is not None:
-                    grant = _Grant(
-                        order, position, binding.role_ref, role_namespace, binding.describe(subject)
-                    )
+                    grant = _Grant(order, position, binding.role_ref, role_namespace, binding.describe(subject))
                     index.setdefault((scope, *key), []).append(grant)
         object.__setattr__(self, "_index", {key: tuple(grants) for key, grants in index.items()})
 

@@ -350,7 +350,8 @@ class DiscoveryProbe:
             if done and tasks[0].result().ok:
                 return tasks[0].result(), 0
             tasks += [
-                asyncio.ensure_future(self.attempt(svc, path, deadline=deadline)) for _ in range(attempts - 1)
+                asyncio.ensure_future(self.attempt(svc, path, deadline=deadline))
+                for _ in range(attempts - 1)
             ]
             for next_done in asyncio.as_completed(tasks):
                 result = await next_done

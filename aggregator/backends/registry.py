@@ -204,7 +204,6 @@ class BackendRegistry:
         backend = self.backend_for(apiservice)
         if backend.error is not None or backend.context is None:
             raise BackendError(Hop.TRANSPORT, backend.error or "no TLS context")
-
         def head() -> Iterable[tuple[str, str]]:
             return request_headers(
                 headers.items(), user, self.policy, authority=target.authority, hop=self.hop

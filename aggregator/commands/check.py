@@ -141,9 +141,7 @@ def check_options(
         pair = proxy_client_pair_near(opts.apiservices_dir)
         if pair is not None:
             opts.proxy_client_cert_file, opts.proxy_client_key_file = pair
-            notes.append(
-                f"using the front-proxy client certificate {pair[0]} (--proxy-client-cert-file overrides)"
-            )
+            notes.append(f"using the front-proxy client certificate {pair[0]} (--proxy-client-cert-file overrides)")
     _check_pair(
         "--proxy-client-cert-file",
         opts.proxy_client_cert_file,

@@ -67,7 +67,9 @@ def prepare(layout: DemoLayout, ports: Ports, files: GeneratedFiles, *, host: st
         serving = issue_serving_cert(load_pair(certs, "ca"), [WARDLE_SERVER_NAME, "localhost", host])
         write_pair(certs, "wardle-serving", serving)
     if not (certs / "alice.crt").exists():
-        write_pair(certs, "alice", issue_client_cert(load_pair(certs, "client-ca"), "alice", [VIEWERS]))
+        write_pair(
+            certs, "alice", issue_client_cert(load_pair(certs, "client-ca"), "alice", [VIEWERS])
+        )
     ca_pem = (certs / "ca.crt").read_bytes()
     for path, user in ((layout.admin_kubeconfig, "admin"), (layout.alice_kubeconfig, "alice")):
         config = kubeconfig(server, ca_pem, load_pair(certs, user), user=user)

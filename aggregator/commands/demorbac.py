@@ -40,11 +40,7 @@ def demo_rbac() -> list[dict[str, Any]]:
             "kind": "ClusterRole",
             "metadata": {"name": "fischer-reader"},
             "rules": [
-                {
-                    "apiGroups": ["wardle.example.com"],
-                    "resources": ["fischers"],
-                    "verbs": ["get", "list", "watch"],
-                }
+                {"apiGroups": ["wardle.example.com"], "resources": ["fischers"], "verbs": ["get", "list", "watch"]}
             ],
         },
         bind("wardle-viewers-read-fischers", "fischer-reader", {"kind": "Group", "name": VIEWERS}),

@@ -253,9 +253,7 @@ def _render_joined(joined: bytes, items: list[dict[str, Any]]) -> dict[str, Rend
             "metadata": {},
             "items": items,
         }
-        head = go_marshal(
-            {"kind": DISCOVERY_KIND, "apiVersion": f"{DISCOVERY_GROUP}/{version}", "metadata": {}}
-        )
+        head = go_marshal({"kind": DISCOVERY_KIND, "apiVersion": f"{DISCOVERY_GROUP}/{version}", "metadata": {}})
         body = head[:-1] + b',"items":[' + joined + b"]}\n"
         rendered[version] = Rendered(document, body, etag)
     return rendered

@@ -111,12 +111,7 @@ class FetchState:
         if cached is not None and cached[0] is svc and cached[1] is self.resources and cached[2] == freshness:
             return cached[3]
         entry = VersionEntry(
-            svc.group,
-            svc.version,
-            svc.group_priority_minimum,
-            svc.version_priority,
-            self.resources,
-            freshness,
+            svc.group, svc.version, svc.group_priority_minimum, svc.version_priority, self.resources, freshness
         )
         self._entry = (svc, self.resources, freshness, entry)
         return entry
@@ -304,9 +299,7 @@ class DiscoveryFetcher(LoopComponent):
                     if state.resources is not None
                     else "its group-version is listed as Stale, with no resources until a fetch succeeds"
                 ),
-                extra=fields(
-                    apiservice=state.apiservice.name, hop=hop, error=message, failures=state.failures
-                ),
+                extra=fields(apiservice=state.apiservice.name, hop=hop, error=message, failures=state.failures),
             )
 
     def _count(self, name: str, result: str) -> None:

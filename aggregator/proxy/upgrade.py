@@ -268,7 +268,9 @@ class UpgradeTunnel:
         if not raw_path.startswith("/"):  # absolute-form request target
             raw_path = ctx.raw_path + ("?" + ctx.raw_query if ctx.raw_query else "")
         target = dest.base_path + raw_path
-        head = f"{ctx.method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        head = f"{ctx.method} {target} HTTP/1.1\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in headers.items()
+        )
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=_CHUNK, loop=loop)
         try:

@@ -190,10 +190,7 @@ class FolderSource:
                 log.error(
                     result.message,
                     extra=fields(
-                        file=str(path),
-                        document=index,
-                        name=name or "",
-                        kept_previous=previous_obj is not None,
+                        file=str(path), document=index, name=name or "", kept_previous=previous_obj is not None
                     ),
                 )
                 if previous_obj is not None:

@@ -248,9 +248,7 @@ class CAFile:
     A broken new version is logged and the previous pool stays in use.
     """
 
-    def __init__(
-        self, path: str, *, on_change: Callable[[CAPool], None] | None = None, interval: float = 1.0
-    ):
+    def __init__(self, path: str, *, on_change: Callable[[CAPool], None] | None = None, interval: float = 1.0):
         self.path = path
         self.pool = CAPool(Path(path).read_bytes(), source=path)  # raises PEMError at start-up
         self._on_change = on_change
@@ -265,10 +263,7 @@ class CAFile:
                 return
             pool = CAPool(pem, source=self.path)
         except (OSError, PEMError) as err:
-            log.warning(
-                "CA file not reloaded, keeping the previous one",
-                extra=fields(file=self.path, reason=str(err)),
-            )
+            log.warning("CA file not reloaded, keeping the previous one", extra=fields(file=self.path, reason=str(err)))
             return
         self.pool = pool
         log.info("CA file reloaded", extra=fields(file=self.path, certificates=len(pool.anchors)))

@@ -79,9 +79,7 @@ class MaxInFlight:
         self._log(kind, limit)
         return too_many_requests()
 
-    def finished(
-        self, ctx: RequestContext, _response: web.StreamResponse | None, _error: BaseException | None
-    ) -> None:
+    def finished(self, ctx: RequestContext, _response: web.StreamResponse | None, _error: BaseException | None) -> None:
         """Give the request's place back (a no-op for one that was never counted)."""
         kind = ctx.inflight_kind
         if kind is not None:

@@ -54,9 +54,7 @@ class RequestInstrumentation:
                     gauge.inc()
                     self._gauges[ctx] = gauge
 
-    def finished(
-        self, ctx: RequestContext, response: web.StreamResponse | None, _error: BaseException | None
-    ) -> None:
+    def finished(self, ctx: RequestContext, response: web.StreamResponse | None, _error: BaseException | None) -> None:
         if not ctx.handled:
             return
         if ctx.long_running:

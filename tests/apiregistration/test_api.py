@@ -208,14 +208,7 @@ async def test_kubectl_api_resources_lists_only_read_verbs(
     header, *rows = out.splitlines()
     assert header.split()[-2:] == ["VERBS", "CATEGORIES"]
     assert [row.split() for row in rows] == [
-        [
-            "apiservices",
-            "apiregistration.k8s.io/v1",
-            "false",
-            "APIService",
-            "get,list,watch",
-            "api-extensions",
-        ]
+        ["apiservices", "apiregistration.k8s.io/v1", "false", "APIService", "get,list,watch", "api-extensions"]
     ]
     # The legacy per-group-version document says the same (kubectl without aggregated discovery).
     _, out, _ = await kubectl("get", "--raw", BASE)

@@ -249,10 +249,7 @@ async def test_websocket_subprotocol_token_authenticates(
     assert status == 400 and b"upgrade requests are not allowed" in body
     (line,) = [r for r in caplog.records if r.getMessage() == "request"]
     assert getattr(line, "fields", {})["user"] == "erin"
-    assert all(
-        WS_SECRET not in r.getMessage() and WS_SECRET not in str(getattr(r, "fields", ""))
-        for r in caplog.records
-    )
+    assert all(WS_SECRET not in r.getMessage() and WS_SECRET not in str(getattr(r, "fields", "")) for r in caplog.records)
 
 
 @pytest.mark.parametrize(

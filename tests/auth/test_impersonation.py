@@ -439,10 +439,7 @@ async def test_without_an_authorizer_impersonation_is_refused_and_says_how_to_en
     assert any(r.getMessage().startswith("NO RBAC MANIFESTS in --apiservices-dir") for r in caplog.records)
     async with aiohttp.ClientSession() as session:
         async with session.get(server.url + FLUNDER, ssl=users.client_context("bob")) as resp:
-            assert (resp.status, await resp.json()) == (
-                200,
-                {"name": "bob", "groups": ["system:authenticated"]},
-            )
+            assert (resp.status, await resp.json()) == (200, {"name": "bob", "groups": ["system:authenticated"]})
         async with session.get(
             server.url + FLUNDER,
             ssl=users.client_context("bob"),
@@ -453,10 +450,7 @@ async def test_without_an_authorizer_impersonation_is_refused_and_says_how_to_en
         'users "alice" is forbidden: User "bob" cannot impersonate resource "users" in API group "" at the '
         f"cluster scope: {IMPERSONATION_HINT}"
     )
-    assert (status, body) == (
-        403,
-        status_bytes(403, "Forbidden", message, {"name": "alice", "kind": "users"}),
-    )
+    assert (status, body) == (403, status_bytes(403, "Forbidden", message, {"name": "alice", "kind": "users"}))
 
 
 # --- through to an extension API server -------------------------------------------------------------------

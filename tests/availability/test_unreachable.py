@@ -57,12 +57,7 @@ class Dead:
             self.sample("aggregator_discovery_fetches_total", apiservice=NAME, result=result)
             for result in ("error", "aggregated", "legacy", "not_modified")
         ) + sum(
-            self.sample(
-                "aggregator_openapi_fetches_total",
-                source=f"{NAMESPACE}/dead:{self.port}",
-                document=d,
-                result=r,
-            )
+            self.sample("aggregator_openapi_fetches_total", source=f"{NAMESPACE}/dead:{self.port}", document=d, result=r)
             for d in ("v2", "v3")
             for r in ("error", "ok", "not_found", "not_modified")
         )
@@ -190,12 +185,7 @@ async def test_when_the_backend_is_back_discovery_and_openapi_fetch_it_at_once(
 
     async def resource_list(_request: web.Request) -> web.Response:
         return web.json_response(
-            {
-                "kind": "APIResourceList",
-                "apiVersion": "v1",
-                "groupVersion": "dead.example.com/v1",
-                "resources": [],
-            }
+            {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "dead.example.com/v1", "resources": []}
         )
 
     backend.routes[PREFIX] = resource_list
@@ -204,8 +194,6 @@ async def test_when_the_backend_is_back_discovery_and_openapi_fetch_it_at_once(
         await until(lambda: checker.is_available(NAME), what="the checker to find it back")
         assert checker.unreachable(NAME) is None
         await until(lambda: gateway.discovery.fetcher.states[NAME].failures == 0, what="discovery fetched")
-        await until(
-            lambda: any(r.raw_path == "/openapi/v2" for r in backend.received), what="OpenAPI downloaded"
-        )
+        await until(lambda: any(r.raw_path == "/openapi/v2" for r in backend.received), what="OpenAPI downloaded")
     finally:
         await backend.stop()

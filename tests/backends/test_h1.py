@@ -143,9 +143,7 @@ async def test_no_cap_on_connections_in_use_a_get_beside_many_watches_answers_at
     try:
         for _ in range(watches):
             exchange = await made.pool.exchange("127.0.0.1", server.port, None)
-            exchange.send(
-                serialize_head("GET", "/hold", [("Host", "x")]), None, chunked=False, head_only=False
-            )
+            exchange.send(serialize_head("GET", "/hold", [("Host", "x")]), None, chunked=False, head_only=False)
             _message, payload = await exchange.response()
             assert await payload.readany() == b"first"
             held.append(exchange)

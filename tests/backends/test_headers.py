@@ -112,17 +112,13 @@ subprotocol = st.text(string.ascii_lowercase + string.digits + ".", min_size=1, 
 @settings(max_examples=200, deadline=None)
 @given(
     lines=st.lists(
-        st.lists(
-            st.one_of(subprotocol, token.map(lambda t: BEARER_PROTOCOL_PREFIX + t)), min_size=1, max_size=4
-        ),
+        st.lists(st.one_of(subprotocol, token.map(lambda t: BEARER_PROTOCOL_PREFIX + t)), min_size=1, max_size=4),
         min_size=1,
         max_size=3,
     ),
     name=any_case("Sec-WebSocket-Protocol"),
 )
-def test_a_token_offered_as_a_subprotocol_never_reaches_the_backend(
-    lines: list[list[str]], name: str
-) -> None:
+def test_a_token_offered_as_a_subprotocol_never_reaches_the_backend(lines: list[list[str]], name: str) -> None:
     inbound = [(name, " , ".join(entries)) for entries in lines]
     out = request_headers(inbound, UserInfo("u"), authority="h:1", upgrade="websocket")
     forwarded = out.getall("Sec-WebSocket-Protocol", [])

@@ -143,10 +143,7 @@ async def test_failures_close_together_share_one_look(
     context = client_context(backend_pki.ca.cert_pem, insecure=False, client_pair=pair)
     backend = Backend("alerting", context=context, client_pair=pair)
     answers = await asyncio.gather(
-        *(
-            backend.diagnose(Hop.CONNECT, "EOF", Address("127.0.0.1", alerting.port, SERVER_NAME))
-            for _ in range(20)
-        )
+        *(backend.diagnose(Hop.CONNECT, "EOF", Address("127.0.0.1", alerting.port, SERVER_NAME)) for _ in range(20))
     )
     assert set(answers) == {(Hop.TLS, ALERT)}
     await asyncio.sleep(0.1)

@@ -96,10 +96,7 @@ def start_demo(workdir: Path, certs: Path, port: int) -> RunningDemo:
 
 
 def wait_for(
-    predicate: Callable[[], bool],
-    timeout: float,
-    what: str | Callable[[], str],
-    demo: RunningDemo | None = None,
+    predicate: Callable[[], bool], timeout: float, what: str | Callable[[], str], demo: RunningDemo | None = None
 ) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -836,9 +836,7 @@ async def test_no_backend_is_reported_missing_while_the_services_are_still_being
     assert cluster.server is not None
     gateway = cluster.server.gateway
     assert gateway.availability.is_available(f"v1beta1.{METRICS}")
-    missing = [
-        str(getattr(r, "fields", "")) for r in caplog.records if "not found" in str(getattr(r, "fields", ""))
-    ]
+    missing = [str(getattr(r, "fields", "")) for r in caplog.records if "not found" in str(getattr(r, "fields", ""))]
     assert missing == [], missing
     registry = gateway.metrics.registry
     for kind in ("service", "port", "endpoints"):

@@ -95,9 +95,7 @@ def wheelhouse_env() -> dict[str, str]:
             capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
         )  # fmt: skip
         if done.returncode != 0:
-            pytest.skip(
-                f"no wheelhouse to install the fresh copy from, and pip could not fill one: {done.stderr[-500:]}"
-            )
+            pytest.skip(f"no wheelhouse to install the fresh copy from, and pip could not fill one: {done.stderr[-500:]}")
         marker.touch()
     return {"PIP_FIND_LINKS": str(house), "PIP_NO_INDEX": "1"}
 
@@ -231,18 +229,12 @@ def test_a_newcomer_follows_the_readme(terminal: tuple[Terminal, Path, int], tmp
         if "alice" not in line:
             assert done.returncode == 0, f"{line}\n{done.stdout}{done.stderr}"
     refused = next(v for k, v in said.items() if "alice" in k)
-    assert (
-        refused.returncode != 0
-        and (
-            'Error from server (Forbidden): flunders.wardle.example.com is forbidden: User "alice" cannot list '
-            'resource "flunders" in API group "wardle.example.com" in the namespace "default"'
-        )
-        in refused.stderr
-    ), refused.stderr
+    assert refused.returncode != 0 and (
+        'Error from server (Forbidden): flunders.wardle.example.com is forbidden: User "alice" cannot list '
+        'resource "flunders" in API group "wardle.example.com" in the namespace "default"'
+    ) in refused.stderr, refused.stderr
     resources = said["kubectl api-resources"].stdout
-    assert re.search(r"^flunders\s+fl\s+wardle.example.com/v1beta1\s+true\s+Flunder$", resources, re.M), (
-        resources
-    )
+    assert re.search(r"^flunders\s+fl\s+wardle.example.com/v1beta1\s+true\s+Flunder$", resources, re.M), resources
     assert said["kubectl create -f examples/flunder.yaml"].stdout.strip() == (
         "flunder.wardle.example.com/my-first-flunder created"
     )
@@ -267,19 +259,16 @@ def test_a_newcomer_follows_the_readme(terminal: tuple[Terminal, Path, int], tmp
     def both_false() -> bool:
         listed.append(shell.run(apiservices))
         rows = [line.split() for line in listed[-1].stdout.splitlines()[1:]]
-        return len(rows) == 2 and all(
-            row[2] == "False" and row[3].startswith("(FailedDiscoveryCheck)") for row in rows
-        )
+        return len(rows) == 2 and all(row[2] == "False" and row[3].startswith("(FailedDiscoveryCheck)") for row in rows)
 
     # "within a second" of the failed requests: the re-check they asked for, plus the time to ask.
     took = until(both_false, 10, lambda: listed[-1].stdout + listed[-1].stderr)
     assert took < 5, took
     print(f"newcomer: both APIServices False {took:.1f}s after the failed requests")
     done = shell.run(check_line)
-    assert done.returncode != 0 and [line.split()[0] for line in done.stdout.splitlines()[1:]] == [
-        "✗",
-        "✗",
-    ], done.stdout
+    assert done.returncode != 0 and [line.split()[0] for line in done.stdout.splitlines()[1:]] == ["✗", "✗"], (
+        done.stdout
+    )
 
     # Enter starts the sample again; Ctrl-C stops everything and frees the port.
     term.type(b"\n")

@@ -63,9 +63,7 @@ def test_every_alert_fires_and_stays_quiet_as_its_unit_tests_say(tmp_path: Path)
 
 
 def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
-    cases = [
-        case for test in yaml.safe_load(UNIT_TESTS.read_text())["tests"] for case in test["alert_rule_test"]
-    ]
+    cases = [case for test in yaml.safe_load(UNIT_TESTS.read_text())["tests"] for case in test["alert_rule_test"]]
     fires = {case["alertname"] for case in cases if case["exp_alerts"]}
     quiet = {case["alertname"] for case in cases if not case["exp_alerts"]}
     assert fires == quiet == set(alert_names())

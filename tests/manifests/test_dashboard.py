@@ -52,6 +52,8 @@ RATE_INTERVAL = "5s"
 MAY_BE_EMPTY = {
     # Nothing overloads the gateway in this test: no request is refused past max-in-flight.
     ("In flight, and refused with 429", "refused with 429 per second"),
+    # No APIService here has an aggregator.dev/max-concurrent-requests annotation.
+    ("Refused at max-concurrent-requests", "{{apiservice}}"),
 }
 
 JSON = dict[str, Any]
@@ -139,9 +141,7 @@ def test_panels_sit_on_the_grid_without_overlapping() -> None:
         assert pos["x"] >= 0 and pos["w"] > 0 and pos["x"] + pos["w"] <= GRID_WIDTH, panel["title"]
         if panel["type"] == "row":
             assert (pos["h"], pos["w"], pos["x"]) == (1, GRID_WIDTH, 0)
-        cells = {
-            (x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])
-        }
+        cells = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
         assert not cells & taken, f"{panel['title']} overlaps another panel"
         taken |= cells
 
@@ -169,6 +169,10 @@ def test_the_panels_cover_what_an_operator_watches() -> None:
         "Certificates: time to expiry",
         "Workers and restarts",
         "In flight, and refused with 429",
+        "Requests per endpoint",
+        "Endpoint failures and retries",
+        "Ejected endpoints",
+        "Backend phases, p99",
     } <= titles
 
 
@@ -236,19 +240,12 @@ def dead_backend(port: int) -> list[JSON]:
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": {"namespace": "dead", "name": "api"},
-            "spec": {
-                "clusterIP": "127.0.0.1",
-                "ports": [{"name": "https", "port": port, "targetPort": port}],
-            },
+            "spec": {"clusterIP": "127.0.0.1", "ports": [{"name": "https", "port": port, "targetPort": port}]},
         },
         {
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
-            "metadata": {
-                "namespace": "dead",
-                "name": "api-1",
-                "labels": {"kubernetes.io/service-name": "api"},
-            },
+            "metadata": {"namespace": "dead", "name": "api-1", "labels": {"kubernetes.io/service-name": "api"}},
             "addressType": "IPv4",
             "ports": [{"name": "https", "port": port}],
             "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
@@ -271,7 +268,20 @@ def kube_mode_args(stack: KubeStack, pki: PKI, port: int) -> list[str]:
         *("--proxy-client-cert-file", str(cert), "--proxy-client-key-file", str(key)),
         "--authentication-skip-lookup",  # the fake publishes no extension-apiserver-authentication
         "--backend-deny-cidrs=169.254.0.0/16,fe80::/10",  # the fake cluster's backends are on loopback
+        "--enable-aggregator-routing",  # balanced over the endpoints: the endpoint panels have data
     ]
+
+
+def with_a_dead_replica(stack: KubeStack) -> str:
+    """The sample server's EndpointSlice lists a second ready endpoint where nothing listens: a
+    replica that died. Returns it (`ip:port`)."""
+    kube = stack.kube
+    slices = kube.objects["endpointslices"]
+    key = next(k for k, obj in slices.items() if obj["metadata"]["name"].endswith("-local"))
+    eps = dict(slices[key])
+    eps["endpoints"] = [*eps["endpoints"], {"addresses": ["127.0.0.2"], "conditions": {"ready": True}}]
+    kube.update_object("endpointslices", eps)
+    return f"127.0.0.2:{eps['ports'][0]['port']}"
 
 
 @contextlib.asynccontextmanager
@@ -317,9 +327,7 @@ async def until_true(check: Any, timeout: float, what: str | Callable[[], str]) 
     deadline = time.monotonic() + timeout
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}"
-            )
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
         await asyncio.sleep(0.5)
 
 
@@ -331,6 +339,7 @@ async def test_every_query_evaluates_against_prometheus_scraping_a_gateway(pki: 
         resources = {"APIService": "apiservices", "Service": "services", "EndpointSlice": "endpointslices"}
         for doc in dead_backend(free_port()):
             stack.kube.add_object(resources[doc["kind"]], doc)
+        dead_replica = with_a_dead_replica(stack)
         args = kube_mode_args(stack, pki, port)
         async with (
             running_serve(pki, args, port, tmp_path / "gateway.log") as gateway,
@@ -361,14 +370,10 @@ async def test_every_query_evaluates_against_prometheus_scraping_a_gateway(pki: 
                     assert query is not None
                     offered[name] = await prom.label_values(query[1], query[0])
                     # A single-value variable takes the first value (none: empty); "All" is allValue.
-                    values[name] = (
-                        variable.get("allValue", ".*")
-                        if variable["includeAll"]
-                        else (offered[name][0] if offered[name] else "")
+                    values[name] = variable.get("allValue", ".*") if variable["includeAll"] else (
+                        offered[name][0] if offered[name] else ""
                     )
-                return (
-                    DEAD_APISERVICE in offered["apiservice"] and HEALTHY_APISERVICE in offered["apiservice"]
-                )
+                return DEAD_APISERVICE in offered["apiservice"] and HEALTHY_APISERVICE in offered["apiservice"]
 
             await until_true(variables_offer_values, 30, "the variables to offer values")
             assert offered["cluster"] == [] and offered["job"] == ["aggregator"]
@@ -395,11 +400,13 @@ async def test_every_query_evaluates_against_prometheus_scraping_a_gateway(pki: 
             states = {r["metric"]["name"]: r["value"][1] for r in unavailable}
             assert states[DEAD_APISERVICE] == "1" and states[HEALTHY_APISERVICE] == "0"
             assert results[("Unavailable APIServices", "unavailable")][0]["value"][1] == "1"
-            reasons = {
-                r["metric"]["reason"]
-                for r in results[("Became unavailable, by reason", "{{name}}: {{reason}}")]
-            }
+            reasons = {r["metric"]["reason"] for r in results[("Became unavailable, by reason", "{{name}}: {{reason}}")]}
             assert "FailedDiscoveryCheck" in reasons
+            # The dead replica behind the healthy APIService: ejected, the request it failed retried.
+            ejected = results[("Ejected endpoints", "ejected {{endpoint}}")]
+            assert {r["metric"]["endpoint"] for r in ejected if r["value"][1] != "0"} == {dead_replica}
+            retried = results[("Endpoint failures and retries", "retried after {{endpoint}}: {{reason}}")]
+            assert {r["metric"]["endpoint"] for r in retried} == {dead_replica}
             workers = results[("Workers and restarts", "workers {{instance}}")]
             assert [r["value"][1] for r in workers] == ["2"]
 

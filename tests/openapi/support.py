@@ -204,3 +204,5 @@ def fast(
     for key in refresher.tracked():
         refresher.poke(key)
     return aggregation
+
+

@@ -231,15 +231,13 @@ async def test_404_is_retried_with_backoff_until_the_backend_publishes(
     # Counted once the answer is read: the backend has seen the 4th request a moment before.
     await until(
         lambda: (
-            (
-                metrics.get_sample_value(
-                    "aggregator_openapi_fetches_total",
-                    {"apiservice": "v1.late.example.com", "document": "v2", "result": "not_found"},
-                )
-                or 0
+            metrics.get_sample_value(
+                "aggregator_openapi_fetches_total",
+                {"apiservice": "v1.late.example.com", "document": "v2", "result": "not_found"},
             )
-            >= 4
-        ),
+            or 0
+        )
+        >= 4,
         what="four 404s counted",
     )
 

@@ -50,3 +50,5 @@ async def raw_gateway(
     yield start
     for raw in backends:
         await raw.stop()
+
+

@@ -162,7 +162,9 @@ async def test_v1beta1_apiservice_is_refused_with_a_reason(
     (tmp_path / "old.yaml").write_text(
         manifest().replace("apiregistration.k8s.io/v1", "apiregistration.k8s.io/v1beta1")
     )
-    await until(lambda: any("v1beta1 APIService is not served" in r.getMessage() for r in caplog.records))
+    await until(
+        lambda: any("v1beta1 APIService is not served" in r.getMessage() for r in caplog.records)
+    )
     assert source.store.apiservices() == []
 
 
@@ -232,6 +234,4 @@ async def test_a_document_of_another_kind_is_said_once_per_file(
     assert len([r for r in caplog.records if r.getMessage().startswith("manifest skipped")]) == 1
     # Another file is another line.
     (tmp_path / "other.yaml").write_text(deployment)
-    await until(
-        lambda: len([r for r in caplog.records if r.getMessage().startswith("manifest skipped")]) == 2
-    )
+    await until(lambda: len([r for r in caplog.records if r.getMessage().startswith("manifest skipped")]) == 2)

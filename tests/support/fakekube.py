@@ -333,9 +333,7 @@ class FakeKube:
         cert, key = write_pair(self.dir, stem or f"client-{user.replace(':', '_')}", pair)
         return cert, key
 
-    def issue_front_proxy_cert(
-        self, name: str = FRONT_PROXY_CLIENT, *, stem: str | None = None
-    ) -> tuple[Path, Path]:
+    def issue_front_proxy_cert(self, name: str = FRONT_PROXY_CLIENT, *, stem: str | None = None) -> tuple[Path, Path]:
         """A front-proxy client certificate (kube-apiserver's --proxy-client-cert-file kind), signed
         by the front-proxy CA the ConfigMap publishes; returns (cert file, key file)."""
         pair: KeyPair = issue_client_cert(self.front_proxy_ca, name)

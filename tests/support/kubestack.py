@@ -395,7 +395,5 @@ class KubeStack:
         """GET on a fresh connection as the cluster's admin, or with `cert`, or with a bearer
         `token` (and no client certificate)."""
         if token is not None:
-            return await self.served.get(
-                path, headers={**(headers or {}), "Authorization": f"Bearer {token}"}
-            )
+            return await self.served.get(path, headers={**(headers or {}), "Authorization": f"Bearer {token}"})
         return await self.served.get(path, cert=cert or self.admin, headers=headers)

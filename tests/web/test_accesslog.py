@@ -31,9 +31,7 @@ from tests.support.pki import PKI
         ("all", 0, AccessLogPolicy("all")),
     ],
 )
-def test_policy_from_the_flag_and_the_verbosity(
-    text: str | None, verbosity: int, expected: AccessLogPolicy
-) -> None:
+def test_policy_from_the_flag_and_the_verbosity(text: str | None, verbosity: int, expected: AccessLogPolicy) -> None:
     assert AccessLogPolicy.parse(text, verbosity=verbosity) == expected
 
 

@@ -115,18 +115,13 @@ async def test_metrics_show_every_certificate_and_follow_a_ca_rotation(
         return {(s.labels["certificate"], s.labels["source"]): s.value for s in family.samples}
 
     def not_after(path: str | Path) -> float:
-        return min(
-            c.not_valid_after_utc.timestamp()
-            for c in x509.load_pem_x509_certificates(Path(path).read_bytes())
-        )
+        return min(c.not_valid_after_utc.timestamp() for c in x509.load_pem_x509_certificates(Path(path).read_bytes()))
 
     assert await scrape() == {
         ("serving", pki.path("serving.crt")): not_after(pki.path("serving.crt")),
         ("proxy-client", pki.path("front-proxy-client.crt")): not_after(pki.path("front-proxy-client.crt")),
         ("client-ca", str(client_ca)): not_after(client_ca),
-        ("requestheader-client-ca", pki.path("front-proxy-ca.crt")): not_after(
-            pki.path("front-proxy-ca.crt")
-        ),
+        ("requestheader-client-ca", pki.path("front-proxy-ca.crt")): not_after(pki.path("front-proxy-ca.crt")),
     }
 
     # mid-rotation bundle: the old CA and a new one that expires sooner; the earliest counts
@@ -135,7 +130,5 @@ async def test_metrics_show_every_certificate_and_follow_a_ca_rotation(
     expected = sooner.cert.not_valid_after_utc.timestamp()
     registry = server.gateway.metrics.registry
     labels = {"certificate": "client-ca", "source": str(client_ca)}
-    await until(
-        lambda: registry.get_sample_value(CertificateExpiry.NAME, labels) == expected, what="the reload"
-    )
+    await until(lambda: registry.get_sample_value(CertificateExpiry.NAME, labels) == expected, what="the reload")
     assert (await scrape())[("client-ca", str(client_ca))] == expected

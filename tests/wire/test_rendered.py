@@ -15,9 +15,7 @@ MEDIA = MediaType(JSON, None, False)
 
 
 def big() -> Rendered:
-    return Rendered.of(
-        {"kind": "Big", "items": [{"name": f"item-{i:06d}", "pad": "x" * 40} for i in range(3000)]}
-    )
+    return Rendered.of({"kind": "Big", "items": [{"name": f"item-{i:06d}", "pad": "x" * 40} for i in range(3000)]})
 
 
 def request(**headers: str) -> object:

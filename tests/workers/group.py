@@ -89,11 +89,7 @@ def serve_args(pki: PKI, apiservices_dir: Path | None, port: int, *extra: str) -
 
 @contextlib.asynccontextmanager
 async def running_group(
-    pki: PKI,
-    apiservices_dir: Path | None,
-    log_path: Path,
-    *extra: str,
-    serving: tuple[str, str] | None = None,
+    pki: PKI, apiservices_dir: Path | None, log_path: Path, *extra: str, serving: tuple[str, str] | None = None
 ) -> AsyncIterator[Group]:
     """The gateway in local mode as a subprocess, ready (`/readyz` 200); SIGTERM and exit 0 on the way out."""
     port = free_port()

@@ -99,13 +99,7 @@ async def test_status_writes_under_the_lease_metrics_audit_and_shutdown(
     policy = tmp_path / "audit-policy.yaml"
     policy.write_text("apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n")
     audit_log = tmp_path / "audit.log"
-    args = [
-        "--write-apiservice-status",
-        "--audit-policy-file",
-        str(policy),
-        "--audit-log-path",
-        str(audit_log),
-    ]
+    args = ["--write-apiservice-status", "--audit-policy-file", str(policy), "--audit-log-path", str(audit_log)]
     async with KubeStack(pki, tmp_path, workers=workers, gateway_args=args) as stack:
         kube = stack.kube
         served = await stack.start_gateway()

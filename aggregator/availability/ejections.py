@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+# How the condition message names them (`aggregator check` looks for it in the stored condition).
+EJECTED = "ejected endpoints: "
+
 
 class EjectionBook:
     def __init__(self) -> None:
@@ -55,7 +58,7 @@ class EjectionBook:
         listed = ", ".join(
             f"{endpoint} ({next(iter(sources.values()))})" for endpoint, sources in sorted(endpoints.items())
         )
-        return f"ejected endpoints: {listed}"
+        return f"{EJECTED}{listed}"
 
     def notes(self) -> list[str]:
         """`/readyz?verbose` lines: an ejected endpoint never fails readiness, but is shown."""

@@ -32,16 +32,21 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from aggregator.assembly import build_backends
+from aggregator.availability.ejections import EJECTED
 from aggregator.availability.probe import (
     DISCOVERY_HOP,
     FAIL,
+    MAX_BODY,
     PASS,
     SKIP,
     DiscoveryProbe,
     Report,
     Step,
     check_apiservice,
+    discovery_path,
 )
+from aggregator.backends.addresses import Target
+from aggregator.backends.errors import BackendError
 from aggregator.config import (
     ConfigError,
     Options,
@@ -54,6 +59,7 @@ from aggregator.config import (
 from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, client_for_options
 from aggregator.model.apiservice import APIService, service_column
 from aggregator.model.decode import DecodeError
+from aggregator.model.userinfo import AGGREGATOR
 from aggregator.sources.kube import WATCHED, WatchedResource
 from aggregator.sources.store import Kind, Obj, Store
 from aggregator.util.logs import configure_logging
@@ -324,6 +330,15 @@ class Printer:
                 f"  (the gateway would mark it available; the {report.failed_step.hop} hop fails for clients)"
             )
 
+    def endpoints(self, results: Sequence[tuple[str, str | None]]) -> None:
+        """Each ready endpoint's own answer (--enable-aggregator-routing)."""
+        self.line()
+        self.line("Endpoints (each one's own GET; the gateway ejects those that fail, and balances over the rest):")
+        for endpoint, failure in results:
+            state = PASS if failure is None else FAIL
+            mark = self.paint(self.marks[state], state)
+            self.line(f"  {mark} {endpoint}  {'answered' if failure is None else 'ejected: ' + failure}")
+
     def table(self, rows: Sequence[tuple[APIService, Report]]) -> None:
         header = ("NAME", "SERVICE", "AVAILABLE", "HOP", "DETAIL")
         cells = [header]
@@ -404,7 +419,42 @@ async def _check_named(
         return EXIT_FAILED
     report = await check_one(svc, loaded, probe)
     printer.report(svc, report)
+    endpoints = await check_endpoints(svc, probe)
+    if endpoints:
+        printer.endpoints(endpoints)
+    stored = svc.condition()
+    if stored is not None and EJECTED in stored.message:
+        printer.line(f"  the gateway's last recorded condition: {stored.message}")
     return EXIT_OK if passed(report) else EXIT_FAILED
+
+
+async def check_endpoints(svc: APIService, probe: DiscoveryProbe) -> list[tuple[str, str | None]]:
+    """With --enable-aggregator-routing and more than one ready endpoint: each endpoint's own GET of
+    the discovery path, as the gateway's ejection probe makes it: (endpoint, None when it answered,
+    else why the gateway ejects it)."""
+    backends = probe.backends
+    resolver = backends.resolver
+    if not resolver.endpoint_routing or svc.service is None:
+        return []
+    targets = [t for group in resolver.addresses(svc).groups for t in group if isinstance(t, Target)]
+    if len(targets) < 2:
+        return []
+
+    async def one(target: Target) -> tuple[str, str | None]:
+        try:
+            async with asyncio.timeout(probe.timeout):
+                response = await backends.get_from(
+                    svc, target, discovery_path(svc), headers={}, user=AGGREGATOR, max_body=MAX_BODY
+                )
+        except BackendError as err:
+            return target.authority, err.cause
+        except TimeoutError:
+            return target.authority, f"no answer within {probe.timeout:g}s"
+        if response.status >= 500:
+            return target.authority, f"answered {response.status}"
+        return target.authority, None
+
+    return list(await asyncio.gather(*(one(t) for t in targets)))
 
 
 async def _check_all(loaded: Loaded, probe: DiscoveryProbe, printer: Printer) -> int:

@@ -350,7 +350,7 @@ class Forwarder:
         try:
             if exchange is None:
                 exchange = await self._dial(attempts)
-            tap = audit.request_capture() if has_body and audit is not None and not attempts.tries else None
+            tap = audit.request_capture() if has_body and audit is not None else None
             exchange.send(
                 attempts.head,
                 ctx.request.content if has_body else None,

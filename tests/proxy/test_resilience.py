@@ -441,3 +441,22 @@ async def test_with_two_workers_a_killed_replica_costs_no_get_and_the_control_na
         assert (
             f'aggregator_endpoint_ejected{{apiservice="{APISERVICE}",endpoint="{endpoint}"}}' in body.decode()
         )
+
+
+async def test_aggregator_check_names_each_endpoint_the_gateway_would_eject(
+    start_replicas: StartReplicas, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path
+) -> None:
+    from tests.commands.test_check import proxy_flags, run_inline
+
+    replicas = await start_replicas()
+    register(apiservices_dir, backend_pki, replicas)
+    await replicas.kill(HOSTS[1])
+    code, out, err = await run_inline(
+        APISERVICE, "--apiservices-dir", str(apiservices_dir), "--enable-aggregator-routing", *proxy_flags(pki)
+    )
+    assert code == 0, out + err  # the APIService works: two replicas answer
+    lines = [" ".join(line.split()) for line in out.splitlines()]
+    port = replicas.port
+    assert f"ok {HOSTS[0]}:{port} answered" in lines  # plain marks: the output is no terminal
+    assert f"X {HOSTS[1]}:{port} ejected: dial tcp {HOSTS[1]}:{port}: connect: connection refused" in lines
+    assert f"ok {HOSTS[2]}:{port} answered" in lines

@@ -8,8 +8,9 @@ clients send GETs with client certificates on keep-alive connections:
 - killed: one replica is SIGKILLed after 300 of 1500 GETs; the EndpointSlice is left as it was
   (the worst case: nothing tells the gateway). Figure: the GETs that failed.
 - slow: one replica answers 200 ms late; 400 GETs. Figure: its share of them.
-- blackhole: one replica, cluster IP, SIGSTOPped (connections accepted, nothing answers); three
-  GETs at once. Figures: when the APIService was reported unavailable, and the slowest answer.
+- blackhole: one replica, cluster IP, SIGSTOPped (connections accepted, nothing answers), with
+  `aggregator.dev/response-header-timeout: 2s`; three GETs at once. Figures: when the APIService
+  was reported unavailable, and the slowest answer.
 `--baseline` names another checkout (e.g. `git worktree add --detach ../main main`): its gateway
 runs the same scenarios in the same run, so the figures compare on one machine under one load.
 """
@@ -166,7 +167,8 @@ class Bench:
         folder = self.fresh("blackhole")
         replicas = await self.replicas(HOSTS[:1])
         try:
-            self.register(folder, replicas, cluster_ip=HOSTS[0])
+            # A baseline without the annotation ignores it; this checkout answers within it.
+            self.register(folder, replicas, cluster_ip=HOSTS[0], **{"aggregator.dev/response-header-timeout": "2s"})
             async with self.gateway(folder) as url:
                 replicas.stop(HOSTS[0])
                 stopped = time.monotonic()
@@ -194,12 +196,13 @@ class Bench:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="another checkout whose gateway runs the same scenarios")
+    parser.add_argument("--scenarios", default="killed,slow,blackhole", help="comma-separated")
     options = parser.parse_args()
     runs: list[tuple[str, str | None]] = [("this checkout", None)]
     if options.baseline:
         runs.insert(0, ("baseline", str(Path(options.baseline).resolve())))
     with tempfile.TemporaryDirectory() as tmp:
-        for scenario in ("killed", "slow", "blackhole"):
+        for scenario in options.scenarios.split(","):
             for label, src in runs:
                 workdir = Path(tmp) / f"{label.replace(' ', '-')}-{scenario}"
                 workdir.mkdir()

@@ -4,9 +4,11 @@ Upstream's `ResolveEndpoint` picks a random ready endpoint per request and never
 dead replica then fails its share of requests until its EndpointSlice says it is not ready. Here,
 one `Endpoints` per APIService (kept across changes of its objects by `HandlingTable`):
 
-- balancing: power of two choices on the requests outstanding at each endpoint (two endpoints at
-  random, the one with fewer requests in flight; long-running requests are not counted, a watch
-  is not load). A slow replica keeps requests longer, so it is picked less.
+- balancing: power of two choices (two endpoints at random, the cheaper one), where an endpoint's
+  cost is its requests in flight plus one, times its recent time to first byte (a moving average;
+  an endpoint not chosen for `STALE` seconds gets one request as if it were new, so a replica
+  that was slow is tried again): close to Finagle's "peak EWMA". Long-running requests are not counted (a watch
+  is not load). A replica 200 ms slower than its peers then gets a few percent of the requests.
 - passive outlier ejection: an endpoint that refuses or resets a connection, fails TLS or does not
   connect in time is ejected at once; `consecutive_errors` 502/503/504 answers in a row eject it
   too. The cooldown starts at `ejection_time` and doubles each time it is ejected again without a
@@ -30,6 +32,13 @@ from aggregator.proxy.destination import Destination
 
 # The answers that count towards `consecutive_errors`.
 BAD_ANSWERS = frozenset({502, 503, 504})
+# The weight of the newest time to first byte in an endpoint's moving average.
+ALPHA = 0.3
+# Added to every latency: differences of a few milliseconds are noise, requests in flight are not.
+LATENCY_FLOOR = 0.005
+# An endpoint not chosen for this long is tried once as if its average were unknown (a replica
+# that was slow gets one request per period to show it is fast again).
+STALE = 2.0
 
 
 class Endpoint:
@@ -41,15 +50,19 @@ class Endpoint:
         "destination",
         "ejected_until",
         "ejections",
+        "latency",
         "outstanding",
         "probing",
         "reason",
+        "timed",
     )
 
     def __init__(self, destination: Destination) -> None:
         self.destination = destination
         self.authority = destination.authority
         self.outstanding = 0
+        self.latency = 0.0  # moving average of the time to first byte (seconds; 0: none yet)
+        self.timed = 0.0  # when it was last updated (the clock of `Endpoints`)
         self.bad_answers = 0  # consecutive 502/503/504
         self.ejected_until: float | None = None  # set while ejected (past it: waiting for a probe)
         self.ejections = 0  # ejections since the last good answer (the cooldown's doubling)
@@ -131,12 +144,26 @@ class Endpoints:
         i = int(draw() * count)
         j = int(draw() * (count - 1))
         first, second = candidates[i], candidates[j + 1 if j >= i else j]
-        return second if second.outstanding < first.outstanding else first
+        now = self.clock()
+        stale = now - STALE
+        first_cost = (first.outstanding + 1) * (
+            LATENCY_FLOOR + (first.latency if first.timed > stale else 0.0)
+        )
+        second_cost = (second.outstanding + 1) * (
+            LATENCY_FLOOR + (second.latency if second.timed > stale else 0.0)
+        )
+        chosen = second if second_cost < first_cost else first
+        if chosen.timed <= stale:
+            chosen.timed = now  # one trial per period: its answer updates the average
+        return chosen
 
     # --- what happened -------------------------------------------------------------------------------
 
-    def answered(self, endpoint: Endpoint, status: int) -> None:
-        """The endpoint answered (its response head arrived)."""
+    def answered(self, endpoint: Endpoint, status: int, took: float) -> None:
+        """The endpoint answered (its response head arrived `took` seconds after the request went)."""
+        latency = endpoint.latency
+        endpoint.latency = took if latency == 0.0 else latency + (took - latency) * ALPHA
+        endpoint.timed = self.clock()
         if status in BAD_ANSWERS:
             endpoint.bad_answers += 1
             limit = self.bounds.consecutive_errors

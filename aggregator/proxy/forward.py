@@ -137,7 +137,6 @@ class _Attempts:
         endpoint = self.endpoint
         if endpoint is not None and not self.ctx.long_running:
             endpoint.outstanding += 1
-        self.sent = time.monotonic()
         if self.metrics is not None:
             self.metrics.requests(self.dest.name, self.dest.authority).inc()
 
@@ -152,13 +151,14 @@ class _Attempts:
     def answered(self, status: int) -> None:
         dest = self.dest
         self.ctx.endpoint = dest.authority
+        took = time.monotonic() - self.sent
         metrics = self.metrics
         if metrics is not None:
-            metrics.first_byte(dest.name, dest.authority).observe(time.monotonic() - self.sent)
+            metrics.first_byte(dest.name, dest.authority).observe(took)
             if status in BAD_ANSWERS:
                 metrics.errors(dest.name, dest.authority, "answer").inc()
         if self.endpoint is not None and self.endpoints is not None:
-            self.endpoints.answered(self.endpoint, status)
+            self.endpoints.answered(self.endpoint, status, took)
 
     def done(self) -> None:
         """The exchange that answered has ended."""
@@ -351,6 +351,7 @@ class Forwarder:
             if exchange is None:
                 exchange = await self._dial(attempts)
             tap = audit.request_capture() if has_body and audit is not None else None
+            attempts.sent = time.monotonic()  # the time to first byte leaves the dial out
             exchange.send(
                 attempts.head,
                 ctx.request.content if has_body else None,

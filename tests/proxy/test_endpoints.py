@@ -51,6 +51,24 @@ def test_the_endpoint_with_fewer_requests_in_flight_wins() -> None:
     assert picked["10.0.0.2"] > 200 and picked["10.0.0.3"] > 200
 
 
+def test_a_slow_endpoint_loses_to_a_fast_one_and_is_tried_once_a_period() -> None:
+    set_, clock, _ = endpoints("10.0.0.1", "10.0.0.2")
+    slow, fast = by_host(set_)["10.0.0.1"], by_host(set_)["10.0.0.2"]
+    set_.answered(slow, 200, 0.205)
+    set_.answered(fast, 200, 0.005)
+    fast.outstanding = 3  # busier, but 40 times faster: still the cheaper one
+    assert all(set_.choose() is fast for _ in range(50))
+    fast.outstanding = 50  # so busy that the slow one is cheaper
+    assert set_.choose() is slow
+    fast.outstanding = 3
+    clock.now += 2.0  # the slow one was not chosen for a while: one trial, then the fast one again
+    fast.timed = clock.now
+    picked = [set_.choose() for _ in range(20)]
+    assert picked.count(slow) == 1
+    set_.answered(slow, 200, 0.005)  # it is fast now: its average comes down
+    assert slow.latency < 0.205
+
+
 def test_a_retry_avoids_the_endpoint_that_failed() -> None:
     set_, _, _ = endpoints("10.0.0.1", "10.0.0.2")
     first = by_host(set_)["10.0.0.1"]
@@ -98,7 +116,7 @@ def test_the_cooldown_is_capped_and_starts_over_after_a_good_answer() -> None:
         cooldowns.append(set_.ejected()[0][2])
         set_.probed(flaky, None)
     assert cooldowns == [1.0, 2.0, 3.0, 3.0]
-    set_.answered(flaky, 200)
+    set_.answered(flaky, 200, 0.01)
     set_.eject(flaky, "reset")
     assert set_.ejected()[0][2] == 1.0
 
@@ -109,9 +127,9 @@ def test_consecutive_bad_answers_eject_and_a_good_one_resets_the_count() -> None
     )
     sick = by_host(set_)["10.0.0.1"]
     for status in (503, 502, 200, 504, 503):
-        set_.answered(sick, status)
+        set_.answered(sick, status, 0.01)
     assert set_.ejected() == []  # the 200 broke the run
-    set_.answered(sick, 503)
+    set_.answered(sick, 503, 0.01)
     assert set_.ejected() == [("10.0.0.1:443", "3 consecutive 503 answers", 1.0)]
 
 

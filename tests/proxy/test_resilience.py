@@ -151,8 +151,8 @@ async def test_a_replica_killed_under_steady_gets_costs_no_get(
     assert len(failed(answers)) <= total // 1000, failed(answers)[:3]
     # Before the kill every replica had its share; after it, the two left took everything.
     assert replicas[victim].received(THINGS) == killed_at[0] > 40
-    for host in (HOSTS[0], HOSTS[2]):
-        assert replicas[host].received(THINGS) > 400
+    survivors = [replicas[host].received(THINGS) for host in (HOSTS[0], HOSTS[2])]
+    assert sum(survivors) + killed_at[0] >= total and min(survivors) > total * 0.15, survivors
     endpoint = f"{victim}:{replicas.port}"
     if not slice_update:
         # The first request that met the dead replica went to another one; the replica was ejected.

@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/slow_clients.py
 	$(BIN)/python benchmarks/watches.py
 	$(BIN)/python benchmarks/scale.py --counts 100,1000
+	$(BIN)/python benchmarks/resilience.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -134,6 +134,8 @@ class HandlingTable:
         self.rng = rng or random.Random()
         self._infos: dict[str, HandlingInfo] = {}
         self._endpoints: dict[str, Endpoints] = {}
+        # The annotations last warned about, per APIService.
+        self._warned: dict[str, tuple[tuple[str, str], ...]] = {}
         # The probes of ejected endpoints.
         self.tasks = TaskSet("endpoint-probes")
 
@@ -161,8 +163,8 @@ class HandlingTable:
         backends = self.backends
         addresses = backends.resolver.addresses(svc)
         bounds = read_bounds(svc.annotations)
-        previous = self._infos.get(name)
-        if bounds.problems and (previous is None or previous.apiservice.annotations != svc.annotations):
+        if bounds.problems and self._warned.get(name) != svc.annotations:
+            self._warned[name] = svc.annotations  # once per change of the annotations, not per rebuild
             log.warning(
                 "APIService annotations ignored",
                 extra=fields(apiservice=name, problems="; ".join(bounds.problems)),
@@ -209,6 +211,7 @@ class HandlingTable:
             self.report.ejection(name, endpoint.authority, reason)
 
     def _forget_endpoints(self, name: str) -> None:
+        self._warned.pop(name, None)
         endpoints = self._endpoints.pop(name, None)
         if endpoints is not None:
             for endpoint in endpoints.all:

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import yaml
+from sample_apiserver.openapi import build_v2
+from sample_apiserver.openapi_pb import encode_document as sample_encode_document
 
 from aggregator.openapi import gnostic
 from aggregator.openapi.gnostic import encode_document, yaml_text
-from aggregator.sample.openapi import build_v2
-from aggregator.sample.openapi_pb import encode_document as sample_encode_document
 
 Fields = list[tuple[int, Any]]
 

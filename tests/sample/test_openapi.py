@@ -6,8 +6,9 @@ import hashlib
 import json
 from typing import Any
 
-from aggregator.sample.openapi import build_v2, build_v3
-from aggregator.sample.openapi_pb import encode_document
+from sample_apiserver.openapi import build_v2, build_v3
+from sample_apiserver.openapi_pb import encode_document
+
 from tests.sample.conftest import Client
 
 V3 = "/openapi/v3/apis/wardle.example.com"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from sample_apiserver.api import FLUNDERS
+from sample_apiserver.negotiation import negotiate, parse_accept
+from sample_apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from sample_apiserver.selectors import object_predicate, supported_fields
 
 from aggregator.model.selectors import FieldRequirement, SelectorError, parse_label_selector
-from aggregator.sample.api import FLUNDERS
-from aggregator.sample.negotiation import negotiate, parse_accept
-from aggregator.sample.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from aggregator.sample.selectors import object_predicate, supported_fields
 
 
 def test_label_selector_parsing() -> None:

@@ -13,9 +13,9 @@ import hashlib
 from typing import Any
 
 from aggregator.openapi import builder
+from aggregator.openapi.gnostic import encode_document
 from aggregator.wire.jsonenc import go_marshal
 from sample_apiserver.api import GROUP, VERSIONS, ResourceType, resources_in
-from sample_apiserver.openapi_pb import encode_document
 
 JSON = dict[str, Any]
 

@@ -18,6 +18,8 @@ from aiohttp import web
 
 from aggregator import __version__
 from aggregator.model.status import forbidden_details, forbidden_message
+from aggregator.openapi.gnostic import CONTENT_TYPE as OPENAPI_V2_PROTOBUF_CONTENT_TYPE
+from aggregator.openapi.gnostic import MEDIA_TYPE as OPENAPI_V2_PROTOBUF
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.tls.verify import CAFile
 from aggregator.util.logs import fields
@@ -32,8 +34,6 @@ from sample_apiserver.discovery import AGGREGATED_CONVERSIONS, Discovery, Render
 from sample_apiserver.errors import APIError
 from sample_apiserver.negotiation import negotiate
 from sample_apiserver.openapi import OpenAPIDocuments
-from sample_apiserver.openapi_pb import CONTENT_TYPE as OPENAPI_V2_PROTOBUF_CONTENT_TYPE
-from sample_apiserver.openapi_pb import MEDIA_TYPE as OPENAPI_V2_PROTOBUF
 from sample_apiserver.options import SampleOptions, validate
 from sample_apiserver.resources import ResourceHandlers, WatchSettings
 from sample_apiserver.store import ObjectStore

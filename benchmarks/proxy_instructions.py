@@ -7,7 +7,7 @@ Run from the repository root:
 running there. This script runs the same request (proxy.py's GET, client certificate, front-proxy
 CA configured, every per-request feature on by default) through the gateway under valgrind's
 callgrind, counts the instructions the gateway's process executes while wrk sends requests over
-two keep-alive connections, and divides by the requests: a figure that does not depend on the
+one keep-alive connection, and divides by the requests: a figure that does not depend on the
 machine's load. With `--baseline-src` (another checkout, e.g. `git archive main | tar -x -C DIR`)
 the same run measures that tree too and prints the ratio; `--baseline-us` turns the ratio into
 CPU time on a machine where `proxy.py` measured the baseline. The reference: commit bf40649 (the
@@ -61,8 +61,11 @@ class Counted:
 
 
 def _wrk_requests(url: str, seconds: int) -> int:
+    # One connection: each request then wakes the process the same way however fast valgrind lets
+    # it run. With more, a process slowed down by other work on the machine finds several events
+    # per wake-up, and its instructions per request fall as the machine gets busier.
     out = subprocess.run(
-        ["wrk", "-t1", "-c2", f"-d{seconds}s", url], check=True, capture_output=True, text=True
+        ["wrk", "-t1", "-c1", f"-d{seconds}s", url], check=True, capture_output=True, text=True
     ).stdout
     match = re.search(r"(\d+) requests in", out)
     if match is None or "Non-2xx" in out:
@@ -173,7 +176,7 @@ def main() -> int:
                     results[label].append(counted)
     mean = {label: sum(c.per_request for c in runs) / len(runs) for label, runs in results.items()}
     print(
-        f"\nGET {PATH} through the gateway under callgrind, 2 keep-alive connections, {args.seconds}s per round"
+        f"\nGET {PATH} through the gateway under callgrind, 1 keep-alive connection, {args.seconds}s per round"
     )
     for label, value in mean.items():
         print(f"{label:<12} {value / 1000:>6.0f}k instructions/request (mean of {len(results[label])})")

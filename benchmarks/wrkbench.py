@@ -182,12 +182,17 @@ def gateway_process(
             time.sleep(0.1)
         yield Gateway(url, proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, 10)
         log.close()
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after `grace` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def registration(group: str, version: str, service: str, port: int, ca_pem: bytes) -> list[dict[str, object]]:

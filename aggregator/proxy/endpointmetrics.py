@@ -23,14 +23,13 @@ IDEMPOTENT = "idempotent"
 
 class EndpointMetrics:
     def __init__(self, metrics: Metrics) -> None:
-        self.requests = Children(metrics.endpoint_requests)
+        self.counts = metrics.endpoint_counts
         self.errors = Children(metrics.endpoint_errors)
         self.retries = Children(metrics.endpoint_retries)
         self.ejections = Children(metrics.endpoint_ejections)
         self.ejected = Children(metrics.endpoint_ejected)
         self.dial = Children(metrics.endpoint_dial)
         self.tls = Children(metrics.endpoint_tls)
-        self.first_byte = Children(metrics.endpoint_first_byte)
 
     def dialed(self, name: str, endpoint: str, times: DialTimes) -> None:
         if times.tcp is not None:
@@ -59,12 +58,12 @@ class EndpointMetrics:
 
     def forget(self, name: str, endpoint: str) -> None:
         """The endpoint left the Service (or the APIService is gone): its series go."""
-        for children in (self.requests, self.ejected, self.dial, self.tls, self.first_byte):
-            children.remove(name, endpoint)
-        for children, kinds in (
-            (self.errors, ("connect", "tls", "timeout", "reset", "answer")),
-            (self.retries, (UNSENT, IDEMPOTENT)),
-            (self.ejections, ("answers", "unreachable")),
-        ):
-            for kind in kinds:
-                children.remove(name, endpoint, kind)
+        self.ejected.remove(name, endpoint)
+        self.dial.remove(name, endpoint)
+        self.tls.remove(name, endpoint)
+        for kind in ("connect", "tls", "timeout", "reset", "answer"):
+            self.errors.remove(name, endpoint, kind)
+        for kind in (UNSENT, IDEMPOTENT):
+            self.retries.remove(name, endpoint, kind)
+        for kind in ("answers", "unreachable"):
+            self.ejections.remove(name, endpoint, kind)

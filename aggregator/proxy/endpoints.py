@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import random
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
 from aggregator.backends.bounds import DEFAULT_BOUNDS, Bounds
 from aggregator.proxy.destination import Destination
+from aggregator.web.metrics import FIRST_BYTE_BUCKETS
 
 # The answers that count towards `consecutive_errors`.
 BAD_ANSWERS = frozenset({502, 503, 504})
@@ -45,11 +47,14 @@ class Endpoint:
     """One address of the Service as the proxy sees it."""
 
     __slots__ = (
+        "attempts",
         "authority",
         "bad_answers",
         "destination",
         "ejected_until",
         "ejections",
+        "first_byte_counts",
+        "first_byte_sum",
         "latency",
         "outstanding",
         "probing",
@@ -61,6 +66,10 @@ class Endpoint:
         self.destination = destination
         self.authority = destination.authority
         self.outstanding = 0
+        # `aggregator_endpoint_requests_total` and the time-to-first-byte histogram (web/metrics.py).
+        self.attempts = 0
+        self.first_byte_counts = [0] * (len(FIRST_BYTE_BUCKETS) + 1)
+        self.first_byte_sum = 0.0
         self.latency = 0.0  # moving average of the time to first byte (seconds; 0: none yet)
         self.timed = 0.0  # when it was last updated (the clock of `Endpoints`)
         self.bad_answers = 0  # consecutive 502/503/504
@@ -110,6 +119,9 @@ class Endpoints:
                 if previous is not None:  # same address, new settings: its record goes on
                     endpoint.ejected_until, endpoint.ejections = previous.ejected_until, previous.ejections
                     endpoint.reason, endpoint.bad_answers = previous.reason, previous.bad_answers
+                    endpoint.attempts, endpoint.first_byte_counts = previous.attempts, previous.first_byte_counts
+                    endpoint.first_byte_sum = previous.first_byte_sum
+                    endpoint.latency, endpoint.timed = previous.latency, previous.timed
             kept[dest.authority] = endpoint
         gone = [e for a, e in self._by_authority.items() if a not in kept]
         self._by_authority = kept
@@ -164,6 +176,8 @@ class Endpoints:
         latency = endpoint.latency
         endpoint.latency = took if latency == 0.0 else latency + (took - latency) * ALPHA
         endpoint.timed = self.clock()
+        endpoint.first_byte_counts[bisect_left(FIRST_BYTE_BUCKETS, took)] += 1
+        endpoint.first_byte_sum += took
         if status in BAD_ANSWERS:
             endpoint.bad_answers += 1
             limit = self.bounds.consecutive_errors

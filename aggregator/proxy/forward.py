@@ -135,10 +135,10 @@ class _Attempts:
 
     def begin(self) -> None:
         endpoint = self.endpoint
-        if endpoint is not None and not self.ctx.long_running:
-            endpoint.outstanding += 1
-        if self.metrics is not None:
-            self.metrics.requests(self.dest.name, self.dest.authority).inc()
+        if endpoint is not None:
+            endpoint.attempts += 1
+            if not self.ctx.long_running:
+                endpoint.outstanding += 1
 
     def _leave(self) -> None:
         endpoint = self.endpoint
@@ -153,10 +153,8 @@ class _Attempts:
         self.ctx.endpoint = dest.authority
         took = time.monotonic() - self.sent
         metrics = self.metrics
-        if metrics is not None:
-            metrics.first_byte(dest.name, dest.authority).observe(took)
-            if status in BAD_ANSWERS:
-                metrics.errors(dest.name, dest.authority, "answer").inc()
+        if metrics is not None and status in BAD_ANSWERS:
+            metrics.errors(dest.name, dest.authority, "answer").inc()
         if self.endpoint is not None and self.endpoints is not None:
             self.endpoints.answered(self.endpoint, status, took)
 

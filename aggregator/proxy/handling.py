@@ -138,6 +138,8 @@ class HandlingTable:
         self._warned: dict[str, tuple[tuple[str, str], ...]] = {}
         # The probes of ejected endpoints.
         self.tasks = TaskSet("endpoint-probes")
+        if metrics is not None:
+            metrics.counts.add_source(lambda: ((name, e.all) for name, e in self._endpoints.items()))
 
     def get(self, name: str) -> HandlingInfo | None:
         """The APIService's handling info, None when it is gone or local (no `spec.service`)."""

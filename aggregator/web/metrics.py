@@ -16,8 +16,8 @@ of the gateway's own calls it `apiservice`, as kube-aggregator's newer metrics d
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, Protocol, TypeVar
 
 from aiohttp import web
 from prometheus_client import (
@@ -30,8 +30,9 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.utils import floatToGoString
 
 from aggregator.web.certexpiry import CertificateExpiry
 from aggregator.web.requestmetrics import RequestMetrics
@@ -65,6 +66,56 @@ class Children(Generic[M]):
         self._children.pop(values, None)
         with contextlib.suppress(KeyError):
             self.metric.remove(*(str(v) for v in values))
+
+
+# Time-to-first-byte buckets of `aggregator_endpoint_first_byte_duration_seconds`.
+FIRST_BYTE_BUCKETS = _LATENCY_BUCKETS
+
+
+class EndpointSample(Protocol):
+    """What `EndpointCounts` reads of one endpoint (`proxy/endpoints.Endpoint`)."""
+
+    authority: str
+    attempts: int
+    first_byte_counts: list[int]  # per bucket of FIRST_BYTE_BUCKETS, then +Inf
+    first_byte_sum: float
+
+
+class EndpointCounts:
+    """`aggregator_endpoint_requests_total` and `aggregator_endpoint_first_byte_duration_seconds`,
+    collected from the endpoints' own counts (`add_source`: each request path's APIServices and
+    their endpoints). An endpoint that leaves its Service leaves these series with it."""
+
+    def __init__(self) -> None:
+        self._sources: list[Callable[[], Iterable[tuple[str, Iterable[EndpointSample]]]]] = []
+
+    def add_source(self, source: Callable[[], Iterable[tuple[str, Iterable[EndpointSample]]]]) -> None:
+        self._sources.append(source)
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "aggregator_endpoint_requests",
+            "Attempts sent to each endpoint of an APIService (a retried request counts twice).",
+            labels=["apiservice", "endpoint"],
+        )
+        first_byte = HistogramMetricFamily(
+            "aggregator_endpoint_first_byte_duration_seconds",
+            "Time from sending a request (on a connection made) to the answer's head, per endpoint.",
+            labels=["apiservice", "endpoint"],
+        )
+        bounds = [*(floatToGoString(b) for b in FIRST_BYTE_BUCKETS), "+Inf"]  # type: ignore[no-untyped-call]
+        for source in self._sources:
+            for name, endpoints in source():
+                for endpoint in endpoints:
+                    labels = [name, endpoint.authority]
+                    requests.add_metric(labels, endpoint.attempts)
+                    cumulative, buckets = 0, []
+                    for bound, count in zip(bounds, endpoint.first_byte_counts, strict=True):
+                        cumulative += count
+                        buckets.append((bound, cumulative))
+                    first_byte.add_metric(labels, buckets, endpoint.first_byte_sum)
+        yield requests
+        yield first_byte
 
 
 class UnavailableGauge:
@@ -196,12 +247,10 @@ class Metrics:
         # per APIService and endpoint (`proxy/endpoints.py`): the endpoint label is `ip:port` of a
         # ready endpoint (the cluster IP without --enable-aggregator-routing), so a Service's series
         # are as many as its endpoints; an endpoint's series go when it leaves the Service.
-        self.endpoint_requests = Counter(
-            "aggregator_endpoint_requests",
-            "Attempts sent to each endpoint of an APIService (a retried request counts twice).",
-            ["apiservice", "endpoint"],
-            registry=r,
-        )
+        # Attempts and times to first byte per endpoint: counted on the endpoint objects themselves
+        # (an int and a bucket list, no lock or label lookup per request), read at scrape time.
+        self.endpoint_counts = EndpointCounts()
+        r.register(self.endpoint_counts)
         self.endpoint_errors = Counter(
             "aggregator_endpoint_errors",
             "Failed attempts per endpoint, by kind (connect, tls, timeout, reset, answer: a 502/503/504).",
@@ -239,13 +288,6 @@ class Metrics:
             "TLS handshake time of new connections, per endpoint.",
             ["apiservice", "endpoint"],
             buckets=_PHASE_BUCKETS,
-            registry=r,
-        )
-        self.endpoint_first_byte = Histogram(
-            "aggregator_endpoint_first_byte_duration_seconds",
-            "Time from sending a request to the answer's head, per endpoint.",
-            ["apiservice", "endpoint"],
-            buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.apiservice_rejected = Counter(

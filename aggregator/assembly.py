@@ -281,6 +281,8 @@ def build_gateway(options: Options) -> Gateway:
     ejections = EjectionBook()
     availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink, ejections=ejections)
     store.add_listener(availability.on_store_event)
+    if elector is not None:
+        elector.add_listener(availability.leadership_changed)
 
     # 6. what serves requests; a request that cannot reach its backend has availability re-check it
     # (requests in flight are counted for a graceful shutdown, which ends watches and tunnels)

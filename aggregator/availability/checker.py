@@ -228,6 +228,18 @@ class AvailabilityChecker:
         """Check this APIService again now."""
         self.loops.poke(name)
 
+    def leadership_changed(self, leading: bool) -> None:
+        """A `LeaderElector` listener: a replica that starts leading checks again now every
+        APIService whose stored condition does not say what it found while another replica led (and
+        it did not write), so the write happens at once, not at the next periodic check up to
+        `interval` later. Through the loops, so this and a check never write one APIService at once."""
+        if not (leading and self._running):
+            return
+        for name in self.loops.tracked():
+            svc, verdict = self.store.apiservice(name), self._verdicts.get(name)
+            if svc is not None and verdict is not None and not verdict.held_by(svc.conditions):
+                self.loops.poke(name)
+
     def suspect(self, name: str) -> None:
         """`contracts.Recheck`: a request just failed to reach this APIService's backend (or was
         refused as unavailable): check it now, or, within a second of the last such check, as soon

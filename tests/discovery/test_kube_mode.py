@@ -629,7 +629,14 @@ async def test_a_backend_down_is_stale_with_its_resources_and_kube_apiservers_gr
     state = cluster.metrics_state()
     assert state is not None
     cluster.discovery.fetcher.poke(state.apiservice.name)
-    await until(lambda: not state.fresh and state.failures > 0, what="metrics-server's fetch failing")
+    try:
+        await until(lambda: not state.fresh and state.failures > 0, what="metrics-server's fetch failing")
+    except AssertionError as err:  # seen once on a loaded machine: say what the fetcher was doing
+        loops = cluster.discovery.fetcher.loops
+        raise AssertionError(
+            f"{err}: state {state.fresh=} {state.failures=} {state.last_error=}, the same object: "
+            f"{cluster.metrics_state() is state}; loop runs {loops.runs}, wakeups {loops.wakeups}"
+        ) from None
     doc = await cluster.aggregated()
     kube = {i["metadata"]["name"]: i for i in cluster.endpoints.apis}
     for entry in doc["items"]:

@@ -114,7 +114,10 @@ async def test_status_writes_under_the_lease_metrics_audit_and_shutdown(
                 if c["type"] == "Available"
             ]
 
-        await until_async(_async(lambda: written() == ["True"]), what="Available=True written")
+        try:
+            await until_async(_async(lambda: written() == ["True"]), what="Available=True written")
+        except AssertionError as err:
+            raise AssertionError(f"{err}: written {written()}; the gateway's log:\n{served.log()}") from None
         lease = kube.get_object("leases", "aggregator", "default")
         assert lease is not None and lease["spec"]["holderIdentity"]
         status, body = await stack.get("/readyz?verbose")

@@ -78,6 +78,10 @@ class Options:
     cert_dir: str = DEFAULT_CERT_DIR
     tls_min_version: str = DEFAULT_MIN_VERSION
     tls_cipher_suites: list[str] = field(default_factory=list)
+    # HTTP/2 (web/http2/): k8s.io/apiserver's SecureServingOptions.DisableHTTP2Serving and
+    # --http2-max-streams-per-connection (0: kube-apiserver's 100).
+    disable_http2_serving: bool = False
+    http2_max_streams_per_connection: int = 0
     client_ca_file: str | None = None
     requestheader_client_ca_file: str | None = None
     requestheader_allowed_names: list[str] = field(default_factory=list)
@@ -290,6 +294,22 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="comma-separated TLS 1.0-1.2 cipher suites, by Go's names (e.g. "
         "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256); insecure ones are logged, ones this OpenSSL cannot "
         "serve are reported and left out. TLS 1.3 suites are not configurable. Default: the library's.",
+    )
+    serving.add_argument(
+        "--disable-http2-serving",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="serve HTTP/1.1 only: offer no h2 in TLS ALPN (default false: clients that offer h2, as "
+        "kubectl and client-go do, get HTTP/2).",
+    )
+    serving.add_argument(
+        "--http2-max-streams-per-connection",
+        type=int,
+        default=0,
+        help="the limit the gateway gives clients for concurrent streams on one HTTP/2 connection "
+        "(default 0: kube-apiserver's 100).",
     )
     serving.add_argument(
         "--shutdown-delay-duration",

@@ -41,6 +41,7 @@ from tests.support.fakeopenapi import KubeOpenAPI
 from tests.support.fakereviews import FakeReviews, allow_all
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
+from tests.support.protocols import RequestLog
 
 JSON = dict[str, Any]
 SECRETS = FakeResource("", "v1", "secrets", "Secret", True)
@@ -253,6 +254,7 @@ class KubeStack:
         self.server: GatewayServer | None = None
         self._stack = AsyncExitStack()
         self._homes = 0
+        self.requests = RequestLog()
 
     async def __aenter__(self) -> KubeStack:
         try:
@@ -266,6 +268,8 @@ class KubeStack:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self._stack.aclose()
+        if exc_type is None:
+            self.requests.verify_seen()
 
     @property
     def kube(self) -> FakeKube:
@@ -316,6 +320,7 @@ class KubeStack:
         settings.update(self.gateway_options)
         options = kube_options(self.pki, fake.kubeconfig, **settings)
         self.server = await self._stack.enter_async_context(running_gateway(options))
+        self.requests.attach(self.server)
         return self.server
 
     # --- using it ------------------------------------------------------------------------------------
@@ -332,7 +337,7 @@ class KubeStack:
         config = self.workdir / f"{user}-{self._homes}.kubeconfig"
         ca = Path(self.pki.path("ca.crt")).read_bytes()
         write_kubeconfig(config, kubeconfig(self.url, ca, load_pair(self.pki.dir, stem)))
-        return Kubectl(binary, config, self.workdir / f"home-{self._homes}")
+        return Kubectl(binary, config, self.workdir / f"home-{self._homes}", self.requests)
 
     async def get(self, path: str) -> tuple[int, bytes]:
         async with (

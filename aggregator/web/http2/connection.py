@@ -98,8 +98,8 @@ class H2ServerConnection(asyncio.Protocol):
     # --- asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's TLS transport is no subclass of asyncio.Transport, but it is one.
+        self.transport = cast(asyncio.Transport, transport)
         self.info = Connection.of_transport(transport, protocol=HTTP2)
         self.ssl_context = transport.get_extra_info("sslcontext")
         self.peername = transport.get_extra_info("peername")

@@ -21,6 +21,9 @@ from tests.support.fixtures import Proxied, StartProxied
 from tests.support.h2client import H2Client
 from tests.support.pki import PKI
 
+# The production loop: its TLS transport is no asyncio.Transport, and it reports failures its own way.
+pytestmark = pytest.mark.uvloop
+
 SAME_ANSWER = [
     "/apis",
     "/apis/demo.example.com",

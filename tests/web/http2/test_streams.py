@@ -28,6 +28,9 @@ from tests.support.h2client import H2Client
 from tests.support.pki import PKI
 from tests.support.polling import until
 
+# The production loop: its TLS transport is no asyncio.Transport, and it reports failures its own way.
+pytestmark = pytest.mark.uvloop
+
 THINGS = f"{PREFIX}/namespaces/default/things"
 
 

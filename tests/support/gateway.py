@@ -38,5 +38,3 @@ async def running_gateway(options: Options) -> AsyncIterator[GatewayServer]:
         yield server
     finally:
         await server.stop()
-
-

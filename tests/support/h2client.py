@@ -4,6 +4,7 @@ It speaks HTTP/2 as a well-behaved client does (`request`, `response`), and lets
 well-behaved client would: write raw frames, reset streams in bulk, stop reading, hold back its
 flow-control window. Everything it receives is recorded (`streams`, `goaway`, `pings`, `closed`);
 tests wait for a condition with `until`, which wakes on every frame read (lockstep, no sleeps).
+`RawH2` writes frames as a test builds them, for what the h2 library would refuse to send.
 
     async with H2Client.connect(port, pki.client_context("admin")) as client:
         sid = client.request("GET", "/livez")
@@ -24,9 +25,19 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
-from hyperframe.frame import Frame, GoAwayFrame
+from hpack import Encoder
+from hyperframe.frame import (
+    DataFrame,
+    Frame,
+    GoAwayFrame,
+    HeadersFrame,
+    PingFrame,
+    RstStreamFrame,
+    SettingsFrame,
+)
 
 GOAWAY = 0x7
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
 @dataclass(frozen=True)
@@ -263,3 +274,115 @@ class H2Client:
     @property
     def max_streams(self) -> int | None:
         return self.remote_settings.get(SettingCodes.MAX_CONCURRENT_STREAMS)
+
+
+class RawH2:
+    """An HTTP/2 client that sends frames exactly as a test builds them (no state machine to stop
+    it from breaking the protocol) and records what comes back: GOAWAY, resets, answered streams,
+    PING acknowledgements."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.encoder = Encoder()
+        self.goaway: Goaway | None = None
+        self.resets: dict[int, int] = {}
+        self.answered: set[int] = set()  # streams whose response HEADERS arrived
+        self.ended: set[int] = set()  # streams the gateway ended (END_STREAM)
+        self.ping_acks = 0
+        self.closed = False
+        self._buffer = bytearray()
+        self._changed = asyncio.Event()
+        writer.write(PREFACE + SettingsFrame(0).serialize())
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(cls, port: int, context: ssl.SSLContext) -> AsyncIterator[RawH2]:
+        context.set_alpn_protocols(["h2"])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, limit=2**20)
+        assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
+        client = cls(reader, writer)
+        try:
+            yield client
+        finally:
+            client._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await client._task
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    # --- frames --------------------------------------------------------------------------------------
+
+    def block(self, method: str, path: str, extra: Iterable[tuple[str, str]] = ()) -> bytes:
+        fields = [(":method", method), (":path", path), (":scheme", "https"), (":authority", "gateway.test")]
+        return bytes(self.encoder.encode([*fields, *extra]))
+
+    def headers(
+        self,
+        sid: int,
+        method: str = "GET",
+        path: str = "/livez",
+        *,
+        end_stream: bool = True,
+        block: bytes | None = None,
+    ) -> bytes:
+        frame = HeadersFrame(sid, block if block is not None else self.block(method, path))
+        frame.flags.add("END_HEADERS")
+        if end_stream:
+            frame.flags.add("END_STREAM")
+        return frame.serialize()
+
+    def send(self, *frames: bytes | Frame) -> None:
+        self.writer.write(b"".join(f if isinstance(f, bytes) else f.serialize() for f in frames))
+
+    async def until(self, condition: Callable[[], bool], timeout: float = 30.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not condition():
+                if self.closed:
+                    raise AssertionError("connection closed before the condition held")
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def round_trip(self) -> None:
+        """A PING answered: everything sent before it was read by the gateway."""
+        acks = self.ping_acks
+        self.send(PingFrame(0, b"roundtrp"))
+        await self.until(lambda: self.ping_acks > acks or self.goaway is not None)
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    break
+                self._buffer += data
+                self._parse()
+                self._changed.set()
+        except (ConnectionError, ssl.SSLError, OSError):
+            pass
+        finally:
+            self.closed = True
+            self._changed.set()
+
+    def _parse(self) -> None:
+        buffer = self._buffer
+        while len(buffer) >= 9:
+            frame, length = Frame.parse_frame_header(memoryview(bytes(buffer[:9])))
+            if len(buffer) < 9 + length:
+                return
+            frame.parse_body(memoryview(bytes(buffer[9 : 9 + length])))
+            del buffer[: 9 + length]
+            if isinstance(frame, GoAwayFrame):
+                self.goaway = Goaway(frame.last_stream_id, ErrorCodes(frame.error_code))
+            elif isinstance(frame, RstStreamFrame):
+                self.resets[frame.stream_id] = frame.error_code
+            elif isinstance(frame, HeadersFrame):
+                self.answered.add(frame.stream_id)
+            elif isinstance(frame, PingFrame) and "ACK" in frame.flags:
+                self.ping_acks += 1
+            elif isinstance(frame, SettingsFrame) and "ACK" not in frame.flags:
+                self.writer.write(SettingsFrame(0, flags=["ACK"]).serialize())
+            if isinstance(frame, HeadersFrame | DataFrame) and "END_STREAM" in frame.flags:
+                self.ended.add(frame.stream_id)

@@ -25,6 +25,7 @@ from aggregator.web.http2.stream import H2Stream
 from tests.support.backend import PREFIX
 from tests.support.fixtures import StartProxied
 from tests.support.h2client import H2Client
+from tests.support.holding import Held, Watch
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -32,50 +33,6 @@ from tests.support.polling import until
 pytestmark = pytest.mark.uvloop
 
 THINGS = f"{PREFIX}/namespaces/default/things"
-
-
-class Held:
-    """A backend route whose requests wait until released; counts them and sees them cancelled."""
-
-    def __init__(self) -> None:
-        self.arrived = 0
-        self.in_flight = 0
-        self.cancelled = 0
-        self.release = asyncio.Event()
-
-    async def __call__(self, request: web.Request) -> web.StreamResponse:
-        self.arrived += 1
-        self.in_flight += 1
-        try:
-            await self.release.wait()
-            return web.json_response({"kind": "Status", "status": "Success"})
-        except asyncio.CancelledError:
-            self.cancelled += 1
-            raise
-        finally:
-            self.in_flight -= 1
-
-
-class Watch:
-    """A backend watch: sends its head and one event, then holds the stream open; records its end."""
-
-    def __init__(self) -> None:
-        self.open = 0
-        self.cancelled = 0
-
-    async def __call__(self, request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-        await response.write(b'{"type":"ADDED","object":{}}\n')
-        self.open += 1
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.cancelled += 1
-            raise
-        finally:
-            self.open -= 1
-        return response
 
 
 def h2_connections(server: GatewayServer) -> list[H2ServerConnection]:

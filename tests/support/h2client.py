@@ -386,3 +386,23 @@ class RawH2:
                 self.writer.write(SettingsFrame(0, flags=["ACK"]).serialize())
             if isinstance(frame, HeadersFrame | DataFrame) and "END_STREAM" in frame.flags:
                 self.ended.add(frame.stream_id)
+
+
+async def negotiated_alpn(
+    port: int, context: ssl.SSLContext, offered: list[str] | None
+) -> tuple[str | None, bytes]:
+    """Connect offering `offered` with ALPN (None: no ALPN) and ask `/livez?verbose` over
+    HTTP/1.1 when that is what was chosen: the protocol chosen, and the answer (which names the
+    worker)."""
+    if offered is not None:
+        context.set_alpn_protocols(offered)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+    chosen = writer.get_extra_info("ssl_object").selected_alpn_protocol()
+    answer = b""
+    if chosen in (None, "http/1.1"):
+        writer.write(b"GET /livez?verbose HTTP/1.1\r\nHost: gateway.test\r\nConnection: close\r\n\r\n")
+        answer = await reader.read()
+    writer.close()
+    with contextlib.suppress(ssl.SSLError, ConnectionError):  # an h2 server speaks first (SETTINGS)
+        await writer.wait_closed()
+    return chosen, answer

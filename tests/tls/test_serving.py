@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import ssl
@@ -15,6 +14,7 @@ from cryptography import x509
 
 from aggregator.tls.issue import issue_serving_cert, new_ca, write_cert, write_key
 from tests.conftest import StartGateway
+from tests.support.h2client import negotiated_alpn
 from tests.support.pki import PKI
 
 
@@ -138,14 +138,7 @@ async def test_only_tls_1_2_and_above(start_gateway: StartGateway) -> None:
 
 
 async def negotiated(port: int, offered: list[str] | None) -> str | None:
-    ctx = ssl._create_unverified_context()
-    if offered is not None:
-        ctx.set_alpn_protocols(offered)
-    _r, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
-    chosen = writer.get_extra_info("ssl_object").selected_alpn_protocol()
-    writer.close()
-    with contextlib.suppress(ssl.SSLError, ConnectionError):  # an h2 server speaks first (SETTINGS)
-        await writer.wait_closed()
+    chosen, _ = await negotiated_alpn(port, ssl._create_unverified_context(), offered)
     return chosen
 
 

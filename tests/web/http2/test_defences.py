@@ -214,3 +214,27 @@ async def test_streams_past_the_advertised_limit_end_the_connection(
         assert client.goaway is not None and client.goaway.last_stream_id == 19
     assert held.arrived <= 10
     assert goaways(proxied.server, "protocol_error") == 1
+
+
+async def test_an_unauthenticated_clients_connection_ends_after_its_response(
+    start_proxied: StartProxied, pki: PKI
+) -> None:
+    """UnauthenticatedHTTP2DOSMitigation: a caller without credentials gets one answer per
+    connection (401, or its anonymous answer), then GOAWAY NO_ERROR and the close."""
+    proxied = await start_proxied()
+    port = proxied.server.port
+    for path in ("/apis", "/livez"):
+        async with H2Client.connect(port, pki.client_context(None)) as anonymous:
+            answer = await anonymous.get(path)
+            await anonymous.until(lambda c=anonymous: c.goaway is not None)
+            assert anonymous.goaway is not None
+            assert (anonymous.goaway.last_stream_id, anonymous.goaway.error_code) == (1, ErrorCodes.NO_ERROR)
+            await anonymous.until(lambda c=anonymous: c.closed)
+        assert answer.status == (401 if path == "/apis" else 200)
+    async with H2Client.connect(port, pki.client_context("admin")) as admin:
+        assert (await admin.get("/apis")).status == 200
+        assert (await admin.get("/livez")).status == 200
+        admin.ping()
+        await admin.until(lambda: bool(admin.pings))
+        assert admin.goaway is None and not admin.closed
+    assert goaways(proxied.server, "unauthenticated") == 2

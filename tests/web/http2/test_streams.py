@@ -19,12 +19,12 @@ from aiohttp import web
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
-from aggregator.server import GatewayServer
+from aggregator.server import GatewayServer, shut_down
 from aggregator.web.http2.connection import H2ServerConnection
 from aggregator.web.http2.stream import H2Stream
 from tests.support.backend import PREFIX
 from tests.support.fixtures import StartProxied
-from tests.support.h2client import H2Client
+from tests.support.h2client import Goaway, H2Client
 from tests.support.holding import Held, Watch
 from tests.support.pki import PKI
 from tests.support.polling import until
@@ -286,3 +286,38 @@ async def test_a_client_that_sends_no_preface_is_closed(start_proxied: StartProx
         while await asyncio.wait_for(reader.read(65536), 10):
             pass  # the gateway's SETTINGS, then the end
     writer.close()
+
+
+async def test_shutdown_sends_goaway_drains_streams_and_ends_watches_cleanly(
+    start_proxied: StartProxied, pki: PKI
+) -> None:
+    proxied = await start_proxied()
+    held, watch = Held(), Watch()
+    watched = f"{PREFIX}/namespaces/other/things"
+    proxied.backend.routes[THINGS] = held
+    proxied.backend.routes[watched] = watch
+    server = proxied.server
+    async with H2Client.connect(server.port, pki.client_context("admin")) as client:
+        plain = client.request("GET", THINGS)
+        watching = client.request("GET", watched + "?watch=true")
+        await until(lambda: held.in_flight == 1, what="the plain request at the backend")
+        await client.until(lambda: bool(client.streams[watching].body))
+        stopping = asyncio.ensure_future(shut_down(server, delay=0, watch_grace=0, request_grace=30))
+        await client.until(lambda: client.goaway is not None)
+        assert client.goaway == Goaway(watching, ErrorCodes.NO_ERROR)
+        # The watch ends as over HTTP/1.1: its answer is complete (END_STREAM), not reset.
+        await client.until(
+            lambda: client.streams[watching].ended or client.streams[watching].reset is not None
+        )
+        assert client.streams[watching].reset is None
+        # A stream opened after the GOAWAY is refused (clients retry it on a new connection).
+        late = client.request("GET", "/livez")
+        await client.until(lambda: client.streams[late].reset is not None)
+        assert client.streams[late].reset == ErrorCodes.REFUSED_STREAM
+        # The request in flight is served to the end, then the connection closes.
+        assert not stopping.done()
+        held.release.set()
+        assert (await client.response(plain)).status == 200
+        await asyncio.wait_for(stopping, 30)
+        await client.until(lambda: client.closed)
+    assert server.connection_metrics.goaways.labels("shutdown")._value.get() == 1

@@ -77,6 +77,7 @@ class H2ServerConnection(asyncio.Protocol):
         self.running = 0  # handlers started and not yet returned
         self.waiting_for_window: set[H2Stream] = set()
         self.writing_paused = False
+        self._flush_scheduled = False
         self._drain: asyncio.Future[None] | None = None
         self._receiving = False
         self.goaway_sent = False  # graceful GOAWAY written: no new streams
@@ -183,6 +184,16 @@ class H2ServerConnection(asyncio.Protocol):
     # --- what streams ask of their connection ------------------------------------------------------
 
     def flush(self) -> None:
+        """Write what h2 has to send once this turn of the event loop is over: the frames of every
+        stream answered in one turn leave in one TLS write (one encryption, one system call)
+        instead of one per frame, which is most of what HTTP/2 costs beyond HTTP/1.1."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.write_out)
+
+    def write_out(self) -> None:
+        """Write what h2 has to send now."""
+        self._flush_scheduled = False
         data = self.h2.data_to_send()
         transport = self.transport
         if data and transport is not None and not transport.is_closing():
@@ -230,7 +241,7 @@ class H2ServerConnection(asyncio.Protocol):
     def _write_goaway(self) -> None:
         """A GOAWAY NO_ERROR naming the last stream received, written beside h2 (which would
         otherwise end the connection at once)."""
-        self.flush()
+        self.write_out()  # the frames h2 holds go first
         self.last_stream_id = self.h2.highest_inbound_stream_id
         goaway = GoAwayFrame(0, last_stream_id=self.last_stream_id, error_code=ErrorCodes.NO_ERROR)
         if self.transport is not None and not self.transport.is_closing():
@@ -243,6 +254,7 @@ class H2ServerConnection(asyncio.Protocol):
             stream.was_reset()
         self.queued.clear()
         if self.transport is not None:
+            self.write_out()
             self.transport.close()
 
     # --- events ------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from aggregator.commands.certs import init_pki
 from aggregator.tls.issue import issue_serving_cert, new_ca, write_pair
 
 GROUP, VERSION = "bench.example.com", "v1"
-TOKEN = "bench-token-0123456789abcdef"  # noqa: S105 - a throwaway token for a loopback benchmark
+TOKEN = "bench-token-0123456789abcdef"  # a throwaway token for a loopback benchmark
 TARGET = 1.3
 
 

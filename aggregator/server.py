@@ -29,8 +29,9 @@ from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_h
 from aggregator.web.certexpiry import SERVING
 from aggregator.web.context import Connection
 from aggregator.web.http2.limits import H2Limits
-from aggregator.web.http2.listener import Http2Serving, alpn_protocols, dispatching
+from aggregator.web.http2.listener import alpn_protocols, dispatching
 from aggregator.web.http2.metrics import ConnectionMetrics
+from aggregator.web.http2.serving import Http2Serving
 
 log = logging.getLogger(__name__)
 

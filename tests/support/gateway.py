@@ -38,3 +38,5 @@ async def running_gateway(options: Options) -> AsyncIterator[GatewayServer]:
         yield server
     finally:
         await server.stop()
+
+

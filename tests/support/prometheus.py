@@ -133,9 +133,7 @@ async def running_prometheus(workdir: Path, scrape: Scrape) -> AsyncIterator[Pro
                     async with session.get(url + "/-/ready") as resp:
                         if resp.status == 200:
                             break
-                assert asyncio.get_running_loop().time() < deadline, (
-                    f"prometheus not ready:\n{log.read_text()}"
-                )
+                assert asyncio.get_running_loop().time() < deadline, f"prometheus not ready:\n{log.read_text()}"
                 await asyncio.sleep(0.1)
             yield Prometheus(url, session)
     finally:

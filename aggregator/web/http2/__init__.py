@@ -6,7 +6,8 @@ offer `h2` first. aiohttp has no HTTP/2 server, so this package adds one on the 
 library:
 
 - `listener.py`: the ALPN dispatch (once TLS is up, `h2` gets an `H2ServerConnection`, anything
-  else aiohttp's HTTP/1.1 handler) and the registry of live HTTP/2 connections for shutdown;
+  else aiohttp's HTTP/1.1 handler); `serving.py`: what the listener's HTTP/2 connections share,
+  and the registry of the live ones for shutdown;
 - `connection.py`: one HTTP/2 connection: frames in, events to streams, frames out, handlers
   bounded and scheduled as Go's server bounds them, graceful GOAWAY;
 - `stream.py`: one stream as the aiohttp request the pipeline already knows (head, body stream,

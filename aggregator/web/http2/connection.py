@@ -28,8 +28,8 @@ import asyncio
 import logging
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 from aiohttp import web
 from h2 import events
@@ -45,14 +45,11 @@ from aggregator.web.context import HTTP2, Connection
 from aggregator.web.http2.guard import FrameGuard, TokenBucket, Violation
 from aggregator.web.http2.heads import BadRequest
 from aggregator.web.http2.request import H2Request
+from aggregator.web.http2.serving import Http2Serving
 from aggregator.web.http2.stream import H2Stream, ResponseWriter, StreamReset
-
-if TYPE_CHECKING:
-    from aggregator.web.http2.listener import Http2Serving
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # The connection window every HTTP/2 connection starts with (RFC 9113 6.9.2).
 INITIAL_CONNECTION_WINDOW = 65535
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.exceptions import StreamClosedError
 
@@ -34,11 +35,32 @@ from aggregator.web.http2.heads import response_fields
 if TYPE_CHECKING:
     from multidict import CIMultiDict
 
-    from aggregator.web.http2.connection import H2ServerConnection
-
 # aiohttp's defaults for multipart fields (never used by the gateway; read by aiohttp's request).
 MAX_FIELD_SIZE = 8190
 MAX_HEADERS = 128
+
+
+class StreamConnection(Protocol):
+    """What a stream needs of its connection (`connection.H2ServerConnection`)."""
+
+    h2: H2Connection
+    info: Connection
+    ssl_context: ssl.SSLContext | None
+    peername: Any
+    sockname: Any
+    transport: asyncio.Transport | None
+    writing_paused: bool
+    waiting_for_window: set[H2Stream]
+
+    def flush(self) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def acknowledge(self, stream_id: int, size: int) -> None: ...
+
+    def reset_stream(self, stream: H2Stream, code: ErrorCodes) -> None: ...
+
+    def shut_down(self, reason: str = ...) -> None: ...
 
 
 class StreamReset(ConnectionResetError):
@@ -64,7 +86,7 @@ class H2Stream:
     max_field_size = MAX_FIELD_SIZE
     max_headers = MAX_HEADERS
 
-    def __init__(self, connection: H2ServerConnection, stream_id: int) -> None:
+    def __init__(self, connection: StreamConnection, stream_id: int) -> None:
         self.connection = connection
         self.id = stream_id
         self.reader: StreamReader | None = None  # None: no body (END_STREAM came with the head)

@@ -11,19 +11,25 @@ backend over TLS. Each path is measured with wrk over keep-alive HTTP/1.1 (`--co
 connections) and with h2load over HTTP/2 twice: as many connections with one stream each (the same
 concurrency), and an eighth of them with 8 streams each (what a client-go process does). Printed:
 requests/s, and the CPU microseconds the gateway spent per request (utime+stime from /proc), with
-the HTTP/2 figures' ratio to HTTP/1.1's. Target (issue 27): at most 1.3x. Where the machine has 2
-CPUs or more the gateway is pinned to CPU 0, the clients and the backend to the others.
+the HTTP/2 figures' ratio to HTTP/1.1's. Target (issue 27): at most 1.3x. Last, the multiplexed
+`/version` run again beside a client that sends rapid-reset floods (2000 streams opened and reset
+at once, a new connection after each GOAWAY): its requests/s against the run alone, and how many
+floods were cut. Where the machine has 2 CPUs or more the gateway is pinned to CPU 0, the clients
+and the backend to the others.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
+from h2.errors import ErrorCodes
+from hyperframe.frame import RstStreamFrame
 from proxy import DOCUMENT, PATH, Ports, backend_conf, nginx
 from wrkbench import cpu_seconds, fetch, free_port, gateway_process, pinning, registration, run_wrk
 
 from aggregator.commands.certs import init_pki
 from aggregator.tls.issue import issue_serving_cert, new_ca, write_pair
+from tests.support.h2client import RawH2
 
 GROUP, VERSION = "bench.example.com", "v1"
 TOKEN = "bench-token-0123456789abcdef"  # a throwaway token for a loopback benchmark
@@ -104,6 +113,40 @@ def over_h1(label: str, url: str, pid: int, cpus: str | None, *, connections: in
     spent = cpu_seconds(pid) - before
     requests = int(result.requests_per_second * seconds)
     return Run(label, requests, result.requests_per_second, result.errors, spent / max(requests, 1) * 1e6)
+
+
+class Flood(threading.Thread):
+    """Rapid-reset floods (CVE-2023-44487) of 2000 streams each, one connection after another,
+    until stopped; counts the floods the gateway cut with GOAWAY ENHANCE_YOUR_CALM."""
+
+    def __init__(self, port: int, cpus: set[int] | None) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.cpus = cpus  # off the gateway's CPU: the flood's own cost is not the gateway's
+        self.stopping = threading.Event()
+        self.floods = 0
+        self.cut = 0
+
+    def run(self) -> None:
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)  # this thread only
+        asyncio.run(self._floods())
+
+    async def _floods(self) -> None:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        while not self.stopping.is_set():
+            async with RawH2.connect(self.port, context) as flood:
+                frames: list[bytes | RstStreamFrame] = []
+                for n in range(2000):
+                    block = flood.block("GET", "/version", [("authorization", f"Bearer {TOKEN}")])
+                    frames += [flood.headers(2 * n + 1, block=block), RstStreamFrame(2 * n + 1, error_code=8)]
+                flood.send(*frames)
+                self.floods += 1
+                await flood.until(lambda f=flood: f.goaway is not None or f.closed, 60)
+                if flood.goaway is not None and flood.goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM:
+                    self.cut += 1
 
 
 def proxied_ready(url: str, timeout: float = 20.0) -> None:
@@ -174,6 +217,12 @@ def main() -> int:
                     over_h2(f"HTTP/2 h2load, {multiplexed} conns x 8 streams", url, gw.pid, client_cpus, connections=multiplexed, streams=8, seconds=seconds),
                 ]  # fmt: skip
                 results.append((name, runs))
+            flood = Flood(ports.gateway, set(range(1, cpus)) if server_cpu else None)
+            flood.start()
+            url = gw.url + "/version"
+            beside = over_h2(f"HTTP/2 h2load, {multiplexed} conns x 8 streams", url, gw.pid, client_cpus, connections=multiplexed, streams=8, seconds=seconds)  # fmt: skip
+            flood.stopping.set()
+            flood.join(90)
     print(
         f"\nOne gateway process (--workers 1), bearer-token callers, {seconds}s per run, {cpus} CPUs"
         + (f" (gateway on CPU {server_cpu}, clients and backend on {client_cpus})" if server_cpu else "")
@@ -188,6 +237,13 @@ def main() -> int:
             print(run.line(h1))
             worst = max(worst, run.cpu_us_per_request / h1.cpu_us_per_request)
         errors += sum(run.errors for run in runs)
+    alone = results[0][1][2]
+    print(
+        f"\n/version beside rapid-reset floods: {beside.requests_per_second:.0f} req/s, "
+        f"{beside.requests_per_second / alone.requests_per_second:.2f}x the run alone; "
+        f"{flood.cut} of {flood.floods} floods of 2000 streams cut with GOAWAY ENHANCE_YOUR_CALM"
+    )
+    errors += beside.errors
     print(f"\nworst HTTP/2 CPU per request: {worst:.2f}x HTTP/1.1's (target <= {TARGET}x); errors {errors}")
     return 0 if errors == 0 else 1
 

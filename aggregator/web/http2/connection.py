@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 # The connection window every HTTP/2 connection starts with (RFC 9113 6.9.2).
 INITIAL_CONNECTION_WINDOW = 65535
+# Bytes of a read handed to h2 at once (a TLS record's worth).
+RECEIVE_SLICE = 16384
 
 
 class H2ServerConnection(asyncio.Protocol):
@@ -128,12 +130,17 @@ class H2ServerConnection(asyncio.Protocol):
         self._receiving = True
         try:
             self.guard.inspect(data)
-            received = self.h2.receive_data(data)
             handlers = self._handlers
-            for event in received:
-                handler = handlers.get(type(event))
-                if handler is not None:
-                    handler(event)
+            # h2 decodes a whole read before it reports any event: in slices, a flood (rapid
+            # reset) is cut a slice past its limit instead of after every stream of a 256 KiB
+            # read was decoded, while the other connections wait.
+            for start in range(0, len(data), RECEIVE_SLICE):
+                for event in self.h2.receive_data(data[start : start + RECEIVE_SLICE]):
+                    handler = handlers.get(type(event))
+                    if handler is not None:
+                        handler(event)
+                    if self.closing:
+                        break
                 if self.closing:
                     break
         except Violation as violation:

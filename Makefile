@@ -1,13 +1,15 @@
 # The two commands a newcomer runs: `make demo` and `make test`. Each sets itself up.
 #
-# `make demo` installs only what the demo runs (the package and its dependencies); `make test` adds
-# the test and development extras. pip reads PIP_FIND_LINKS and PIP_NO_INDEX from the environment:
+# `make demo` installs only what the demo runs (the gateway, the sample extension API server in
+# samples/wardle, and their dependencies); `make test` adds the test and development extras. pip reads PIP_FIND_LINKS and PIP_NO_INDEX from the environment:
 # .ci/run points both installs at one wheelhouse, so CI downloads each package once.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_STAMP := $(VENV)/.demo-stamp
+# The sample extension API server: a package of its own, never inside the gateway's wheel.
+SAMPLE := samples/wardle
 
 .PHONY: demo test lint e2e bench clean
 
@@ -18,15 +20,15 @@ $(BIN)/python:
 # --no-compile: Python compiles what the demo imports when it first imports it; compiling every
 # installed module up front (the kubernetes client alone is 126 MB, and local mode never imports it)
 # made the install three times slower.
-$(DEMO_STAMP): pyproject.toml | $(BIN)/python
-	@echo "make demo: installing the gateway and the packages it runs into $(VENV) (the first time only)"
-	$(BIN)/python -m pip install --disable-pip-version-check --no-compile -e .
+$(DEMO_STAMP): pyproject.toml $(SAMPLE)/pyproject.toml | $(BIN)/python
+	@echo "make demo: installing the gateway, the sample server and the packages they run into $(VENV) (the first time only)"
+	$(BIN)/python -m pip install --disable-pip-version-check --no-compile -e . -e $(SAMPLE)
 	@echo "make demo: installed"
 	touch $@
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml $(SAMPLE)/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[test,dev]' -e $(SAMPLE)
 	touch $(DEMO_STAMP) $@
 
 demo: $(DEMO_STAMP)
@@ -36,8 +38,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check aggregator tests benchmarks
-	$(BIN)/mypy aggregator
+	$(BIN)/ruff check aggregator $(SAMPLE) tests benchmarks
+	$(BIN)/mypy aggregator $(SAMPLE)/sample_apiserver
 	$(BIN)/lint-imports --no-cache
 
 # Needs wrk and nginx from Debian: apt-get install wrk nginx-light

@@ -63,7 +63,7 @@ from aggregator.contracts import Availability, Component, Recheck
 from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.routes import DiscoveryRoutes
-from aggregator.kube.client import KubeClient, client_for_options
+from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
 from aggregator.leaderelection import LeaderElector, elector_for_options
 from aggregator.openapi.component import OpenAPIAggregation
@@ -79,7 +79,7 @@ from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
 from aggregator.tls.verify import CAPool
-from aggregator.web.accesslog import AccessLog, AccessLogPolicy
+from aggregator.web.accesslog import AccessLog
 from aggregator.web.certexpiry import (
     AUTHENTICATION_CONFIGMAP,
     CLIENT_CA,
@@ -225,12 +225,12 @@ def build_gateway(options: Options) -> Gateway:
     store = Store()
     components: list[tuple[str, Component]] = []
     # The audit log starts first and stops last: every request's final event is written.
-    auditor = build_auditor(options, metrics)
+    auditor = build_auditor(options.audit, metrics)
     if auditor is not None:
         components.append(("audit-log", AuditLog(auditor)))
 
     # 2. kube-apiserver and the object source
-    kube = client_for_options(options)
+    kube = options.source.kube_client()
     if kube is not None:
         components.append(("kube-client", kube))
     kube_source: KubeSource | None = None
@@ -238,13 +238,19 @@ def build_gateway(options: Options) -> Gateway:
     if options.kube_mode and kube is not None:
         kube_source = KubeSource(kube, store, metrics)
         components.append(("kube-source", kube_source))
-    if options.apiservices_dir is not None:
-        folder = FolderSource(options.apiservices_dir, store, read_elsewhere=is_rbac)
+    if options.source.apiservices_dir is not None:
+        folder = FolderSource(options.source.apiservices_dir, store, read_elsewhere=is_rbac)
         components.append(("folder-source", folder))
 
     # 3. who is calling, and may they
-    authentication = build_authentication(options, kube=kube, metrics=metrics)
-    authorization = build_authorization(options, kube=kube, metrics=metrics)
+    authentication = build_authentication(options.authentication, options.source, kube=kube, metrics=metrics)
+    authorization = build_authorization(
+        options.authorization,
+        options.source,
+        anonymous=options.authentication.anonymous,
+        kube=kube,
+        metrics=metrics,
+    )
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
 
@@ -258,15 +264,16 @@ def build_gateway(options: Options) -> Gateway:
     components.append(("backends", backends))
     _report_expiry(metrics.certificate_expiry, backends.client_certificate)
     _follow_ca_expiry(metrics.certificate_expiry, authenticator)
-    if options.proxy_client_cert_file is None:
+    if options.backends.proxy_client_cert_file is None:
         components.append(("front-proxy-warning", MissingClientCertificateWarning(store)))
 
     # 5. availability, before the proxy that asks it; with --write-apiservice-status in kube mode a
     # Lease elects the one replica that writes (started before the checker, so it stops after it
     # and the Lease is released only once no status write can still be under way)
     elector: LeaderElector | None = None
-    if options.kube_mode and options.write_apiservice_status and options.leader_elect and kube is not None:
-        elector = elector_for_options(options, kube, metrics)
+    status_writes = options.availability.write_apiservice_status
+    if options.kube_mode and status_writes and options.leader_election.leader_elect and kube is not None:
+        elector = elector_for_options(options.leader_election, kube, metrics)
         components.append(("leader-election", elector))
     sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
     availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink)
@@ -393,11 +400,11 @@ def _forwarding(
         return Forwarding(in_flight, forwarder, None, Route(_not_found, RouteKind.OWN, "not-found"))
     delegate = Delegate(
         kube,
-        mode=options.delegate_auth,
+        mode=options.delegation.delegate_auth,
         forwarder=forwarder,
         client_certificate=backends.client_certificate,
         identity=_identity_policy(
-            options, authenticator, keep_impersonation=options.delegate_auth == FRONT_PROXY
+            options, authenticator, keep_impersonation=options.delegation.delegate_auth == FRONT_PROXY
         ),
         hop=hop,
     )
@@ -472,16 +479,16 @@ def build_request_path(
     store.add_listener(proxy.on_store_event)
     router.add_claim(proxy.claim)
 
-    access_log = AccessLog(AccessLogPolicy.parse(options.access_log, verbosity=options.verbosity))
+    access_log = AccessLog(options.logging.access_log_policy())
     timeouts = RequestTimeouts(
         metrics.apiserver,
-        request_timeout=options.request_timeout,
-        min_request_timeout=options.min_request_timeout,
+        request_timeout=options.server.request_timeout,
+        min_request_timeout=options.server.min_request_timeout,
     )
     limits = MaxInFlight(
         metrics.apiserver,
-        read_only=options.max_requests_inflight,
-        mutating=options.max_mutating_requests_inflight,
+        read_only=options.server.max_requests_inflight,
+        mutating=options.server.max_mutating_requests_inflight,
     )
     instrumentation = RequestInstrumentation(metrics.apiserver)
     auditing = RequestAuditing(auditor) if auditor is not None else None
@@ -518,18 +525,27 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     health = HealthChecks()
     store = replica.store
     components: list[tuple[str, Component]] = []
-    kube = client_for_options(options)
+    kube = options.source.kube_client()
     if kube is not None:
         components.append(("kube-client", kube))
 
     # The audit policy applies here; the control process writes the log (one owner of rotation).
-    auditor = build_auditor(options, metrics, sink=replica.audit_sink())
+    auditor = build_auditor(options.audit, metrics, sink=replica.audit_sink())
     if auditor is not None:
         components.append(("audit-log", AuditLog(auditor)))
 
     # Caches stay per worker; the cluster's ConfigMap and the folder's RBAC are the control's copies.
-    authentication = build_authentication(options, kube=kube, metrics=metrics, watch_cluster=False)
-    authorization = build_authorization(options, kube=kube, metrics=metrics, rbac_source=replica.rbac)
+    authentication = build_authentication(
+        options.authentication, options.source, kube=kube, metrics=metrics, watch_cluster=False
+    )
+    authorization = build_authorization(
+        options.authorization,
+        options.source,
+        anonymous=options.authentication.anonymous,
+        kube=kube,
+        metrics=metrics,
+        rbac_source=replica.rbac,
+    )
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
     replica.bind_cluster_auth(authentication.cluster)
@@ -625,14 +641,15 @@ def build_backends(
 ) -> BackendRegistry:
     """The backends as the options configure them (also what `aggregator check` dials with: its
     requests carry a loop mark too, so a check of an APIService served by a gateway says ProxyLoop)."""
-    client_certificate = ProxyClientCertificate(options.proxy_client_cert_file, options.proxy_client_key_file)
+    flags = options.backends
+    client_certificate = ProxyClientCertificate(flags.proxy_client_cert_file, flags.proxy_client_key_file)
     backends = BackendRegistry(
         store,
         metrics,
         resolver=AddressResolver(
             store,
-            endpoint_routing=options.enable_aggregator_routing,
-            allow_external_name=options.allow_external_name_services,
+            endpoint_routing=flags.enable_aggregator_routing,
+            allow_external_name=flags.allow_external_name_services,
             deny_cidrs=options.deny_cidrs,
         ),
         client_certificate=client_certificate,
@@ -648,13 +665,7 @@ def build_backends(
 
 def flag_identity_policy(options: Options, *, keep_impersonation: bool = False) -> LiveIdentityPolicy:
     """The identity headers never forwarded: the standard names and the `--requestheader-*` flags'."""
-    return LiveIdentityPolicy(
-        username_headers=options.requestheader_username_headers,
-        uid_headers=options.requestheader_uid_headers,
-        group_headers=options.requestheader_group_headers,
-        extra_prefixes=options.requestheader_extra_headers_prefix,
-        keep_impersonation=keep_impersonation,
-    )
+    return LiveIdentityPolicy(options.authentication.requestheader, keep_impersonation=keep_impersonation)
 
 
 def _identity_policy(
@@ -703,6 +714,6 @@ def _status_sink(
     the Lease holder only), or memory."""
     if options.local_mode:
         return StoreStatus(store)
-    if options.write_apiservice_status and kube is not None:
+    if options.availability.write_apiservice_status and kube is not None:
         return KubeStatusWriter(kube, store, leadership)
     return MemoryStatus()

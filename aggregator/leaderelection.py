@@ -31,6 +31,7 @@ write it began while it led.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import datetime as dt
@@ -48,8 +49,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from aggregator.config import JITTER_FACTOR, Options, timing_problem
 from aggregator.kube import calls
+from aggregator.util.flags import ConfigError, FlagSet, GoDuration, go_bool
 from aggregator.util.logs import fields
 
 if TYPE_CHECKING:
@@ -65,9 +66,144 @@ CHECK_NAME = "leaderElection"
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 LeadershipListener = Callable[[bool], None]
+# client-go leaderelection.go `JitterFactor`: acquire retries wait RetryPeriod * [1, 2.2).
+JITTER_FACTOR = 1.2
+# The only lock type client-go still has (resourcelock/interface.go).
+LEASES_LOCK = "leases"
+_REMOVED_LOCKS = {
+    "endpoints": "endpoints lock is removed, migrate to leases",
+    "configmaps": "configmaps lock is removed, migrate to leases",
+    "endpointsleases": "endpointsleases lock is removed, migrate to leases",
+    "configmapsleases": "configmapsleases lock is removed, migrated to leases",
+}
 
 
 # --- configuration -------------------------------------------------------------------------------
+
+
+@dataclass
+class LeaderElectionOptions:
+    """component-base's `LeaderElectionConfiguration` and `BindLeaderElectionFlags`, with
+    kube-controller-manager's defaults."""
+
+    leader_elect: bool = True
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    resource_lock: str = LEASES_LOCK
+    resource_name: str = "aggregator"
+    # "" = this pod's namespace (`lease_namespace`)
+    resource_namespace: str = ""
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser, prefix: str) -> None:
+        flags = FlagSet(parser, "leader election", prefix)
+        flags.add(
+            "--leader-elect",
+            field="leader_elect",
+            type=go_bool,
+            nargs="?",
+            const=True,
+            default=argparse.SUPPRESS,  # true; absent unless given (a kube-mode-only flag)
+            help="with --write-apiservice-status, elect one replica through a coordination.k8s.io Lease and "
+            "write status only from it, so every replica can run with the flag (default true). With "
+            "--leader-elect=false every replica that has the flag writes.",
+        )
+        flags.add(
+            "--leader-elect-lease-duration",
+            field="lease_duration",
+            action=GoDuration,
+            default=15.0,
+            help="the duration that non-leader candidates will wait after observing a leadership renewal "
+            "until attempting to acquire leadership of a led but unrenewed leader slot: effectively the "
+            "longest a stopped leader goes unreplaced (default 15s).",
+        )
+        flags.add(
+            "--leader-elect-renew-deadline",
+            field="renew_deadline",
+            action=GoDuration,
+            default=10.0,
+            help="the interval between attempts by the acting leader to renew a leadership slot before it "
+            "stops leading; must be less than the lease duration (default 10s).",
+        )
+        flags.add(
+            "--leader-elect-retry-period",
+            field="retry_period",
+            action=GoDuration,
+            default=2.0,
+            help="the duration the clients should wait between attempting acquisition and renewal of a "
+            "leadership (default 2s).",
+        )
+        flags.add(
+            "--leader-elect-resource-lock",
+            field="resource_lock",
+            default="leases",
+            help="the type of resource object that is used for locking during leader election. Supported "
+            "options are 'leases' (default).",
+        )
+        flags.add(
+            "--leader-elect-resource-name",
+            field="resource_name",
+            default="aggregator",
+            help="the name of the Lease used for locking during leader election (default aggregator).",
+        )
+        flags.add(
+            "--leader-elect-resource-namespace",
+            field="resource_namespace",
+            default="",
+            help="the namespace of the Lease (default: the pod's own namespace, from POD_NAMESPACE or the "
+            "service account, else default).",
+        )
+
+    def validate(self) -> None:
+        """Upstream's refusals, in the order kube-controller-manager meets them: the configuration
+        (component-base), the lock type (client-go `resourcelock.New`), the durations
+        (`NewLeaderElector`). Nothing to check when the election is off."""
+        if not self.leader_elect:
+            return
+        problem = timing_problem(self.lease_duration, self.renew_deadline, self.retry_period)
+        if problem is not None and problem[1] == "must be greater than zero":
+            raise ConfigError(f"--leader-elect-{problem[0]}", problem[1])
+        if not self.resource_name:
+            raise ConfigError("--leader-elect-resource-name", "Required value")
+        lock = lock_problem(self.resource_lock)
+        if lock is not None:
+            raise ConfigError("--leader-elect-resource-lock", lock)
+        if problem is not None:
+            raise ConfigError(f"--leader-elect-{problem[0]}", problem[1])
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+def timing_problem(
+    lease_duration: float, renew_deadline: float, retry_period: float
+) -> tuple[str, str] | None:
+    """(which duration, why) for the first reason upstream refuses these durations, else None.
+
+    Zero or negative first (component-base `ValidateLeaderElectionConfiguration`), then
+    client-go's `NewLeaderElector`, compared in nanoseconds as Go's time.Duration is.
+    """
+    for which, value in (
+        ("lease-duration", lease_duration),
+        ("renew-deadline", renew_deadline),
+        ("retry-period", retry_period),
+    ):
+        if _ns(value) <= 0:
+            return which, "must be greater than zero"
+    if _ns(lease_duration) <= _ns(renew_deadline):
+        return "lease-duration", "leaseDuration must be greater than renewDeadline"
+    if _ns(renew_deadline) <= int(JITTER_FACTOR * _ns(retry_period)):
+        return "renew-deadline", "renewDeadline must be greater than retryPeriod*JitterFactor"
+    return None
+
+
+def lock_problem(lock_type: str) -> str | None:
+    """client-go resourcelock `new`'s error for a lock type other than `leases`, else None."""
+    if lock_type == LEASES_LOCK:
+        return None
+    return _REMOVED_LOCKS.get(lock_type, f"Invalid lock-type {lock_type}; possible values: {LEASES_LOCK}")
 
 
 def default_identity() -> str:
@@ -103,16 +239,16 @@ def lease_namespace(
     return "default"
 
 
-def elector_for_options(options: Options, api: LeaseAPI, metrics: Metrics) -> LeaderElector:
-    """The `--leader-elect-*` flags as an elector (validated already by `config.validate`)."""
+def elector_for_options(options: LeaderElectionOptions, api: LeaseAPI, metrics: Metrics) -> LeaderElector:
+    """The `--leader-elect-*` flags as an elector (validated already by `LeaderElectionOptions.validate`)."""
     return LeaderElector(
         api,
         metrics,
-        namespace=lease_namespace(options.leader_elect_resource_namespace),
-        name=options.leader_elect_resource_name,
-        lease_duration=options.leader_elect_lease_duration,
-        renew_deadline=options.leader_elect_renew_deadline,
-        retry_period=options.leader_elect_retry_period,
+        namespace=lease_namespace(options.resource_namespace),
+        name=options.resource_name,
+        lease_duration=options.lease_duration,
+        renew_deadline=options.renew_deadline,
+        retry_period=options.retry_period,
     )
 
 

@@ -20,10 +20,11 @@ from aiohttp import web
 
 from aggregator import __version__
 from aggregator.assembly import Gateway, WorkerGateway, build_gateway
-from aggregator.config import ConfigError, Options, tls_policy
+from aggregator.config import Options
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.util._aiohttp import GatewayRequest, TimedServer, TimedSite, close_connections
+from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
 from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap
 from aggregator.web.certexpiry import SERVING
@@ -50,29 +51,31 @@ CLOSE_TIMEOUT = 1.0
 
 def _serving_hosts(options: Options) -> list[str]:
     hosts = [socket.gethostname()]
-    if options.bind_address not in ("0.0.0.0", "::"):
-        hosts.append(options.bind_address)
+    if options.serving.bind_address not in ("0.0.0.0", "::"):
+        hosts.append(options.serving.bind_address)
     return hosts
 
 
 def serving_certificate(options: Options) -> ServingCertificate:
     """The serving pair the flags name (or one generated in --cert-dir), hot-reloaded once started."""
+    serving = options.serving
     cert_file, key_file, generated = resolve_serving_files(
-        options.tls_cert_file, options.tls_private_key_file, options.cert_dir, _serving_hosts(options)
+        serving.cert_file, serving.key_file, serving.cert_dir, _serving_hosts(options)
     )
     if generated:
         log.info("generated a self-signed serving certificate", extra=fields(cert_file=cert_file))
-    client_cas = [f for f in (options.client_ca_file, options.requestheader_client_ca_file) if f]
+    authn = options.authentication
+    client_cas = [f for f in (authn.client_ca_file, authn.requestheader.client_ca_file) if f]
     try:
         return ServingCertificate(
             cert_file,
             key_file,
             client_ca_files=client_cas,
-            policy=tls_policy(options),
-            alpn=alpn_protocols(not options.disable_http2_serving),
+            policy=serving.tls_policy(),
+            alpn=alpn_protocols(not serving.disable_http2_serving),
         )
     except PEMError as err:
-        flag = "--tls-cert-file" if options.tls_cert_file else "--cert-dir"
+        flag = "--tls-cert-file" if serving.cert_file else "--cert-dir"
         raise ConfigError(flag, str(err)) from err
 
 
@@ -92,10 +95,10 @@ class GatewayServer:
         self.reuse_port = reuse_port
         self.connection_metrics = ConnectionMetrics(self.gateway.metrics.registry)
         self.http2: Http2Serving | None = None
-        if not options.disable_http2_serving:
+        if not options.serving.disable_http2_serving:
             self.http2 = Http2Serving(
                 self.gateway.pipeline.handle,
-                H2Limits.for_flag(options.http2_max_streams_per_connection),
+                H2Limits.for_flag(options.serving.http2_max_streams_per_connection),
                 self.connection_metrics,
                 client_max_size=CLIENT_MAX_SIZE,
             )
@@ -108,7 +111,7 @@ class GatewayServer:
 
     @property
     def url(self) -> str:
-        host = self.options.bind_address
+        host = self.options.serving.bind_address
         host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         return f"https://{host}:{self.port}"
 
@@ -139,8 +142,8 @@ class GatewayServer:
         assert self._runner.server is not None
         site = TimedSite(
             self._runner,
-            self.options.bind_address,
-            self.options.secure_port,
+            self.options.serving.bind_address,
+            self.options.serving.port,
             ssl_context=self.serving.context,
             backlog=LISTEN_BACKLOG,
             reuse_port=self.reuse_port or None,
@@ -152,19 +155,19 @@ class GatewayServer:
         except OSError as err:
             await self._runner.cleanup()
             await self.gateway.stop()
-            address = f"{self.options.bind_address}:{self.options.secure_port}"
+            address = f"{self.options.serving.bind_address}:{self.options.serving.port}"
             reason = os.strerror(err.errno) if err.errno else str(err)
             raise ConfigError("--secure-port", f"cannot listen on {address}: {reason}") from err
         self._site = site
         self.serving.start()
         addresses = self._runner.addresses
-        self.port = int(addresses[0][1]) if addresses else self.options.secure_port
+        self.port = int(addresses[0][1]) if addresses else self.options.serving.port
         log.info(
             "serving",
             extra=fields(
                 mode="local" if self.options.local_mode else "kube",
-                address=f"https://{self.options.bind_address}:{self.port}",
-                objects=self.options.apiservices_dir or self.options.kubeconfig or "in-cluster",
+                address=f"https://{self.options.serving.bind_address}:{self.port}",
+                objects=self.options.source.apiservices_dir or self.options.source.kubeconfig or "in-cluster",
                 auth=", ".join(self.gateway.auth_summary) or "none configured",
                 version=__version__,
             ),
@@ -203,7 +206,7 @@ class GatewayServer:
     async def stop(self, *, request_grace: float | None = None) -> None:
         """Stop now: no delay, long-running requests ended at once, ordinary ones drained (for
         --request-timeout unless `request_grace` says otherwise)."""
-        grace = self.options.request_timeout if request_grace is None else request_grace
+        grace = self.options.server.request_timeout if request_grace is None else request_grace
         await shut_down(self, delay=0.0, watch_grace=0.0, request_grace=grace)
 
 
@@ -241,8 +244,8 @@ async def shut_down(server: GatewayServer, *, delay: float, watch_grace: float, 
 def shutdown_bound(options: Options) -> float:
     """The longest `shut_down` takes with these options, before the components stop (a second or
     so): what a Deployment's terminationGracePeriodSeconds must exceed."""
-    drain = max(options.request_timeout, options.shutdown_watch_termination_grace_period)
-    return options.shutdown_delay_duration + drain + 2 * CLOSE_TIMEOUT
+    drain = max(options.server.request_timeout, options.server.shutdown_watch_termination_grace_period)
+    return options.server.shutdown_delay_duration + drain + 2 * CLOSE_TIMEOUT
 
 
 async def serve(options: Options) -> int:
@@ -257,9 +260,9 @@ async def serve(options: Options) -> int:
     stopping = asyncio.ensure_future(
         shut_down(
             server,
-            delay=options.shutdown_delay_duration,
-            watch_grace=options.shutdown_watch_termination_grace_period,
-            request_grace=options.request_timeout,
+            delay=options.server.shutdown_delay_duration,
+            watch_grace=options.server.shutdown_watch_termination_grace_period,
+            request_grace=options.server.request_timeout,
         )
     )
     second = asyncio.ensure_future(signals.second())

@@ -34,13 +34,13 @@ from aggregator.auth.authz import Authorizer
 from aggregator.auth.modes import PolicyHolder, RBACMode
 from aggregator.auth.rbacobjects import compile_policy, decode
 from aggregator.auth.verdict import Decision
-from aggregator.config import Options
 from aggregator.model.userinfo import UserInfo
 from aggregator.server import GatewayServer
 from aggregator.web.context import Connection, RequestContext
 from aggregator.web.requestinfo import RequestInfo
 from tests.support.fakekube import running_fake_kube
 from tests.support.fakereviews import FakeReviews
+from tests.support.options import flag_options
 from tests.support.pki import make_pki
 
 TOKEN = "bench-token-0123456789abcdef"
@@ -144,7 +144,7 @@ async def run(args: argparse.Namespace) -> int:
         tokens.write_text(f'{TOKEN},bench-user,uid-1,"bench"\n')
         async with running_fake_kube(work / "fake-kube") as fake:
             reviews = FakeReviews(fake)
-            options = Options(
+            options = flag_options(
                 bind_address="127.0.0.1",
                 secure_port=0,
                 tls_cert_file=pki.path("serving.crt"),

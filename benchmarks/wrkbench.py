@@ -143,13 +143,16 @@ def gateway_process(
     port: int | None = None,
     cpus: str | None = None,
     anonymous: bool | None = None,
+    wrapper: Sequence[str] = (),
+    start_timeout: float = 20.0,
 ) -> Iterator[Gateway]:
-    """`aggregator serve` in local mode; anonymous unless the caller configures authentication."""
+    """`aggregator serve` in local mode; anonymous unless the caller configures authentication.
+    `wrapper` runs it under another program (valgrind): its pid is then the gateway's."""
     port = port or free_port()
     if anonymous is None:
         anonymous = not any(a.startswith("--client-ca-file") for a in extra_args)
     cmd = [
-        *pinning(cpus), sys.executable, "-m", "aggregator", "serve",
+        *pinning(cpus), *wrapper, sys.executable, "-m", "aggregator", "serve",
         "--apiservices-dir", str(apiservices_dir),
         "--bind-address", "127.0.0.1",
         "--secure-port", str(port),
@@ -167,7 +170,7 @@ def gateway_process(
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     url = f"https://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + start_timeout
         while True:
             try:
                 if fetch(url + "/readyz")[0] == 200:
@@ -179,12 +182,17 @@ def gateway_process(
             time.sleep(0.1)
         yield Gateway(url, proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, 10)
         log.close()
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after `grace` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def registration(group: str, version: str, service: str, port: int, ca_pem: bytes) -> list[dict[str, object]]:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from aggregator.commands.cli import build_parser
-from aggregator.config import ConfigError, options_from_args, validate
+from aggregator.config import options_from_args, validate
 from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import (
@@ -30,6 +30,7 @@ from aggregator.leaderelection import (
     default_identity,
     lease_namespace,
 )
+from aggregator.util.flags import ConfigError
 from aggregator.web.metrics import Metrics
 from tests.support.fakekube import FakeKube
 
@@ -483,13 +484,13 @@ def test_the_flags_are_validated_as_upstream_validates_them(
 def test_the_defaults_are_kube_controller_managers(objects_dir: str) -> None:
     options = options_from_args(build_parser().parse_args(["serve", "--apiservices-dir", objects_dir]))
     assert (
-        options.leader_elect,
-        options.leader_elect_lease_duration,
-        options.leader_elect_renew_deadline,
-        options.leader_elect_retry_period,
-        options.leader_elect_resource_lock,
-        options.leader_elect_resource_name,
-        options.leader_elect_resource_namespace,
+        options.leader_election.leader_elect,
+        options.leader_election.lease_duration,
+        options.leader_election.renew_deadline,
+        options.leader_election.retry_period,
+        options.leader_election.resource_lock,
+        options.leader_election.resource_name,
+        options.leader_election.resource_namespace,
     ) == (True, 15.0, 10.0, 2.0, "leases", "aggregator", "")
 
 

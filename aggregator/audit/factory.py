@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 
+from aggregator.audit.options import AuditOptions
 from aggregator.audit.policy import PolicyError, load_policy_file
 from aggregator.audit.recorder import AuditMetrics, Auditor
 from aggregator.audit.sinks import MEGABYTE, AppendFile, LineSink, RotatingFile, StdoutSink, ensure_log_file
 from aggregator.audit.writer import BufferedWriter
-from aggregator.config import ConfigError, Options
+from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
@@ -33,53 +34,53 @@ def open_sink(path: str, *, max_size_mb: int, max_backups: int, max_age_days: in
     )
 
 
-def build_auditor(opts: Options, metrics: AuditMetrics, *, sink: LineSink | None = None) -> Auditor | None:
+def build_auditor(opts: AuditOptions, metrics: AuditMetrics, *, sink: LineSink | None = None) -> Auditor | None:
     """The gateway's Auditor (not started), or None when the flags audit nothing. Raises
     ConfigError (exit code 2, one line) for a bad policy file or an unwritable log path. `sink`
     replaces the log file (a `--workers` worker hands its lines to the control process; the
     start-up lines are then the control's to log)."""
     quiet = sink is not None
-    if not opts.audit_log_path:
+    if not opts.log_path:
         if quiet:
             return None
-        if opts.audit_policy_file:
+        if opts.policy_file:
             log.warning(
                 "--audit-policy-file is set without --audit-log-path: no audit events will be written"
             )
         return None
-    if not opts.audit_policy_file:
+    if not opts.policy_file:
         if quiet:
             return None
         log.warning(
             "--audit-log-path is set without --audit-policy-file: no audit events will be recorded "
             "(as kube-apiserver)",
-            extra=fields(path=opts.audit_log_path),
+            extra=fields(path=opts.log_path),
         )
         return None
     try:
-        policy = load_policy_file(opts.audit_policy_file)
+        policy = load_policy_file(opts.policy_file)
     except PolicyError as err:
         raise ConfigError("--audit-policy-file", str(err)) from err
     if sink is not None:
         return Auditor(
             policy,
-            BufferedWriter(sink, metrics.audit_errors, buffer_size=opts.audit_log_batch_buffer_size),
+            BufferedWriter(sink, metrics.audit_errors, buffer_size=opts.log_batch_buffer_size),
             metrics,
         )
     try:
         sink = open_sink(
-            opts.audit_log_path,
-            max_size_mb=opts.audit_log_maxsize,
-            max_backups=opts.audit_log_maxbackup,
-            max_age_days=opts.audit_log_maxage,
+            opts.log_path,
+            max_size_mb=opts.log_maxsize,
+            max_backups=opts.log_maxbackup,
+            max_age_days=opts.log_maxage,
         )
     except OSError as err:
         raise ConfigError(
-            "--audit-log-path", f"cannot create {opts.audit_log_path}: {err.strerror or err}"
+            "--audit-log-path", f"cannot create {opts.log_path}: {err.strerror or err}"
         ) from err
-    writer = BufferedWriter(sink, metrics.audit_errors, buffer_size=opts.audit_log_batch_buffer_size)
+    writer = BufferedWriter(sink, metrics.audit_errors, buffer_size=opts.log_batch_buffer_size)
     log.info(
         "auditing",
-        extra=fields(path=opts.audit_log_path, policy=opts.audit_policy_file, rules=len(policy.rules)),
+        extra=fields(path=opts.log_path, policy=opts.policy_file, rules=len(policy.rules)),
     )
     return Auditor(policy, writer, metrics)

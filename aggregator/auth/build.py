@@ -29,18 +29,18 @@ from aggregator.auth.modes import (
     PolicySource,
     RBACMode,
     WithoutManifests,
-    default_modes,
 )
+from aggregator.auth.options import AuthenticationOptions, AuthorizationOptions
 from aggregator.auth.rbac import RBACPolicy
 from aggregator.auth.rbacfolder import RBACFolder
 from aggregator.auth.requestheader import RequestHeaderConfig
 from aggregator.auth.tokenfile import TokenFile
 from aggregator.auth.tokenreview import TokenReviewAuthenticator
 from aggregator.auth.webhook import WebhookClient
-from aggregator.config import Options
 from aggregator.contracts import Component
 from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
+from aggregator.sources.options import SourceOptions
 from aggregator.tls.verify import CAPool
 from aggregator.util.logs import fields
 from aggregator.web.metrics import Metrics
@@ -67,7 +67,12 @@ class Authorization:
 
 
 def build_authentication(
-    options: Options, *, kube: KubeClient | None, metrics: Metrics, watch_cluster: bool = True
+    options: AuthenticationOptions,
+    source: SourceOptions,
+    *,
+    kube: KubeClient | None,
+    metrics: Metrics,
+    watch_cluster: bool = True,
 ) -> Authentication:
     """`watch_cluster=False` (a worker process): the ConfigMap is not watched here but fed with
     the control process's copy (`AuthConfigMap.use`)."""
@@ -75,7 +80,7 @@ def build_authentication(
     components: list[tuple[str, Component]] = [("ca-files", files)]
     client_ca: Callable[[], CAPool | None] = files.client_ca_pool
     requestheader: Callable[[], RequestHeaderConfig | None] = files.requestheader_config
-    cluster = _cluster_configmap(options, kube, files)
+    cluster = _cluster_configmap(options, source, kube, files)
     if cluster is not None:
         if watch_cluster:
             components.append(("authentication-configmap", cluster))
@@ -93,19 +98,19 @@ def build_authentication(
         tokens.append(
             TokenReviewAuthenticator(
                 webhook,
-                ttl=options.authentication_token_webhook_cache_ttl,
+                ttl=options.token_webhook_cache_ttl,
                 metrics=metrics,
                 audiences=tuple(options.api_audiences),
             )
         )
     authenticator = Authenticator(
-        anonymous=options.anonymous_auth, client_ca=client_ca, requestheader=requestheader, tokens=tokens
+        anonymous=options.anonymous, client_ca=client_ca, requestheader=requestheader, tokens=tokens
     )
 
     summary: list[str] = []
     if files.requestheader_ca is not None:
-        names = ",".join(options.requestheader_allowed_names) or "any name"
-        summary.append(f"front-proxy headers (CA {options.requestheader_client_ca_file}, CN {names})")
+        names = ",".join(options.requestheader.allowed_names) or "any name"
+        summary.append(f"front-proxy headers (CA {options.requestheader.client_ca_file}, CN {names})")
     elif cluster is not None and cluster.want_requestheader:
         summary.append(f"front-proxy headers (from {CLUSTER_SOURCE})")
     if files.client_ca is not None:
@@ -115,32 +120,34 @@ def build_authentication(
     if options.token_auth_file:
         summary.append(f"bearer tokens (file {options.token_auth_file})")
     if kube is not None:
-        ttl = options.authentication_token_webhook_cache_ttl
+        ttl = options.token_webhook_cache_ttl
         audiences = f", audiences {','.join(options.api_audiences)}" if options.api_audiences else ""
         summary.append(f"bearer tokens (TokenReview, cached {ttl:g}s{audiences})")
     if not summary:
         _warn_no_authenticator(options)
-    summary.append("anonymous" if options.anonymous_auth else "anonymous only on health paths")
+    summary.append("anonymous" if options.anonymous else "anonymous only on health paths")
     return Authentication(authenticator, components, summary, cluster)
 
 
-def _warn_no_authenticator(options: Options) -> None:
+def _warn_no_authenticator(options: AuthenticationOptions) -> None:
     """Nothing can identify a caller: say what that means for every request, once, at start."""
     outcome = (
         "every caller is system:anonymous (--anonymous-auth)"
-        if options.anonymous_auth
+        if options.anonymous
         else "every request is refused with 401 Unauthorized, except the health paths"
     )
     log.warning(
         f"NO AUTHENTICATION CONFIGURED: no --client-ca-file, --requestheader-client-ca-file, "
         f"--token-auth-file or kubeconfig, so {outcome}",
-        extra=fields(anonymous_auth=options.anonymous_auth),
+        extra=fields(anonymous_auth=options.anonymous),
     )
 
 
-def _cluster_configmap(options: Options, kube: KubeClient | None, files: CAFiles) -> AuthConfigMap | None:
+def _cluster_configmap(
+    options: AuthenticationOptions, source: SourceOptions, kube: KubeClient | None, files: CAFiles
+) -> AuthConfigMap | None:
     """Kube mode reads the CA settings the flags left unset from the cluster, as upstream does."""
-    if not options.kube_mode or options.authentication_skip_lookup or kube is None:
+    if not source.kube_mode or options.skip_lookup or kube is None:
         return None
     want_client_ca = files.client_ca is None
     want_requestheader = files.requestheader_ca is None
@@ -150,8 +157,10 @@ def _cluster_configmap(options: Options, kube: KubeClient | None, files: CAFiles
 
 
 def build_authorization(
-    options: Options,
+    options: AuthorizationOptions,
+    source: SourceOptions,
     *,
+    anonymous: bool,
     kube: KubeClient | None,
     metrics: Metrics,
     rbac_source: PolicySource | None = None,
@@ -160,12 +169,12 @@ def build_authorization(
     policy (a worker process: the control's copy); None: the folder, watched here."""
     client = kube
     components: list[tuple[str, Component]] = []
-    if options.authorization_kubeconfig:
-        client = KubeClient.from_kubeconfig(options.authorization_kubeconfig)
+    if options.kubeconfig:
+        client = KubeClient.from_kubeconfig(options.kubeconfig)
         components.append(("authorization-client", client))
-    names = authorization_modes(options)
+    names = authorization_modes(options, source)
     without = WithoutManifests.EVALUATE
-    if options.authorization_mode is None:
+    if options.modes is None:
         without = WithoutManifests.ALLOW_AUTHENTICATED if names == [RBAC] else WithoutManifests.DEFER
     folder: RBACFolder | None = None
     modes: list[Mode] = []
@@ -174,36 +183,36 @@ def build_authorization(
         if name == ALWAYS_ALLOW:
             modes.append(AlwaysAllowMode())
             summary.append("AlwaysAllow (every request, impersonation included)")
-            _warn_always_allow(options)
+            _warn_always_allow(anonymous)
         elif name == RBAC:
             if rbac_source is None:
-                assert options.apiservices_dir is not None, "check_modes refuses RBAC without a folder"
-                folder = rbac_source = RBACFolder(options.apiservices_dir)
+                assert source.apiservices_dir is not None, "check_modes refuses RBAC without a folder"
+                folder = rbac_source = RBACFolder(source.apiservices_dir)
                 components.append(("rbac-manifests", folder))
                 if without is WithoutManifests.ALLOW_AUTHENTICATED:
                     folder.add_listener(_announce_fallback)
             modes.append(RBACMode(rbac_source, without=without))
-            summary.append(f"RBAC from {options.apiservices_dir}{_WITHOUT[without]}")
+            summary.append(f"RBAC from {source.apiservices_dir}{_WITHOUT[without]}")
         else:
             assert client is not None, "check_modes refuses Webhook without a kubeconfig"
             reviewer = SubjectAccessReviewer(
                 WebhookClient(
                     client, calls.CREATE_SUBJECTACCESSREVIEWS, kind="subjectaccessreview", metrics=metrics
                 ),
-                allowed_ttl=options.authorization_webhook_cache_authorized_ttl,
-                denied_ttl=options.authorization_webhook_cache_unauthorized_ttl,
+                allowed_ttl=options.webhook_cache_authorized_ttl,
+                denied_ttl=options.webhook_cache_unauthorized_ttl,
                 metrics=metrics,
             )
             modes.append(WebhookMode(reviewer))
-            source = options.authorization_kubeconfig or options.kubeconfig or "in-cluster account"
-            allowed = options.authorization_webhook_cache_authorized_ttl
-            denied = options.authorization_webhook_cache_unauthorized_ttl
+            via = options.kubeconfig or source.kubeconfig or "in-cluster account"
+            allowed = options.webhook_cache_authorized_ttl
+            denied = options.webhook_cache_unauthorized_ttl
             summary.append(
-                f"SubjectAccessReview via {source} (cached {allowed:g}s allowed, {denied:g}s denied)"
+                f"SubjectAccessReview via {via} (cached {allowed:g}s allowed, {denied:g}s denied)"
             )
     authorizer = Authorizer(
-        always_allow_groups=options.authorization_always_allow_groups,
-        always_allow_paths=options.authorization_always_allow_paths,
+        always_allow_groups=options.always_allow_groups,
+        always_allow_paths=options.always_allow_paths,
         modes=modes,
     )
     return Authorization(authorizer, components, [f"authorization: {', then '.join(summary)}"], folder)
@@ -216,21 +225,19 @@ _WITHOUT = {
 }
 
 
-def authorization_modes(options: Options) -> list[str]:
+def authorization_modes(options: AuthorizationOptions, source: SourceOptions) -> list[str]:
     """`--authorization-mode`, or the default for where the gateway runs (`modes.default_modes`)."""
-    if options.authorization_mode is not None:
-        return list(options.authorization_mode)
-    has_kubeconfig = bool(options.kubeconfig or options.authorization_kubeconfig)
-    return default_modes(local_mode=options.local_mode, has_kubeconfig=has_kubeconfig)
+    has_kubeconfig = bool(source.kubeconfig or options.kubeconfig)
+    return options.modes_for(local_mode=source.local_mode, has_kubeconfig=has_kubeconfig)
 
 
-def _warn_always_allow(options: Options) -> None:
-    who = "every caller, anonymous ones included," if options.anonymous_auth else "every authenticated caller"
+def _warn_always_allow(anonymous: bool) -> None:
+    who = "every caller, anonymous ones included," if anonymous else "every authenticated caller"
     log.warning(
         f"AUTHORIZATION IS OFF (--authorization-mode=AlwaysAllow): {who} may do anything the gateway "
         "serves and impersonate any user, group, uid or extra (Impersonate-*, kubectl --as); backends "
         "are told the impersonated identity",
-        extra=fields(anonymous_auth=options.anonymous_auth),
+        extra=fields(anonymous_auth=anonymous),
     )
 
 

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+from aggregator.auth.options import AuthenticationOptions
 from aggregator.auth.requestheader import RequestHeaderConfig
-from aggregator.config import Options
 from aggregator.tls.verify import CAFile, CAPool
 
 
 class CAFiles:
     """The CA files named by flags, re-read on change; a Gateway component."""
 
-    def __init__(self, options: Options) -> None:
-        self.options = options
+    def __init__(self, options: AuthenticationOptions) -> None:
+        self.requestheader = options.requestheader
         self.client_ca = CAFile(options.client_ca_file) if options.client_ca_file else None
         self.requestheader_ca = (
-            CAFile(options.requestheader_client_ca_file) if options.requestheader_client_ca_file else None
+            CAFile(options.requestheader.client_ca_file) if options.requestheader.client_ca_file else None
         )
         self._requestheader: RequestHeaderConfig | None = None
 
@@ -27,15 +27,7 @@ class CAFiles:
             return None
         pool = self.requestheader_ca.pool
         if self._requestheader is None or self._requestheader.pool is not pool:
-            opts = self.options
-            self._requestheader = RequestHeaderConfig(
-                pool=pool,
-                allowed_names=frozenset(opts.requestheader_allowed_names),
-                username_headers=tuple(opts.requestheader_username_headers),
-                uid_headers=tuple(opts.requestheader_uid_headers),
-                group_headers=tuple(opts.requestheader_group_headers),
-                extra_prefixes=tuple(opts.requestheader_extra_headers_prefix),
-            )
+            self._requestheader = self.requestheader.config(pool)
         return self._requestheader
 
     async def start(self) -> None:

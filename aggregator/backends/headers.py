@@ -23,7 +23,7 @@ header itself. Go's servers keep `_` apart, which is why upstream never needed t
 from __future__ import annotations
 
 import string
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -177,19 +177,20 @@ DEFAULT_POLICY = IdentityHeaderPolicy.build()
 
 
 class RequestHeaderNames(Protocol):
-    """The header names of a front-proxy configuration (`auth.requestheader.RequestHeaderConfig`)."""
+    """The header names of a front-proxy configuration: the `--requestheader-*` flags
+    (`auth.options.RequestHeaderOptions`) or the cluster's (`auth.requestheader.RequestHeaderConfig`)."""
 
     @property
-    def username_headers(self) -> tuple[str, ...]: ...
+    def username_headers(self) -> Sequence[str]: ...
 
     @property
-    def uid_headers(self) -> tuple[str, ...]: ...
+    def uid_headers(self) -> Sequence[str]: ...
 
     @property
-    def group_headers(self) -> tuple[str, ...]: ...
+    def group_headers(self) -> Sequence[str]: ...
 
     @property
-    def extra_prefixes(self) -> tuple[str, ...]: ...
+    def extra_prefixes(self) -> Sequence[str]: ...
 
 
 class LiveIdentityPolicy:
@@ -202,20 +203,17 @@ class LiveIdentityPolicy:
     configuration object changed.
     """
 
-    def __init__(
-        self,
-        *,
-        username_headers: Iterable[str] = (),
-        uid_headers: Iterable[str] = (),
-        group_headers: Iterable[str] = (),
-        extra_prefixes: Iterable[str] = (),
-        keep_impersonation: bool = False,
-    ) -> None:
-        self._flags = (
-            tuple(username_headers),
-            tuple(uid_headers),
-            tuple(group_headers),
-            tuple(extra_prefixes),
+    def __init__(self, flags: RequestHeaderNames | None = None, *, keep_impersonation: bool = False) -> None:
+        """`flags`: the `--requestheader-*` names, always stripped (None: the standard names only)."""
+        self._flags: tuple[tuple[str, ...], ...] = (
+            (
+                tuple(flags.username_headers),
+                tuple(flags.uid_headers),
+                tuple(flags.group_headers),
+                tuple(flags.extra_prefixes),
+            )
+            if flags is not None
+            else ((), (), (), ())
         )
         self._keep_impersonation = keep_impersonation
         self._base = self._build(None)

@@ -42,20 +42,13 @@ from aggregator.availability.probe import (
     Step,
     check_apiservice,
 )
-from aggregator.config import (
-    ConfigError,
-    Options,
-    _check_pair,
-    _check_readable,
-    add_backend_flags,
-    add_source_flags,
-    options_from_args,
-)
-from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, client_for_options
+from aggregator.config import Options, add_backend_flags, add_source_flags, options_from_args
+from aggregator.kube.client import KubeAPIError, KubeClient, KubeError
 from aggregator.model.apiservice import APIService, service_column
 from aggregator.model.decode import DecodeError
 from aggregator.sources.kube import WATCHED, WatchedResource
 from aggregator.sources.store import Kind, Obj, Store
+from aggregator.util.flags import ConfigError, check_readable
 from aggregator.util.logs import configure_logging
 from aggregator.web.metrics import Metrics
 
@@ -132,31 +125,22 @@ def check_options(
         raise ConfigError("NAME", "give one APIService name, or --all")
     opts = options_from_args(args)
     notes = notes if notes is not None else []
-    if opts.apiservices_dir is None and opts.kubeconfig is None:
+    source, backends = opts.source, opts.backends
+    if source.apiservices_dir is None and source.kubeconfig is None:
         found = kubeconfig_from_environment(os.environ if environ is None else environ, home or Path.home())
         if found is not None:
-            opts.kubeconfig = found
+            source.kubeconfig = found
             notes.append(f"using the kubeconfig {found}")
-    if opts.apiservices_dir is not None and not (opts.proxy_client_cert_file or opts.proxy_client_key_file):
-        pair = proxy_client_pair_near(opts.apiservices_dir)
+    if source.apiservices_dir is not None and not (backends.proxy_client_cert_file or backends.proxy_client_key_file):
+        pair = proxy_client_pair_near(source.apiservices_dir)
         if pair is not None:
-            opts.proxy_client_cert_file, opts.proxy_client_key_file = pair
+            backends.proxy_client_cert_file, backends.proxy_client_key_file = pair
             notes.append(f"using the front-proxy client certificate {pair[0]} (--proxy-client-cert-file overrides)")
-    _check_pair(
-        "--proxy-client-cert-file",
-        opts.proxy_client_cert_file,
-        "--proxy-client-key-file",
-        opts.proxy_client_key_file,
-    )
-    for flag, path in (
-        ("--proxy-client-cert-file", opts.proxy_client_cert_file),
-        ("--proxy-client-key-file", opts.proxy_client_key_file),
-        ("--kubeconfig", opts.kubeconfig),
-    ):
-        _check_readable(flag, path)
-    if opts.apiservices_dir is not None and not os.path.isdir(opts.apiservices_dir):
-        raise ConfigError("--apiservices-dir", f"{opts.apiservices_dir} is not a readable directory")
-    if opts.apiservices_dir is None and opts.kubeconfig is None and not opts.in_cluster:
+    backends.validate(kube_mode=source.kube_mode)
+    check_readable("--kubeconfig", source.kubeconfig)
+    if source.apiservices_dir is not None and not os.path.isdir(source.apiservices_dir):
+        raise ConfigError("--apiservices-dir", f"{source.apiservices_dir} is not a readable directory")
+    if source.apiservices_dir is None and source.kubeconfig is None and not source.in_cluster:
         raise ConfigError(
             "--apiservices-dir",
             "neither --apiservices-dir nor --kubeconfig is set, $KUBECONFIG and ~/.kube/config name no "
@@ -358,7 +342,7 @@ def _port(svc: APIService) -> str:
 
 async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO) -> int:
     printer = Printer(out)
-    client = client_for_options(options) if options.kube_mode else None
+    client = options.source.kube_client() if options.kube_mode else None
     metrics = Metrics()
     try:
         if client is not None:
@@ -369,11 +353,11 @@ async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO
                 print(f"aggregator check: cannot list APIServices: {problem}", file=err)
                 return EXIT_USAGE
         else:
-            assert options.apiservices_dir is not None
-            loaded = load_folder(options.apiservices_dir)
+            assert options.source.apiservices_dir is not None
+            loaded = load_folder(options.source.apiservices_dir)
         for warning in loaded.warnings:
             print(f"warning: {warning}", file=err)
-        if options.proxy_client_cert_file is None:
+        if options.backends.proxy_client_cert_file is None:
             print(
                 "warning: no --proxy-client-cert-file: backends that require a front-proxy client "
                 "certificate will refuse the check",

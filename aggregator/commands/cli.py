@@ -9,14 +9,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from aggregator import __version__
-from aggregator.config import ConfigError, add_serve_flags, options_from_args, validate
+from aggregator.config import add_serve_flags, options_from_args, validate
+from aggregator.util.flags import ConfigError, csv_list
 from aggregator.util.logs import configure_logging
 
 EXIT_USAGE = 2
-
-
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -59,14 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--dir", default="certs", help="output folder (default certs/).")
     init.add_argument(
         "--hosts",
-        type=_csv,
+        type=csv_list,
         default=[],
         help="extra DNS names or IPs for the serving certificate (comma-separated).",
     )
     init.add_argument("--user", default="admin", help="user name (CN) of the admin client certificate.")
     init.add_argument(
         "--groups",
-        type=_csv,
+        type=csv_list,
         default=["system:masters"],
         help="groups (one O each) of the admin client certificate (default system:masters).",
     )
@@ -116,15 +113,14 @@ def _certs_init(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from aggregator.server import run
-    from aggregator.workers.cpus import usable_cpus
     from aggregator.workers.supervisor import run as run_workers
 
     options = options_from_args(args)
     stop_logging = None
     try:
         validate(options)
-        stop_logging = configure_logging(options.log_format, options.verbosity)
-        workers = options.workers if options.workers is not None else usable_cpus()
+        stop_logging = configure_logging(options.logging.format, options.logging.verbosity)
+        workers = options.workers.processes()
         if workers > 1:
             return run_workers(options, workers)
         return run(options)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import shlex
 import signal
@@ -45,7 +46,7 @@ from aggregator.commands.demofiles import (
     yaml_bytes,
 )
 from aggregator.commands.demorbac import VIEWERS, demo_rbac, rbac_manifests
-from aggregator.sample.api import GROUP, VERSIONS
+from aggregator.commands.wardle import GROUP, MODULE, VERSIONS, local_manifests
 from aggregator.tls.issue import issue_client_cert, issue_serving_cert, load_pair, write_pair
 from aggregator.util import parentdeath
 
@@ -75,8 +76,6 @@ def prepare(layout: DemoLayout, ports: Ports, files: GeneratedFiles, *, host: st
         config = kubeconfig(server, ca_pem, load_pair(certs, user), user=user)
         files.write(path, yaml_bytes([config]), private=True)
 
-    from aggregator.sample.registration import local_manifests
-
     layout.apiservices.mkdir(parents=True, exist_ok=True)
     files.write(layout.wardle_manifests, yaml_bytes(local_manifests(ca_pem, ports.sample, address=host)))
     files.write(rbac_manifests(layout), yaml_bytes(demo_rbac()))
@@ -87,7 +86,7 @@ def sample_command(layout: DemoLayout, port: int, host: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "aggregator.sample",
+        MODULE,
         "--bind-address",
         host,
         "--secure-port",
@@ -459,6 +458,16 @@ aggregator demo: the sample server exited ({how}); the gateway keeps serving wit
         return False
 
 
+def check_sample_installed() -> None:
+    """The sample server is a package of its own (samples/wardle), installed beside the gateway by
+    `make demo`; a gateway installed alone says how to get it instead of starting half a demo."""
+    if importlib.util.find_spec(MODULE) is None:
+        raise DemoError(
+            f"the sample extension API server ({MODULE}) is not installed in {sys.prefix}: run `make demo` "
+            "in a checkout of this repository, or `pip install -e samples/wardle` there"
+        )
+
+
 async def run_demo(
     certs_dir: str = "certs",
     *,
@@ -476,6 +485,7 @@ async def run_demo(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
+        check_sample_installed()
         # The lock first (a second demo on this folder names the first one's pid, whatever port it
         # asks for), then the ports: a demo that cannot start touches none of the files.
         with folder_lock(layout):

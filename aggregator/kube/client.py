@@ -27,8 +27,8 @@ import aiohttp
 import yarl
 
 from aggregator import __version__
-from aggregator.config import ConfigError, Options
 from aggregator.kube.calls import ApiCall, is_declared
+from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
@@ -511,15 +511,3 @@ def describe_error(err: BaseException) -> str:
         return f"cannot connect to {err.host}:{err.port}: {err.os_error.strerror or err.os_error}"
     text = str(err) or type(err).__name__
     return text if len(text) < 300 else text[:300] + "..."
-
-
-def client_for_options(options: Options) -> KubeClient | None:
-    """The gateway's client: `--kubeconfig` if given, else the pod's service account in kube mode.
-
-    A local-mode gateway gets one only with `--kubeconfig` (then used for reviews alone).
-    """
-    if options.kubeconfig:
-        return KubeClient.from_kubeconfig(options.kubeconfig)
-    if options.kube_mode:
-        return KubeClient.in_cluster()
-    return None

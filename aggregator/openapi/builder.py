@@ -3,7 +3,7 @@
 kube-apiserver's installer registers one route per verb of each resource and kube-openapi's
 builder turns the routes into paths and operations. Two documents here are built in that layout
 without the routes: the gateway's own `apiregistration.k8s.io/v1` (local mode, `local.py`) and the
-sample server's `wardle.example.com` (`aggregator/sample/openapi.py`). A `Resource` names what the
+sample server's `wardle.example.com` (`samples/wardle/sample_apiserver/openapi.py`). A `Resource` names what the
 installer derives a resource's routes from; `resource_paths` and `group_version_path` lay them out,
 with upstream's operation ids, tags, descriptions and query parameters (`meta-v1.yaml`, which also
 holds the meta/v1 schemas the operations reference). Schemas are written in v3 form with bare

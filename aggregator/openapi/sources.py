@@ -41,9 +41,12 @@ from urllib.parse import parse_qs, urlsplit
 from aggregator.openapi.convert import group_version_document
 from aggregator.openapi.documents import Document
 from aggregator.util.logs import fields
+from aggregator.web.metrics import Children
 from aggregator.wire.jsonenc import go_marshal
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter
+
     from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -200,7 +203,12 @@ class OpenAPISource:
     _failing: set[str] = field(default_factory=set)  # documents whose last attempt failed
     _converted: tuple[int, tuple[str, ...]] | None = None  # (v2 revision, keys) the v3 came from
     _v3_touched: bool = False  # `v3` changed during the refresh in progress
-    _counters: dict[tuple[str, str, str], Any] = field(default_factory=dict)  # labelled fetch counters
+    # `aggregator_openapi_fetches` by (apiservice, document, result), each child looked up once.
+    _fetches: Children[Counter] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.metrics is not None:
+            self._fetches = Children(self.metrics.openapi_fetches)
 
     # --- one refresh -----------------------------------------------------------------------------
 
@@ -457,12 +465,8 @@ class OpenAPISource:
 
     def _count(self, document: str, result: str) -> None:
         """One download, counted for each APIService it serves."""
-        if self.metrics is None:
+        fetches = self._fetches
+        if fetches is None:
             return
         for label in self.labels():
-            counter = self._counters.get((label, document, result))
-            if counter is None:
-                counter = self._counters[(label, document, result)] = self.metrics.openapi_fetches.labels(
-                    label, document, result
-                )
-            counter.inc()
+            fetches(label, document, result).inc()

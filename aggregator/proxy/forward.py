@@ -268,10 +268,15 @@ class Forwarder:
                 return False
             if not chunk:
                 break
-            # A client that went away raises ConnectionResetError here; the pipeline lets it through.
-            await out.write(chunk)
             if tap is not None:
                 tap.feed(chunk)
+            # A client that went away raises ConnectionResetError here; the pipeline lets it through.
+            if payload.is_eof():
+                # The whole body is here (a small answer, most of them): head, body and end go
+                # out in one write, without another read (the caller's `write_eof` is then a no-op).
+                await out.write_eof(chunk)
+                break
+            await out.write(chunk)
         if tap is not None:
             tap.finish()
         return True

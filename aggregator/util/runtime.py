@@ -7,15 +7,24 @@ import contextlib
 import gc
 import signal
 
+# Allocations between two young-generation collections (CPython's default: 700). A proxied request
+# allocates a few hundred tracked objects and frees nearly all of them itself; a young collection
+# costs about the objects still alive, not those allocated, so collecting 14x less often spares
+# most of the collector's share of a request (about 3% of its CPU) for a few thousand more objects
+# waiting at most one collection longer.
+YOUNG_THRESHOLD = 10_000
+
 
 def settle_heap() -> None:
     """Once a server process has started: collect, then move every object alive now (modules,
     classes, the kubernetes client's models, the first state) out of the collector's reach
     (`gc.freeze`). They live as long as the process; the cyclic collector then scans only what
     requests and later changes allocate, instead of the whole start-up heap at every full
-    collection. For server processes only, never a test's (what a test frees would stay)."""
+    collection. The young generation is collected less often (`YOUNG_THRESHOLD`). For server
+    processes only, never a test's (what a test frees would stay)."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

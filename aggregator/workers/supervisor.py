@@ -28,9 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from aggregator.assembly import Gateway, build_gateway
-from aggregator.config import ConfigError, Options
+from aggregator.config import Options
 from aggregator.server import serving_certificate, shutdown_bound
 from aggregator.util.backoff import exponential_delay
+from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
 from aggregator.util.runtime import TerminationSignals, new_event_loop
 from aggregator.util.tasks import TaskSet
@@ -38,6 +39,7 @@ from aggregator.web.certexpiry import SERVING
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import Hello, Listening
 from aggregator.workers.metrics import WorkerMetrics
+from aggregator.workers.options import WorkersOptions
 from aggregator.workers.publisher import Publisher, families
 
 log = logging.getLogger(__name__)
@@ -68,13 +70,13 @@ def reserve_port(options: Options) -> int:
     """Bind the address once without SO_REUSEPORT: a port anyone holds (even another gateway's
     group, which SO_REUSEPORT alone would silently share) is a start-up error, and port 0 is
     resolved to one port every worker then joins."""
-    family = socket.AF_INET6 if ":" in options.bind_address else socket.AF_INET
+    family = socket.AF_INET6 if ":" in options.serving.bind_address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind((options.bind_address, options.secure_port))
+            probe.bind((options.serving.bind_address, options.serving.port))
         except OSError as err:
-            address = f"{options.bind_address}:{options.secure_port}"
+            address = f"{options.serving.bind_address}:{options.serving.port}"
             reason = os.strerror(err.errno) if err.errno else str(err)
             raise ConfigError("--secure-port", f"cannot listen on {address}: {reason}") from err
         return int(probe.getsockname()[1])
@@ -220,7 +222,11 @@ async def supervise(options: Options, count: int) -> int:
     """Run the control and `count` workers until SIGTERM or SIGINT; the process exit code."""
     # refused (or generated, once) before the port and before any worker, as a single process does
     serving = serving_certificate(options)
-    options = replace(options, secure_port=reserve_port(options), workers=count)
+    options = replace(
+        options,
+        serving=replace(options.serving, port=reserve_port(options)),
+        workers=WorkersOptions(count),
+    )
     control = build_gateway(options)
     # The group's metrics take gauges from the control: it follows the serving pair too.
     control.metrics.certificate_expiry.follow(SERVING, lambda: (serving.cert_file, [serving.current.leaf]))

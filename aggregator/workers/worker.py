@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 
 from aggregator.assembly import build_worker_gateway
-from aggregator.config import ConfigError
 from aggregator.server import GatewayServer, shut_down
+from aggregator.util.flags import ConfigError
 from aggregator.util.logs import configure_logging, fields
 from aggregator.util.runtime import new_event_loop, settle_heap, wait_for_termination
 from aggregator.workers.channel import Channel
@@ -51,7 +51,7 @@ async def serve(fd: int) -> int:
     if not isinstance(hello, Hello):
         raise RuntimeError(f"expected a Hello from the control process, got {type(hello).__name__}")
     options = hello.options
-    stop_logging = configure_logging(options.log_format, options.verbosity)
+    stop_logging = configure_logging(options.logging.format, options.logging.verbosity)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_WorkerField(hello.index))
     try:
@@ -72,9 +72,9 @@ async def serve(fd: int) -> int:
         log.info("shutting down" if not lost else "shutting down: the control process is gone")
         await shut_down(
             server,
-            delay=0.0 if lost else options.shutdown_delay_duration,
-            watch_grace=options.shutdown_watch_termination_grace_period,
-            request_grace=options.request_timeout,
+            delay=0.0 if lost else options.server.shutdown_delay_duration,
+            watch_grace=options.server.shutdown_watch_termination_grace_period,
+            request_grace=options.server.request_timeout,
         )
         stop.cancel()
         following.cancel()

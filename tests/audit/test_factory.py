@@ -16,10 +16,12 @@ import pytest
 from aggregator.audit.factory import build_auditor
 from aggregator.audit.sinks import AppendFile, RotatingFile, StdoutSink
 from aggregator.commands.cli import build_parser
-from aggregator.config import ConfigError, Options, options_from_args, validate
+from aggregator.config import Options, options_from_args, validate
 from aggregator.model.userinfo import UserInfo
+from aggregator.util.flags import ConfigError
 from aggregator.web.metrics import Metrics
 from tests.audit.support import mocked_request, policy_for
+from tests.support.options import flag_options
 
 
 @pytest.fixture
@@ -29,18 +31,18 @@ def policy_file(tmp_path: Path) -> Path:
     return path
 
 
-def options(tmp_path: Path, **overrides: object) -> Options:
+def options(tmp_path: Path, **flags: object) -> Options:
     folder = tmp_path / "apiservices"
     folder.mkdir(exist_ok=True)
-    return replace(Options(apiservices_dir=str(folder)), **overrides)  # type: ignore[arg-type]
+    return flag_options(apiservices_dir=str(folder), **flags)
 
 
 def test_flags_and_defaults_follow_kube_apiserver() -> None:
     args = build_parser().parse_args(["serve"])
     opts = options_from_args(args)
-    assert (opts.audit_log_path, opts.audit_policy_file) == (None, None)
-    assert (opts.audit_log_maxage, opts.audit_log_maxbackup, opts.audit_log_maxsize) == (366, 100, 100)
-    assert opts.audit_log_batch_buffer_size == 10000
+    assert (opts.audit.log_path, opts.audit.policy_file) == (None, None)
+    assert (opts.audit.log_maxage, opts.audit.log_maxbackup, opts.audit.log_maxsize) == (366, 100, 100)
+    assert opts.audit.log_batch_buffer_size == 10000
     args = build_parser().parse_args(
         [
             "serve",
@@ -59,18 +61,18 @@ def test_flags_and_defaults_follow_kube_apiserver() -> None:
         ]
     )
     opts = options_from_args(args)
-    assert (opts.audit_log_path, opts.audit_policy_file) == ("-", "p.yaml")
-    assert (opts.audit_log_maxage, opts.audit_log_maxbackup, opts.audit_log_maxsize) == (7, 3, 0)
-    assert opts.audit_log_batch_buffer_size == 50
+    assert (opts.audit.log_path, opts.audit.policy_file) == ("-", "p.yaml")
+    assert (opts.audit.log_maxage, opts.audit.log_maxbackup, opts.audit.log_maxsize) == (7, 3, 0)
+    assert opts.audit.log_batch_buffer_size == 50
 
 
 def test_nothing_is_audited_without_both_path_and_policy(
     tmp_path: Path, policy_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert build_auditor(options(tmp_path), Metrics()) is None
+    assert build_auditor(options(tmp_path).audit, Metrics()) is None
     with caplog.at_level(logging.WARNING):
-        assert build_auditor(options(tmp_path, audit_log_path=str(tmp_path / "a.log")), Metrics()) is None
-        assert build_auditor(options(tmp_path, audit_policy_file=str(policy_file)), Metrics()) is None
+        assert build_auditor(options(tmp_path, audit_log_path=str(tmp_path / "a.log")).audit, Metrics()) is None
+        assert build_auditor(options(tmp_path, audit_policy_file=str(policy_file)).audit, Metrics()) is None
     assert (
         "--audit-log-path is set without --audit-policy-file: no audit events will be recorded" in caplog.text
     )
@@ -88,13 +90,13 @@ def test_log_file_and_rotation_settings(tmp_path: Path, policy_file: Path) -> No
         audit_log_maxbackup=3,
         audit_log_maxage=7,
     )
-    auditor = build_auditor(opts, Metrics())
+    auditor = build_auditor(opts.audit, Metrics())
     assert auditor is not None
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # created before serving starts
     sink = auditor.writer._sink  # type: ignore[attr-defined]
     assert isinstance(sink, RotatingFile)
     assert (sink.max_bytes, sink.max_backups, sink.max_age_days) == (5 * 1024 * 1024, 3, 7)
-    no_rotation = build_auditor(replace(opts, audit_log_maxsize=0), Metrics())
+    no_rotation = build_auditor(replace(opts.audit, log_maxsize=0), Metrics())
     assert no_rotation is not None
     assert isinstance(no_rotation.writer._sink, AppendFile)  # type: ignore[attr-defined]
 
@@ -104,14 +106,14 @@ def test_unwritable_log_path_stops_the_start(tmp_path: Path, policy_file: Path) 
     blocker.write_text("")
     opts = options(tmp_path, audit_log_path=str(blocker / "audit.log"), audit_policy_file=str(policy_file))
     with pytest.raises(ConfigError, match=r"^--audit-log-path: cannot create .*audit\.log: Not a directory$"):
-        build_auditor(opts, Metrics())
+        build_auditor(opts.audit, Metrics())
 
 
 def test_dash_writes_events_to_stdout(
     tmp_path: Path, policy_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     auditor = build_auditor(
-        options(tmp_path, audit_log_path="-", audit_policy_file=str(policy_file)), Metrics()
+        options(tmp_path, audit_log_path="-", audit_policy_file=str(policy_file)).audit, Metrics()
     )
     assert auditor is not None
     assert isinstance(auditor.writer._sink, StdoutSink)  # type: ignore[attr-defined]

@@ -23,8 +23,8 @@ import pytest
 
 from aggregator.auth.modes import IMPERSONATION_HINT
 from aggregator.auth.rbacfolder import RBACFolder
-from aggregator.config import ConfigError
 from aggregator.server import GatewayServer
+from aggregator.util.flags import ConfigError
 from tests.auth.conftest import GROUP_PREFIX, add_test_routes
 from tests.conftest import StartGateway
 from tests.support.gateway import local_options

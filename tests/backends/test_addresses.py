@@ -12,7 +12,7 @@ import pytest
 
 from aggregator.backends.addresses import AddressResolver, PendingLookup, Target
 from aggregator.backends.errors import BackendError, Hop
-from aggregator.config import DEFAULT_DENY_CIDRS, Options
+from aggregator.backends.options import DEFAULT_DENY_CIDRS
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice, Service, ServicePort
 from aggregator.sources.store import Store
@@ -32,6 +32,7 @@ from tests.support.backend import (
 )
 from tests.support.fakekube import FakeKube, kube_options
 from tests.support.gateway import running_gateway
+from tests.support.options import flag_options
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -377,9 +378,9 @@ async def test_kube_mode_denies_loopback_by_default_and_local_mode_does_not(
     pki: PKI, fake_kube: FakeKube, backend: FakeBackend, backend_pki: BackendPKI, tmp_path: Path
 ) -> None:
     assert fake_kube.kubeconfig is not None
-    assert Options(apiservices_dir=str(tmp_path)).deny_cidrs == list(DEFAULT_DENY_CIDRS)
-    assert Options(kubeconfig="k").deny_cidrs == [*DEFAULT_DENY_CIDRS, "127.0.0.0/8", "::1/128"]
-    assert Options(kubeconfig="k", backend_deny_cidrs=[]).deny_cidrs == []
+    assert flag_options(apiservices_dir=str(tmp_path)).deny_cidrs == list(DEFAULT_DENY_CIDRS)
+    assert flag_options(kubeconfig="k").deny_cidrs == [*DEFAULT_DENY_CIDRS, "127.0.0.0/8", "::1/128"]
+    assert flag_options(kubeconfig="k", backend_deny_cidrs=[]).deny_cidrs == []
 
     apiservice = apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem)
     del apiservice["status"]

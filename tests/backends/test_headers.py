@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aggregator.auth.options import RequestHeaderOptions
 from aggregator.backends.headers import (
     HOP_BY_HOP,
     IdentityHeaderPolicy,
@@ -262,7 +263,8 @@ def test_live_policy_follows_the_configuration_in_force() -> None:
         group_headers: tuple[str, ...] = ()
         extra_prefixes: tuple[str, ...] = ()
 
-    live = LiveIdentityPolicy(username_headers=["X-Flag-User"], extra_prefixes=["X-Flag-Extra-"])
+    flags = RequestHeaderOptions(username_headers=["X-Flag-User"], group_headers=[], extra_prefixes=["X-Flag-Extra-"])
+    live = LiveIdentityPolicy(flags)
     assert live.current().is_identity("x-flag-user") and not live.current().is_identity("X-Auth-User")
     in_force: list[Names | None] = [
         Names(("X-Auth-User",), ("X-Auth-Uid",), ("X-Auth-Groups",), ("X-Auth-Extra-",))

@@ -18,8 +18,8 @@ from aiohttp import web
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.commands.check import check_options, kubeconfig_from_environment, run_check
 from aggregator.commands.cli import build_parser
-from aggregator.config import ConfigError
 from aggregator.tls.issue import load_pair
+from aggregator.util.flags import ConfigError
 from tests.availability.support import StartBackend, backends
 from tests.conftest import StartGateway
 from tests.support.backend import (

@@ -205,7 +205,11 @@ def test_kube_mode_flags_at_their_defaults_are_not_refused_in_local_mode(tmp_pat
 
     options = options_from_args(build_parser().parse_args(["serve", "--apiservices-dir", str(tmp_path)]))
     validate(options)
-    assert (options.delegate_auth, options.write_apiservice_status, options.leader_elect) == (
+    assert (
+        options.delegation.delegate_auth,
+        options.availability.write_apiservice_status,
+        options.leader_election.leader_elect,
+    ) == (
         "front-proxy",
         False,
         True,

@@ -134,7 +134,7 @@ def test_a_second_demo_names_the_first_and_every_process_of_the_first_dies_with_
 
     tree = descendants(demo.process.pid)
     commands = {pid: command_line(pid) for pid in tree}
-    sample = [p for p, c in commands.items() if "-m aggregator.sample" in c]
+    sample = [p for p, c in commands.items() if "-m sample_apiserver" in c]
     gateway = [p for p, c in commands.items() if "-m aggregator serve" in c]
     workers = [p for p, c in commands.items() if "-m aggregator.workers" in c]
     assert len(sample) == 1 and len(gateway) == 1, commands

@@ -20,7 +20,7 @@ from aggregator.commands.demofiles import (
     registered_port,
     yaml_bytes,
 )
-from aggregator.sample.registration import local_manifests
+from aggregator.commands.wardle import local_manifests
 from tests.support.ports import free_port
 
 HOST = "127.0.0.1"

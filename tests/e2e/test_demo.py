@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 import yaml
 
-from aggregator.sample.registration import local_manifests
+from aggregator.commands.wardle import local_manifests
 from tests.support.e2e import Kubectl, kubectl_binaries
 from tests.support.ports import free_port
 

@@ -76,8 +76,15 @@ def fresh_copy(destination: Path) -> Path:
 
 
 def runtime_requirements() -> list[str]:
+    """What `make demo` installs from the index: the gateway's and the sample server's own
+    requirements (the sample's `aggregator` is the checkout itself)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    return [*project["build-system"]["requires"], *project["project"]["dependencies"]]
+    sample = tomllib.loads((REPO / "samples" / "wardle" / "pyproject.toml").read_text())
+    return [
+        *project["build-system"]["requires"],
+        *project["project"]["dependencies"],
+        *(r for r in sample["project"]["dependencies"] if r != project["project"]["name"]),
+    ]
 
 
 def wheelhouse_env() -> dict[str, str]:

@@ -103,8 +103,7 @@ async def test_a_backend_without_openapi_v3_is_explained_from_its_v2(
 ) -> None:
     """An extension server that predates OpenAPI v3: its v2 document, converted, is what explain reads."""
     from aiohttp import web
-
-    from aggregator.sample.server import SampleAPI
+    from sample_apiserver.server import SampleAPI
 
     serve = SampleAPI._non_resource
 

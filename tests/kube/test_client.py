@@ -12,7 +12,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from aggregator.config import ConfigError, Options
 from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import (
@@ -21,10 +20,11 @@ from aggregator.kube.client import (
     KubeClient,
     KubeUnreachable,
     NotLoaded,
-    client_for_options,
 )
+from aggregator.sources.options import SourceOptions
 from aggregator.tls.issue import load_pair
 from aggregator.tls.pem import load_pair_into, read_pair
+from aggregator.util.flags import ConfigError
 from tests.support.fakekube import GATEWAY_USER, FakeKube, apiservice
 from tests.support.ports import free_port
 
@@ -295,15 +295,15 @@ async def test_refused_connection_is_kube_unreachable_naming_the_address(
         await client.request_json(calls.LIST_APISERVICES)
 
 
-def test_client_for_options_picks_the_source(tmp_path: Path) -> None:
+def test_the_source_options_pick_the_client(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "k"
     kubeconfig.write_text("{}")
-    local_without = Options(apiservices_dir=str(tmp_path))
-    assert client_for_options(local_without) is None
-    local_with = Options(apiservices_dir=str(tmp_path), kubeconfig=str(kubeconfig))
-    client = client_for_options(local_with)
+    local_without = SourceOptions(apiservices_dir=str(tmp_path))
+    assert local_without.kube_client() is None
+    local_with = SourceOptions(apiservices_dir=str(tmp_path), kubeconfig=str(kubeconfig))
+    client = local_with.kube_client()
     assert client is not None and client.credentials.description == f"kubeconfig {kubeconfig}"
-    in_cluster = client_for_options(Options())
+    in_cluster = SourceOptions().kube_client()
     assert in_cluster is not None and in_cluster.credentials.description == "in-cluster service account"
 
 

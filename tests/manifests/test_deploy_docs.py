@@ -22,10 +22,10 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from prometheus_client.exposition import generate_latest
+from sample_apiserver.api import GROUP, VERSIONS
+from sample_apiserver.options import SampleOptions
+from sample_apiserver.server import SampleServer
 
-from aggregator.sample.api import GROUP, VERSIONS
-from aggregator.sample.options import SampleOptions
-from aggregator.sample.server import SampleServer
 from aggregator.web.http2.metrics import ConnectionMetrics
 from aggregator.web.metrics import Metrics
 from aggregator.workers.metrics import WorkerMetrics

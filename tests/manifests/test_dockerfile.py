@@ -1,11 +1,14 @@
-"""The Dockerfile and .dockerignore keep their promises (there is no Docker engine here to build).
+"""The Dockerfiles and their ignore files keep their promises (there is no Docker engine here to build).
 
-- the image is slim Python 3.11, runs as a fixed non-root UID (the one the Deployment names), and
-  starts `aggregator serve`;
-- nothing but the package's own sources enters the build context or the image: no virtualenv,
-  certificates, keys, caches or .git;
+- the gateway's image is slim Python 3.11, runs as a fixed non-root UID (the one the Deployment
+  names), and starts `aggregator serve`;
+- nothing but the package's own sources enters its build context or image: no virtualenv,
+  certificates, keys, caches or .git, and not the sample extension server (samples/wardle);
 - the build stage's COPY + `pip install .`, replayed on exactly the context Docker would send,
-  gives a working `aggregator` console script.
+  gives a working `aggregator` console script;
+- the sample's image (samples/wardle/Dockerfile, with BuildKit's Dockerfile.dockerignore beside
+  it) holds the sample and the gateway's libraries, and its replayed build gives a working
+  `sample-apiserver` console script.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from tests.manifests.k8s import MANIFESTS, REPO
 
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
+SAMPLE_DOCKERFILE = REPO / "samples" / "wardle" / "Dockerfile"
+# BuildKit reads `<Dockerfile>.dockerignore` beside the Dockerfile instead of the context's own.
+SAMPLE_DOCKERIGNORE = REPO / "samples" / "wardle" / "Dockerfile.dockerignore"
 
 
 # --- a Dockerfile reader (instructions, stages, ARG substitution) -----------------------------------
@@ -182,9 +188,9 @@ def _pattern_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(out)
 
 
-def read_dockerignore() -> list[tuple[bool, re.Pattern[str]]]:
+def read_dockerignore(path: Path = DOCKERIGNORE) -> list[tuple[bool, re.Pattern[str]]]:
     rules = []
-    for raw in DOCKERIGNORE.read_text().splitlines():
+    for raw in path.read_text().splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -234,7 +240,9 @@ def test_dockerignore_keeps_out_environments_certificates_caches_and_git() -> No
         "aggregator.egg-info/PKG-INFO",
         "aggregator/__pycache__/cli.cpython-311.pyc",
         "aggregator/tls/__pycache__/pem.cpython-311.pyc",
-        "aggregator/sample/stray.key",
+        "aggregator/commands/stray.key",
+        "samples/wardle/sample_apiserver/server.py",
+        "samples/wardle/pyproject.toml",
         "aggregator/stray.pem",
         "tests/conftest.py",
         "benchmarks/run_all.py",
@@ -284,15 +292,11 @@ def replay_copies(stage: Stage, context: list[str], root: Path) -> Path:
     return work
 
 
-def test_the_build_stage_installs_a_working_console_script(tmp_path: Path, stages: list[Stage]) -> None:
-    # Replay the build stage on the context Docker would send: its COPYs into the WORKDIR, then
-    # what `pip install .` does there, offline: setuptools' egg_info (entry points) and build_py
-    # (the files a wheel would carry, package data included).
-    context = build_context(read_dockerignore())
-    build = next(s for s in stages if any("pip install" in r.value for r in s.all("RUN")))
-    src = replay_copies(build, context, tmp_path / "build")
-    installed = tmp_path / "site"
-    result = subprocess.run(
+def build_offline(project: Path, egg_base: Path, installed: Path) -> subprocess.CompletedProcess[str]:
+    """What `pip install <project>` does, offline: setuptools' egg_info (entry points) and build_py
+    (the files a wheel would carry, package data included) into `installed`."""
+    egg_base.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
         [
             sys.executable,
             "-c",
@@ -300,7 +304,7 @@ def test_the_build_stage_installs_a_working_console_script(tmp_path: Path, stage
             "-q",
             "egg_info",
             "--egg-base",
-            str(tmp_path),
+            str(egg_base),
             "build_py",
             "--build-lib",
             str(installed),
@@ -308,9 +312,49 @@ def test_the_build_stage_installs_a_working_console_script(tmp_path: Path, stage
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=src,
+        cwd=project,
         check=False,
     )
+
+
+def console_script(egg_info: Path, name: str) -> tuple[str, str]:
+    """(module, function) of the console script `name` the egg-info declares."""
+    entry_points = configparser.ConfigParser()
+    entry_points.read(egg_info / "entry_points.txt")
+    module, _, function = entry_points["console_scripts"][name].partition(":")
+    return module, function
+
+
+def run_console_script(
+    module: str, function: str, name: str, args: list[str], pythonpath: list[Path], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, pythonpath)), "PYTHONDONTWRITEBYTECODE": "1"}
+    code = (
+        "import sys, importlib\n"
+        f"main = getattr(importlib.import_module({module!r}), {function!r})\n"
+        f"print(importlib.import_module({module.partition('.')[0]!r}).__file__, file=sys.stderr)\n"
+        f"sys.argv[0] = {name!r}\n"
+        "sys.exit(main())"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def test_the_build_stage_installs_a_working_console_script(tmp_path: Path, stages: list[Stage]) -> None:
+    # Replay the build stage on the context Docker would send: its COPYs into the WORKDIR, then
+    # what `pip install .` does there.
+    context = build_context(read_dockerignore())
+    build = next(s for s in stages if any("pip install" in r.value for r in s.all("RUN")))
+    src = replay_copies(build, context, tmp_path / "build")
+    installed = tmp_path / "site"
+    result = build_offline(src, tmp_path, installed)
     assert result.returncode == 0, result.stderr
     (egg_info,) = tmp_path.glob("*.egg-info")
     # PEP 639 metadata, from the SPDX string and the full text shipped beside it (no deprecation).
@@ -318,27 +362,9 @@ def test_the_build_stage_installs_a_working_console_script(tmp_path: Path, stage
     assert "License-Expression: Apache-2.0\n" in metadata and "License-File: LICENSE\n" in metadata
     assert "deprecated" not in result.stderr, result.stderr
     assert (src / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
-    entry_points = configparser.ConfigParser()
-    entry_points.read(egg_info / "entry_points.txt")
-    target = entry_points["console_scripts"]["aggregator"]  # what ENTRYPOINT ["aggregator", ...] runs
-    module, _, function = target.partition(":")
-    env = {**os.environ, "PYTHONPATH": str(installed), "PYTHONDONTWRITEBYTECODE": "1"}
-    code = (
-        "import sys, aggregator, importlib\n"
-        f"main = getattr(importlib.import_module({module!r}), {function!r})\n"
-        "print(aggregator.__file__, file=sys.stderr)\n"
-        "sys.argv[0] = 'aggregator'\n"
-        "sys.exit(main())"
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", code, "serve", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
+    # What ENTRYPOINT ["aggregator", ...] runs.
+    module, function = console_script(egg_info, "aggregator")
+    run = run_console_script(module, function, "aggregator", ["serve", "--help"], [installed], tmp_path)
     assert run.returncode == 0, run.stderr
     assert "--proxy-client-cert-file" in run.stdout
     # It ran the copy built from the context, not the repository's package.
@@ -346,3 +372,60 @@ def test_the_build_stage_installs_a_working_console_script(tmp_path: Path, stage
     for data in (REPO / "aggregator").rglob("*"):
         if data.suffix in (".json", ".yaml", ".typed") and "__pycache__" not in data.parts:
             assert (installed / data.relative_to(REPO)).exists(), f"{data} is missing from the image"
+    # The gateway's wheel holds the gateway: the sample server is a package of its own.
+    assert sorted(p.name for p in installed.iterdir()) == ["aggregator"]
+
+
+# --- the sample server's image ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sample_stages() -> list[Stage]:
+    return read_stages(SAMPLE_DOCKERFILE.read_text())[1]
+
+
+def test_the_sample_image_is_slim_python_run_by_the_user_its_deployment_names(
+    sample_stages: list[Stage],
+) -> None:
+    assert all(re.fullmatch(r"python:3\.11(\.\d+)?-slim(-\w+)?", s.image) for s in sample_stages)
+    final = sample_stages[-1]
+    (user,) = final.all("USER")
+    uid, _, gid = user.value.partition(":")
+    pod = yaml.safe_load((MANIFESTS / "examples/wardle/deployment.yaml").read_text())["spec"]["template"]["spec"]
+    ctx = pod["securityContext"]
+    assert (ctx["runAsUser"], ctx["runAsGroup"], ctx["fsGroup"]) == (int(uid), int(gid), int(gid))
+    (entrypoint,) = final.all("ENTRYPOINT")
+    assert json.loads(entrypoint.value) == ["sample-apiserver"]
+    for stage in sample_stages:
+        assert not stage.all("ADD")
+
+
+def test_the_sample_context_holds_both_packages_and_nothing_else() -> None:
+    rules = read_dockerignore(SAMPLE_DOCKERIGNORE)
+    context = build_context(rules)
+    assert "samples/wardle/sample_apiserver/server.py" in context
+    assert "aggregator/server.py" in context
+    allowed = ("aggregator/", "samples/wardle/sample_apiserver/")
+    top = ("pyproject.toml", "README.md", "LICENSE", "samples/wardle/pyproject.toml")
+    assert all(p in top or p.startswith(allowed) for p in context), context
+    for path in ("certs/ca.key", "samples/wardle/sample_apiserver/stray.key", ".venv/bin/python", "tests/conftest.py"):
+        assert excluded(path, rules), path
+
+
+def test_the_sample_build_installs_a_working_console_script(tmp_path: Path, sample_stages: list[Stage]) -> None:
+    context = build_context(read_dockerignore(SAMPLE_DOCKERIGNORE))
+    build = next(s for s in sample_stages if any("pip install" in r.value for r in s.all("RUN")))
+    (install,) = [r.value for r in build.all("RUN") if "pip install" in r.value]
+    assert install.split("pip install", 1)[1].split() == [".", "./samples/wardle"]
+    src = replay_copies(build, context, tmp_path / "build")
+    installed = tmp_path / "site"
+    for project, egg_base in ((src, tmp_path / "gateway"), (src / "samples/wardle", tmp_path / "sample")):
+        result = build_offline(project, egg_base, installed)
+        assert result.returncode == 0, result.stderr
+    (egg_info,) = (tmp_path / "sample").glob("*.egg-info")
+    module, function = console_script(egg_info, "sample-apiserver")
+    run = run_console_script(module, function, "sample-apiserver", ["--help"], [installed], tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "--requestheader-client-ca-file" in run.stdout
+    assert run.stderr.strip().startswith(str(installed)), run.stderr
+    assert sorted(p.name for p in installed.iterdir()) == ["aggregator", "sample_apiserver"]

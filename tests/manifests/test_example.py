@@ -15,10 +15,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from sample_apiserver.api import GROUP, VERSIONS
+from sample_apiserver.options import build_parser, options_from_args, validate
+from sample_apiserver.server import SampleServer
 
-from aggregator.sample.api import GROUP, VERSIONS
-from aggregator.sample.options import build_parser, options_from_args, validate
-from aggregator.sample.server import SampleServer
 from tests.manifests.k8s import MANIFESTS, Obj, find, load_documents
 from tests.support.pki import PKI
 
@@ -50,10 +50,13 @@ def _container(pod: Obj) -> Obj:
     return dict(container)
 
 
-def test_it_runs_the_bundled_sample_from_the_gateway_image(pod: Obj) -> None:
+def test_it_runs_the_sample_from_its_own_image(pod: Obj) -> None:
     container = _container(pod)
-    assert container["command"] == ["python", "-m", "aggregator.sample"]
-    assert container["image"] == "aggregator"  # the same image; kustomize sets the tag
+    # samples/wardle/Dockerfile's image (its ENTRYPOINT is the sample); kustomize sets the tag.
+    assert container["image"] == "wardle-apiserver"
+    assert "command" not in container
+    kustomization = load_documents((EXAMPLE / "kustomization.yaml").read_text())[0]
+    assert kustomization["images"] == [{"name": "wardle-apiserver", "newTag": "0.1.0"}]
     options = options_from_args(build_parser().parse_args(container["args"]))
     validate(options)
     assert options.requestheader_allowed_names == ["front-proxy-client"]

@@ -334,19 +334,19 @@ def test_every_flag_in_the_deployment_exists_in_serve_help(deployment: Obj) -> N
 def test_the_deployment_runs_kube_mode_in_cluster_with_mounted_certificates(deployment: Obj) -> None:
     container = _container(deployment)
     options = _serve_options(container["args"])
-    assert options.kube_mode and options.kubeconfig is None  # in-cluster credentials
-    assert options.log_format == "json"
-    assert options.secure_port == 8443
-    assert options.delegate_auth == "front-proxy" and not options.write_apiservice_status
+    assert options.kube_mode and options.source.kubeconfig is None  # in-cluster credentials
+    assert options.logging.format == "json"
+    assert options.serving.port == 8443
+    assert options.delegation.delegate_auth == "front-proxy" and not options.availability.write_apiservice_status
     # Client CA and front-proxy settings come from extension-apiserver-authentication.
-    assert options.client_ca_file is None and options.requestheader_client_ca_file is None
+    assert options.authentication.client_ca_file is None and options.authentication.requestheader.client_ca_file is None
 
     pod = deployment["spec"]["template"]["spec"]
     secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     files = {
-        "serving": (options.tls_cert_file, options.tls_private_key_file),
-        "front-proxy": (options.proxy_client_cert_file, options.proxy_client_key_file),
+        "serving": (options.serving.cert_file, options.serving.key_file),
+        "front-proxy": (options.backends.proxy_client_cert_file, options.backends.proxy_client_key_file),
     }
     expected_secret = {"serving": "aggregator-serving-cert", "front-proxy": "aggregator-front-proxy-client"}
     for purpose, (cert, key) in files.items():
@@ -414,8 +414,8 @@ def test_each_overlay_adds_its_flag_to_the_base(overlay: str, flag: str) -> None
     base_args = _container(find(base, "Deployment", "aggregator", NAMESPACE))["args"]
     assert args == [*base_args, flag]
     options = _serve_options(args)
-    assert options.write_apiservice_status == (overlay == "write-apiservice-status")
-    assert options.delegate_auth == ("impersonate" if overlay == "impersonate" else "front-proxy")
+    assert options.availability.write_apiservice_status == (overlay == "write-apiservice-status")
+    assert options.delegation.delegate_auth == ("impersonate" if overlay == "impersonate" else "front-proxy")
     # Everything in the base is still there, unchanged apart from the Deployment.
     base_names = set(describe(base))
     assert base_names <= set(describe(objs))
@@ -426,5 +426,5 @@ def test_a_graceful_shutdown_fits_in_the_termination_grace_period(deployment: Ob
     (delay, drain, close) must end before it, with room for stopping the components."""
     options = _serve_options(_container(deployment)["args"])
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert options.shutdown_delay_duration > 0  # endpoints drop the pod before it stops listening
+    assert options.server.shutdown_delay_duration > 0  # endpoints drop the pod before it stops listening
     assert shutdown_bound(options) + 5 <= grace

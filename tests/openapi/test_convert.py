@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sample_apiserver.openapi import build_v2, build_v3
+
 from aggregator.openapi.convert import convert_schema, convert_v2_to_v3, group_version_document
-from aggregator.sample.openapi import build_v2, build_v3
 
 KEY = "apis/wardle.example.com/v1beta1"
 FLUNDERS = "/apis/wardle.example.com/v1beta1/namespaces/{namespace}/flunders/{name}"

@@ -1,86 +1,46 @@
-"""The gnostic protobuf encoding of OpenAPI v2, decoded back field by field.
+"""The gnostic protobuf encoding of OpenAPI v2, read back with gnostic's own message classes.
 
-The field numbers asserted here are OpenAPIv2.proto's (gnostic): Document.paths = 8,
-definitions = 9, Schema.additional_properties = 21, ParametersItem.json_reference = 2, ...
+`tests/support/gnostic.py` builds `openapi.v2.*` from gnostic's OpenAPIv2.proto: a field written
+under a wrong number or wire type is an unknown field there, and a value under the wrong name
+reads back wrong. Bytes must also be exactly what a protobuf serializer writes for the message
+(fields in number order, zero values left out, as Go's `proto.Marshal` does).
 """
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import pytest
 import yaml
+from google.protobuf.message import Message
 
-from aggregator.openapi import gnostic
 from aggregator.openapi.gnostic import encode_document, yaml_text
-from aggregator.sample.openapi import build_v2
-from aggregator.sample.openapi_pb import encode_document as sample_encode_document
+from tests.support.gnostic import gnostic_classes, unknown_fields
 
-Fields = list[tuple[int, Any]]
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, i
+Classes = dict[str, type[Message]]
 
 
-def fields(data: bytes) -> Fields:
-    """One message level: (field number, int | float | bytes) in wire order."""
-    out: Fields = []
-    i = 0
-    while i < len(data):
-        key, i = _varint(data, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(data, i)
-            out.append((number, value))
-        elif wire == 1:
-            out.append((number, struct.unpack("<d", data[i : i + 8])[0]))
-            i += 8
-        elif wire == 2:
-            length, i = _varint(data, i)
-            out.append((number, data[i : i + length]))
-            i += length
-        else:
-            raise AssertionError(f"unexpected wire type {wire}")
-    return out
+@pytest.fixture(scope="module")
+def openapi_v2() -> Classes:
+    return gnostic_classes()
 
 
-def one(data: bytes, number: int) -> Any:
-    values = [v for n, v in fields(data) if n == number]
-    assert len(values) == 1, f"field {number}: {len(values)} values in {fields(data)}"
-    return values[0]
+def decode(classes: Classes, doc: dict[str, Any]) -> Any:
+    """`encode_document(doc)` as gnostic's Document, checked field by field against its schema."""
+    encoded = encode_document(doc)
+    message = classes["Document"].FromString(encoded)
+    assert list(unknown_fields(message)) == []
+    assert message.SerializeToString(deterministic=True) == encoded
+    return message
 
 
-def every(data: bytes, number: int) -> list[Any]:
-    return [v for n, v in fields(data) if n == number]
+def named(entries: Any) -> dict[str, Any]:
+    """A `repeated Named<T>` as {name: value}, keeping order."""
+    return {entry.name: entry.value for entry in entries}
 
 
-def named(data: bytes, number: int) -> dict[str, bytes]:
-    """A `repeated Named<T>` field as {name: value bytes}, keeping order."""
-    return {one(entry, 1).decode(): one(entry, 2) for entry in every(data, number)}
-
-
-def any_value(data: bytes) -> Any:
-    return yaml.safe_load(one(data, 2).decode())
-
-
-def test_same_bytes_as_the_sample_servers_encoder_given_the_same_yaml(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The sample's encoder is what kubectl 1.27/1.28 were proven against; only the YAML style differs."""
-    doc = build_v2()
-    monkeypatch.setattr(
-        gnostic, "yaml_text", lambda value: yaml.safe_dump(value, default_flow_style=False, sort_keys=True)
-    )
-    assert encode_document(doc) == sample_encode_document(doc)
+def any_value(value: Any) -> Any:
+    return yaml.safe_load(value.yaml)
 
 
 def test_yaml_of_any_values_reads_back_as_the_json_value() -> None:
@@ -120,13 +80,20 @@ DOC: dict[str, Any] = {
                 "parameters": [
                     {"in": "body", "name": "body", "required": True, "schema": {"$ref": "#/definitions/Pod"}},
                     {"in": "header", "name": "X-Thing", "type": "integer", "maximum": 5, "minimum": -3},
+                    {"in": "formData", "name": "f", "type": "file", "collectionFormat": "csv"},
                 ],
                 "responses": {
                     "200": {"description": "OK", "schema": {"$ref": "#/definitions/PodList"}},
-                    "401": {"description": "Unauthorized"},
+                    "401": {
+                        "description": "Unauthorized",
+                        "headers": {"Retry-After": {"type": "integer", "description": "s"}},
+                        "examples": {"application/json": {"kind": "Status"}},
+                    },
                     "default": {"$ref": "#/responses/err"},
                     "x-codes": "c",
                 },
+                "security": [{"oauth": ["read"]}],
+                "deprecated": True,
                 "x-kubernetes-action": "list",
                 "x-kubernetes-group-version-kind": {"group": "", "kind": "Pod", "version": "v1"},
             },
@@ -150,78 +117,106 @@ DOC: dict[str, Any] = {
                 },
                 "count": {"format": "int32", "maxLength": 10, "minItems": -1, "type": ["integer", "null"]},
                 "mode": {"default": "Always", "enum": ["Always", "Never"], "type": "string"},
+                "ratio": {"multipleOf": 0.5, "maximum": 2, "exclusiveMaximum": True, "readOnly": True},
+                "doc": {"xml": {"name": "d", "wrapped": True}, "externalDocs": {"url": "https://x"}},
+                "mixed": {"allOf": [{"$ref": "#/definitions/A"}, {"$ref": "#/definitions/B"}]},
             },
             "x-kubernetes-group-version-kind": [{"group": "", "kind": "Pod", "version": "v1"}],
         },
     },
     "parameters": {"namespace-vxm": {"in": "path", "name": "namespace", "required": True, "type": "string"}},
-    "securityDefinitions": {"BearerToken": {"in": "header", "name": "authorization", "type": "apiKey"}},
+    "responses": {"err": {"description": "an error"}},
+    "securityDefinitions": {
+        "BearerToken": {"in": "header", "name": "authorization", "type": "apiKey"},
+        "basic": {"type": "basic"},
+        "oauth": {
+            "type": "oauth2",
+            "flow": "accessCode",
+            "authorizationUrl": "https://a",
+            "tokenUrl": "https://t",
+            "scopes": {"read": "reads"},
+        },
+        "implicit": {"type": "oauth2", "flow": "implicit", "authorizationUrl": "https://a"},
+        "password": {"type": "oauth2", "flow": "password", "tokenUrl": "https://t"},
+    },
     "security": [{"BearerToken": []}],
+    "tags": [{"name": "core_v1", "description": "core"}],
+    "externalDocs": {"description": "more"},
+    "x-top": 1,
 }
 
 
-def test_document_fields() -> None:
-    pb = encode_document(DOC)
-    assert one(pb, 1) == b"2.0"
-    info = one(pb, 2)
-    assert (one(info, 1), one(info, 2)) == (b"Kubernetes", b"v1.32.0")
-    assert any_value(named(info, 7)["x-info"]) == "i"
-    paths = one(pb, 8)
-    assert list(named(paths, 1)) == ["x-paths-extension"]  # vendor_extension
-    assert list(named(paths, 2)) == ["/api/v1/namespaces/{namespace}/pods", "/download"]
-    security = one(pb, 12)
-    assert named(security, 1) == {"BearerToken": b""}
-    api_key = one(named(one(pb, 13), 1)["BearerToken"], 2)  # SecurityDefinitionsItem.api_key_security
-    assert [one(api_key, n) for n in (1, 2, 3)] == [b"apiKey", b"authorization", b"header"]
-    shared = named(one(pb, 10), 1)["namespace-vxm"]  # ParameterDefinitions
-    path_param = one(one(shared, 2), 4)  # Parameter.non_body -> NonBodyParameter.path
-    assert (one(path_param, 1), one(path_param, 2), one(path_param, 4), one(path_param, 5)) == (
-        1,
-        b"path",
-        b"namespace",
-        b"string",
+def test_document_fields(openapi_v2: Classes) -> None:
+    doc = decode(openapi_v2, DOC)
+    assert doc.swagger == "2.0"
+    assert (doc.info.title, doc.info.version) == ("Kubernetes", "v1.32.0")
+    assert any_value(named(doc.info.vendor_extension)["x-info"]) == "i"
+    assert list(named(doc.paths.vendor_extension)) == ["x-paths-extension"]
+    assert list(named(doc.paths.path)) == ["/api/v1/namespaces/{namespace}/pods", "/download"]
+    assert [list(named(r.additional_properties)) for r in doc.security] == [["BearerToken"]]
+    schemes = named(doc.security_definitions.additional_properties)
+    api_key = schemes["BearerToken"].api_key_security
+    assert (api_key.type, api_key.name, getattr(api_key, "in")) == ("apiKey", "authorization", "header")
+    assert schemes["basic"].WhichOneof("oneof") == "basic_authentication_security"
+    access_code = schemes["oauth"].oauth2_access_code_security
+    assert (access_code.authorization_url, access_code.token_url) == ("https://a", "https://t")
+    assert named(access_code.scopes.additional_properties) == {"read": "reads"}
+    assert schemes["implicit"].oauth2_implicit_security.authorization_url == "https://a"
+    assert schemes["password"].oauth2_password_security.token_url == "https://t"
+    shared = named(doc.parameters.additional_properties)["namespace-vxm"]
+    path_param = shared.non_body_parameter.path_parameter_sub_schema
+    assert (path_param.required, getattr(path_param, "in"), path_param.name, path_param.type) == (
+        True,
+        "path",
+        "namespace",
+        "string",
     )
+    assert named(doc.responses.additional_properties)["err"].description == "an error"
+    assert [(t.name, t.description) for t in doc.tags] == [("core_v1", "core")]
+    assert doc.external_docs.description == "more"
+    assert any_value(named(doc.vendor_extension)["x-top"]) == 1
 
 
-def test_path_items_operations_and_parameters() -> None:
-    item = named(one(encode_document(DOC), 8), 2)["/api/v1/namespaces/{namespace}/pods"]
-    ref, query = every(item, 9)
-    assert one(one(ref, 2), 1) == b"#/parameters/namespace-vxm"  # ParametersItem.json_reference
-    query = one(one(one(query, 1), 2), 3)  # parameter -> non_body -> query
-    assert [n for n, _ in fields(query)] == [2, 4, 5, 6, 20]  # in, name, allowEmptyValue, type, uniqueItems
-    get = one(item, 2)
-    assert one(get, 5) == b"listCoreV1NamespacedPod"
-    assert every(get, 6) == [b"application/json", b"application/yaml"] and every(get, 7) == [b"*/*"]
-    assert every(get, 1) == [b"core_v1"] and every(get, 10) == [b"https"]
-    body, header = every(get, 8)
-    body = one(one(body, 1), 1)  # parameter -> body_parameter
-    assert (one(body, 2), one(body, 3), one(body, 4)) == (b"body", b"body", 1)
-    assert one(one(body, 5), 1) == b"#/definitions/Pod"
-    header = one(one(one(header, 1), 2), 1)  # parameter -> non_body -> header
-    assert one(header, 5) == b"integer" and one(header, 10) == 5.0 and one(header, 12) == -3.0
-    responses = one(get, 9)
-    codes = named(responses, 1)
+def test_path_items_operations_and_parameters(openapi_v2: Classes) -> None:
+    paths = named(decode(openapi_v2, DOC).paths.path)
+    item = paths["/api/v1/namespaces/{namespace}/pods"]
+    ref, query = item.parameters
+    assert ref.json_reference._ref == "#/parameters/namespace-vxm"
+    query = query.parameter.non_body_parameter.query_parameter_sub_schema
+    assert (query.name, query.type, query.allow_empty_value, query.unique_items) == ("pretty", "string", True, True)
+    get = item.get
+    assert get.operation_id == "listCoreV1NamespacedPod"
+    assert list(get.produces) == ["application/json", "application/yaml"] and list(get.consumes) == ["*/*"]
+    assert list(get.tags) == ["core_v1"] and list(get.schemes) == ["https"] and get.deprecated
+    body, header, form = get.parameters
+    body = body.parameter.body_parameter
+    assert (body.name, getattr(body, "in"), body.required) == ("body", "body", True)
+    assert body.schema._ref == "#/definitions/Pod"
+    header = header.parameter.non_body_parameter.header_parameter_sub_schema
+    assert (header.type, header.maximum, header.minimum) == ("integer", 5.0, -3.0)
+    form = form.parameter.non_body_parameter.form_data_parameter_sub_schema
+    assert (form.type, form.collection_format) == ("file", "csv")
+    codes = named(get.responses.response_code)
     assert list(codes) == ["200", "401", "default"]
-    assert one(one(one(one(codes["200"], 1), 2), 1), 1) == b"#/definitions/PodList"  # response.schema.schema
-    assert one(one(codes["default"], 2), 1) == b"#/responses/err"
-    assert list(named(responses, 2)) == ["x-codes"]
-    extensions = named(get, 13)
+    assert codes["200"].response.schema.schema._ref == "#/definitions/PodList"
+    unauthorized = codes["401"].response
+    assert named(unauthorized.headers.additional_properties)["Retry-After"].description == "s"
+    assert any_value(named(unauthorized.examples.additional_properties)["application/json"]) == {"kind": "Status"}
+    assert codes["default"].json_reference._ref == "#/responses/err"
+    assert list(named(get.responses.vendor_extension)) == ["x-codes"]
+    assert [list(named(s.additional_properties)["oauth"].value) for s in get.security] == [["read"]]
+    extensions = named(get.vendor_extension)
     assert any_value(extensions["x-kubernetes-action"]) == "list"
-    assert any_value(extensions["x-kubernetes-group-version-kind"]) == {
-        "group": "",
-        "kind": "Pod",
-        "version": "v1",
-    }
-    download = one(named(one(encode_document(DOC), 8), 2)["/download"], 2)
-    file_response = one(named(one(download, 9), 1)["200"], 1)
-    assert one(one(one(file_response, 2), 2), 6) == b"file"  # SchemaItem.file_schema.type
+    assert any_value(extensions["x-kubernetes-group-version-kind"]) == {"group": "", "kind": "Pod", "version": "v1"}
+    download = named(paths["/download"].get.responses.response_code)["200"].response
+    assert download.schema.file_schema.type == "file"
 
 
-def test_schemas() -> None:
-    pod = named(one(encode_document(DOC), 9), 1)["Pod"]
-    assert every(pod, 19) == [b"spec", b"x-not-an-extension-here"]
-    assert one(one(pod, 22), 1) == b"object"
-    properties = named(one(pod, 25), 1)
+def test_schemas(openapi_v2: Classes) -> None:
+    pod = named(decode(openapi_v2, DOC).definitions.additional_properties)["Pod"]
+    assert list(pod.required) == ["spec", "x-not-an-extension-here"]
+    assert list(pod.type.value) == ["object"]
+    properties = named(pod.properties.additional_properties)
     assert list(properties) == [
         "x-property-named-like-an-extension",
         "labels",
@@ -229,28 +224,34 @@ def test_schemas() -> None:
         "ports",
         "count",
         "mode",
+        "ratio",
+        "doc",
+        "mixed",
     ]
-    labels = one(properties["labels"], 21)
-    assert one(one(one(labels, 1), 22), 1) == b"string"  # additional_properties.schema.type
-    assert fields(one(properties["closed"], 21)) == [(2, 0)]  # a oneof bool is written even when false
+    assert list(properties["labels"].additional_properties.schema.type.value) == ["string"]
+    closed = properties["closed"].additional_properties
+    assert closed.WhichOneof("oneof") == "boolean" and closed.boolean is False  # written even when false
     ports = properties["ports"]
-    assert one(one(one(ports, 23), 1), 1) == b"#/definitions/Port"  # items.schema[0].$ref
-    assert any_value(named(ports, 31)["x-kubernetes-list-map-keys"]) == ["containerPort", "protocol"]
+    assert [s._ref for s in ports.items.schema] == ["#/definitions/Port"]
+    assert any_value(named(ports.vendor_extension)["x-kubernetes-list-map-keys"]) == ["containerPort", "protocol"]
     count = properties["count"]
-    assert every(one(count, 22), 1) == [b"integer", b"null"]
-    assert one(count, 11) == 10 and one(count, 15) == (1 << 64) - 1  # int64 -1, two's complement
+    assert list(count.type.value) == ["integer", "null"]
+    assert (count.format, count.max_length, count.min_items) == ("int32", 10, -1)
     mode = properties["mode"]
-    assert any_value(one(mode, 5)) == "Always"
-    assert [any_value(v) for v in every(mode, 20)] == ["Always", "Never"]
-    assert any_value(named(pod, 31)["x-kubernetes-group-version-kind"]) == [
+    assert any_value(mode.default) == "Always"
+    assert [any_value(v) for v in mode.enum] == ["Always", "Never"]
+    ratio = properties["ratio"]
+    assert (ratio.multiple_of, ratio.maximum, ratio.exclusive_maximum, ratio.read_only) == (0.5, 2.0, True, True)
+    doc = properties["doc"]
+    assert (doc.xml.name, doc.xml.wrapped, doc.external_docs.url) == ("d", True, "https://x")
+    assert [s._ref for s in properties["mixed"].all_of] == ["#/definitions/A", "#/definitions/B"]
+    assert any_value(named(pod.vendor_extension)["x-kubernetes-group-version-kind"]) == [
         {"group": "", "kind": "Pod", "version": "v1"}
     ]
 
 
-def test_unknown_keys_and_wrong_types_are_ignored() -> None:
-    pb = encode_document(
-        {"swagger": "2.0", "nullable": True, "paths": {"/a": {"get": {"deprecated": "yes"}}}}
-    )
-    assert [n for n, _ in fields(pb)] == [1, 8]
-    get = one(named(one(pb, 8), 2)["/a"], 2)
-    assert get == b""
+def test_unknown_keys_and_wrong_types_are_ignored(openapi_v2: Classes) -> None:
+    doc = decode(openapi_v2, {"swagger": "2.0", "nullable": True, "paths": {"/a": {"get": {"deprecated": "yes"}}}})
+    assert [field.name for field, _ in doc.ListFields()] == ["swagger", "paths"]
+    get = named(doc.paths.path)["/a"].get
+    assert get.ByteSize() == 0 and doc.paths.path[0].value.HasField("get")

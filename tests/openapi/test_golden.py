@@ -1,6 +1,6 @@
 """The OpenAPI documents the gateway and the sample server build themselves, pinned to the byte.
 
-Both are built in code (`aggregator/openapi/local.py`, `aggregator/sample/openapi.py`), and what
+Both are built in code (`aggregator/openapi/local.py`, `samples/wardle/sample_apiserver/openapi.py`), and what
 they serve is hashed into the ETags and `?hash=` URLs kubectl caches under, so an unintended change
 in any path, parameter, key order or schema is a change clients see. The other tests check what
 kubectl needs from the documents; this one checks that nothing else moved. Digests are kept per
@@ -17,10 +17,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sample_apiserver.api import GROUP, VERSIONS
+from sample_apiserver.openapi import OpenAPIDocuments, build_v2, build_v3
+
 from aggregator import __version__
 from aggregator.openapi.local import build_documents
-from aggregator.sample.api import GROUP, VERSIONS
-from aggregator.sample.openapi import OpenAPIDocuments, build_v2, build_v3
 from aggregator.wire.jsonenc import go_marshal
 
 JSON = dict[str, Any]

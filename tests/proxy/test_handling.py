@@ -10,7 +10,6 @@ import pytest
 from aggregator.assembly import build_backends
 from aggregator.backends.addresses import PendingLookup
 from aggregator.backends.errors import BackendError, Hop
-from aggregator.config import Options
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice
 from aggregator.proxy.destination import Destination
@@ -18,6 +17,7 @@ from aggregator.proxy.handling import HandlingTable
 from aggregator.sources.store import Kind, Store
 from aggregator.web.metrics import Metrics
 from tests.backends.test_addresses import service
+from tests.support.options import flag_options
 
 NAME = "v1.demo.example.com"
 
@@ -49,7 +49,7 @@ def table(*objs: object, endpoint_routing: bool = False) -> tuple[Store, Handlin
     store = Store()
     for obj in objs:
         store.upsert(obj)  # type: ignore[arg-type]
-    options = Options(apiservices_dir=".", enable_aggregator_routing=endpoint_routing)
+    options = flag_options(apiservices_dir=".", enable_aggregator_routing=endpoint_routing)
     backends = build_backends(options, store, Metrics())
     handling = HandlingTable(store, backends)
     store.add_listener(handling.on_store_event)

@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from sample_apiserver import SampleOptions, SampleServer
 
-from aggregator.sample import SampleOptions, SampleServer
 from tests.support.pki import PKI
 
 ADMIN = {"X-Remote-User": "admin", "X-Remote-Group": "system:masters"}

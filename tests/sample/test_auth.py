@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sample_apiserver import SampleServer
 
-from aggregator.sample import SampleServer
 from aggregator.tls.issue import issue_client_cert, new_ca, write_pair
 from tests.sample.conftest import MakeClient
 from tests.support.pki import PKI
@@ -181,8 +181,8 @@ def test_identity_from_headers_follows_requestheader_rules(pki: PKI) -> None:
     from cryptography import x509
     from cryptography.hazmat.primitives.serialization import Encoding
     from multidict import CIMultiDict, CIMultiDictProxy
+    from sample_apiserver.auth import FrontProxyAuthenticator
 
-    from aggregator.sample.auth import FrontProxyAuthenticator
     from aggregator.tls.verify import CAFile
 
     der = x509.load_pem_x509_certificate(Path(pki.path("front-proxy-client.crt")).read_bytes()).public_bytes(

@@ -1,4 +1,4 @@
-"""`python -m aggregator.sample` as a human runs it: flags, a real request, clean exit on SIGTERM."""
+"""`python -m sample_apiserver` as a human runs it: flags, a real request, clean exit on SIGTERM."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ async def test_module_serves_until_sigterm(pki: PKI, tmp_path: Path) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "aggregator.sample",
+        "sample_apiserver",
         "--bind-address",
         "127.0.0.1",
         "--secure-port",
@@ -65,7 +65,7 @@ async def test_missing_front_proxy_ca_is_a_clear_error() -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "aggregator.sample",
+        "sample_apiserver",
         "--secure-port",
         "0",
         stdout=asyncio.subprocess.PIPE,
@@ -80,7 +80,7 @@ async def test_unreadable_certificate_is_a_clear_error(pki: PKI, tmp_path: Path)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "aggregator.sample",
+        "sample_apiserver",
         "--secure-port",
         "0",
         "--tls-cert-file",

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from sample_apiserver import SampleServer
 
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
-from aggregator.sample import SampleServer
 from aggregator.tls.issue import load_pair
 from tests.sample.frontproxy import FrontProxy
 from tests.support.e2e import FLUNDER, Kubectl, kubectl_binaries

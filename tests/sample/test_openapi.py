@@ -6,9 +6,12 @@ import hashlib
 import json
 from typing import Any
 
-from aggregator.sample.openapi import build_v2, build_v3
-from aggregator.sample.openapi_pb import encode_document
+import yaml
+from sample_apiserver.openapi import build_v2, build_v3
+
+from aggregator.openapi.gnostic import encode_document
 from tests.sample.conftest import Client
+from tests.support.gnostic import gnostic_classes, unknown_fields
 
 V3 = "/openapi/v3/apis/wardle.example.com"
 
@@ -115,44 +118,18 @@ async def test_v2_json_and_protobuf(admin: Client) -> None:
     assert status == 406
 
 
-def test_protobuf_fields_round_trip() -> None:
-    """Decode our encoding generically and find the GVK extension where gnostic keeps it."""
-
-    def fields(data: bytes) -> list[tuple[int, Any]]:
-        out, i = [], 0
-        while i < len(data):
-            key, i = _varint(data, i)
-            number, wire = key >> 3, key & 7
-            if wire == 0:
-                value, i = _varint(data, i)
-            else:
-                assert wire == 2
-                length, i = _varint(data, i)
-                value, i = data[i : i + length], i + length
-            out.append((number, value))
-        return out
-
-    doc = build_v2()
-    top = fields(encode_document(doc))
-    definitions = next(v for n, v in top if n == 9)
-    named = {fields(v)[0][1].decode(): fields(v)[1][1] for _, v in fields(definitions)}
-    flunder = fields(named["com.example.wardle.v1beta1.Flunder"])
-    extension = next(v for n, v in flunder if n == 31)
-    name, any_value = fields(extension)
-    assert name == (1, b"x-kubernetes-group-version-kind")
-    yaml_text = fields(any_value[1])[0][1].decode()
-    assert "kind: Flunder" in yaml_text and "group: wardle.example.com" in yaml_text
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, i
+def test_the_protobuf_document_reads_back_with_gnostics_classes() -> None:
+    """gnostic's Document holds the GVK extension where kubectl looks for it (Schema.vendor_extension)."""
+    classes = gnostic_classes()
+    encoded = encode_document(build_v2())
+    doc = classes["Document"].FromString(encoded)
+    assert list(unknown_fields(doc)) == []
+    definitions = {entry.name: entry.value for entry in doc.definitions.additional_properties}
+    flunder = definitions["com.example.wardle.v1beta1.Flunder"]
+    extensions = {entry.name: entry.value for entry in flunder.vendor_extension}
+    assert yaml.safe_load(extensions["x-kubernetes-group-version-kind"].yaml) == [
+        {"group": "wardle.example.com", "kind": "Flunder", "version": "v1beta1"}
+    ]
 
 
 def test_documents_are_deterministic() -> None:

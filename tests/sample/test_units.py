@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from sample_apiserver.api import FLUNDERS
+from sample_apiserver.negotiation import negotiate, parse_accept
+from sample_apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from sample_apiserver.selectors import object_predicate, supported_fields
 
 from aggregator.model.selectors import FieldRequirement, SelectorError, parse_label_selector
-from aggregator.sample.api import FLUNDERS
-from aggregator.sample.negotiation import negotiate, parse_accept
-from aggregator.sample.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from aggregator.sample.selectors import object_predicate, supported_fields
 
 
 def test_label_selector_parsing() -> None:
@@ -72,14 +72,21 @@ def test_json_patch_operations_and_errors() -> None:
     )
     assert patched == {"a": {"b": [0, 9, 2, 3]}, "e": [0, 1, 2, 3], "k/v": True}
     assert doc == {"a": {"b": [1, 2]}, "c": "x"}  # the input is not modified
-    for ops in (
-        [{"op": "remove", "path": "/nope"}],
-        [{"op": "replace", "path": "/a/x", "value": 1}],
-        [{"op": "add", "path": "/a/b/7", "value": 1}],
-        [{"op": "frobnicate", "path": "/a"}],
+    # evanphx/json-patch's words (what kube-apiserver answers), never the document itself.
+    for ops, message in (
+        ([{"op": "remove", "path": "/nope"}], "unable to remove nonexistent key: nope: missing value"),
+        ([{"op": "replace", "path": "/a/x", "value": 1}], 'doc is missing path: "/a/x": missing value'),
+        ([{"op": "add", "path": "/a/b/7", "value": 1}], 'doc is missing path: "/a/b/7": missing value'),
+        ([{"op": "add", "path": "/z/y", "value": 1}], 'doc is missing path: "/z/y": missing value'),
+        ([{"op": "move", "from": "/q", "path": "/r"}], 'doc is missing path: "/q": missing value'),
+        ([{"op": "copy", "path": "/r"}], "copy operation missing from field"),
+        ([{"op": "test", "path": "/c", "value": "y"}], "testing value /c failed: test failed"),
+        ([{"op": "frobnicate", "path": "/a"}], "Unexpected kind: frobnicate"),
     ):
-        with pytest.raises(PatchError):
+        with pytest.raises(PatchError) as failed:
             json_patch(doc, ops)
+        assert (str(failed.value), failed.value.code) == (message, 422)
+    assert doc == {"a": {"b": [1, 2]}, "c": "x"}
     with pytest.raises(PatchError) as err:
         json_patch(doc, {"op": "add"})
     assert err.value.code == 400

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from aggregator.sample import SampleServer
+from sample_apiserver import SampleServer
+
 from tests.sample.conftest import Client, MakeClient
 from tests.sample.test_resources import BETA, create, flunder
 

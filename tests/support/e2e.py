@@ -28,11 +28,11 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import yaml
+from sample_apiserver import SampleOptions, SampleServer
+from sample_apiserver.api import GROUP, VERSIONS
 
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
-from aggregator.sample import SampleOptions, SampleServer
-from aggregator.sample.api import GROUP, VERSIONS
-from aggregator.sample.registration import local_manifests
+from aggregator.commands.wardle import local_manifests
 from aggregator.server import GatewayServer
 from aggregator.tls.issue import KeyPair, issue_serving_cert, load_pair, new_ca, write_pair
 from tests.support.gateway import local_options, running_gateway

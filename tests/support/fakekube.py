@@ -33,7 +33,6 @@ import base64
 import collections
 import contextlib
 import copy
-import dataclasses
 import json
 import re
 import ssl
@@ -44,8 +43,9 @@ from typing import Any
 
 from aiohttp import web
 
+from aggregator.backends.options import DEFAULT_DENY_CIDRS
 from aggregator.commands.certs import write_kubeconfig
-from aggregator.config import DEFAULT_DENY_CIDRS, Options, validate
+from aggregator.config import Options, validate
 from aggregator.tls.issue import (
     KeyPair,
     issue_client_cert,
@@ -54,6 +54,7 @@ from aggregator.tls.issue import (
     write_cert,
     write_pair,
 )
+from tests.support.options import flag_options, with_flags
 from tests.support.pki import PKI
 
 # The authenticated caller of a request, for handlers added with `add_route`: `request[USER]`.
@@ -859,8 +860,9 @@ async def running_fake_kube(workdir: Path, **kwargs: Any) -> AsyncIterator[FakeK
 
 
 def kube_options(pki: PKI, kubeconfig: Path | str, **overrides: Any) -> Options:
-    """A kube-mode gateway on a free port (test PKI serving pair and CAs) reading objects via `kubeconfig`."""
-    base = Options(
+    """A kube-mode gateway on a free port (test PKI serving pair and CAs) reading objects via
+    `kubeconfig`; `overrides` are flags by name (`tests/support/options.py`)."""
+    base = flag_options(
         bind_address="127.0.0.1",
         secure_port=0,
         tls_cert_file=pki.path("serving.crt"),
@@ -877,7 +879,7 @@ def kube_options(pki: PKI, kubeconfig: Path | str, **overrides: Any) -> Options:
         # The fake cluster's backends listen on loopback, which kube mode denies by default.
         backend_deny_cidrs=list(DEFAULT_DENY_CIDRS),
     )
-    options = dataclasses.replace(base, **overrides)
+    options = with_flags(base, **overrides)
     validate(options)
     assert options.kube_mode
     return options

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 from aggregator.config import Options, validate
 from aggregator.server import GatewayServer
+from tests.support.options import flag_options, with_flags
 from tests.support.pki import PKI
 
 
 def local_options(pki: PKI, apiservices_dir: str, **overrides: object) -> Options:
-    """Local mode on a free port with the test PKI's serving pair and client CAs."""
-    base = Options(
+    """Local mode on a free port with the test PKI's serving pair and client CAs; `overrides` are
+    flags by name (`tests/support/options.py`)."""
+    base = flag_options(
         bind_address="127.0.0.1",
         secure_port=0,
         tls_cert_file=pki.path("serving.crt"),
@@ -25,7 +26,7 @@ def local_options(pki: PKI, apiservices_dir: str, **overrides: object) -> Option
         proxy_client_key_file=pki.path("front-proxy-client.key"),
         apiservices_dir=apiservices_dir,
     )
-    options = replace(base, **overrides)  # type: ignore[arg-type]
+    options = with_flags(base, **overrides)
     validate(options)
     return options
 

@@ -28,10 +28,10 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from sample_apiserver import SampleOptions, SampleServer
 
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
-from aggregator.sample import SampleOptions, SampleServer
-from aggregator.sample.registration import local_manifests
+from aggregator.commands.wardle import local_manifests
 from aggregator.server import GatewayServer
 from aggregator.tls.issue import issue_serving_cert, load_pair, new_ca, write_pair
 from tests.support.e2e import Kubectl

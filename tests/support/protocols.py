@@ -35,7 +35,7 @@ class RequestLog:
     calls: int = 0  # kubectl runs that checked
 
     def attach(self, server: GatewayServer) -> RequestLog:
-        self.expected = HTTP1 if server.options.disable_http2_serving else HTTP2
+        self.expected = HTTP1 if server.options.serving.disable_http2_serving else HTTP2
         server.gateway.pipeline.finishers.append(self._finished)
         return self
 

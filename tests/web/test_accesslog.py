@@ -12,7 +12,8 @@ import time
 import aiohttp
 import pytest
 
-from aggregator.config import ConfigError, validate
+from aggregator.config import validate
+from aggregator.util.flags import ConfigError
 from aggregator.util.logs import configure_logging
 from aggregator.web.accesslog import AccessLog, AccessLogError, AccessLogPolicy
 from tests.conftest import StartGateway

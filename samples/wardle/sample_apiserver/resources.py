@@ -22,10 +22,13 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-import aggregator.sample.errors as errors
+import sample_apiserver.errors as errors
 from aggregator.model.fielderrors import go_quote, is_valid_path_segment_name
 from aggregator.model.meta import ordered_metadata
-from aggregator.sample.api import (
+from aggregator.web.requestinfo import RequestInfo
+from aggregator.web.responses import wants_pretty
+from aggregator.wire.jsonenc import encode_object
+from sample_apiserver.api import (
     FISCHERS,
     FLUNDERS,
     GROUP,
@@ -35,16 +38,13 @@ from aggregator.sample.api import (
     required,
     resource_for,
 )
-from aggregator.sample.decoding import DecodeError, check_fields, object_schema, parse_body, plain
-from aggregator.sample.errors import APIError
-from aggregator.sample.negotiation import Negotiated, negotiate
-from aggregator.sample.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from aggregator.sample.selectors import SelectorError, object_predicate
-from aggregator.sample.store import Event, ObjectStore, TooOldResourceVersion, Watcher
-from aggregator.sample.table import INCLUDE_OBJECT_VALUES, render_table
-from aggregator.web.requestinfo import RequestInfo
-from aggregator.web.responses import wants_pretty
-from aggregator.wire.jsonenc import encode_object
+from sample_apiserver.decoding import DecodeError, check_fields, object_schema, parse_body, plain
+from sample_apiserver.errors import APIError
+from sample_apiserver.negotiation import Negotiated, negotiate
+from sample_apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from sample_apiserver.selectors import SelectorError, object_predicate
+from sample_apiserver.store import Event, ObjectStore, TooOldResourceVersion, Watcher
+from sample_apiserver.table import INCLUDE_OBJECT_VALUES, render_table
 
 JSON = dict[str, Any]
 

@@ -13,9 +13,9 @@ import hashlib
 from typing import Any
 
 from aggregator.openapi import builder
-from aggregator.sample.api import GROUP, VERSIONS, ResourceType, resources_in
-from aggregator.sample.openapi_pb import encode_document
+from aggregator.openapi.gnostic import encode_document
 from aggregator.wire.jsonenc import go_marshal
+from sample_apiserver.api import GROUP, VERSIONS, ResourceType, resources_in
 
 JSON = dict[str, Any]
 

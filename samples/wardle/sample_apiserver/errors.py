@@ -6,7 +6,7 @@ from typing import Any
 
 from aggregator.model.fielderrors import go_quote
 from aggregator.model.status import status_body
-from aggregator.sample.api import GROUP, FieldError, ResourceType
+from sample_apiserver.api import GROUP, FieldError, ResourceType
 
 
 class APIError(Exception):

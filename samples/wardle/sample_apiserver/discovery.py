@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from aggregator.sample.api import GROUP, PREFERRED_VERSION, VERSIONS, ResourceType, resources_in
 from aggregator.wire.jsonenc import encode_object, go_marshal
+from sample_apiserver.api import GROUP, PREFERRED_VERSION, VERSIONS, ResourceType, resources_in
 
 JSON = dict[str, Any]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from aggregator.sample.api import ResourceType
+from sample_apiserver.api import ResourceType
 
 JSON = dict[str, Any]
 

@@ -18,17 +18,8 @@ from aiohttp import web
 
 from aggregator import __version__
 from aggregator.model.status import forbidden_details, forbidden_message
-from aggregator.sample.api import GROUP, VERSIONS
-from aggregator.sample.auth import FrontProxyAuthenticator, StaticAuthorizer, Unauthenticated, log_refusal
-from aggregator.sample.discovery import AGGREGATED_CONVERSIONS, Discovery, Rendered
-from aggregator.sample.errors import APIError
-from aggregator.sample.negotiation import negotiate
-from aggregator.sample.openapi import OpenAPIDocuments
-from aggregator.sample.openapi_pb import CONTENT_TYPE as OPENAPI_V2_PROTOBUF_CONTENT_TYPE
-from aggregator.sample.openapi_pb import MEDIA_TYPE as OPENAPI_V2_PROTOBUF
-from aggregator.sample.options import SampleOptions, validate
-from aggregator.sample.resources import ResourceHandlers, WatchSettings
-from aggregator.sample.store import ObjectStore
+from aggregator.openapi.gnostic import CONTENT_TYPE as OPENAPI_V2_PROTOBUF_CONTENT_TYPE
+from aggregator.openapi.gnostic import MEDIA_TYPE as OPENAPI_V2_PROTOBUF
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.tls.verify import CAFile
 from aggregator.util.logs import fields
@@ -37,6 +28,15 @@ from aggregator.web.requestinfo import RequestInfo, RequestInfoError, decoded_pa
 from aggregator.web.responses import json_response, not_found, status_response, wants_pretty
 from aggregator.wire.gourl import parse_query
 from aggregator.wire.jsonenc import encode_object, go_marshal_indent
+from sample_apiserver.api import GROUP, VERSIONS
+from sample_apiserver.auth import FrontProxyAuthenticator, StaticAuthorizer, Unauthenticated, log_refusal
+from sample_apiserver.discovery import AGGREGATED_CONVERSIONS, Discovery, Rendered
+from sample_apiserver.errors import APIError
+from sample_apiserver.negotiation import negotiate
+from sample_apiserver.openapi import OpenAPIDocuments
+from sample_apiserver.options import SampleOptions, validate
+from sample_apiserver.resources import ResourceHandlers, WatchSettings
+from sample_apiserver.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,7 @@ def _csv(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m aggregator.sample",
+        prog="python -m sample_apiserver",
         description="The wardle.example.com sample extension API server (flunders and fischers), "
         "to run behind the aggregator or kube-apiserver's aggregation layer.",
     )

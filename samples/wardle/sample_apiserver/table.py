@@ -12,7 +12,7 @@ import datetime as dt
 from typing import Any
 
 from aggregator.model.meta import human_duration
-from aggregator.sample.api import AGE_COLUMN, ResourceType
+from sample_apiserver.api import AGE_COLUMN, ResourceType
 
 JSON = dict[str, Any]
 

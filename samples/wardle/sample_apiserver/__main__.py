@@ -1,4 +1,4 @@
-"""`python -m aggregator.sample --secure-port ... --requestheader-client-ca-file ...`"""
+"""`python -m sample_apiserver --secure-port ... --requestheader-client-ca-file ...`"""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from aggregator.sample.options import OptionsError, build_parser, options_from_args, validate
-from aggregator.sample.server import serve
 from aggregator.tls.pem import PEMError
 from aggregator.util.logs import configure_logging
 from aggregator.util.runtime import new_event_loop
+from sample_apiserver.options import OptionsError, build_parser, options_from_args, validate
+from sample_apiserver.server import serve
 
 
 def main(argv: Sequence[str] | None = None) -> int:

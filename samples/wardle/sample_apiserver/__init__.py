@@ -5,7 +5,7 @@ sample-apiserver, used by `aggregator demo` and the end-to-end tests.
     await server.start(); ...; await server.stop()
 """
 
-from aggregator.sample.options import SampleOptions
-from aggregator.sample.server import SampleServer
+from sample_apiserver.options import SampleOptions
+from sample_apiserver.server import SampleServer
 
 __all__ = ["SampleOptions", "SampleServer"]

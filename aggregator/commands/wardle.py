@@ -1,9 +1,13 @@
-"""What registers the sample server with a gateway in local mode: APIServices, Service, EndpointSlice.
+"""What the demo knows of the sample server it runs: how to start it, and the local-mode manifests
+that register it (APIServices, Service, EndpointSlice), as upstream ships sample-apiserver's
+APIServices beside the server rather than inside it.
 
-The demo (and tests) write these into the `--apiservices-dir` folder so the gateway routes
-wardle.example.com to a sample server listening on this machine. The gateway verifies the sample's
-serving certificate against `ca_bundle` with the server name `<service>.<namespace>.svc`, so that
-name must be in the certificate.
+The sample (`samples/wardle/`, the `sample_apiserver` package) is not part of the gateway's
+package: the demo runs it as a program and never imports it. The demo (and tests) write these
+manifests into the `--apiservices-dir` folder so the gateway routes wardle.example.com to a sample
+server listening on this machine. The gateway verifies the sample's serving certificate against
+`ca_bundle` with the server name `<service>.<namespace>.svc`, so that name must be in the
+certificate.
 """
 
 from __future__ import annotations
@@ -11,11 +15,14 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from aggregator.sample.api import GROUP
-
-# Upstream sample-apiserver's registration: group priority 1000; v1beta1 above v1alpha1.
+# The sample's API group (samples/wardle/sample_apiserver/api.py) and upstream sample-apiserver's
+# registration: group priority 1000; v1beta1 above v1alpha1.
+GROUP = "wardle.example.com"
 GROUP_PRIORITY_MINIMUM = 1000
 VERSION_PRIORITIES = {"v1beta1": 15, "v1alpha1": 9}
+VERSIONS = tuple(VERSION_PRIORITIES)
+# What the demo runs: the sample package's entry point (installed beside the gateway by `make demo`).
+MODULE = "sample_apiserver"
 
 
 def local_manifests(

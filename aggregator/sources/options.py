@@ -1,0 +1,76 @@
+"""Where APIService, Service and EndpointSlice objects come from: `--kubeconfig` (kube mode) or
+`--apiservices-dir` (local mode). Shared by `serve` and `check`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from aggregator.kube.client import KubeClient
+from aggregator.util.flags import ConfigError, FlagSet, check_readable
+
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+@dataclass
+class SourceOptions:
+    kubeconfig: str | None = None
+    apiservices_dir: str | None = None
+
+    @property
+    def in_cluster(self) -> bool:
+        """True when no kubeconfig is given but a pod service account is mounted."""
+        return (
+            self.kubeconfig is None
+            and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+            and IN_CLUSTER_TOKEN.exists()
+        )
+
+    @property
+    def local_mode(self) -> bool:
+        """Objects come from a folder; the kubeconfig (if any) is only used for reviews."""
+        return self.apiservices_dir is not None
+
+    @property
+    def kube_mode(self) -> bool:
+        return not self.local_mode
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser, prefix: str) -> None:
+        flags = FlagSet(parser, "object source", prefix)
+        flags.add(
+            "--kubeconfig",
+            field="kubeconfig",
+            help="kubeconfig of the kube-apiserver to watch APIServices, Services and EndpointSlices in and to "
+            "delegate unknown paths to. Without it (and without --apiservices-dir) the in-cluster service "
+            "account is used.",
+        )
+        flags.add(
+            "--apiservices-dir",
+            field="apiservices_dir",
+            help="local mode: read APIService, Service and EndpointSlice manifests (*.yaml, *.yml, *.json) "
+            "from this folder and reload them on change; no cluster is needed.",
+        )
+
+    def validate(self) -> None:
+        check_readable("--kubeconfig", self.kubeconfig)
+        if self.apiservices_dir is not None and not Path(self.apiservices_dir).is_dir():
+            raise ConfigError("--apiservices-dir", f"{self.apiservices_dir} is not a readable directory")
+        if self.apiservices_dir is None and self.kubeconfig is None and not self.in_cluster:
+            raise ConfigError(
+                "--apiservices-dir",
+                "neither --apiservices-dir nor --kubeconfig is set and no in-cluster service account was found",
+            )
+
+    def kube_client(self) -> KubeClient | None:
+        """The gateway's client: `--kubeconfig` if given, else the pod's service account in kube mode.
+
+        A local-mode gateway gets one only with `--kubeconfig` (then used for reviews alone).
+        """
+        if self.kubeconfig:
+            return KubeClient.from_kubeconfig(self.kubeconfig)
+        if self.kube_mode:
+            return KubeClient.in_cluster()
+        return None

@@ -1,0 +1,194 @@
+"""Benchmark: instructions per proxied request, counted by callgrind, against a baseline checkout.
+
+Run from the repository root:
+    .venv/bin/python benchmarks/proxy_instructions.py [--baseline-src DIR] [--seconds 20]
+
+`benchmarks/proxy.py` measures CPU time, which on a shared machine moves with everything else
+running there. This script runs the same request (proxy.py's GET, client certificate, front-proxy
+CA configured, every per-request feature on by default) through the gateway under valgrind's
+callgrind, counts the instructions the gateway's process executes while wrk sends requests over
+one keep-alive connection, and divides by the requests: a figure that does not depend on the
+machine's load. With `--baseline-src` (another checkout, e.g. `git archive main | tar -x -C DIR`)
+the same run measures that tree too and prints the ratio; `--baseline-us` turns the ratio into
+CPU time on a machine where `proxy.py` measured the baseline. The reference: commit bf40649 (the
+request path before issue 25) took 155 µs per request there (`git archive bf40649`).
+Per request means net of the background work (timers, availability checks) the same process
+does over as long a time with no requests. valgrind makes everything about 50x slower, so a few
+dozen requests per second are counted; wrk's latencies mean nothing here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import yaml
+from proxy import DOCUMENT, GROUP, PATH, VERSION, Ports, backend_conf, front_conf, nginx
+from wrkbench import free_port, gateway_process, registration, run_wrk, wait_for_http
+
+from aggregator.commands.certs import init_pki
+from aggregator.tls.issue import issue_serving_cert, new_ca, write_pair
+
+
+@dataclass(frozen=True)
+class Counted:
+    label: str
+    instructions: int  # while wrk sent requests
+    idle: int  # the same process over as long a time with no requests (timers, background work)
+    requests: int
+
+    @property
+    def per_request(self) -> float:
+        """Net of the background work: what the requests themselves cost."""
+        return (self.instructions - self.idle) / self.requests
+
+    def line(self) -> str:
+        return (
+            f"{self.label:<12} {self.per_request / 1000:>6.0f}k instructions/request net of "
+            f"{self.idle / self.requests / 1000:.0f}k of background work per request "
+            f"({self.requests} requests)"
+        )
+
+
+def _wrk_requests(url: str, seconds: int) -> int:
+    # One connection: each request then wakes the process the same way however fast valgrind lets
+    # it run. With more, a process slowed down by other work on the machine finds several events
+    # per wake-up, and its instructions per request fall as the machine gets busier.
+    out = subprocess.run(
+        ["wrk", "-t1", "-c1", f"-d{seconds}s", url], check=True, capture_output=True, text=True
+    ).stdout
+    match = re.search(r"(\d+) requests in", out)
+    if match is None or "Non-2xx" in out:
+        raise RuntimeError(f"unexpected wrk output:\n{out}")
+    return int(match.group(1))
+
+
+def _callgrind(pid: int, *args: str) -> None:
+    subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
+
+
+def count(
+    label: str,
+    work: Path,
+    ports: Ports,
+    folder: Path,
+    gateway_args: list[str],
+    src: str | None,
+    seconds: int,
+    keep: Path | None = None,
+) -> Counted:
+    out = work / f"callgrind.{label.replace(' ', '-')}.out"
+    wrapper = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+    if src:
+        os.environ["BENCH_GATEWAY_SRC"] = src
+    else:
+        os.environ.pop("BENCH_GATEWAY_SRC", None)
+    with gateway_process(
+        folder, work, gateway_args, port=ports.gateway, wrapper=wrapper, start_timeout=300
+    ) as gateway:
+        url = f"http://127.0.0.1:{ports.front_gateway}{PATH}"
+        wait_for_http(url, DOCUMENT.encode(), timeout=120)
+        run_wrk("warm-up", url, threads=1, connections=2, seconds=5)
+        _callgrind(gateway.pid, "-i", "on")
+        requests = _wrk_requests(url, seconds)
+        _callgrind(gateway.pid, "-i", "off")
+        _callgrind(gateway.pid, "-d")  # dump 1: the requests
+        _callgrind(gateway.pid, "-i", "on")
+        time.sleep(seconds)
+        _callgrind(gateway.pid, "-i", "off")
+        _callgrind(gateway.pid, "-d")  # dump 2: as long with no requests
+    # One file per `callgrind_control -d` (`<out>.1`, `<out>.2`) plus one at exit (about empty:
+    # instrumentation is off by then); each ends with `totals:` (its `summary:` line may read 0).
+    busy, idle = (_totals(Path(f"{out}.{n}")) for n in (1, 2))
+    for dump in work.glob(f"{out.name}*"):
+        if keep is not None:
+            dump.rename(keep / dump.name)
+        else:
+            dump.unlink()
+    return Counted(label, busy, idle, requests)
+
+
+def _totals(dump: Path) -> int:
+    totals = [line for line in dump.read_text(errors="replace").splitlines() if line.startswith("totals:")]
+    if not totals:
+        raise RuntimeError(f"callgrind wrote no totals in {dump}")
+    return int(totals[-1].split()[1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--baseline-src", help="another checkout to measure in the same run")
+    parser.add_argument(
+        "--baseline-us",
+        type=float,
+        help="the baseline's CPU µs per request as proxy.py measured it on some machine: this tree's "
+        "is then estimated for that machine by the ratio of instructions",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of each tree")
+    parser.add_argument(
+        "--keep", type=Path, help="a folder to keep callgrind's files in (callgrind_annotate)"
+    )
+    parser.add_argument("--gateway-args", default="", help="extra `aggregator serve` flags, space-separated")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
+        work = Path(tmp)
+        init_pki(work / "pki")
+        backend_ca = new_ca("bench-backend-ca")
+        write_pair(work, "backend", issue_serving_cert(backend_ca, ["backend.bench.svc", "127.0.0.1"]))
+        ports = Ports(*(free_port() for _ in range(6)))
+        folder = work / "apiservices"
+        folder.mkdir()
+        (folder / "bench.yaml").write_text(
+            yaml.safe_dump_all(registration(GROUP, VERSION, "backend", ports.backend, backend_ca.cert_pem))
+        )
+        pki = work / "pki"
+        gateway_args = [
+            # One process: callgrind counts the process it started, not workers it would spawn.
+            "--workers", "1",
+            "--client-ca-file", str(pki / "client-ca.crt"),
+            "--requestheader-client-ca-file", str(pki / "front-proxy-ca.crt"),
+            "--requestheader-allowed-names", "front-proxy-client",
+            "--proxy-client-cert-file", str(pki / "front-proxy-client.crt"),
+            "--proxy-client-key-file", str(pki / "front-proxy-client.key"),
+            *args.gateway_args.split(),
+        ]  # fmt: skip
+        trees = [("this tree", None)] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
+        results: dict[str, list[Counted]] = {label: [] for label, _ in trees}
+        with (
+            nginx(work, "backend", backend_conf(work, ports), None),
+            nginx(work, "front", front_conf(work, ports), None),
+        ):
+            for _ in range(args.rounds):
+                for label, src in trees:
+                    counted = count(label, work, ports, folder, gateway_args, src, args.seconds, args.keep)
+                    print(counted.line(), flush=True)
+                    results[label].append(counted)
+    mean = {label: sum(c.per_request for c in runs) / len(runs) for label, runs in results.items()}
+    print(
+        f"\nGET {PATH} through the gateway under callgrind, 1 keep-alive connection, {args.seconds}s per round"
+    )
+    for label, value in mean.items():
+        print(f"{label:<12} {value / 1000:>6.0f}k instructions/request (mean of {len(results[label])})")
+    if "baseline" in mean:
+        ratio = mean["this tree"] / mean["baseline"]
+        print(f"this tree: {ratio:.2f}x the baseline's instructions per request")
+        if args.baseline_us:
+            print(
+                f"where the baseline took {args.baseline_us:.0f} µs per request: about {ratio * args.baseline_us:.0f} µs"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

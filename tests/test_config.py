@@ -1,0 +1,107 @@
+"""`aggregator serve`'s options: one group per feature, each flag bound to one field of its group.
+
+The flags' behaviour (values, refusals, help) is tested feature by feature and in
+tests/commands/test_cli.py; here, that the groups and the parser agree: defaults declared once,
+every flag landing in an existing field, and the `--requestheader-*` flags read through one group
+by both the authenticator and the proxy's identity-header stripping.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aggregator.backends.headers import LiveIdentityPolicy
+from aggregator.commands.cli import build_parser
+from aggregator.config import KUBE_MODE_FLAGS, Options, add_serve_flags, options_from_args
+from aggregator.tls.verify import CAPool
+from tests.support.pki import PKI
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_serve_flags(parser)
+    return parser
+
+
+def parse(*argv: str) -> Options:
+    return options_from_args(build_parser().parse_args(["serve", *argv]))
+
+
+def test_the_parsed_defaults_are_the_groups_defaults() -> None:
+    assert parse() == Options()
+
+
+def test_every_flag_sets_a_field_of_its_group() -> None:
+    options = Options()
+    seen: set[str] = set()
+    for action in serve_parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        *path, name = action.dest.split(".")
+        assert path, f"{action.option_strings}: its destination names no options group"
+        owner: Any = options
+        for part in path:
+            owner = getattr(owner, part)
+        assert is_dataclass(owner) and name in {f.name for f in fields(owner)}, action.dest
+        assert action.dest not in seen, f"two flags set {action.dest}"
+        seen.add(action.dest)
+    assert set(KUBE_MODE_FLAGS) <= seen
+
+
+def test_only_flags_given_on_the_command_line_count_as_given() -> None:
+    assert parse().explicit_flags == frozenset()
+    given = parse("--delegate-auth=impersonate", "--leader-elect=false")
+    assert given.explicit_flags == {"delegation.delegate_auth", "leader_election.leader_elect"}
+    assert (given.delegation.delegate_auth, given.leader_election.leader_elect) == ("impersonate", False)
+
+
+@pytest.mark.parametrize(
+    ("argv", "path", "value"),
+    [
+        (["--secure-port", "9443"], ("serving", "port"), 9443),
+        (["--tls-min-version", "VersionTLS13"], ("serving", "min_tls_version"), "VersionTLS13"),
+        (["--request-timeout", "1m30s"], ("server", "request_timeout"), 90.0),
+        (["--shutdown-delay-duration", "5s"], ("server", "shutdown_delay_duration"), 5.0),
+        (["--workers", "3"], ("workers", "count"), 3),
+        (["--anonymous-auth"], ("authentication", "anonymous"), True),
+        (["--api-audiences", "a,b"], ("authentication", "api_audiences"), ["a", "b"]),
+        (["--authorization-mode", "RBAC,Webhook"], ("authorization", "modes"), ["RBAC", "Webhook"]),
+        (["--backend-deny-cidrs", ""], ("backends", "backend_deny_cidrs"), []),
+        (["--write-apiservice-status"], ("availability", "write_apiservice_status"), True),
+        (["--leader-elect-retry-period", "3s"], ("leader_election", "retry_period"), 3.0),
+        (["--audit-log-maxsize", "0"], ("audit", "log_maxsize"), 0),
+        (["-v", "4"], ("logging", "verbosity"), 4),
+    ],
+)
+def test_a_flag_lands_in_its_features_group(argv: list[str], path: tuple[str, str], value: object) -> None:
+    group, name = path
+    assert getattr(getattr(parse(*argv), group), name) == value
+
+
+def test_the_requestheader_flags_are_read_once_by_authentication_and_the_proxy(pki: PKI) -> None:
+    options = parse(
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-User",
+        "--requestheader-uid-headers=X-Uid",
+        "--requestheader-group-headers=X-Groups",
+        "--requestheader-extra-headers-prefix=X-Extra-",
+    )
+    flags = options.authentication.requestheader
+    pool = CAPool(Path(pki.path("front-proxy-ca.crt")).read_bytes(), source="test")
+    config = flags.config(pool)
+    assert config.pool is pool
+    assert (config.allowed_names, config.username_headers, config.uid_headers) == (
+        frozenset({"front-proxy-client"}),
+        ("X-User",),
+        ("X-Uid",),
+    )
+    assert (config.group_headers, config.extra_prefixes) == (("X-Groups",), ("X-Extra-",))
+    stripped = LiveIdentityPolicy(flags).current()
+    for name in ("x-user", "X-UID", "X-Groups", "x-extra-scope", "X-Remote-User", "Impersonate-User"):
+        assert stripped.is_identity(name), name
+    assert not stripped.is_identity("X-Forwarded-For")

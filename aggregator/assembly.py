@@ -34,6 +34,7 @@ from aggregator.apiregistration.api import APIRegistration
 from aggregator.audit.factory import build_auditor
 from aggregator.audit.filter import AuditLog, RequestAuditing
 from aggregator.audit.recorder import Auditor
+from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
 from aggregator.auth.authconfigmap import AuthConfigMap
 from aggregator.auth.authn import Authenticator
 from aggregator.auth.authz import Authorizer
@@ -278,6 +279,8 @@ def build_gateway(options: Options) -> Gateway:
     sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
     availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink)
     store.add_listener(availability.on_store_event)
+    if elector is not None:
+        elector.add_listener(availability.leadership_changed)
 
     # 6. what serves requests; a request that cannot reach its backend has availability re-check it
     # (requests in flight are counted for a graceful shutdown, which ends watches and tunnels)
@@ -291,15 +294,23 @@ def build_gateway(options: Options) -> Gateway:
         kube=kube if options.kube_mode else None,
         metrics=metrics,
         fallback=fallback.handler,
+        reachability=availability,
     )
     store.add_listener(discovery.on_store_event)
-    # A verdict flip sends discovery back to the backend at once: an APIService found down goes
-    # Stale now, not at the next refresh, and Current again as soon as it is back.
+    # A verdict flip sends discovery and OpenAPI back to the backend at once: an APIService found
+    # down goes Stale now, not at the next refresh, and Current again as soon as it is back. Until
+    # then they do not dial what the checker found unreachable: one verdict per backend.
     availability.add_listener(discovery.fetcher.poke)
     openapi = OpenAPIAggregation(
-        store, backends=backends, kube=kube, metrics=metrics, local_mode=options.local_mode
+        store,
+        backends=backends,
+        kube=kube,
+        metrics=metrics,
+        local_mode=options.local_mode,
+        reachability=availability,
     )
     store.add_listener(openapi.on_store_event)
+    availability.add_listener(openapi.apiservice_changed)
     apiregistration = _apiregistration(options, store)
     components += [("discovery", discovery), ("openapi", openapi), ("availability", availability)]
 
@@ -353,6 +364,7 @@ def build_gateway(options: Options) -> Gateway:
     health.add("ping", lambda: None)
     health.add("shutdown", gateway.shutdown_check, livez=False)
     health.add("apiservice-registry-synced", store.synced_check, livez=False)
+    _cluster_auth_check(health, authentication.cluster)
     # Ready once the first verdicts are in (a dead backend delays this by one probe timeout at
     # most; it never makes the gateway unready), and the unavailable ones listed in the notes.
     health.add(FIRST_ROUND_CHECK, availability.first_round_check, livez=False)
@@ -367,6 +379,13 @@ def build_gateway(options: Options) -> Gateway:
         health.add(LEADER_CHECK, elector.check)
         health.add_notes("readyz", elector.notes)
     return gateway
+
+
+def _cluster_auth_check(health: HealthChecks, cluster: AuthConfigMap | None) -> None:
+    """Kube mode without CA flags: not ready until the cluster's authentication settings are held
+    (before, every client certificate would be refused)."""
+    if cluster is not None:
+        health.add(CLUSTER_AUTH_CHECK, cluster.ready_check, livez=False)
 
 
 @dataclass(frozen=True)
@@ -606,6 +625,8 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     health.add("ping", lambda: None)
     health.add("shutdown", gateway.shutdown_check, livez=False)
     health.add(CONTROL_CHECK, replica.channel_check, livez=False)
+    # This worker's own copy of the cluster's ConfigMap, not the control's.
+    _cluster_auth_check(health, authentication.cluster)
     # The control's checks by name (store synced, first availability round, kube-apiserver's
     # discovery and OpenAPI, leader election), as it last reported them.
     for check in replica.hello.checks:

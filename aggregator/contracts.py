@@ -36,6 +36,25 @@ class Availability(Protocol):
         ...
 
 
+class Reachability(Protocol):
+    """What the availability checker last found about reaching an APIService's backend.
+
+    The discovery fetcher and the OpenAPI downloads ask before they dial: a backend the checker
+    found unreachable is not dialed again by them until the checker finds it back (and tells them),
+    so a dead backend costs one probe per check, not a probe plus every fetcher's retries.
+    """
+
+    def unreachable(self, name: str) -> str | None:
+        """Why the last check could not reach this APIService's backend (its message); None when
+        it was reached, or has not been checked yet (then callers dial it themselves)."""
+        ...
+
+
+# How long a fetcher waits, without dialing, before it looks at an unreachable backend again on its
+# own: the checker's word that it is back normally comes first (a listener pokes the fetcher).
+UNREACHABLE_RECHECK = 600.0
+
+
 class Recheck(Protocol):
     """A request could not reach this APIService's backend: check its availability again now.
 

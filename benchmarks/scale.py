@@ -1,21 +1,30 @@
 """Benchmark: the gateway at 100, 1000 and 5000 APIServices (each with its own Service and EndpointSlice).
 
-Run from the repository root:  .venv/bin/python benchmarks/scale.py [--counts 100,1000,5000]
+Run from the repository root:
+    .venv/bin/python benchmarks/scale.py [--counts 100,1000,5000] [--backends healthy,dead,blackhole]
 
-For each count, a local-mode gateway (client CA and front-proxy CA configured) starts on a folder of
-manifests whose backends are one nginx over TLS (every Service points at it; a wildcard
-certificate covers every `<service>.bench.svc`). nginx serves each group (picked by the TLS
-server name) as an extension server does: aggregated discovery, an APIResourceList for the
-availability probe, OpenAPI v3 and v2, with ETags and 304s; every APIService is healthy and
-causes the background traffic a real one causes. The script prints:
+For each kind of backend and each count, a local-mode gateway (client CA and front-proxy CA
+configured) starts on a folder of manifests:
+- `healthy`: every Service points at one nginx over TLS (a wildcard certificate covers every
+  `<service>.bench.svc`). nginx serves each group (picked by the TLS server name) as an extension
+  server does: aggregated discovery, an APIResourceList for the availability probe, OpenAPI v3
+  and v2, with ETags and 304s; every APIService causes the background traffic a real one causes;
+- `dead`: every Service has its own loopback address (127.1.x.y, as every Service has its own
+  cluster IP) where nothing listens: each dial is refused;
+- `blackhole`: the same addresses, where a process accepts every TCP connection and never says a
+  word (a hung pod, a firewall that accepts and drops): each dial hangs until its timeout.
+The script prints:
 - time to listening (the port accepts connections) and to ready (`/readyz` 200);
-- time until settled (every APIService Available, and the gateway's CPU below 20% over a second);
+- time until settled (healthy: every APIService Available; dead: a minute after every APIService
+  was found unavailable, so every retry is at its 30 s cap; blackhole: a minute past ready; and
+  the gateway's CPU below 20% over a second);
 - RSS once settled, and again after the idle window (steady state: start-up's spare connections
   to the backends have closed by then);
 - idle CPU over a window after settling (background probes, discovery and OpenAPI refreshes only;
   a full minute by default, so every loop's period is counted once);
-- how long a new manifest written to the folder takes to appear in `/apis`.
-The gateway is pinned to CPU 0 and nginx to the others where the machine has two CPUs.
+- how long a new manifest written to the folder takes to appear in `/apis` (healthy backends).
+The gateway is pinned to CPU 0 and nginx (or the blackhole) to the others where the machine has
+two CPUs.
 """
 
 from __future__ import annotations
@@ -116,8 +125,31 @@ def backend_documents(root: Path, index: int) -> None:
     (folder / "v2.json").write_text(json.dumps({"swagger": "2.0", "info": {"title": group, "version": "v1"}, "paths": {}}))
 
 
-def objects(index: int, port: int, ca_pem_b64: str) -> list[dict[str, object]]:
+BACKENDS = ("healthy", "dead", "blackhole")
+# Accepts every connection on every local address of `port` and never reads or writes; a
+# connection is dropped when its peer closes it.
+BLACKHOLE = """
+import asyncio, sys
+class Silent(asyncio.Protocol):
+    def connection_made(self, transport): self.transport = transport
+    def connection_lost(self, exc): pass
+async def main():
+    server = await asyncio.get_running_loop().create_server(Silent, "0.0.0.0", int(sys.argv[1]), backlog=4096)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+def backend_address(index: int, kind: str) -> str:
+    """One nginx for healthy backends; otherwise a loopback address of its own per Service."""
+    if kind == "healthy":
+        return "127.0.0.1"
+    return f"127.1.{index // 250}.{index % 250 + 1}"
+
+
+def objects(index: int, port: int, ca_pem_b64: str, kind: str = "healthy") -> list[dict[str, object]]:
     group, name = f"group{index:05d}.bench.example.com", f"svc{index:05d}"
+    address = backend_address(index, kind)
     return [
         {
             "apiVersion": "apiregistration.k8s.io/v1",
@@ -136,7 +168,7 @@ def objects(index: int, port: int, ca_pem_b64: str) -> list[dict[str, object]]:
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": {"namespace": "bench", "name": name},
-            "spec": {"clusterIP": "127.0.0.1", "ports": [{"name": "https", "port": port}]},
+            "spec": {"clusterIP": address, "ports": [{"name": "https", "port": port}]},
         },
         {
             "apiVersion": "discovery.k8s.io/v1",
@@ -144,16 +176,17 @@ def objects(index: int, port: int, ca_pem_b64: str) -> list[dict[str, object]]:
             "metadata": {"namespace": "bench", "name": f"{name}-1", "labels": {"kubernetes.io/service-name": name}},
             "addressType": "IPv4",
             "ports": [{"name": "https", "port": port}],
-            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
         },
     ]
 
 
-def write_folder(folder: Path, count: int, port: int, ca_pem_b64: str) -> None:
-    for index in range(count + 1):  # one more for the manifest added at the end
-        backend_documents(folder.parent / "backend", index)
+def write_folder(folder: Path, count: int, port: int, ca_pem_b64: str, kind: str) -> None:
+    if kind == "healthy":
+        for index in range(count + 1):  # one more for the manifest added at the end
+            backend_documents(folder.parent / "backend", index)
     for start in range(0, count, PER_FILE):
-        docs = [d for i in range(start, min(count, start + PER_FILE)) for d in objects(i, port, ca_pem_b64)]
+        docs = [d for i in range(start, min(count, start + PER_FILE)) for d in objects(i, port, ca_pem_b64, kind)]
         (folder / f"apiservices-{start:05d}.yaml").write_text(yaml.safe_dump_all(docs))
 
 
@@ -171,6 +204,27 @@ class Client:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as err:
             return err.code, err.read()
+
+
+@contextlib.contextmanager
+def backends(kind: str, work: Path, port: int, cpus: str | None) -> Iterator[None]:
+    """What answers on the backends' port: nginx, nothing at all, or the blackhole."""
+    if kind == "healthy":
+        with nginx(work, port, cpus):
+            yield
+    elif kind == "dead":
+        yield
+    else:
+        proc = subprocess.Popen([*pinning(cpus), sys.executable, "-c", BLACKHOLE, str(port)])
+        try:
+            while True:  # listening?
+                with contextlib.suppress(OSError), socket.create_connection(("127.1.0.1", port), 0.2):
+                    break
+                time.sleep(0.05)
+            yield
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 @contextlib.contextmanager
@@ -192,17 +246,41 @@ def cpu_fraction(pid: int, seconds: float) -> float:
     return (cpu_seconds(pid) - before) / (time.monotonic() - started)
 
 
-def available_count(client: Client) -> int:
+def verdict_counts(client: Client) -> tuple[int, int]:
+    """(APIServices found Available, APIServices found not Available) by the gateway's checks."""
     _, body = client.get("/apis/apiregistration.k8s.io/v1/apiservices", timeout=60)
-    items = json.loads(body)["items"]
-    return sum(
-        any(c["type"] == "Available" and c["status"] == "True" for c in i.get("status", {}).get("conditions", []))
-        for i in items
-    )
+    available = unavailable = 0
+    for item in json.loads(body)["items"]:
+        for c in item.get("status", {}).get("conditions", []):
+            if c["type"] == "Available":
+                available += c["status"] == "True"
+                unavailable += c["status"] == "False"
+    return available, unavailable
 
 
-def run(count: int, idle_window: float, server_cpu: str | None, other_cpus: str | None) -> dict[str, float]:
-    with tempfile.TemporaryDirectory(prefix=f"bench-scale-{count}-") as tmp:
+# Retries of a failed check double from 0.5 s to the 30 s cap: a minute after its first verdict,
+# a dead backend is retried at the cap (the steady state the idle window measures).
+RETRIES_AT_CAP = 60.0
+
+
+def settled(client: Client, count: int, kind: str, since: dict[str, float]) -> bool:
+    """`since` holds when the first verdicts were all in (dead backends), set here."""
+    if kind == "healthy":
+        return verdict_counts(client)[0] == count
+    now = time.monotonic()
+    if kind == "blackhole":
+        # A blackholed backend's verdict takes a probe timeout (5 checks at a time, as upstream),
+        # so they keep coming in for a long time: the idle window covers those checks.
+        return now - since["ready"] >= RETRIES_AT_CAP
+    if "verdicts" not in since and verdict_counts(client)[1] == count:
+        since["verdicts"] = now
+    return "verdicts" in since and now - since["verdicts"] >= RETRIES_AT_CAP
+
+
+def run(
+    count: int, kind: str, idle_window: float, server_cpu: str | None, other_cpus: str | None
+) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix=f"bench-scale-{kind}-{count}-") as tmp:
         work = Path(tmp)
         work.chmod(0o755)  # nginx's workers (another user) read the backends' documents
         pki = work / "pki"
@@ -213,7 +291,7 @@ def run(count: int, idle_window: float, server_cpu: str | None, other_cpus: str 
         folder = work / "apiservices"
         folder.mkdir()
         backend_port, port = free_port(), free_port()
-        write_folder(folder, count, backend_port, ca_b64)
+        write_folder(folder, count, backend_port, ca_b64, kind)
         cmd = [
             *pinning(server_cpu), sys.executable, "-m", "aggregator", "serve",
             "--apiservices-dir", str(folder), "--bind-address", "127.0.0.1", "--secure-port", str(port),
@@ -224,7 +302,7 @@ def run(count: int, idle_window: float, server_cpu: str | None, other_cpus: str 
             "--proxy-client-cert-file", str(pki / "front-proxy-client.crt"),
             "--proxy-client-key-file", str(pki / "front-proxy-client.key"),
         ]  # fmt: skip
-        with nginx(work, backend_port, other_cpus):
+        with backends(kind, work, backend_port, other_cpus):
             log = (work / "gateway.log").open("w")
             started = time.monotonic()
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.environ.get("BENCH_GATEWAY_SRC"))
@@ -244,8 +322,9 @@ def run(count: int, idle_window: float, server_cpu: str | None, other_cpus: str 
                     if time.monotonic() - started > 600:
                         raise RuntimeError("not ready after 10 minutes")
                     time.sleep(0.1)
+                since = {"ready": started + figures["ready"]}
                 while "settled" not in figures:
-                    if available_count(client) == count and cpu_fraction(proc.pid, 1.0) < 0.2:
+                    if settled(client, count, kind, since) and cpu_fraction(proc.pid, 1.0) < 0.2:
                         figures["settled"] = time.monotonic() - started
                     elif time.monotonic() - started > 900:
                         raise RuntimeError("not settled after 15 minutes")
@@ -254,8 +333,9 @@ def run(count: int, idle_window: float, server_cpu: str | None, other_cpus: str 
                 figures["idle_cpu_percent"] = 100 * cpu_fraction(proc.pid, idle_window)
                 # After a full minute of background traffic: start-up's spare connections have closed.
                 figures["steady_rss_mib"] = rss_bytes(proc.pid) / 2**20
+                figures["log_lines"] = sum(1 for _ in (work / "gateway.log").open())
                 # One more manifest: how long until /apis lists its group?
-                extra = objects(count, backend_port, ca_b64)
+                extra = objects(count, backend_port, ca_b64, kind)
                 changed = time.monotonic()
                 (folder / "zz-new.yaml").write_text(yaml.safe_dump_all(extra))
                 group = b"group%05d.bench.example.com" % count
@@ -278,21 +358,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", default="100,1000,5000")
     parser.add_argument(
+        "--backends", default="healthy", help=f"comma-separated kinds of backend: {', '.join(BACKENDS)}"
+    )
+    parser.add_argument(
         "--idle-window", type=float, default=60.0, help="seconds of idle CPU measurement (a full refresh period)"
     )
     args = parser.parse_args()
     cpus = os.cpu_count() or 1
     server_cpu, other_cpus = ("0", f"1-{cpus - 1}") if cpus >= 2 else (None, None)
-    print(f"{'APIServices':>11} {'listening':>10} {'ready':>8} {'settled':>8} {'CPU to settle':>14} "
-          f"{'RSS settled':>12} {'idle CPU':>9} {'RSS steady':>11} {'file -> /apis':>14}")  # fmt: skip
-    for count in (int(c) for c in args.counts.split(",")):
-        f = run(count, args.idle_window, server_cpu, other_cpus)
-        print(
-            f"{count:>11} {f['listening']:>9.1f}s {f['ready']:>7.1f}s {f['settled']:>7.1f}s "
-            f"{f['cpu_to_settle']:>13.1f}s {f['rss_mib']:>8.0f} MiB {f['idle_cpu_percent']:>8.1f}% "
-            f"{f['steady_rss_mib']:>7.0f} MiB {f['file_to_apis_ms']:>11.0f} ms",
-            flush=True,
-        )
+    kinds = [k for k in args.backends.split(",") if k]
+    unknown = [k for k in kinds if k not in BACKENDS]
+    if unknown:
+        parser.error(f"--backends: unknown {', '.join(unknown)} (choose from {', '.join(BACKENDS)})")
+    print(f"{'backends':>9} {'APIServices':>11} {'listening':>10} {'ready':>8} {'settled':>8} {'CPU to settle':>14} "
+          f"{'RSS settled':>12} {'idle CPU':>9} {'RSS steady':>11} {'log lines':>10} {'file -> /apis':>14}")  # fmt: skip
+    for kind in kinds:
+        for count in (int(c) for c in args.counts.split(",")):
+            f = run(count, kind, args.idle_window, server_cpu, other_cpus)
+            print(
+                f"{kind:>9} {count:>11} {f['listening']:>9.1f}s {f['ready']:>7.1f}s {f['settled']:>7.1f}s "
+                f"{f['cpu_to_settle']:>13.1f}s {f['rss_mib']:>8.0f} MiB {f['idle_cpu_percent']:>8.1f}% "
+                f"{f['steady_rss_mib']:>7.0f} MiB {f['log_lines']:>10.0f} {f['file_to_apis_ms']:>11.0f} ms",
+                flush=True,
+            )
     return 0
 
 

@@ -8,6 +8,11 @@ changes (apiserver's `DynamicCAFromConfigMapController` and `RequestHeaderAuthRe
 the gateway does the same in kube mode: one GET, then a single-object watch resumed from the last
 resourceVersion, a fresh GET after 410 Gone, backoff on errors. A changed CA is used for the next
 request without a restart; an unparsable new version is logged and the previous one stays.
+
+Readiness (`/readyz` check `authentication-configmap-synced`) waits until a version (or the
+ConfigMap's absence) is held: until then every client certificate and front-proxy request it
+would allow is refused, so a replica (or a worker process, which holds the control process's copy)
+must not be taken into its Service before.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "kube-system"
 NAME = "extension-apiserver-authentication"
 SOURCE = f"configmap {NAMESPACE}/{NAME}"
+CHECK_NAME = "authentication-configmap-synced"
 
 
 class ConfigMapError(ValueError):
@@ -127,6 +133,12 @@ class AuthConfigMap:
     def requestheader_config(self) -> RequestHeaderConfig | None:
         return self._requestheader
 
+    def ready_check(self) -> str | None:
+        """readyz `authentication-configmap-synced`: None once the cluster's settings are held."""
+        if self.current is None:
+            return f"the cluster's authentication settings ({NAMESPACE}/{NAME}) are not read yet"
+        return None
+
     # --- lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -137,7 +149,7 @@ class AuthConfigMap:
         except (KubeError, ConfigMapError, TimeoutError, aiohttp.ClientError, OSError) as err:
             log.warning(
                 "cannot read the cluster's authentication configmap yet; client certificates and "
-                "front-proxy headers it would allow are refused until it is read",
+                "front-proxy headers it would allow are refused, and readiness fails, until it is read",
                 extra=fields(configmap=f"{NAMESPACE}/{NAME}", reason=_reason(err)),
             )
         self._tasks.spawn(self._run(), name="watch")

@@ -19,6 +19,12 @@ not-available counts `aggregator_unavailable_apiservice_total{name,reason}`; a d
 loses its gauge series. Listeners (discovery's fetcher) hear of every flip, so a backend found
 down is re-fetched, and its discovery marked Stale, at once.
 
+A backend the last check could not reach at all (`unreachable`: no Service, port or endpoint, a
+refused or hung connection, a failed handshake) is the one verdict the discovery fetcher and the
+OpenAPI downloads go by: they do not dial it until a check reaches it again, and hear of that at
+once. Its own next check makes one GET instead of hedging with five: the backend was just found
+down, and a dead one then costs one dial per retry (at most every `interval`, jittered).
+
 Readiness (`/readyz` check `apiservice-availability-synced`) waits for the first round: every
 APIService present when the store synced has a first verdict, whatever it is. Until then the
 proxy would answer from the objects' own (possibly stale, or absent) conditions, so a freshly
@@ -107,6 +113,8 @@ class AvailabilityChecker:
         )
         self._tasks = TaskSet("availability")
         self._verdicts: dict[str, Verdict] = {}
+        # APIServices whose backend the last check could not reach, with that check's message.
+        self._unreachable: dict[str, str] = {}
         self._listeners: list[Callable[[str], None]] = []
         # When each APIService was last re-checked on the proxy's say-so.
         self.suspect_interval = suspect_interval
@@ -163,6 +171,10 @@ class AvailabilityChecker:
     def verdict(self, name: str) -> Verdict | None:
         return self._verdicts.get(name)
 
+    def unreachable(self, name: str) -> str | None:
+        """`contracts.Reachability`: the last check's message when it could not reach the backend."""
+        return self._unreachable.get(name)
+
     def unavailable(self) -> list[tuple[str, Verdict]]:
         return [(name, v) for name, v in sorted(self._verdicts.items()) if not v.available]
 
@@ -198,12 +210,25 @@ class AvailabilityChecker:
         return None
 
     def add_listener(self, listener: Callable[[str], None]) -> None:
-        """Called with an APIService name whenever its availability flips (or is first known)."""
+        """Called with an APIService name whenever its availability flips (or is first known), and
+        whenever its backend becomes reachable or unreachable."""
         self._listeners.append(listener)
 
     def poke(self, name: str) -> None:
         """Check this APIService again now."""
         self.loops.poke(name)
+
+    def leadership_changed(self, leading: bool) -> None:
+        """A `LeaderElector` listener: a replica that starts leading checks again now every
+        APIService whose stored condition does not say what it found while another replica led (and
+        it did not write), so the write happens at once, not at the next periodic check up to
+        `interval` later. Through the loops, so this and a check never write one APIService at once."""
+        if not (leading and self._running):
+            return
+        for name in self.loops.tracked():
+            svc, verdict = self.store.apiservice(name), self._verdicts.get(name)
+            if svc is not None and verdict is not None and not verdict.held_by(svc.conditions):
+                self.loops.poke(name)
 
     def suspect(self, name: str) -> None:
         """`contracts.Recheck`: a request just failed to reach this APIService's backend (or was
@@ -288,6 +313,8 @@ class AvailabilityChecker:
         had = self._verdicts.pop(name, None)
         self.metrics.unavailable_apiservice.forget(name)
         self.sink.forget(name)
+        self.probe.forget(name)
+        self._unreachable.pop(name, None)
         if had is not None:
             self._notify(name)
 
@@ -302,8 +329,12 @@ class AvailabilityChecker:
         if svc is None:
             self._settled(name)
             return False
+        # A backend found unreachable last time gets one attempt, not a hedge of five.
+        attempts = 1 if name in self._unreachable else None
         try:
-            report = await check_apiservice(svc, self.store, self.probe, access=self.access, detail=False)
+            report = await check_apiservice(
+                svc, self.store, self.probe, access=self.access, detail=False, attempts=attempts
+            )
         except Exception:
             log.exception("availability check failed unexpectedly", extra=fields(apiservice=name))
             self._settled(name)  # a broken check must not hold readiness
@@ -333,18 +364,25 @@ class AvailabilityChecker:
         if svc is None:
             return  # deleted while it was being checked
         was = self.is_available(name)
-        first = name not in self._verdicts
+        previous = self._verdicts.get(name)
         self._verdicts[name] = verdict
         self._settled(name)
         self.metrics.unavailable_apiservice.set(name, not verdict.available)
-        if first or was != verdict.available:
+        unreachable = report.unreachable and not verdict.available
+        reach_changed = unreachable != (name in self._unreachable)
+        if unreachable:
+            self._unreachable[name] = verdict.message
+        else:
+            self._unreachable.pop(name, None)
+        if previous is None or was != verdict.available or reach_changed:
             self._notify(name)
-        log.debug(
-            "APIService checked",
-            extra=fields(
-                apiservice=name, status=verdict.status, reason=verdict.reason, message=verdict.message
-            ),
-        )
+        if verdict != previous:  # a repeated verdict (a dead backend, every retry) logs nothing
+            log.debug(
+                "APIService checked",
+                extra=fields(
+                    apiservice=name, status=verdict.status, reason=verdict.reason, message=verdict.message
+                ),
+            )
         try:
             change = await self.sink.apply(svc, verdict)
         except Exception as err:

@@ -62,6 +62,14 @@ class Verdict:
     def available(self) -> bool:
         return self.status == TRUE
 
+    def held_by(self, conditions: tuple[Condition, ...]) -> bool:
+        """These conditions already say this (status, reason and message): recording it again
+        changes nothing, and needs no new condition or timestamp (a dead backend's every retry)."""
+        for c in conditions:
+            if c.type == AVAILABLE:
+                return (c.status, c.reason, c.message) == (self.status, self.reason, self.message)
+        return False
+
     def condition(self) -> Condition:
         """A condition stamped now; `set_condition` keeps the old time when the status is unchanged."""
         return Condition(AVAILABLE, self.status, now_rfc3339(), self.reason, self.message)

@@ -54,6 +54,8 @@ PASSED = cond.passed()
 AccessError = Callable[[Kind], str | None]
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
+# How much of a failed answer's body an explanation depends on (its excerpt is shorter).
+EXPLAINED_BODY = 4096
 HTTP_HOP = "http"  # a backend answered, with a status outside 2xx
 DISCOVERY_HOP = "discovery"  # the 2xx body is not the group-version's APIResourceList
 
@@ -77,10 +79,16 @@ class Report:
     steps: list[Step] = field(default_factory=list)
     # The 2xx discovery body, when the GET succeeded (the CLI decodes it).
     body: bytes | None = None
+    # The backend could not be reached at all (a missing Service, port or endpoint, a refused or
+    # hung connection, a failed handshake), as opposed to reached and answering badly.
+    unreachable: bool = False
 
     @property
     def failed_step(self) -> Step | None:
         return next((s for s in self.steps if s.state == FAIL), None)
+
+
+Explained = tuple[Verdict, list[Step]]
 
 
 @dataclass
@@ -145,12 +153,19 @@ def _objects_pass(svc: APIService, store: Store) -> bool:
 
 
 def _has_ready_endpoint(slices: Sequence[EndpointSlice], port_name: str) -> bool:
-    """Upstream's `hasAvailableEndpoint`: a slice with a ready (or unknown) endpoint and the named port."""
-    return any(
-        any(e.ready is None or e.ready for e in eps.endpoints)
-        and any(p.name is not None and p.name == port_name and p.port is not None for p in eps.ports)
-        for eps in slices
-    )
+    """Upstream's `hasAvailableEndpoint`: a slice with a ready (or unknown) endpoint and the named port.
+
+    (Plain loops: it runs on every check of every APIService, dead ones included.)"""
+    for eps in slices:
+        for e in eps.endpoints:
+            if e.ready is None or e.ready:
+                break
+        else:
+            continue
+        for p in eps.ports:
+            if p.name is not None and p.name == port_name and p.port is not None:
+                return True
+    return False
 
 
 def _slices_text(slices: Sequence[EndpointSlice]) -> str:
@@ -285,6 +300,9 @@ class DiscoveryProbe:
         self.timeout = timeout
         self.hedge_after = hedge_after
         self._diag: tuple[int, ssl.SSLContext] | None = None
+        # The last explanation per APIService, reused while the same objects fail the same way: a
+        # dead backend is re-checked every 30 s, and its words do not change between checks.
+        self._explained: dict[str, tuple[APIService, Service | None, tuple[object, ...], Explained]] = {}
 
     # --- the attempts ------------------------------------------------------------------------------
 
@@ -309,8 +327,9 @@ class DiscoveryProbe:
             result.error = BackendError(Hop.TIMEOUT, TIMEOUT_CAUSE, url=result.url)
         return result
 
-    async def run(self, svc: APIService, path: str) -> tuple[Attempt, int]:
-        """Up to `attempts` GETs; the first 2xx wins, else the last to finish. Also: how many failed.
+    async def run(self, svc: APIService, path: str, *, attempts: int | None = None) -> tuple[Attempt, int]:
+        """Up to `attempts` GETs (default: the probe's); the first 2xx wins, else the last to
+        finish. Also: how many failed.
 
         Upstream starts its 5 attempts at once, each on a new connection. Here the first goes
         alone, on a pooled connection when there is one; the others start only if it fails or has
@@ -318,7 +337,11 @@ class DiscoveryProbe:
         instead of five handshakes, and a flaky one still gets every chance upstream gives it.
         Every attempt ends when the first one's timeout does, as upstream's parallel ones do.
         """
+        attempts = self.attempts if attempts is None else attempts
         deadline = asyncio.get_running_loop().time() + self.timeout
+        if attempts <= 1:  # nothing to hedge with: no task, no extra timer
+            result = await self.attempt(svc, path, deadline=deadline)
+            return result, 0 if result.ok else 1
         tasks = [asyncio.ensure_future(self.attempt(svc, path, deadline=deadline))]
         last = Attempt(error=BackendError(Hop.CONNECT, "no attempt was made"))
         failed = 0
@@ -328,7 +351,7 @@ class DiscoveryProbe:
                 return tasks[0].result(), 0
             tasks += [
                 asyncio.ensure_future(self.attempt(svc, path, deadline=deadline))
-                for _ in range(self.attempts - 1)
+                for _ in range(attempts - 1)
             ]
             for next_done in asyncio.as_completed(tasks):
                 result = await next_done
@@ -374,9 +397,33 @@ class DiscoveryProbe:
         leaf = pair.leaf
         return f"client certificate: {leaf.subject.rfc4514_string()} (issuer {leaf.issuer.rfc4514_string()})"
 
-    async def explain(self, svc: APIService, store: Store, attempt: Attempt) -> tuple[Verdict, list[Step]]:
+    def forget(self, name: str) -> None:
+        """The APIService is gone: drop its last explanation."""
+        self._explained.pop(name, None)
+
+    async def explain(self, svc: APIService, store: Store, attempt: Attempt) -> Explained:
         """The verdict for a failed attempt (FailedDiscoveryCheck, or the refusal it was:
         ForbiddenEndpoint, RedirectRejected, ProxyLoop), and its steps from `address` on."""
+        ref = svc.service
+        assert ref is not None
+        service = store.service(ref.namespace, ref.name)
+        error = attempt.error
+        signature = (
+            attempt.target,
+            attempt.url,
+            attempt.status,
+            attempt.body[:EXPLAINED_BODY],
+            None if error is None else (error.hop, error.cause, error.url, error.certificate),
+            self.backends.client_certificate.generation,
+        )
+        cached = self._explained.get(svc.name)
+        if cached is not None and cached[0] is svc and cached[1] is service and cached[2] == signature:
+            return cached[3]
+        explained = self._explain(svc, store, attempt)
+        self._explained[svc.name] = (svc, service, signature, explained)
+        return explained
+
+    def _explain(self, svc: APIService, store: Store, attempt: Attempt) -> Explained:
         ref = svc.service
         assert ref is not None
         target, url, error = attempt.target, attempt.url, attempt.error
@@ -477,18 +524,21 @@ async def check_apiservice(
     access: AccessError | None = None,
     inspect_tls: bool = False,
     detail: bool = True,
+    attempts: int | None = None,
 ) -> Report:
     """Every hop for one APIService, in upstream's order, ending in its verdict.
 
-    `detail=False` (the checker, every 30 s for every APIService) skips the words of hops that
-    pass: a healthy APIService's report then has no steps, only its verdict. A failure is always
-    explained in full.
+    `detail=False` (the checker, every 30 s for every APIService, dead ones included) builds no
+    steps when the objects' hops pass: the report is the verdict, worded in full, and whether the
+    backend was reached. `attempts` overrides the probe's number of GETs.
     """
-    quick: Attempt | None = None
     if not detail and svc.service is not None and _objects_pass(svc, store):
-        quick, _failed = await probe.run(svc, discovery_path(svc))
+        quick, _failed = await probe.run(svc, discovery_path(svc), attempts=attempts)
         if quick.ok:
             return Report(svc.name, PASSED, body=quick.body)
+        # The objects' hops passed (`_objects_pass`): only the GET's failure needs words.
+        failed_verdict, _steps = await probe.explain(svc, store, quick)
+        return Report(svc.name, failed_verdict, unreachable=quick.status is None)
     if svc.service is None:
         return Report(
             svc.name, cond.local(), [Step("apiservice", PASS, "local: served by kube-apiserver itself")]
@@ -498,13 +548,12 @@ async def check_apiservice(
     object_steps, verdict = check_objects(svc, store, access)
     steps += object_steps
     if verdict is not None:
-        return Report(svc.name, verdict, steps)
+        return Report(svc.name, verdict, steps, unreachable=True)
     path = discovery_path(svc)
-    # The quick path's failed attempt is explained as it is, not made again.
-    attempt, failed = (quick, 0) if quick is not None else await probe.run(svc, path)
+    attempt, failed = await probe.run(svc, path, attempts=attempts)
     if not attempt.ok:
         verdict, more = await probe.explain(svc, store, attempt)
-        return Report(svc.name, verdict, steps + more)
+        return Report(svc.name, verdict, steps + more, unreachable=attempt.status is None)
     target = attempt.target
     assert target is not None
     steps.append(Step("address", PASS, f"{target.authority}, {probe.route(svc, store)}"))

@@ -59,6 +59,8 @@ class MemoryStatus:
 
     async def apply(self, svc: APIService, verdict: Verdict) -> Change | None:
         before = self.current(svc)
+        if verdict.held_by(before):
+            return None
         after = set_condition(before, verdict.condition())
         if after == before:
             return None
@@ -77,7 +79,7 @@ class StoreStatus:
 
     async def apply(self, svc: APIService, verdict: Verdict) -> Change | None:
         current = self.store.apiservice(svc.name)
-        if current is None:
+        if current is None or verdict.held_by(current.conditions):
             return None
         after = set_condition(current.conditions, verdict.condition())
         if after == current.conditions:

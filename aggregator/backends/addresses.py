@@ -112,6 +112,12 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+# Caches keyed by Services or addresses are bounded by what the store holds; the limit only drops
+# keys of deleted objects now and then. It is far above any cluster's count (5000 APIServices is a
+# large one): a limit below it would empty the cache on every pass over them.
+CACHE_LIMIT = 1 << 16
+
+
 def _family(address: str) -> str:
     return "IPv6" if ":" in address else "IPv4"
 
@@ -146,7 +152,7 @@ class DenyList:
             network = first(self.networks)
             if network is not None:
                 verdict = f"in --backend-deny-cidrs range {network}"
-        if len(self._verdicts) > 4096:
+        if len(self._verdicts) > CACHE_LIMIT:
             self._verdicts.clear()
         self._verdicts[address] = verdict
         return verdict
@@ -169,6 +175,8 @@ class AddressResolver:
         self.deny = DenyList(deny_cidrs)
         self.lookup = lookup
         self.rng = rng or random.Random()
+        # (namespace, name, port) -> the Service object it was worked out from, and its Addresses.
+        self._cluster_cache: dict[tuple[str, str, int], tuple[Service, Addresses]] = {}
 
     # --- public ------------------------------------------------------------------------------------
 
@@ -192,12 +200,31 @@ class AddressResolver:
                 raise BackendError(Hop.SERVICE, f"APIService {apiservice.name} is local (no spec.service)")
             if self.endpoint_routing:
                 return self._endpoint_addresses(ref)
-            found = self._resolve_cluster(ref, self.store.service(ref.namespace, ref.name))
-            if isinstance(found, PendingLookup):
-                return Addresses(lookup=found)
-            return Addresses(((self._checked(found, ref),),))
         except BackendError as err:
             return Addresses(error=err)
+        return self._cluster_addresses(ref)
+
+    def _cluster_addresses(self, ref: ServiceReference) -> Addresses:
+        """`ResolveCluster`, worked out once per Service object: the availability checker and the
+        fetchers resolve every backend on every pass, and at thousands of them the work adds up."""
+        key = (ref.namespace, ref.name, ref.port)
+        svc = self.store.service(ref.namespace, ref.name)
+        cached = self._cluster_cache.get(key)
+        if cached is not None and svc is cached[0]:
+            return cached[1]
+        try:
+            found = self._resolve_cluster(ref, svc)
+            if isinstance(found, PendingLookup):
+                addresses = Addresses(lookup=found)
+            else:
+                addresses = Addresses(((self._checked(found, ref),),))
+        except BackendError as err:
+            addresses = Addresses(error=err)
+        if svc is not None:
+            if len(self._cluster_cache) > CACHE_LIMIT:
+                self._cluster_cache.clear()
+            self._cluster_cache[key] = (svc, addresses)
+        return addresses
 
     async def finish_lookup(self, pending: PendingLookup) -> Target:
         """Resolve an ExternalName once and pin the first address the deny list allows."""

@@ -85,6 +85,9 @@ class Backend:
     ) -> tuple[asyncio.Transport, P]:
         """TCP connect and TLS handshake within `within` seconds; a failure raises BackendError in Go's words."""
         loop = asyncio.get_running_loop()
+        # The failure is worded inside the handler and raised outside it: a dead backend's every
+        # failed dial carries no chain of the socket error and its traceback.
+        failure: BackendError
         try:
             async with asyncio.timeout(within):
                 transport, protocol = await loop.create_connection(
@@ -94,15 +97,15 @@ class Backend:
                     ssl=self.context or False,
                     server_hostname=address.tls_name if self.context is not None else None,
                 )
-        except TimeoutError as err:
-            raise BackendError(Hop.CONNECT, f"dial tcp {address.authority}: i/o timeout") from err
+            return transport, protocol
+        except TimeoutError:
+            failure = BackendError(Hop.CONNECT, f"dial tcp {address.authority}: i/o timeout")
         except ssl.SSLCertVerificationError as err:
             cause, certificate = await self.explain_verification(address, err)
-            raise BackendError(Hop.TLS, cause, verification=True, certificate=certificate) from err
+            failure = BackendError(Hop.TLS, cause, verification=True, certificate=certificate)
         except (OSError, ssl.SSLError) as err:
-            hop, cause = classify(err, address.authority)
-            raise BackendError(hop, cause) from err
-        return transport, protocol
+            failure = BackendError(*classify(err, address.authority))
+        raise failure
 
     async def _dial_http(self, host: str, port: int, server_name: str | None) -> ResponseHandler:
         loop = asyncio.get_running_loop()
@@ -129,18 +132,20 @@ class Backend:
         self,
         address: Address,
         target: str,
-        headers: Iterable[tuple[str, str]],
+        headers: Callable[[], Iterable[tuple[str, str]]],
         *,
         max_body: int,
     ) -> FetchedResponse:
         """GET `target` and read the whole answer (at most `max_body` bytes of it).
 
+        `headers` are built once there is a connection (a dial that fails costs no headers).
         Redirects are returned, never followed. Raises BackendError; the caller bounds the time.
         """
-        head = serialize_head("GET", target, headers)
+        head = b""
         for attempt in (1, 2):
             exchange = await self.pool.exchange(address.host, address.port, address.server_name)
             try:
+                head = head or serialize_head("GET", target, headers())
                 exchange.send(head, None, chunked=False, head_only=False)
                 message, payload = await exchange.response()
                 body = bytearray()
@@ -153,11 +158,12 @@ class Backend:
             except aiohttp.ServerDisconnectedError as err:
                 if attempt == 1 and exchange.reused:
                     continue  # a pooled connection the backend had just closed: Go retries once
-                raise await self.describe(err, address) from err
+                failure = await self.describe(err, address)
             except (aiohttp.ClientError, HttpProcessingError, OSError, asyncio.IncompleteReadError) as err:
-                raise await self.describe(err, address) from err
+                failure = await self.describe(err, address)
             finally:
                 exchange.finish()
+            raise failure  # worded from the error, without its chain
         raise AssertionError("unreachable")
 
     # --- failure detail ----------------------------------------------------------------------------

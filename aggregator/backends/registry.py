@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from aggregator.backends.addresses import AddressResolver, Target
 from aggregator.backends.backend import Address, Backend
@@ -204,11 +204,16 @@ class BackendRegistry:
         backend = self.backend_for(apiservice)
         if backend.error is not None or backend.context is None:
             raise BackendError(Hop.TRANSPORT, backend.error or "no TLS context")
-        out = request_headers(headers.items(), user, self.policy, authority=target.authority, hop=self.hop)
+        def head() -> Iterable[tuple[str, str]]:
+            return request_headers(
+                headers.items(), user, self.policy, authority=target.authority, hop=self.hop
+            ).items()
+
         try:
-            return await backend.get(address_of(target), path, out.items(), max_body=max_body)
+            return await backend.get(address_of(target), path, head, max_body=max_body)
         except BackendError as err:
-            raise err.at(url) from err
+            failure = err.at(url)
+        raise failure
 
     async def fetch(
         self,
@@ -234,10 +239,9 @@ class BackendRegistry:
                 target = await self.resolve(apiservice)
                 url = target.base_url + path
                 return await self.get_from(apiservice, target, path, headers=headers, user=user)
-        except TimeoutError as err:
+        except TimeoutError:
             failure = BackendError(Hop.TIMEOUT, "context deadline exceeded", url=url)
-            self.metrics.backend_errors.labels(apiservice.name, failure.hop.value).inc()
-            raise failure from err
         except BackendError as err:
-            self.metrics.backend_errors.labels(apiservice.name, err.hop.value).inc()
-            raise
+            failure = err
+        self.metrics.backend_errors.labels(apiservice.name, failure.hop.value).inc()
+        raise failure

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aggregator.contracts import BackendFetcher
+from aggregator.contracts import BackendFetcher, Reachability
 from aggregator.discovery.aggregated import (
     AggregatedDiscovery,
     VersionEntry,
@@ -41,6 +41,7 @@ class Discovery:
         kube: KubeClient | None,
         metrics: Metrics,
         fallback: Handler,
+        reachability: Reachability | None = None,
     ) -> None:
         self.legacy = LegacyDiscovery(store)
         self.aggregated = AggregatedDiscovery(
@@ -49,7 +50,9 @@ class Discovery:
         self.delegate: DelegateDiscovery | None = None
         if kube is not None:
             self.delegate = DelegateDiscovery(kube, store, self._delegate_changed, metrics=metrics)
-        self.fetcher = DiscoveryFetcher(store, backends, self.aggregated.invalidate, metrics=metrics)
+        self.fetcher = DiscoveryFetcher(
+            store, backends, self.aggregated.invalidate, metrics=metrics, reachability=reachability
+        )
         self.routes = DiscoveryRoutes(self.legacy, self.aggregated, fallback)
 
     def on_store_event(self, event: Event) -> None:

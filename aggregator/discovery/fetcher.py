@@ -9,6 +9,14 @@ timeout, as the gateway's own identity (system:kube-aggregator, system:masters),
 
 The backend call goes through the proxy's transport (service resolution, caBundle/SNI TLS, the
 front-proxy client certificate): anything that is a `contracts.BackendFetcher`.
+
+Fetches start once the store has synced (a Service not listed yet is not a missing Service). A
+backend the availability checker found unreachable (`contracts.Reachability`) is not dialed: the
+APIService goes Stale with the checker's reason, and is fetched again as soon as the checker
+reaches its backend (it pokes the fetcher); meanwhile its loop is parked (a look every 10 minutes
+as a backstop), so thousands of dead backends cost the fetcher nothing. Failures to reach a
+backend are the checker's to report: they are logged here at debug level; a backend that answers
+with something unusable is a warning, once per change.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aggregator.contracts import BackendFetcher, FetchedResponse
+from aggregator.backends.errors import BackendError
+from aggregator.contracts import UNREACHABLE_RECHECK, BackendFetcher, FetchedResponse, Reachability
 from aggregator.discovery.aggregated import (
     CURRENT,
     STALE,
@@ -35,6 +44,7 @@ from aggregator.model.userinfo import AGGREGATOR, AGGREGATOR_USER, UserInfo
 from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.util.logs import fields
 from aggregator.util.loops import KeyedLoops, LoopComponent
+from aggregator.util.tasks import TaskSet
 from aggregator.web.metrics import Children, Metrics
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, DISCOVERY_VERSIONS
 from aggregator.wire.redirects import REDIRECT_MESSAGE, is_redirect
@@ -85,6 +95,7 @@ class FetchState:
     last_success: float | None = None
     last_error: str = ""
     failures: int = 0
+    warned: bool = False  # the current failure was logged as a warning (so is its recovery)
     _entry: tuple[APIService, Any, str, VersionEntry] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -116,6 +127,7 @@ class DiscoveryFetcher(LoopComponent):
         on_change: Callable[[], None],
         *,
         metrics: Metrics | None = None,
+        reachability: Reachability | None = None,
         refresh_interval: float = 60.0,
         backoff_initial: float = 0.5,
         backoff_max: float = 60.0,
@@ -126,6 +138,7 @@ class DiscoveryFetcher(LoopComponent):
         self.backends = backends
         self._on_change = on_change
         self._metrics = metrics
+        self.reachability = reachability
         if metrics is not None:
             self._fetches = Children(metrics.discovery_fetches)
             self._last_success = Children(metrics.discovery_last_success)
@@ -138,11 +151,28 @@ class DiscoveryFetcher(LoopComponent):
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
             concurrency=concurrency,
+            delay=self._next_delay,
         )
+        self._tasks = TaskSet("discovery-fetcher")
         for svc in store.apiservices():
             self._track(svc)
 
-    # --- lifecycle (start and stop run the loops: LoopComponent) ---------------------------------------
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """The loops run once the store has synced (at once in local mode)."""
+        if self.store.synced:
+            self.loops.start()
+        else:
+            self._tasks.spawn(self._start_when_synced(), name="start")
+
+    async def _start_when_synced(self) -> None:
+        await self.store.wait_synced()
+        self.loops.start()
+
+    async def stop(self) -> None:
+        await self._tasks.close()
+        await self.loops.stop()
 
     @property
     def backstop(self) -> float:
@@ -158,6 +188,12 @@ class DiscoveryFetcher(LoopComponent):
             assert isinstance(event.obj, APIService)
             if event.type == DELETED:
                 self._forget(event.obj.name)
+            elif event.status_only:
+                # A recorded verdict (ours in local mode, a status write read back in kube mode):
+                # nothing discovery shows changed, so no fetch and no re-render of `/apis`.
+                state = self.states.get(event.obj.name)
+                if state is not None:
+                    state.apiservice = event.obj
             else:
                 self._track(event.obj)
             return
@@ -193,12 +229,24 @@ class DiscoveryFetcher(LoopComponent):
 
     # --- one run ------------------------------------------------------------------------------------
 
+    def _next_delay(self, name: str, ok: bool, _failures: int) -> float | None:
+        """While the checker finds the backend unreachable: parked (its flip back pokes this loop;
+        `UNREACHABLE_RECHECK` is the backstop); otherwise the engine's interval or backoff."""
+        if not ok and self.reachability is not None and self.reachability.unreachable(name) is not None:
+            return max(self.loops.interval, UNREACHABLE_RECHECK)
+        return None
+
     async def _fetch_named(self, name: str) -> bool:
         state = self.states.get(name)
         if state is None:
             return True
         before = state.entry()
-        ok = await self.fetch_once(state)
+        unreachable = self.reachability.unreachable(name) if self.reachability is not None else None
+        if unreachable is not None:
+            self._stale(state, f"backend unreachable: {unreachable}")  # not dialed: the checker's word
+            ok = False
+        else:
+            ok = await self.fetch_once(state)
         if state.entry() != before:
             self._on_change()  # a steady backend (304s, the same resources) re-renders nothing
         return ok
@@ -216,28 +264,17 @@ class DiscoveryFetcher(LoopComponent):
             message = str(err) or type(err).__name__
             if isinstance(err, TimeoutError):
                 message = f"discovery did not complete within {self.backstop:g}s"
-            hop = getattr(err, "hop", "")
-            first_failure = state.fresh or state.failures == 0
-            state.fresh = False
-            state.failures += 1
-            state.last_error = message
             self._count(svc.name, "error")
-            (log.warning if first_failure else log.debug)(
-                "discovery fetch failed; "
-                + (
-                    "serving the last good resources as Stale"
-                    if state.resources is not None
-                    else "its group-version is listed as Stale, with no resources until a fetch succeeds"
-                ),
-                extra=fields(apiservice=svc.name, hop=hop, error=message, failures=state.failures),
-            )
+            # A backend that cannot be reached is the availability checker's to report.
+            self._stale(state, message, hop=getattr(err, "hop", ""), quiet=isinstance(err, BackendError))
             return False
         state.resources = resources
         state.etag = etag
         if not state.fresh and state.failures:
-            log.info(
+            (log.info if state.warned else log.debug)(
                 "discovery fetch recovered", extra=fields(apiservice=svc.name, after_failures=state.failures)
             )
+        state.warned = False
         state.fresh = True
         state.failures = 0
         state.last_error = ""
@@ -246,6 +283,24 @@ class DiscoveryFetcher(LoopComponent):
         if self._metrics is not None:
             self._last_success(svc.name).set(started)
         return True
+
+    def _stale(self, state: FetchState, message: str, *, hop: str = "", quiet: bool = True) -> None:
+        """The last good resources stay, Stale; a change of state is logged once."""
+        first_failure = state.fresh or state.failures == 0
+        state.fresh = False
+        state.failures += 1
+        state.last_error = message
+        if first_failure:
+            state.warned = not quiet
+            (log.debug if quiet else log.warning)(
+                "discovery fetch failed; "
+                + (
+                    "serving the last good resources as Stale"
+                    if state.resources is not None
+                    else "its group-version is listed as Stale, with no resources until a fetch succeeds"
+                ),
+                extra=fields(apiservice=state.apiservice.name, hop=hop, error=message, failures=state.failures),
+            )
 
     def _count(self, name: str, result: str) -> None:
         if self._metrics is not None:

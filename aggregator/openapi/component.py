@@ -5,7 +5,12 @@ caBundle shares one download) and, in kube mode, kube-apiserver itself. They ref
 at once when an APIService, its Service or its EndpointSlices change, and with backoff after a
 failure or a 404; kube-apiserver's first download is retried every second instead, and awaited by
 `/readyz` (`readiness.py`). Nothing is fetched on the request path: each change re-renders what is
-served.
+served. Downloads start once the store has synced (before, a Service not listed yet would read as
+missing, and kube-apiserver's document would be downloaded with the remote group-versions still in
+it). A backend whose APIServices the availability checker all found unreachable
+(`contracts.Reachability`) is not dialed: its last good documents stay, and it is downloaded again
+as soon as the checker reaches one of them (`apiservice_changed`); meanwhile it is parked (a look
+every 10 minutes as a backstop).
 
 Published `/openapi/v3`: for each remote APIService, its backend's document for exactly its own
 group-version (a backend cannot publish someone else's; one without `/openapi/v3` gets its v2
@@ -34,7 +39,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from aggregator import __version__
-from aggregator.contracts import BackendFetcher
+from aggregator.contracts import UNREACHABLE_RECHECK, BackendFetcher, Reachability
 from aggregator.kube.calls import GET_OPENAPI_V2, GET_OPENAPI_V3, GET_OPENAPI_V3_GROUP_VERSION
 from aggregator.kube.client import KubeClient
 from aggregator.model.apiservice import APIService
@@ -239,9 +244,11 @@ class OpenAPIAggregation:
         debounce: float = 0.05,
         concurrency: int = 4,
         first_download: FirstDownload | None = None,
+        reachability: Reachability | None = None,
     ) -> None:
         self.store = store
         self.backends = backends
+        self.reachability = reachability
         self.kube = kube
         self.metrics = metrics
         self.timeout = timeout
@@ -250,6 +257,8 @@ class OpenAPIAggregation:
         self.sources: dict[SourceKey, OpenAPISource] = {}
         # Remote APIServices per backend, by name (the first one makes the backend calls).
         self.members: dict[BackendKey, list[APIService]] = {}
+        self._backend_of: dict[str, BackendKey] = {}  # remote APIService name -> its backend
+        self._parked: set[BackendKey] = set()  # unreachable: waiting for the checker's word
         self.first_download = first_download or FirstDownload()
         self.refresher: KeyedLoops[SourceKey] = KeyedLoops(
             "openapi",
@@ -284,6 +293,17 @@ class OpenAPIAggregation:
     # --- lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Downloads begin once the store has synced (at once in local mode)."""
+        if self.store.synced:
+            self._begin()
+        else:
+            self._tasks.spawn(self._begin_when_synced(), name="start")
+
+    async def _begin_when_synced(self) -> None:
+        await self.store.wait_synced()
+        self._begin()
+
+    def _begin(self) -> None:
         self._started = True
         if self.kube_mode and self.kube is not None:
             kube = OpenAPISource(
@@ -296,6 +316,27 @@ class OpenAPIAggregation:
             self.refresher.ensure(KUBE_APISERVER)
         self._sync()
         self.refresher.start()
+
+    def apiservice_changed(self, name: str) -> None:
+        """The availability checker's verdict on this APIService changed: if its backend is
+        reachable again (parked as unreachable, or its last download could not reach it),
+        download its documents now instead of at the end of a backoff (a listener of
+        `AvailabilityChecker`)."""
+        key = self._backend_of.get(name)
+        if key is None or self._unreachable(key):
+            return
+        source = self.sources.get(key)
+        if key in self._parked or (source is not None and source.unreachable):
+            self._parked.discard(key)
+            self.refresher.poke(key)
+
+    def _unreachable(self, key: SourceKey) -> bool:
+        """Every APIService of this backend was found unreachable by the last check."""
+        reachability = self.reachability
+        if reachability is None or isinstance(key, str):
+            return False
+        members = self.members.get(key, [])
+        return bool(members) and all(reachability.unreachable(s.name) is not None for s in members)
 
     async def stop(self) -> None:
         self._started = False
@@ -341,11 +382,13 @@ class OpenAPIAggregation:
                 members.setdefault(backend_key(svc), []).append(svc)
         previous = self.members
         self.members = members
+        self._backend_of = {s.name: key for key, group in members.items() for s in group}
         retired = {
             k: self.sources.pop(k) for k in list(self.sources) if k != KUBE_APISERVER and k not in members
         }
         for key in retired:
             self.refresher.discard(key)
+            self._parked.discard(key)
         for key, group in members.items():
             if key not in self.sources:
                 source = OpenAPISource(
@@ -374,7 +417,14 @@ class OpenAPIAggregation:
         self._schedule_v2()
 
     def _next_delay(self, key: SourceKey, ok: bool, failures: int) -> float | None:
-        """kube-apiserver's failed first download: again within a second, not on the backoff."""
+        """kube-apiserver's failed first download: again within a second, not on the backoff. An
+        unreachable backend: parked (the checker pokes it when it is back; `UNREACHABLE_RECHECK`
+        is the backstop)."""
+        if isinstance(key, tuple):
+            if not ok and self._unreachable(key):
+                self._parked.add(key)
+                return max(self.refresher.interval, UNREACHABLE_RECHECK)
+            self._parked.discard(key)
         source = self.sources.get(key) if key == KUBE_APISERVER else None
         if ok or source is None:
             return None
@@ -413,6 +463,8 @@ class OpenAPIAggregation:
         source = self.sources.get(key)
         if source is None:
             return True
+        if self._unreachable(key):
+            return False  # not dialed: the last good documents stay
         result = await source.refresh()
         if self.sources.get(key) is not source:
             return result.ok  # removed while it ran

@@ -20,7 +20,9 @@ successful, so the scheduler retries with backoff (upstream never retries a 404 
 APIService changes: a backend that comes up without OpenAPI stays invisible to kubectl). A server
 with v2 but no `/openapi/v3` is a healthy legacy server: its group-versions are served from the v2
 document converted (`convert.py`), as kube-aggregator does. Any other failure keeps the last good
-documents. Each transition is logged once; repeats are debug lines.
+documents. Each transition is logged once; repeats are debug lines. A backend that cannot be
+reached at all (`BackendError`) is the availability checker's to report: that failure and its
+recovery are debug lines here.
 
 Backends are asked as the gateway's own identity (system:kube-aggregator, system:masters), like
 the discovery fetcher; upstream uses `system:aggregator` without groups, which extension servers
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from aggregator.backends.errors import BackendError
 from aggregator.openapi.convert import group_version_document
 from aggregator.openapi.documents import Document
 from aggregator.util.logs import fields
@@ -200,7 +203,10 @@ class OpenAPISource:
     # The index as last read, with the ETag it came with: a steady source answers 304 to a
     # revalidation, and nothing has to be parsed (kube-openapi serves the index with ServeContent).
     _index: tuple[str, Mapping[str, Any]] | None = None
+    # The last refresh failed to reach the source at all (its backend was down, not broken).
+    unreachable: bool = False
     _failing: set[str] = field(default_factory=set)  # documents whose last attempt failed
+    _warned: set[str] = field(default_factory=set)  # ... of which the failure was a warning
     _converted: tuple[int, tuple[str, ...]] | None = None  # (v2 revision, keys) the v3 came from
     _v3_touched: bool = False  # `v3` changed during the refresh in progress
     # `aggregator_openapi_fetches` by (apiservice, document, result), each child looked up once.
@@ -225,6 +231,7 @@ class OpenAPISource:
         result = Refreshed(ok=True)
         convert = False
         self._v3_touched = False
+        self.unreachable = False
         try:
             await self._refresh_v3()
             self._recovered("v3")
@@ -413,10 +420,14 @@ class OpenAPISource:
         message = str(err) or type(err).__name__
         if isinstance(err, TimeoutError):
             message = "timed out"
+        self.unreachable |= isinstance(err, BackendError)
         self.last_error = f"{document}: {message}"
         self._count(document, "error")
+        warn = first and not isinstance(err, BackendError)  # unreachable: the checker reports it
+        if warn:
+            self._warned.add(document)
         held = bool(self.v3) if document == "v3" else self.v2 is not None
-        (log.warning if first else log.debug)(
+        (log.warning if warn else log.debug)(
             f"OpenAPI {document} download failed; "
             + ("serving the last good documents" if held else "no documents to serve until one succeeds"),
             extra=fields(
@@ -431,7 +442,9 @@ class OpenAPISource:
     def _recovered(self, document: str) -> None:
         if document in self._failing:
             self._failing.discard(document)
-            log.info(f"OpenAPI {document} download recovered", extra=fields(**self.log_fields()))
+            level = log.info if document in self._warned else log.debug
+            self._warned.discard(document)
+            level(f"OpenAPI {document} download recovered", extra=fields(**self.log_fields()))
 
     # --- labels ----------------------------------------------------------------------------------
 

@@ -234,10 +234,15 @@ class KeyedLoops(Generic[K]):
         except Exception:
             log.exception("background run failed", extra=fields(loop=self.name, key=str(key)))
         finally:
+            # The scheduler parks without a timer while every slot is taken: a slot freed then
+            # wakes it. Otherwise its timer is armed, and only a key already due needs it now.
+            was_full = self._active >= self.concurrency
             self._active -= 1
             if self._runs.get(key) is asyncio.current_task(self._loop):
                 del self._runs[key]
-            self._set_wake()
+            heap = self._heap
+            if was_full or (heap and heap[0][0] <= self._now() + CLOCK_SLACK):
+                self._set_wake()
         self.runs += 1
         if self._entries.get(key) is not entry:
             return  # discarded (or replaced) while it ran

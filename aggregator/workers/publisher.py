@@ -22,6 +22,7 @@ from typing import Protocol
 from prometheus_client.core import Metric
 
 from aggregator.audit.recorder import EventWriter
+from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
 from aggregator.auth.authconfigmap import AuthConfigMap, ClusterAuthentication
 from aggregator.auth.modes import PolicySource
 from aggregator.auth.rbac import RBACPolicy
@@ -54,8 +55,9 @@ log = logging.getLogger(__name__)
 INTERVAL = 0.1
 # How long a scrape waits for each worker's figures; a worker that does not answer is left out.
 COLLECT_TIMEOUT = 2.0
-# Checks every worker answers itself (its own liveness and shutdown).
-LOCAL_CHECKS = frozenset({"ping", "shutdown"})
+# Checks every worker answers itself: its own liveness and shutdown, and whether it holds the
+# cluster's authentication settings (its copy, not the control's).
+LOCAL_CHECKS = frozenset({"ping", "shutdown", CLUSTER_AUTH_CHECK})
 
 
 @dataclass

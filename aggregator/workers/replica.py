@@ -6,6 +6,10 @@ It answers the request path through the same narrow interfaces the control's com
 (`openapi/routes.py` `PublishedOpenAPI`), and the control's health checks by name. Its store is a
 real `Store`, replaying the control's events with the control's revisions, so routes, address
 resolution, legacy discovery and `apiregistration.k8s.io` work locally exactly as in one process.
+
+Everything received is held here first, and whatever is bound later (the worker's gateway is built
+after the first snapshot arrived) starts from what is held: no state in the snapshot waits for a
+change to reach the worker.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from aiohttp import web
 from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
-from aggregator.auth.authconfigmap import AuthConfigMap
+from aggregator.auth.authconfigmap import AuthConfigMap, ClusterAuthentication
 from aggregator.auth.modes import PolicyHolder
 from aggregator.discovery.aggregated import HEADERS as AGGREGATED_HEADERS
 from aggregator.discovery.routes import DiscoveryRoutes
@@ -125,6 +129,7 @@ class Replica:
         self._v2: V2Published = build_v2([V2Input("gateway", base_document())])
         self._v3: V3Published = EMPTY_V3
         self._cluster: AuthConfigMap | None = None
+        self._cluster_auth: ClusterAuthentication | None = None
         # Local mode: the control's RBAC policy (the snapshot carries it, before anything is built).
         self.rbac = PolicyHolder()
         self._collect: Callable[[], list[Metric]] = list
@@ -142,8 +147,11 @@ class Replica:
         routes.aggregated = None if self._legacy_only or not self._aggregated else self
 
     def bind_cluster_auth(self, cluster: AuthConfigMap | None) -> None:
-        """Where the control's copy of the cluster's authentication ConfigMap goes (kube mode)."""
+        """Where the control's copy of the cluster's authentication ConfigMap goes (kube mode); it
+        takes the copy held now at once."""
         self._cluster = cluster
+        if cluster is not None and self._cluster_auth is not None:
+            cluster.use(self._cluster_auth)
 
     def bind_metrics(self, collect: Callable[[], list[Metric]]) -> None:
         self._collect = collect
@@ -214,8 +222,10 @@ class Replica:
                 else:
                     documents[key] = document
             self._v3 = V3Published(state.openapi_v3_index or self._v3.index, documents)
-        if state.cluster_auth is not None and self._cluster is not None:
-            self._cluster.use(state.cluster_auth)
+        if state.cluster_auth is not None:
+            self._cluster_auth = state.cluster_auth
+            if self._cluster is not None:
+                self._cluster.use(state.cluster_auth)
         if state.rbac is not None:
             self.rbac.use(state.rbac)
         self.first_state.set()

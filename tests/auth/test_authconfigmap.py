@@ -17,7 +17,7 @@ from aggregator.auth.authconfigmap import ConfigMapError, parse_configmap
 from aggregator.server import GatewayServer
 from aggregator.tls.issue import issue_client_cert, new_ca, write_pair
 from tests.auth.conftest import add_test_routes
-from tests.support.fakekube import FakeKube, kube_options
+from tests.support.fakekube import CLUSTER_CAS, FakeKube, kube_options
 from tests.support.fakereviews import FakeReviews
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
@@ -59,13 +59,7 @@ async def start_kube_gateway(fake_kube: FakeKube, pki: PKI) -> AsyncIterator[Sta
         session = await stack.enter_async_context(aiohttp.ClientSession())
 
         async def start(**overrides: Any) -> tuple[GatewayServer, Call]:
-            settings: dict[str, Any] = {
-                "client_ca_file": None,
-                "requestheader_client_ca_file": None,
-                "requestheader_allowed_names": [],
-                "authentication_skip_lookup": False,
-            }
-            settings.update(overrides)
+            settings: dict[str, Any] = {**CLUSTER_CAS, **overrides}
             assert fake_kube.kubeconfig is not None
             server = await stack.enter_async_context(
                 running_gateway(kube_options(pki, fake_kube.kubeconfig, **settings))
@@ -153,6 +147,7 @@ async def test_changes_after_a_compacted_watch_are_still_seen(
 async def test_configmap_created_after_start_is_picked_up(
     start_kube_gateway: Start, fake_kube: FakeKube, pki: PKI, caplog: pytest.LogCaptureFixture
 ) -> None:
+    fake_kube.delete_object("configmaps", "extension-apiserver-authentication", "kube-system")
     pki.issue_user("alice", "alice")
     _server, call = await start_kube_gateway()
     assert await call("alice") == (401, UNAUTHORIZED)

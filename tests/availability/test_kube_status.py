@@ -308,6 +308,50 @@ async def test_replicas_elect_one_status_writer_and_the_next_one_takes_over(
         assert fake_kube.counts[WRITES] == 2
 
 
+async def test_a_replica_that_starts_leading_writes_what_it_found_at_once(
+    pki: PKI,
+    fake_kube: FakeKube,
+    start_backend: StartBackend,
+    backend_pki: BackendPKI,
+) -> None:
+    """Another replica holds the Lease while this one finds the backend available (and writes
+    nothing); once the Lease is released this one takes it and writes its verdict at once, not at
+    its next periodic check."""
+    backend = await start_backend()
+    register(fake_kube, backend, backend_pki)
+    fake_kube.add_object(
+        "leases",
+        {
+            "metadata": {"name": "aggregator", "namespace": "default"},
+            "spec": {"holderIdentity": "another-replica", "leaseDurationSeconds": 3600,
+                     "acquireTime": "2026-01-01T00:00:00.000000Z", "renewTime": "2026-01-01T00:00:00.000000Z",
+                     "leaseTransitions": 0},
+        },
+    )  # fmt: skip
+    assert fake_kube.kubeconfig is not None
+    opts = kube_options(pki, fake_kube.kubeconfig, write_apiservice_status=True, **FAST_ELECTION)
+    gateway = build_gateway(opts)
+    checker, elector = gateway.availability, gateway.elector
+    assert isinstance(checker, AvailabilityChecker) and elector is not None
+    checker.interval = 3600.0  # no periodic check within the test
+    server = GatewayServer(opts, gateway)
+    await server.start()
+    try:
+        await until(lambda: checker.verdict(APISERVICE) is not None, what="the first verdict")
+        assert checker.is_available(APISERVICE) and not elector.is_leader
+        assert fake_kube.counts[WRITES] == 0 and condition(fake_kube) is None
+        checks = checker.checks
+        lease = fake_kube.get_object("leases", "aggregator", "default")
+        assert lease is not None
+        lease["spec"] = {**lease["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}  # released
+        fake_kube.add_object("leases", lease)
+        await until(lambda: (condition(fake_kube) or {}).get("status") == "True", what="the verdict written")
+        assert elector.is_leader and fake_kube.counts[WRITES] == 1
+        assert checker.checks == checks + 1  # one check of the APIService, on taking the Lease
+    finally:
+        await server.stop()
+
+
 async def get(server: GatewayServer, pki: PKI, path: str) -> tuple[int, str]:
     async with (
         aiohttp.ClientSession() as session,

@@ -182,6 +182,9 @@ def test_aggregated_content_type(value: str | None, ok: bool) -> None:
 def discovery_of(server: GatewayServer, fakes: FakeBackends) -> Discovery:
     discovery = server.gateway.discovery
     discovery.fetcher.backends = fakes
+    # The availability checker dials the real (absent) backends the fakes stand in for: its
+    # verdicts say nothing about the fakes.
+    discovery.fetcher.reachability = None
     fetcher = discovery.fetcher
     fetcher.backoff_initial, fetcher.backoff_max, fetcher.timeout = 0.02, 0.1, 0.3
     for name in list(fetcher.states):

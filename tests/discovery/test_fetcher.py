@@ -21,6 +21,8 @@ from tests.support.polling import until
 
 
 def make(store: Store, fakes: FakeBackends, **options: float) -> tuple[DiscoveryFetcher, list[int]]:
+    """A fetcher over `store`, which a source has listed (synced)."""
+    store.mark_synced()
     changes: list[int] = []
     fetcher = DiscoveryFetcher(store, fakes, lambda: changes.append(1), metrics=Metrics(), **options)  # type: ignore[arg-type]
     store.add_listener(fetcher.on_store_event)  # as the composition root subscribes it
@@ -143,6 +145,62 @@ async def test_hung_backend_times_out() -> None:
     finally:
         await fetcher.stop()
     assert "did not complete within" in fetcher.states["v1.a.example.com"].last_error
+
+
+async def test_nothing_is_fetched_before_the_store_has_synced() -> None:
+    """A Service not listed yet is not a missing Service: fetches start once the source has listed."""
+    store = Store()
+    store.upsert(decode_apiservice(apiservice("v1.a.example.com", 100, 10)))
+    fakes = FakeBackends()
+    fakes.handlers["v1.a.example.com"] = serve_aggregated({"a.example.com": {"v1": []}})
+    fetcher = DiscoveryFetcher(store, fakes, lambda: None)  # type: ignore[arg-type]
+    await fetcher.start()
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert fakes.calls == [] and fetcher.loops.wakeups == 0  # the engine has not even started
+        store.mark_synced()
+        await until(lambda: fetcher.states["v1.a.example.com"].fresh)
+    finally:
+        await fetcher.stop()
+
+
+class Verdicts:
+    """`contracts.Reachability` as a test sets it."""
+
+    def __init__(self) -> None:
+        self.down: dict[str, str] = {}
+
+    def unreachable(self, name: str) -> str | None:
+        return self.down.get(name)
+
+
+async def test_a_backend_the_checker_found_unreachable_is_not_dialed_until_it_is_back() -> None:
+    store = Store()
+    store.upsert(decode_apiservice(apiservice("v1.a.example.com", 100, 10)))
+    fakes = FakeBackends()
+    fakes.handlers["v1.a.example.com"] = serve_aggregated({"a.example.com": {"v1": [resource("as", "A")]}})
+    verdicts = Verdicts()
+    verdicts.down["v1.a.example.com"] = "dial tcp 10.0.0.5:443: connect: connection refused"
+    fetcher, _ = make(store, fakes, backoff_initial=0.01, backoff_max=0.02)
+    fetcher.reachability = verdicts
+    await fetcher.start()
+    try:
+        state = fetcher.states["v1.a.example.com"]
+        await until(lambda: state.failures >= 1)
+        assert fakes.calls == []
+        assert state.entry().freshness == "Stale"
+        assert state.last_error == "backend unreachable: dial tcp 10.0.0.5:443: connect: connection refused"
+        # no backoff while it is down: parked until the checker says it is back, not retried in 10 ms
+        await asyncio.sleep(0.2)
+        assert state.failures == 1 and fakes.calls == []
+        # the checker reaches it again and tells the fetcher (its listener): fetched at once
+        del verdicts.down["v1.a.example.com"]
+        fetcher.poke("v1.a.example.com")
+        await until(lambda: state.fresh)
+        assert len(fakes.calls) == 1
+    finally:
+        await fetcher.stop()
 
 
 async def test_a_failure_says_last_good_only_when_there_were_good_resources(

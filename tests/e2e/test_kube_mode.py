@@ -1,4 +1,6 @@
-"""Real kubectl (1.27, 1.32, 1.33) against a kube-mode gateway in front of the fake kube-apiserver.
+"""Real kubectl (1.27, 1.32, 1.33) against the gateway as it ships (`aggregator serve` in kube mode,
+no CA flags: the cluster's ConfigMap), in front of the fake kube-apiserver, with `--workers 2`
+(every kubectl) and `--workers 1` (the newest).
 
 - `kubectl explain` of a built-in type works the moment `/readyz` is 200, although the fake
   kube-apiserver is still settling: its OpenAPI hashes move between the index and the
@@ -36,7 +38,10 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(not KUBECTLS, reason="kubectl 1.27/1.32/1.33 not installed"),
 ]
-IDS = [Path(b).name for b in KUBECTLS]
+# Every kubectl against two workers (what the Deployment runs on 2 CPUs); one process with the
+# newest: the worker count changes nothing a client can see.
+SETUPS = [(binary, 2) for binary in KUBECTLS] + [(binary, 1) for binary in KUBECTLS[-1:]]
+IDS = [f"{Path(binary).name}-workers={workers}" for binary, workers in SETUPS]
 FLUNDERS = "/apis/wardle.example.com/v1beta1/namespaces/default/flunders"
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 SECRETS = "/api/v1/namespaces/default/secrets"
@@ -47,19 +52,18 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-@pytest.mark.parametrize("binary", KUBECTLS, ids=IDS)
+@pytest.mark.parametrize(("binary", "workers"), SETUPS, ids=IDS)
 async def test_explain_a_built_in_type_the_moment_readyz_is_200(
-    binary: str, pki: PKI, tmp_path: Path
+    binary: str, workers: int, pki: PKI, tmp_path: Path
 ) -> None:
-    async with KubeStack(pki, tmp_path) as stack:
+    async with KubeStack(pki, tmp_path, workers=workers) as stack:
         openapi = stack.kube_openapi
         # Still settling: the documents move right after each of the first 2 index reads (so every
         # group-version GET of those reads is a 301 to a newer hash), and apps/v1 is slow to answer:
         # the first download takes over a second, far longer than every other readiness check.
         openapi.settle(2)
         stack.kube.slow(0.5, verb="GET", resource="/openapi/v3/apis/apps/v1")
-        await stack.start_gateway()
-        await stack.wait_ready()
+        await stack.start_gateway()  # ready
         code, out, err = await stack.kubectl(binary)("explain", "deployments.spec.replicas", check=False)
         assert code == 0, err
         text = flat(out)
@@ -81,15 +85,14 @@ def policy(spec: dict[str, Any]) -> dict[str, Any]:
     return {"allowed": True}
 
 
-@pytest.mark.parametrize("binary", KUBECTLS, ids=IDS)
+@pytest.mark.parametrize(("binary", "workers"), SETUPS, ids=IDS)
 async def test_as_and_as_group_on_aggregated_and_delegated_paths(
-    binary: str, pki: PKI, tmp_path: Path
+    binary: str, workers: int, pki: PKI, tmp_path: Path
 ) -> None:
-    async with KubeStack(pki, tmp_path, policy=policy) as stack:
+    async with KubeStack(pki, tmp_path, policy=policy, workers=workers) as stack:
         kube = stack.kube
         kube.add_object("configmaps", {"metadata": {"name": "settings", "namespace": "default"}})
         await stack.start_gateway()
-        await stack.wait_ready()
         manifest = tmp_path / "flunder.yaml"
         manifest.write_text(FLUNDER)
         await stack.kubectl(binary)("create", "-f", str(manifest))  # as admin

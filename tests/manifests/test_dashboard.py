@@ -250,7 +250,7 @@ def dead_backend(port: int) -> list[JSON]:
 def kube_mode_args(stack: KubeStack, pki: PKI, port: int) -> list[str]:
     kube = stack.kube
     assert kube.kubeconfig is not None
-    cert, key = kube.issue_client_cert("front-proxy-client", stem="front-proxy-for-fake")
+    cert, key = kube.issue_front_proxy_cert()  # signed by the cluster's front-proxy CA, which wardle trusts
     return [
         *(sys.executable, "-m", "aggregator", "serve"),
         *("--kubeconfig", str(kube.kubeconfig), "--workers", "2"),

@@ -24,6 +24,7 @@ from tests.support.backend import (
     BackendPKI,
     FakeBackend,
     apiservice_manifest,
+    endpointslice_manifest,
     service_manifest,
     write_manifests,
 )
@@ -180,6 +181,11 @@ def register(
         manifest["spec"]["versionPriority"] = vp
         docs.append(manifest)
     docs.append(service_manifest(port=backend.port, namespace=namespace, name=name))
+    docs.append(
+        endpointslice_manifest(
+            f"{name}-1", [("127.0.0.1", True)], port=backend.port, namespace=namespace, service=name
+        )
+    )
     return write_manifests(folder, f"{namespace}-{name}", *docs)
 
 

@@ -254,6 +254,8 @@ async def test_readiness_stops_waiting_after_the_bound(
     async with await kube_gateway(fake_kube, pki) as server:
         aggregation = server.gateway.openapi
         aggregation.first_download = FirstDownload(bound=30.0, clock=lambda: now[0])
+        # downloads start once the objects are listed
+        await until(lambda: KUBE_APISERVER in aggregation.sources, what="kube-apiserver's source")
         source = aggregation.sources[KUBE_APISERVER]
         await until(lambda: source.failures >= 1, what="a failed download")
         source.first_attempt = 0.0

@@ -38,7 +38,7 @@ from tests.support.backend import (
     service_manifest,
     wait_available,
 )
-from tests.support.fakekube import USER, FakeKube, kube_options
+from tests.support.fakekube import CLUSTER_CAS, USER, FakeKube, kube_options
 from tests.support.fakereviews import FakeReviews
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
@@ -145,10 +145,7 @@ async def cluster(fake_kube: FakeKube, pki: PKI, backend_pki: BackendPKI) -> Asy
     options = kube_options(
         pki,
         fake_kube.kubeconfig,
-        client_ca_file=None,
-        requestheader_client_ca_file=None,
-        requestheader_allowed_names=[],
-        authentication_skip_lookup=False,
+        **CLUSTER_CAS,
         proxy_client_cert_file=str(proxy_cert),
         proxy_client_key_file=str(proxy_key),
     )

@@ -415,6 +415,8 @@ async def test_readyz_waits_for_the_first_sync_in_kube_mode(fake_kube: FakeKube,
         # Then the first availability verdicts (instant here: the APIService's Service is missing).
         checker = server.gateway.availability
         await until(lambda: checker.verdict("v1alpha1.wardle.example.com") is not None, what="verdict")  # type: ignore[attr-defined]
+        # And kube-apiserver's OpenAPI, downloaded once the objects are listed (404s here: answered).
+        await until(lambda: server.gateway.openapi.kube_ready() is None, what="kube-apiserver's OpenAPI")
         status, body = await get(f"{server.url}/readyz?verbose", ctx)
         assert status == 200, body
         assert "[+]apiservice-registry-synced ok" in body

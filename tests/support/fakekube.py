@@ -16,7 +16,12 @@ What it does like the real one:
 - a resourceVersion older than the history window gets 410 Expired, as an HTTP 410 or as an
   in-band ERROR event (`gone_mode`);
 - callers authenticate with a bearer token (`tokens`) or a client certificate signed by its client
-  CA; anything else gets a 401 Status.
+  CA or its front-proxy CA; anything else gets a 401 Status;
+- `kube-system/extension-apiserver-authentication` exists from the start, written as kube-apiserver's
+  `ClientCARegistrationHook` writes it (`cluster_authentication_trust_controller.go`
+  `getConfigMapDataFor`): the client CA, the front-proxy CA, and the requestheader settings as
+  JSON string arrays (`json.Marshal`: `["X-Remote-User"]`; kube-apiserver 1.32 writes `[]` for
+  its UID headers).
 
 Knobs for tests: `drop_watches()`, `expire_history()`, `send_bookmarks()`, `send_watch_error()`,
 `slow()`/`release()`, `counts` of requests by (verb, resource), `requests` seen (with the user),
@@ -61,6 +66,11 @@ from tests.support.pki import PKI
 USER = web.RequestKey("user", str)
 # Who the request runs as after front-proxy headers and impersonation (set by an `enforce()` gate).
 IDENTITY = web.RequestKey("identity", str)
+
+AUTHENTICATION_NAMESPACE = "kube-system"
+AUTHENTICATION_CONFIGMAP = "extension-apiserver-authentication"
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Obj = dict[str, Any]
@@ -236,10 +246,13 @@ class FakeKube:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ca = new_ca("fake-kube-ca")
         self.client_ca = new_ca("fake-kube-client-ca")
+        # kube-apiserver's --requestheader-client-ca-file: signs front-proxy client certificates.
+        self.front_proxy_ca = new_ca("fake-kube-front-proxy-ca")
         # Not valid for "localhost": tests of `tls-server-name` connect by that name.
         self.serving = issue_serving_cert(self.ca, ["127.0.0.1", "kubernetes.default.svc"])
         write_cert(self.dir / "ca.crt", self.ca.cert)
         write_cert(self.dir / "client-ca.crt", self.client_ca.cert)
+        write_cert(self.dir / "front-proxy-ca.crt", self.front_proxy_ca.cert)
         write_pair(self.dir, "serving", self.serving)
         self.port = port
         # token -> user name; mutate freely to rotate or revoke.
@@ -266,6 +279,7 @@ class FakeKube:
         self._gate: Gate | None = None
         # A kubeconfig for the default gateway credentials (set by `running_fake_kube`).
         self.kubeconfig: Path | None = None
+        self.publish_authentication()
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -281,6 +295,7 @@ class FakeKube:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(self.dir / "serving.crt", self.dir / "serving.key")
         ctx.load_verify_locations(cafile=str(self.dir / "client-ca.crt"))
+        ctx.load_verify_locations(cafile=str(self.dir / "front-proxy-ca.crt"))
         ctx.verify_mode = ssl.CERT_OPTIONAL
         return ctx
 
@@ -318,6 +333,29 @@ class FakeKube:
         pair: KeyPair = issue_client_cert(self.client_ca, user, groups)
         cert, key = write_pair(self.dir, stem or f"client-{user.replace(':', '_')}", pair)
         return cert, key
+
+    def issue_front_proxy_cert(self, name: str = FRONT_PROXY_CLIENT, *, stem: str | None = None) -> tuple[Path, Path]:
+        """A front-proxy client certificate (kube-apiserver's --proxy-client-cert-file kind), signed
+        by the front-proxy CA the ConfigMap publishes; returns (cert file, key file)."""
+        pair: KeyPair = issue_client_cert(self.front_proxy_ca, name)
+        cert, key = write_pair(self.dir, stem or f"front-proxy-{name.replace(':', '_')}", pair)
+        return cert, key
+
+    def publish_authentication(
+        self, *, client_ca: bytes | None = None, requestheader_ca: bytes | None = None, **lists: list[str]
+    ) -> Obj:
+        """Write `kube-system/extension-apiserver-authentication` as kube-apiserver does at start:
+        its client and front-proxy CAs (unless given), and the requestheader lists
+        (`authentication_configmap`'s defaults: what kube-apiserver 1.32 writes with kubeadm's
+        flags, key for key); returns the stored object."""
+        return self.add_object(
+            CONFIGMAPS,
+            authentication_configmap(
+                self.client_ca.cert_pem if client_ca is None else client_ca,
+                self.front_proxy_ca.cert_pem if requestheader_ca is None else requestheader_ca,
+                **lists,
+            ),
+        )
 
     def write_kubeconfig(
         self,
@@ -838,6 +876,48 @@ def _not_found(res: FakeResource, name: str) -> web.Response:
     )
 
 
+def _go_json_strings(values: list[str] | None) -> str:
+    """`jsonSerializeStringSlice`: Go's `json.Marshal` of a []string (compact; nil is `null`)."""
+    return json.dumps(values, separators=(",", ":"))
+
+
+def authentication_configmap(
+    client_ca: bytes | None,
+    requestheader_ca: bytes | None,
+    *,
+    allowed_names: list[str] | None = None,
+    username_headers: list[str] | None = None,
+    uid_headers: list[str] | None = None,
+    group_headers: list[str] | None = None,
+    extra_prefixes: list[str] | None = None,
+) -> Obj:
+    """The ConfigMap's data as `getConfigMapDataFor` builds it: `client-ca-file` when there is a
+    client CA; the requestheader keys only with a front-proxy CA, every list JSON-encoded. Lists
+    left out are kubeadm's flags: allowed name `front-proxy-client`, `X-Remote-User`,
+    `X-Remote-Group`, `X-Remote-Extra-`, no UID headers (1.32 writes `[]`)."""
+    allowed_names = [FRONT_PROXY_CLIENT] if allowed_names is None else allowed_names
+    username_headers = ["X-Remote-User"] if username_headers is None else username_headers
+    uid_headers = [] if uid_headers is None else uid_headers
+    group_headers = ["X-Remote-Group"] if group_headers is None else group_headers
+    extra_prefixes = ["X-Remote-Extra-"] if extra_prefixes is None else extra_prefixes
+    data: dict[str, str] = {}
+    if client_ca:
+        data["client-ca-file"] = client_ca.decode()
+    if requestheader_ca:
+        data["requestheader-username-headers"] = _go_json_strings(username_headers)
+        data["requestheader-uid-headers"] = _go_json_strings(uid_headers)
+        data["requestheader-group-headers"] = _go_json_strings(group_headers)
+        data["requestheader-extra-headers-prefix"] = _go_json_strings(extra_prefixes)
+        data["requestheader-client-ca-file"] = requestheader_ca.decode()
+        data["requestheader-allowed-names"] = _go_json_strings(allowed_names)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"namespace": AUTHENTICATION_NAMESPACE, "name": AUTHENTICATION_CONFIGMAP},
+        "data": data,
+    }
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -857,6 +937,15 @@ async def running_fake_kube(workdir: Path, **kwargs: Any) -> AsyncIterator[FakeK
         yield fake
     finally:
         await fake.stop()
+
+
+# `kube_options` overrides for a gateway that takes its CAs from the cluster's ConfigMap, as shipped.
+CLUSTER_CAS: dict[str, Any] = {
+    "client_ca_file": None,
+    "requestheader_client_ca_file": None,
+    "requestheader_allowed_names": [],
+    "authentication_skip_lookup": False,
+}
 
 
 def kube_options(pki: PKI, kubeconfig: Path | str, **overrides: Any) -> Options:

@@ -1,10 +1,15 @@
-"""A small cluster for real kubectl: the fake kube-apiserver, the sample wardle server, a kube-mode gateway.
+"""A small cluster for real kubectl: the fake kube-apiserver, the sample wardle server, and the
+gateway as it ships: `aggregator serve` in kube mode, `--workers N`, no CA flags.
 
-    async with KubeStack(pki, tmp_path, policy=policy) as stack:  # the cluster, no gateway yet
-        stack.openapi.settle(3)                                     # e.g. a kube-apiserver still settling
-        await stack.start_gateway()
-        await stack.wait_ready()
+    async with KubeStack(pki, tmp_path, policy=policy, workers=2) as stack:  # the cluster, no gateway yet
+        stack.openapi.settle(3)                    # e.g. a kube-apiserver still settling
+        await stack.start_gateway()                # ready (`/readyz` 200) when it returns
         code, out, err = await stack.kubectl(binary, user="ops")("explain", "deployments.spec.replicas")
+
+The gateway reads its client CA and front-proxy settings from the fake's
+`kube-system/extension-apiserver-authentication` alone, as the manifests run it: callers present
+client certificates signed by the cluster's client CA (`stack.user(...)`), the same ones the fake
+accepts, and the gateway's front-proxy certificate is signed by the cluster's front-proxy CA.
 
 The fake kube-apiserver serves what kubectl reads of a real one: aggregated discovery for `/api`
 and `/apis` (core v1 configmaps, pods, secrets; apps/v1 deployments), OpenAPI v3 and v2 for those
@@ -13,39 +18,42 @@ objects, and SubjectAccessReviews. `policy` (a SubjectAccessReview spec -> statu
 gateway's reviews and the fake's own decisions (impersonation, its resources: `fakeauthz.py`).
 
 The sample wardle server is registered in the fake as a remote APIService pair with its Service and
-EndpointSlice, trusts the fake's client CA for the gateway's front-proxy certificate (the same
-certificate the fake accepts from the delegate), and allows the group `wardle-admins` everything.
+EndpointSlice, trusts the cluster's front-proxy CA for the gateway's front-proxy certificate (the
+same certificate the fake accepts from the delegate), and allows the group `wardle-admins`
+everything.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from sample_apiserver import SampleOptions, SampleServer
 
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.commands.wardle import local_manifests
-from aggregator.server import GatewayServer
 from aggregator.tls.issue import issue_serving_cert, load_pair, new_ca, write_pair
 from tests.support.e2e import Kubectl
 from tests.support.fakeauthz import KubeAuthorization, Policy
-from tests.support.fakekube import FakeKube, FakeResource, kube_options, running_fake_kube
+from tests.support.fakekube import FakeKube, FakeResource, running_fake_kube
 from tests.support.fakeopenapi import KubeOpenAPI
 from tests.support.fakereviews import FakeReviews, allow_all
-from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
-from tests.support.protocols import RequestLog
+from tests.support.ports import free_port
+from tests.support.served import Served, serving
 
 JSON = dict[str, Any]
 SECRETS = FakeResource("", "v1", "secrets", "Secret", True)
 WARDLE_ADMINS = "wardle-admins"
+# Who kubectl is by default: the cluster's admin client certificate, as kubeadm writes it.
+ADMIN = ("kubernetes-admin", ("system:masters",))
+# Loopback is where the sample listens; kube mode denies it by default.
+DENY_CIDRS = "169.254.0.0/16,fe80::/10"
 ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
 
@@ -240,21 +248,23 @@ class KubeStack:
         workdir: Path,
         *,
         policy: Policy = allow_all,
-        gateway_options: dict[str, Any] | None = None,
+        workers: int = 1,
+        gateway_args: Sequence[str] = (),
     ) -> None:
         self.pki = pki
         self.workdir = workdir
         self.policy = policy
-        self.gateway_options = gateway_options or {}
+        self.workers = workers
+        self.gateway_args = list(gateway_args)
         self.fake: FakeKube | None = None
         self.reviews: FakeReviews | None = None
         self.authorization: KubeAuthorization | None = None
         self.openapi: KubeOpenAPI | None = None
         self.sample: SampleServer | None = None
-        self.server: GatewayServer | None = None
+        self.gateway: Served | None = None
         self._stack = AsyncExitStack()
         self._homes = 0
-        self.requests = RequestLog()
+        self._users: dict[tuple[str, tuple[str, ...]], str] = {}  # -> file stem
 
     async def __aenter__(self) -> KubeStack:
         try:
@@ -268,8 +278,6 @@ class KubeStack:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self._stack.aclose()
-        if exc_type is None:
-            self.requests.verify_seen()
 
     @property
     def kube(self) -> FakeKube:
@@ -280,6 +288,11 @@ class KubeStack:
     def kube_openapi(self) -> KubeOpenAPI:
         assert self.openapi is not None
         return self.openapi
+
+    @property
+    def served(self) -> Served:
+        assert self.gateway is not None, "start_gateway() first"
+        return self.gateway
 
     async def start_cluster(self) -> FakeKube:
         """The fake kube-apiserver with everything registered (the gateway is not started yet)."""
@@ -300,7 +313,7 @@ class KubeStack:
                 secure_port=0,
                 tls_cert_file=str(certs / "serving.crt"),
                 tls_private_key_file=str(certs / "serving.key"),
-                requestheader_client_ca_file=str(fake.dir / "client-ca.crt"),
+                requestheader_client_ca_file=str(fake.dir / "front-proxy-ca.crt"),
                 requestheader_allowed_names=["front-proxy-client"],
                 authorization_allow_groups=["system:masters", WARDLE_ADMINS],
             )
@@ -312,48 +325,75 @@ class KubeStack:
             fake.add_object(resource[doc["kind"]], doc)
         return fake
 
-    async def start_gateway(self) -> GatewayServer:
-        fake = self.fake
-        assert fake is not None and fake.kubeconfig is not None
-        cert, key = fake.issue_client_cert("front-proxy-client", stem="front-proxy-for-fake")
-        settings: dict[str, Any] = {"proxy_client_cert_file": str(cert), "proxy_client_key_file": str(key)}
-        settings.update(self.gateway_options)
-        options = kube_options(self.pki, fake.kubeconfig, **settings)
-        self.server = await self._stack.enter_async_context(running_gateway(options))
-        self.requests.attach(self.server)
-        return self.server
+    def gateway_command(self, port: int) -> list[str]:
+        """`aggregator serve` flags as the manifests set them: kube mode, no CA flags (the cluster's
+        ConfigMap), the cluster's front-proxy certificate, `--workers N`."""
+        fake = self.kube
+        assert fake.kubeconfig is not None
+        cert, key = fake.issue_front_proxy_cert()
+        return [
+            "--kubeconfig", str(fake.kubeconfig),
+            "--bind-address", "127.0.0.1",
+            "--secure-port", str(port),
+            "--tls-cert-file", self.pki.path("serving.crt"),
+            "--tls-private-key-file", self.pki.path("serving.key"),
+            "--proxy-client-cert-file", str(cert),
+            "--proxy-client-key-file", str(key),
+            "--backend-deny-cidrs", DENY_CIDRS,
+            "--workers", str(self.workers),
+            *self.gateway_args,
+        ]  # fmt: skip
+
+    async def start_gateway(self) -> Served:
+        """Start the gateway process; it is ready (`/readyz` 200) when this returns."""
+        port = free_port()
+        log_path = self.workdir / f"gateway-{port}.log"
+        self.gateway = await self._stack.enter_async_context(
+            serving(self.gateway_command(port), port, self.pki.path("ca.crt"), log_path)
+        )
+        return self.gateway
 
     # --- using it ------------------------------------------------------------------------------------
 
     @property
     def url(self) -> str:
-        assert self.server is not None
-        return self.server.url
+        return self.served.url
+
+    def user(self, name: str, groups: tuple[str, ...] = ()) -> tuple[str, str]:
+        """(certificate, key) files of a client certificate the cluster's client CA signed."""
+        stem = self._user_stem(name, groups)
+        return str(self.kube.dir / f"{stem}.crt"), str(self.kube.dir / f"{stem}.key")
+
+    def _user_stem(self, name: str, groups: tuple[str, ...]) -> str:
+        key = (name, groups)
+        if key not in self._users:
+            stem = self._users[key] = f"user-{len(self._users)}-{name.replace(':', '_')}"
+            self.kube.issue_client_cert(name, groups, stem=stem)
+        return self._users[key]
+
+    @property
+    def admin(self) -> tuple[str, str]:
+        return self.user(*ADMIN)
 
     def kubectl(self, binary: str, user: str = "admin", groups: tuple[str, ...] = ()) -> Kubectl:
-        """kubectl as `user` (a client certificate from the test PKI), with a fresh HOME."""
-        stem = user if user == "admin" else self.pki.issue_user(f"kubectl-{user}", user, groups)
+        """kubectl as `user` (the cluster's admin certificate for "admin"), with a fresh HOME."""
+        stem = self._user_stem(*ADMIN) if user == "admin" else self._user_stem(user, groups)
         self._homes += 1
         config = self.workdir / f"{user}-{self._homes}.kubeconfig"
         ca = Path(self.pki.path("ca.crt")).read_bytes()
-        write_kubeconfig(config, kubeconfig(self.url, ca, load_pair(self.pki.dir, stem)))
-        return Kubectl(binary, config, self.workdir / f"home-{self._homes}", self.requests)
+        write_kubeconfig(config, kubeconfig(self.url, ca, load_pair(self.kube.dir, stem)))
+        return Kubectl(binary, config, self.workdir / f"home-{self._homes}")
 
-    async def get(self, path: str) -> tuple[int, bytes]:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(self.url + path, ssl=self.pki.client_context()) as resp,
-        ):
-            return resp.status, await resp.read()
-
-    async def wait_ready(self, timeout: float = 30.0) -> float:
-        """Poll `/readyz` like a kubelet until it is 200; returns the seconds it took."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        while True:
-            status, body = await self.get("/readyz?verbose")
-            if status == 200:
-                return loop.time() - started
-            if loop.time() - started > timeout:
-                raise AssertionError(f"/readyz never became 200:\n{body.decode()}")
-            await asyncio.sleep(0.02)
+    async def get(
+        self,
+        path: str,
+        *,
+        cert: tuple[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        token: str | None = None,
+    ) -> tuple[int, bytes]:
+        """GET on a fresh connection as the cluster's admin, or with `cert`, or with a bearer
+        `token` (and no client certificate)."""
+        if token is not None:
+            return await self.served.get(path, headers={**(headers or {}), "Authorization": f"Bearer {token}"})
+        return await self.served.get(path, cert=cert or self.admin, headers=headers)

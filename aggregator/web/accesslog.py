@@ -83,6 +83,7 @@ class AccessLog:
             user=user.name if user is not None else "",
             route=ctx.route.name,
             remote=ctx.remote or "",
+            protocol=ctx.connection.protocol,
         )
         if ctx.endpoint is not None:
             values["fields"]["endpoint"] = ctx.endpoint

@@ -150,6 +150,8 @@ class Reflector:
         self.backoff = backoff or Backoff()
         self.resource_version = ""
         self.synced = asyncio.Event()
+        # Set once the first list has succeeded or failed: a caller may wait for the first answer.
+        self.answered = asyncio.Event()
         # Observability: consecutive failures and the latest reason (for logs and tests).
         self.failures = 0
         self.last_error: str | None = None
@@ -203,6 +205,7 @@ class Reflector:
             self.metrics.watch_restarts.labels(self.name).inc()
 
     async def _fail(self, reason: str) -> None:
+        self.answered.set()
         delay = self.backoff.next()
         self.failures += 1
         self.last_error = reason
@@ -224,6 +227,7 @@ class Reflector:
         self.resource_version = resource_version
         self._listed_at = time.monotonic()
         self.synced.set()
+        self.answered.set()
         self._succeeded()
         log.info(
             "listed" if first else "relisted",

@@ -3,7 +3,8 @@
 `GatewayServer` loads the serving certificate (hot-reloaded), starts the gateway's components,
 then listens with aiohttp's low-level server: the pipeline is the one handler, with no URL
 dispatcher or middleware chain in front of the gateway's own router; each connection's peer and
-TLS session are recorded once (`web.context.Connection`). `serve` runs it until SIGTERM or SIGINT, then `shut_down` stops it gracefully; `run`
+TLS session are recorded once (`web.context.Connection`). Connections that negotiate `h2` are
+served by `web.http2` instead, into the same pipeline. `serve` runs it until SIGTERM or SIGINT, then `shut_down` stops it gracefully; `run`
 is what `aggregator serve` calls.
 """
 
@@ -28,6 +29,10 @@ from aggregator.util.logs import fields
 from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap
 from aggregator.web.certexpiry import SERVING
 from aggregator.web.context import Connection
+from aggregator.web.http2.limits import H2Limits
+from aggregator.web.http2.listener import alpn_protocols, dispatching
+from aggregator.web.http2.metrics import ConnectionMetrics
+from aggregator.web.http2.serving import Http2Serving
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +67,13 @@ def serving_certificate(options: Options) -> ServingCertificate:
     authn = options.authentication
     client_cas = [f for f in (authn.client_ca_file, authn.requestheader.client_ca_file) if f]
     try:
-        return ServingCertificate(cert_file, key_file, client_ca_files=client_cas, policy=serving.tls_policy())
+        return ServingCertificate(
+            cert_file,
+            key_file,
+            client_ca_files=client_cas,
+            policy=serving.tls_policy(),
+            alpn=alpn_protocols(not serving.disable_http2_serving),
+        )
     except PEMError as err:
         flag = "--tls-cert-file" if serving.cert_file else "--cert-dir"
         raise ConfigError(flag, str(err)) from err
@@ -82,6 +93,15 @@ class GatewayServer:
         )
         # `--workers N`: every worker listens on the same port; the kernel spreads connections.
         self.reuse_port = reuse_port
+        self.connection_metrics = ConnectionMetrics(self.gateway.metrics.registry)
+        self.http2: Http2Serving | None = None
+        if not options.serving.disable_http2_serving:
+            self.http2 = Http2Serving(
+                self.gateway.pipeline.handle,
+                H2Limits.for_flag(options.serving.http2_max_streams_per_connection),
+                self.connection_metrics,
+                client_max_size=CLIENT_MAX_SIZE,
+            )
         self.read_header_timeout = READ_HEADER_TIMEOUT
         self.idle_timeout = IDLE_TIMEOUT
         self.port = 0
@@ -119,6 +139,7 @@ class GatewayServer:
         await self.gateway.start()
         self._runner = web.ServerRunner(self._low_level_server(), shutdown_timeout=CLOSE_TIMEOUT)
         await self._runner.setup()
+        assert self._runner.server is not None
         site = TimedSite(
             self._runner,
             self.options.serving.bind_address,
@@ -127,6 +148,7 @@ class GatewayServer:
             backlog=LISTEN_BACKLOG,
             reuse_port=self.reuse_port or None,
             ssl_handshake_timeout=self.read_header_timeout,  # Go's tlsHandshakeTimeout
+            protocol_factory=dispatching(self._runner.server, self.http2, self.connection_metrics),
         )
         try:
             await site.start()
@@ -155,13 +177,16 @@ class GatewayServer:
     async def stop_listening(self) -> None:
         """NotAcceptingNewRequest: close the listener and idle keep-alive connections; busy
         connections close once their response is done (Go's `Server.Shutdown`), and new requests
-        that still arrive on one are refused."""
+        that still arrive on one are refused. HTTP/2 connections get a GOAWAY naming the last
+        stream they sent: those streams are served to the end, later ones refused."""
         self.gateway.in_flight.stop_accepting()
         if self._site is not None:
             await self._site.stop()
             self._site = None
         if self._runner is not None and self._runner.server is not None:
             close_connections(self._runner.server)
+        if self.http2 is not None:
+            self.http2.shut_down()
 
     async def close(self) -> None:
         """Close the connections still open (cancelling what outlived its drain bound), then stop
@@ -171,6 +196,8 @@ class GatewayServer:
         self._closed = True
         self.gateway.shutting_down = True
         await self.serving.stop()
+        if self.http2 is not None:
+            self.http2.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -8,7 +8,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from aggregator.tls.policy import DEFAULT_MIN_VERSION, VERSIONS, PolicyError, TLSPolicy
-from aggregator.util.flags import ConfigError, FlagSet, check_pair, check_readable, csv_list
+from aggregator.util.flags import ConfigError, FlagSet, check_pair, check_readable, csv_list, go_bool
 
 DEFAULT_CERT_DIR = "apiserver.local.config/certificates"
 SECTION = "secure serving"
@@ -23,6 +23,10 @@ class SecureServingOptions:
     cert_dir: str = DEFAULT_CERT_DIR
     min_tls_version: str = DEFAULT_MIN_VERSION
     cipher_suites: list[str] = field(default_factory=list)
+    # HTTP/2 (web/http2/): k8s.io/apiserver's DisableHTTP2Serving and HTTP2MaxStreamsPerConnection
+    # (0: kube-apiserver's 100).
+    disable_http2_serving: bool = False
+    http2_max_streams_per_connection: int = 0
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser, prefix: str) -> None:
@@ -68,6 +72,25 @@ class SecureServingOptions:
             help="comma-separated TLS 1.0-1.2 cipher suites, by Go's names (e.g. "
             "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256); insecure ones are logged, ones this OpenSSL cannot "
             "serve are reported and left out. TLS 1.3 suites are not configurable. Default: the library's.",
+        )
+
+        flags.add(
+            "--disable-http2-serving",
+            field="disable_http2_serving",
+            type=go_bool,
+            nargs="?",
+            const=True,
+            default=False,
+            help="serve HTTP/1.1 only: offer no h2 in TLS ALPN (default false: clients that offer h2, as "
+            "kubectl and client-go do, get HTTP/2).",
+        )
+        flags.add(
+            "--http2-max-streams-per-connection",
+            field="http2_max_streams_per_connection",
+            type=int,
+            default=d.http2_max_streams_per_connection,
+            help="the limit the gateway gives clients for concurrent streams on one HTTP/2 connection "
+            "(default 0: kube-apiserver's 100).",
         )
 
     def tls_policy(self) -> TLSPolicy:

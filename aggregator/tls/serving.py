@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Sequence
 from pathlib import Path
 
 from aggregator.tls.issue import self_signed_serving_pair
@@ -26,12 +27,14 @@ from aggregator.util.logs import fields
 log = logging.getLogger(__name__)
 
 
-def new_server_context(policy: TLSPolicy = DEFAULT_POLICY) -> ssl.SSLContext:
-    """`policy`'s versions and suites (default TLS >= 1.2), HTTP/1.1 only (advertised with ALPN so
-    HTTP/2 clients fall back cleanly)."""
+def new_server_context(
+    policy: TLSPolicy = DEFAULT_POLICY, alpn: Sequence[str] = ("http/1.1",)
+) -> ssl.SSLContext:
+    """`policy`'s versions and suites (default TLS >= 1.2), and the application protocols offered
+    with ALPN (HTTP/1.1 only by default, advertised so HTTP/2 clients fall back cleanly)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     policy.apply(ctx)
-    ctx.set_alpn_protocols(["http/1.1"])
+    ctx.set_alpn_protocols(list(alpn))
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION
     return ctx
 
@@ -46,12 +49,15 @@ class ServingCertificate:
         *,
         client_ca_files: list[str],
         policy: TLSPolicy = DEFAULT_POLICY,
+        alpn: Sequence[str] = ("http/1.1",),
         interval: float = 1.0,
     ):
         self.cert_file = cert_file
         self.key_file = key_file
         self._client_ca_files = client_ca_files
         self.policy = policy
+        # Every context offers the same protocols: after a reload, ALPN is chosen by the new one.
+        self.alpn = tuple(alpn)
         self.current: CertKeyPair = read_pair(cert_file, key_file)  # raises PEMError at start-up
         self.context = self._context_for(self.current)
         for line in policy.startup_warnings(self.context.security_level):
@@ -68,7 +74,7 @@ class ServingCertificate:
         )
 
     def _context_for(self, pair: CertKeyPair) -> ssl.SSLContext:
-        ctx = new_server_context(self.policy)
+        ctx = new_server_context(self.policy, self.alpn)
         load_pair_into(ctx, pair)
         return ctx
 

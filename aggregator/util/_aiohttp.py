@@ -6,7 +6,8 @@ waiting for a paused transport to drain, sending a response's headers together w
 bytes, and taking over a server connection's raw bytes after a `101` (the hook `WebSocketResponse`
 uses). The listener needs three more: a header-read timeout on its connections
 (`TimedServer`), which aiohttp does not have, a TLS handshake deadline (`TimedSite`), and responses
-without aiohttp's `Server` header (`GatewayRequest`). aiohttp's minor version is pinned in pyproject.toml for these;
+without aiohttp's `Server` header (`GatewayRequest`). The HTTP/2 streams (`web/http2/`) are served
+as aiohttp requests built from a head aiohttp's parser never saw (`stream_request`). aiohttp's minor version is pinned in pyproject.toml for these;
 `missing_internals()` is checked by tests/util/test_aiohttp_internals.py so an upgrade that breaks
 one fails loudly there, not in production.
 """
@@ -18,12 +19,18 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 from aiohttp.client_proto import ResponseHandler
-from aiohttp.http import SERVER_SOFTWARE, RawResponseMessage
-from aiohttp.streams import StreamReader
+from aiohttp.http import SERVER_SOFTWARE, HttpVersion, RawRequestMessage, RawResponseMessage
+from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 __all__ = [
+    "EMPTY_PAYLOAD",
+    "HTTP2",
+    "AbstractStreamWriter",
     "ConnectionFactory",
     "GatewayRequest",
     "HeadersWithBody",
@@ -37,9 +44,17 @@ __all__ = [
     "drain",
     "missing_internals",
     "response_protocol",
+    "stream_request",
     "take_over_connection",
 ]
 
+
+HTTP2 = HttpVersion(2, 0)
+# The fields of the parsed head aiohttp's request is built from (checked by `missing_internals`).
+REQUEST_MESSAGE_FIELDS = (
+    "method", "path", "version", "headers", "raw_headers", "should_close", "compression", "upgrade",
+    "chunked", "url",
+)  # fmt: skip
 
 # Makes the gateway's record of a new client connection from its transport.
 ConnectionFactory = Callable[[asyncio.BaseTransport], object]
@@ -132,6 +147,38 @@ class GatewayRequest(web.Request):
         if context is not None:
             context.head_going_out(response.status, response)
         await super()._prepare_hook(response)
+
+
+def stream_request(
+    request_class: type[web.Request],
+    *,
+    method: str,
+    target: str,
+    headers: CIMultiDict[str],
+    payload: StreamReader,
+    protocol: Any,
+    writer: AbstractStreamWriter,
+    task: Any,
+    loop: asyncio.AbstractEventLoop,
+    client_max_size: int,
+) -> web.Request:
+    """An aiohttp request for a head that did not come through aiohttp's HTTP/1.1 parser.
+
+    `protocol` stands in for aiohttp's `RequestHandler`: the request reads its `ssl_context`,
+    `peername`, `sockname` and `transport`, and the body's StreamReader calls its `pause_reading`,
+    `resume_reading` and `connected`. The target is an origin-form path (or `*`), and its URL is
+    built as aiohttp's parser builds one, so `raw_path` and the query read the same as over HTTP/1.1.
+    """
+    if target.startswith("/"):
+        path, _, fragment = target.partition("#")
+        path, _, query = path.partition("?")
+        url = URL.build(path=path, query_string=query, fragment=fragment, encoded=True)
+    else:
+        url = URL(target, encoded=True)
+    message = RawRequestMessage(
+        method, target, HTTP2, CIMultiDictProxy(headers), (), False, None, False, False, url
+    )
+    return request_class(message, payload, protocol, writer, task, loop, client_max_size=client_max_size)
 
 
 class TimedRequestHandler(RequestHandler):
@@ -242,27 +289,37 @@ class TimedServer(web.Server):
 
 
 class TimedSite(web.TCPSite):
-    """`web.TCPSite` with a deadline on the TLS handshake.
+    """`web.TCPSite` with a deadline on the TLS handshake, and a protocol factory of its own.
 
     Go bounds the handshake by the server's shortest read timeout (`http.Server.tlsHandshakeTimeout`:
     kube-apiserver's 32 s ReadHeaderTimeout); asyncio's default is 60 s, and aiohttp's site has no
-    way to pass one. Only `start` differs from aiohttp's.
+    way to pass one. `protocol_factory` (default: the runner's server, aiohttp's HTTP/1.1 handler)
+    makes each connection's protocol: the ALPN dispatch that may give it to HTTP/2 instead. Only
+    `start` differs from aiohttp's.
     """
 
-    __slots__ = ("_handshake_timeout",)
+    __slots__ = ("_handshake_timeout", "_protocol_factory")
 
     def __init__(
-        self, runner: web.BaseRunner, host: str, port: int, *, ssl_handshake_timeout: float, **kwargs: Any
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        ssl_handshake_timeout: float,
+        protocol_factory: Callable[[], asyncio.BaseProtocol] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(runner, host, port, **kwargs)
         self._handshake_timeout = ssl_handshake_timeout
+        self._protocol_factory = protocol_factory
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner
         server = self._runner.server
         assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
-            server,
+            self._protocol_factory or server,
             self._host,
             self._port,
             ssl=self._ssl_context,
@@ -312,4 +369,8 @@ def missing_internals() -> list[str]:
     ):
         if not hasattr(owner, name):
             missing.append(f"{owner.__module__}.{owner.__qualname__}.{name}")
+    # The parsed head, in the C parser's class or the pure-Python NamedTuple: built positionally.
+    message = RawRequestMessage(*REQUEST_MESSAGE_FIELDS)  # type: ignore[arg-type]
+    if [getattr(message, name, None) for name in REQUEST_MESSAGE_FIELDS] != list(REQUEST_MESSAGE_FIELDS):
+        missing.append(f"aiohttp.http.RawRequestMessage{REQUEST_MESSAGE_FIELDS}")
     return missing

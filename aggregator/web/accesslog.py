@@ -81,5 +81,6 @@ class AccessLog:
                 user=user.name if user is not None else "",
                 route=ctx.route.name,
                 remote=ctx.remote or "",
+                protocol=ctx.connection.protocol,
             ),
         )

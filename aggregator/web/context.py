@@ -43,6 +43,9 @@ LONG_RUNNING_SUBRESOURCES = frozenset({"attach", "exec", "proxy", "log", "portfo
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _PRETTY_AGENTS = ("curl", "Wget", "Mozilla/5.0")
 _EMPTY_QUERY: dict[str, list[str]] = {}
+# A connection's protocol, as Go's `Request.Proto` names it.
+HTTP1 = "HTTP/1.1"
+HTTP2 = "HTTP/2.0"
 
 
 def is_upgrade_request(headers: CIMultiDictProxy[str]) -> bool:
@@ -92,25 +95,28 @@ class AuditTrail(Protocol):
 
 
 class Connection:
-    """One client connection: the peer's address and its TLS session, read once.
+    """One client connection: the peer's address, its TLS session and the protocol it speaks
+    (HTTP/1.1, or HTTP/2 when ALPN chose `h2`), read once.
 
     `presented` is authentication's memo of what the peer's certificate chain said
-    (`auth/authn.py`), kept for as long as the connection lives.
+    (`auth/authn.py`), kept for as long as the connection lives: every stream of an HTTP/2
+    connection is the same caller.
     """
 
-    __slots__ = ("presented", "remote", "ssl_object")
+    __slots__ = ("presented", "protocol", "remote", "ssl_object")
 
-    def __init__(self, remote: str | None, ssl_object: ssl.SSLObject | None) -> None:
+    def __init__(self, remote: str | None, ssl_object: ssl.SSLObject | None, protocol: str = HTTP1) -> None:
         self.remote = remote
         self.ssl_object = ssl_object
+        self.protocol = protocol
         self.presented: Any = None
 
     @classmethod
-    def of_transport(cls, transport: asyncio.BaseTransport) -> Connection:
+    def of_transport(cls, transport: asyncio.BaseTransport, protocol: str = HTTP1) -> Connection:
         """A new client connection (what the server records once per connection)."""
         peer = transport.get_extra_info("peername")
         remote = str(peer[0]) if isinstance(peer, tuple | list) and peer else (str(peer) if peer else None)
-        return cls(remote, transport.get_extra_info("ssl_object"))
+        return cls(remote, transport.get_extra_info("ssl_object"), protocol)
 
     @classmethod
     def of_request(cls, request: web.BaseRequest) -> Connection:

@@ -26,6 +26,7 @@ from sample_apiserver.api import GROUP, VERSIONS
 from sample_apiserver.options import SampleOptions
 from sample_apiserver.server import SampleServer
 
+from aggregator.web.http2.metrics import ConnectionMetrics
 from aggregator.web.metrics import Metrics
 from aggregator.workers.metrics import WorkerMetrics
 from tests.manifests.k8s import MANIFESTS, REPO
@@ -167,8 +168,11 @@ def test_every_metric_in_the_table_is_served_under_that_name() -> None:
     )
     documented = {name for cell in first_cells for name in re.findall(r"`(\w+)`", cell)}
     exposed = set()
-    # A single process's registry, and what the supervisor adds with --workers N.
-    for registry in (Metrics().registry, WorkerMetrics(2).registry):
+    # A single process's registry (with what its listener adds), and what the supervisor adds
+    # with --workers N.
+    metrics = Metrics()
+    ConnectionMetrics(metrics.registry)
+    for registry in (metrics.registry, WorkerMetrics(2).registry):
         for line in generate_latest(registry).decode().splitlines():
             if line.startswith("# TYPE "):
                 exposed.add(line.split()[2])

@@ -37,6 +37,7 @@ from aggregator.server import GatewayServer
 from aggregator.tls.issue import KeyPair, issue_serving_cert, load_pair, new_ca, write_pair
 from tests.support.gateway import local_options, running_gateway
 from tests.support.pki import PKI
+from tests.support.protocols import RequestLog
 
 NAMESPACE = "wardle"
 SERVICE = "api"
@@ -124,17 +125,23 @@ def logged_requests(stderr: str) -> list[LoggedRequest]:
 
 
 class Kubectl:
-    """One kubectl binary with one kubeconfig and its own HOME (a fresh discovery and HTTP cache)."""
+    """One kubectl binary with one kubeconfig and its own HOME (a fresh discovery and HTTP cache).
 
-    def __init__(self, binary: str, config: Path, home: Path) -> None:
+    With a `RequestLog` of the gateway it talks to, every call also checks that kubectl's requests
+    reached the gateway over the protocol it should have negotiated (HTTP/2 by default).
+    """
+
+    def __init__(self, binary: str, config: Path, home: Path, requests: RequestLog | None = None) -> None:
         self.binary = binary
         self.config = config
         self.home = home
+        self.requests = requests
         home.mkdir(parents=True, exist_ok=True)
 
     async def __call__(
         self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
     ) -> tuple[int, str, str]:
+        mark = self.requests.mark() if self.requests is not None else 0
         process = await asyncio.create_subprocess_exec(
             self.binary,
             "--kubeconfig",
@@ -154,6 +161,8 @@ class Kubectl:
         code = process.returncode or 0
         if check:
             assert code == 0, f"kubectl {' '.join(args)} failed ({code}): {err.decode()}"
+        if self.requests is not None:
+            self.requests.check_kubectl(mark, args)
         return code, out.decode(), err.decode()
 
 
@@ -191,6 +200,7 @@ class WardleStack:
         self.kubeconfig = workdir / "admin.kubeconfig"
         self._gateway_cm: Any = None
         self._homes = 0
+        self.requests = RequestLog()
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -206,6 +216,8 @@ class WardleStack:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+        if exc_type is None:
+            self.requests.verify_seen()
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -228,6 +240,7 @@ class WardleStack:
         gateway_options = local_options(self.pki, str(self.apiservices_dir), **self.gateway_options)
         self._gateway_cm = running_gateway(gateway_options)
         self.gateway = await self._gateway_cm.__aenter__()
+        self.requests.attach(self.gateway)
         write_kubeconfig(
             self.kubeconfig,
             kubeconfig(
@@ -262,7 +275,7 @@ class WardleStack:
     def kubectl(self, binary: str = "kubectl") -> Kubectl:
         """A kubectl runner as the admin user, with a fresh HOME (no cached discovery or OpenAPI)."""
         self._homes += 1
-        return Kubectl(binary, self.kubeconfig, self.workdir / f"home-{self._homes}")
+        return Kubectl(binary, self.kubeconfig, self.workdir / f"home-{self._homes}", self.requests)
 
     async def get(
         self, path: str, *, headers: dict[str, str] | None = None, cert: str = "admin"

@@ -14,6 +14,7 @@ from cryptography import x509
 
 from aggregator.tls.issue import issue_serving_cert, new_ca, write_cert, write_key
 from tests.conftest import StartGateway
+from tests.support.h2client import negotiated_alpn
 from tests.support.pki import PKI
 
 
@@ -136,13 +137,22 @@ async def test_only_tls_1_2_and_above(start_gateway: StartGateway) -> None:
         await asyncio.open_connection("127.0.0.1", server.port, ssl=ctx)
 
 
-async def test_advertises_http_1_1_only(start_gateway: StartGateway) -> None:
+async def negotiated(port: int, offered: list[str] | None) -> str | None:
+    chosen, _ = await negotiated_alpn(port, ssl._create_unverified_context(), offered)
+    return chosen
+
+
+async def test_offers_h2_and_http_1_1_as_kube_apiserver(start_gateway: StartGateway) -> None:
     server = await start_gateway()
-    ctx = ssl._create_unverified_context()
-    ctx.set_alpn_protocols(["h2", "http/1.1"])
-    _r, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=ctx)
-    assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "http/1.1"
-    writer.close()
+    assert await negotiated(server.port, ["h2", "http/1.1"]) == "h2"
+    assert await negotiated(server.port, ["http/1.1", "h2"]) == "h2"  # the server's preference
+    assert await negotiated(server.port, ["http/1.1"]) == "http/1.1"
+    assert await negotiated(server.port, None) is None  # no ALPN: HTTP/1.1, as before
+
+
+async def test_disable_http2_serving_offers_http_1_1_only(start_gateway: StartGateway) -> None:
+    server = await start_gateway(disable_http2_serving=True)
+    assert await negotiated(server.port, ["h2", "http/1.1"]) == "http/1.1"
 
 
 async def test_a_reloaded_pair_keeps_the_tls_policy(

@@ -1,0 +1,59 @@
+"""What the listener counts about connections: which protocol each negotiated, and why HTTP/2
+connections were sent away.
+
+kube-apiserver has no such metric (Go's server counts nothing per protocol); the gateway's own
+names carry the `aggregator_` prefix. The request metrics (`apiserver_request_*`, the access log,
+audit) are the same for both protocols: they are written by the one pipeline.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter
+
+from aggregator.web.metrics import Children
+
+# Why a GOAWAY was sent, the `reason` label (documented in docs/reference.md).
+GOAWAY_REASONS = (
+    "shutdown",
+    "idle",
+    "connection_close",
+    "unauthenticated",
+    "client_goaway",
+    "rapid_reset",
+    "reset_flood",
+    "header_block",
+    "continuation_flood",
+    "header_list",
+    "settings",
+    "control_flood",
+    "control_queue",
+    "empty_frames",
+    "protocol_error",
+)
+
+
+class ConnectionMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.connections = Counter(
+            "aggregator_connections",
+            "Client connections accepted, by the protocol TLS negotiated with ALPN (h2, http/1.1).",
+            ["protocol"],
+            registry=registry,
+        )
+        self.goaways = Counter(
+            "aggregator_http2_goaways",
+            "GOAWAY frames sent on HTTP/2 connections, by reason: shutdown, idle, connection_close, "
+            "unauthenticated and client_goaway end a connection gracefully; the others are defences "
+            "(rapid_reset, reset_flood, header_block, continuation_flood, header_list, settings, "
+            "control_flood, control_queue, empty_frames) and protocol_error.",
+            ["reason"],
+            registry=registry,
+        )
+        self._connections = Children(self.connections)
+        self._goaways = Children(self.goaways)
+
+    def accepted(self, protocol: str) -> None:
+        self._connections(protocol).inc()
+
+    def goaway(self, reason: str) -> None:
+        self._goaways(reason).inc()

@@ -5,8 +5,9 @@ front-proxy settings (`requestheader-client-ca-file`, `requestheader-allowed-nam
 `requestheader-{username,uid,group}-headers`, `requestheader-extra-headers-prefix`; list values
 are JSON string arrays). Extension API servers without explicit CA flags read it and follow its
 changes (apiserver's `DynamicCAFromConfigMapController` and `RequestHeaderAuthRequestController`);
-the gateway does the same in kube mode: one GET, then a single-object watch resumed from the last
-resourceVersion, a fresh GET after 410 Gone, backoff on errors. A changed CA is used for the next
+the gateway does the same in kube mode with the shared reflector (sources/reflector.py): one GET,
+then a single-object watch resumed from the last resourceVersion, a fresh GET after 410 Gone or
+another in-band error, backoff on errors. A changed CA is used for the next
 request without a restart; an unparsable new version is logged and the previous one stays.
 
 Readiness (`/readyz` check `authentication-configmap-synced`) waits until a version (or the
@@ -18,21 +19,19 @@ must not be taken into its Service before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from aggregator.auth.requestheader import RequestHeaderConfig
 from aggregator.kube import calls
-from aggregator.kube.client import KubeClient, KubeError, describe_error
+from aggregator.kube.client import KubeClient
+from aggregator.sources.reflector import ListWatch, Reflector, get_one
 from aggregator.tls.pem import PEMError
 from aggregator.tls.verify import CAPool
+from aggregator.util.backoff import Backoff
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
 
@@ -114,16 +113,26 @@ class AuthConfigMap:
         self.client = client
         self.want_client_ca = want_client_ca
         self.want_requestheader = want_requestheader
-        self.watch_timeout = watch_timeout
         self.initial_timeout = initial_timeout
-        self.backoff_initial = backoff_initial
-        self.backoff_cap = backoff_cap
         self.resource_version = ""
         self.current: ClusterAuthentication | None = None
         self._client_ca: CAPool | None = None
         self._requestheader: RequestHeaderConfig | None = None
         self._tasks = TaskSet(f"configmap {SOURCE}")
         self.synced = asyncio.Event()
+        self.reflector = Reflector(
+            client,
+            ListWatch(
+                f"configmaps {NAMESPACE}/{NAME}",
+                get_one(calls.GET_CONFIGMAPS, NAMESPACE, NAME),
+                calls.WATCH_CONFIGMAPS,
+                namespace=NAMESPACE,
+                field_selector=f"metadata.name={NAME}",
+            ),
+            _Follower(self),
+            watch_timeout=watch_timeout,
+            backoff=Backoff(backoff_initial, backoff_cap),
+        )
 
     # --- what the authenticator calls (no I/O) -------------------------------------------------------
 
@@ -142,17 +151,22 @@ class AuthConfigMap:
     # --- lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Read the ConfigMap once (bounded), then follow it in the background."""
+        """Start following the ConfigMap; wait (bounded) for the first read's answer."""
+        self._tasks.spawn(self.reflector.run(), name="watch")
         try:
             async with asyncio.timeout(self.initial_timeout):
-                await self._get()
-        except (KubeError, ConfigMapError, TimeoutError, aiohttp.ClientError, OSError) as err:
+                await self.reflector.answered.wait()
+        except TimeoutError:
+            pass
+        if not self.reflector.synced.is_set():
             log.warning(
                 "cannot read the cluster's authentication configmap yet; client certificates and "
                 "front-proxy headers it would allow are refused, and readiness fails, until it is read",
-                extra=fields(configmap=f"{NAMESPACE}/{NAME}", reason=_reason(err)),
+                extra=fields(
+                    configmap=f"{NAMESPACE}/{NAME}",
+                    reason=self.reflector.last_error or f"no answer within {self.initial_timeout}s",
+                ),
             )
-        self._tasks.spawn(self._run(), name="watch")
 
     async def stop(self) -> None:
         await self._tasks.close()
@@ -162,8 +176,12 @@ class AuthConfigMap:
     def apply(self, obj: Mapping[str, Any] | None) -> None:
         """Use this version of the ConfigMap (None: it does not exist)."""
         if obj is None:
+            self.resource_version = ""
             config = ClusterAuthentication(None, None)
         else:
+            metadata = obj.get("metadata")
+            if isinstance(metadata, Mapping):
+                self.resource_version = str(metadata.get("resourceVersion") or "")
             try:
                 config = parse_configmap(obj)
             except ConfigMapError as err:
@@ -241,116 +259,36 @@ class AuthConfigMap:
             return previous  # keeps its verification cache
         return CAPool(pem, source=f"{SOURCE} {key}")
 
-    # --- following it --------------------------------------------------------------------------------
 
-    async def _get(self) -> None:
-        response = await self.client.request(calls.GET_CONFIGMAPS, namespace=NAMESPACE, name=NAME)
-        if response.status == 404:
-            self.resource_version = ""
-            self.apply(None)
+class _Follower:
+    """The reflector's target: the ConfigMap (or its absence) goes to `AuthConfigMap.apply`."""
+
+    def __init__(self, owner: AuthConfigMap) -> None:
+        self.owner = owner
+
+    def replace(self, items: list[Any]) -> None:
+        self.owner.apply(next((item for item in items if _is_it(item)), None))
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
+        if not _is_it(obj):
             return
-        if response.status != 200:
-            raise KubeError(f"{calls.GET_CONFIGMAPS}: HTTP {response.status}: {_message(response.body)}")
-        obj = response.json()
-        self.resource_version = str(obj.get("metadata", {}).get("resourceVersion", ""))
-        self.apply(obj)
-
-    async def _run(self) -> None:
-        delay = self.backoff_initial
-        need_get = self.current is None
-        while True:
-            try:
-                if need_get:
-                    await self._get()
-                    need_get = False
-                started = asyncio.get_running_loop().time()
-                delivered = await self._watch_once()
-                if delivered or asyncio.get_running_loop().time() - started >= 1.0:
-                    delay = self.backoff_initial
-                    continue
-                log.debug("configmap watch ended at once without events; backing off")
-            except _Gone:
-                need_get = True
-                continue
-            except (KubeError, ConfigMapError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
-                log.warning(
-                    "following the authentication configmap failed; retrying",
-                    extra=fields(reason=_reason(err), retry_in=round(delay, 2)),
-                )
-            await asyncio.sleep(delay * (1.0 - 0.5 * random.random()))
-            delay = min(self.backoff_cap, delay * 2)
-
-    async def _watch_once(self) -> bool:
-        """One watch, until the server ends it or the connection drops; True if it delivered events."""
-        params: dict[str, str | int] = {
-            "fieldSelector": f"metadata.name={NAME}",
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": max(1, round(self.watch_timeout)),
-        }
-        if self.resource_version:
-            params["resourceVersion"] = self.resource_version
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.watch_timeout + 30)
-        delivered = False
-        async with self.client.stream(
-            calls.WATCH_CONFIGMAPS, namespace=NAMESPACE, params=params, client_timeout=timeout
-        ) as response:
-            if response.status == 410:
-                raise _Gone()
-            if response.status != 200:
-                raise KubeError(
-                    f"{calls.WATCH_CONFIGMAPS}: HTTP {response.status}: {_message(await response.read())}"
-                )
-            with contextlib.suppress(aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
-                async for line in response.content:
-                    if line.strip():
-                        self._event(line)
-                        delivered = True
-        return delivered
-
-    def _event(self, line: bytes) -> None:
-        event = json.loads(line)
-        obj = event.get("object") if isinstance(event, dict) else None
-        if not isinstance(obj, dict):
-            raise ValueError("watch event without an object")
-        kind = event.get("type")
-        if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise _Gone()
-            raise KubeError(f"watch ERROR event: {obj.get('code')} {obj.get('message', '')}")
-        metadata = obj.get("metadata") or {}
-        rv = metadata.get("resourceVersion")
-        if isinstance(rv, str) and rv:
-            self.resource_version = rv
-        if (
-            kind == "BOOKMARK"
-            or metadata.get("name") != NAME
-            or metadata.get("namespace", NAMESPACE) != NAMESPACE
-        ):
-            return
-        if kind in ("ADDED", "MODIFIED"):
-            self.apply(obj)
-        elif kind == "DELETED":
+        if event_type == "DELETED":
             log.warning(
                 "the authentication configmap was deleted", extra=fields(configmap=f"{NAMESPACE}/{NAME}")
             )
-            self.apply(None)
+            self.owner.apply(None)
+        else:
+            self.owner.apply(obj)
 
 
-class _Gone(Exception):
-    """The resourceVersion was compacted: GET again."""
+def _is_it(obj: Any) -> bool:
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    return (
+        isinstance(metadata, dict)
+        and metadata.get("name") == NAME
+        and metadata.get("namespace", NAMESPACE) == NAMESPACE
+    )
 
 
 def _count(pool: CAPool | None) -> str:
     return f"{len(pool.anchors)} certificate(s)" if pool is not None else "none"
-
-
-def _message(body: bytes) -> str:
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return body[:200].decode("utf-8", "replace")
-    return str(doc.get("message", "")) if isinstance(doc, dict) else ""
-
-
-def _reason(err: BaseException) -> str:
-    return str(err) if isinstance(err, KubeError | ConfigMapError) else describe_error(err)

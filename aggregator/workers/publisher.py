@@ -55,7 +55,9 @@ log = logging.getLogger(__name__)
 
 INTERVAL = 0.1
 # How long a scrape waits for each worker's figures; a worker that does not answer is left out.
-COLLECT_TIMEOUT = 2.0
+# Well inside Prometheus's default scrape_timeout (10 s): a worker busy on a loaded node answers
+# within a few seconds, and a scrape that silently lacks its series looks like a dead worker.
+COLLECT_TIMEOUT = 5.0
 # Checks every worker answers itself: its own liveness and shutdown, and whether it holds the
 # cluster's authentication settings (its copy, not the control's).
 LOCAL_CHECKS = frozenset({"ping", "shutdown", CLUSTER_AUTH_CHECK})

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from aggregator.model.fielderrors import go_quote
+from aggregator.model.meta import OBJECT_META_ORDER, OWNER_REFERENCE_ORDER
 
 # A field: a leaf (a scalar, a list of scalars, or a free-form map), an object, or a list of objects.
 Field = Union[None, "Fields", "ListOf"]
@@ -37,26 +38,10 @@ def _leaves(*names: str) -> dict[str, Field]:
     return dict.fromkeys(names, LEAF)
 
 
-# metav1.ObjectMeta
+# metav1.ObjectMeta: `meta.py`'s names, the two lists of objects among them with their items' fields.
 OBJECT_META: Fields = {
-    **_leaves(
-        "name",
-        "generateName",
-        "namespace",
-        "selfLink",
-        "uid",
-        "resourceVersion",
-        "generation",
-        "creationTimestamp",
-        "deletionTimestamp",
-        "deletionGracePeriodSeconds",
-        "labels",
-        "annotations",
-        "finalizers",
-    ),
-    "ownerReferences": ListOf(
-        _leaves("apiVersion", "kind", "name", "uid", "controller", "blockOwnerDeletion")
-    ),
+    **_leaves(*OBJECT_META_ORDER),
+    "ownerReferences": ListOf(_leaves(*OWNER_REFERENCE_ORDER)),
     "managedFields": ListOf(
         _leaves("manager", "operation", "apiVersion", "time", "fieldsType", "fieldsV1", "subresource")
     ),

@@ -44,6 +44,7 @@ from tests.support.fakekube import FakeKube, FakeResource, running_fake_kube
 from tests.support.fakeopenapi import KubeOpenAPI
 from tests.support.fakereviews import FakeReviews, allow_all
 from tests.support.pki import PKI
+from tests.support.polling import until
 from tests.support.ports import free_port
 from tests.support.served import Served, serving
 
@@ -345,13 +346,19 @@ class KubeStack:
         ]  # fmt: skip
 
     async def start_gateway(self) -> Served:
-        """Start the gateway process; it is ready (`/readyz` 200) when this returns."""
+        """Start the gateway process; it is ready (`/readyz` 200) when this returns, and with
+        `--workers N` every worker listens: the first worker answers `/readyz` while the others
+        may still be starting, and a test that counts the workers answering must not race that."""
         port = free_port()
         log_path = self.workdir / f"gateway-{port}.log"
-        self.gateway = await self._stack.enter_async_context(
+        served = self.gateway = await self._stack.enter_async_context(
             serving(self.gateway_command(port), port, self.pki.path("ca.crt"), log_path)
         )
-        return self.gateway
+        if self.workers > 1:
+            await until(
+                lambda: "workers serving" in served.log(), timeout=30.0, what="every worker listening"
+            )
+        return served
 
     # --- using it ------------------------------------------------------------------------------------
 
@@ -395,5 +402,7 @@ class KubeStack:
         """GET on a fresh connection as the cluster's admin, or with `cert`, or with a bearer
         `token` (and no client certificate)."""
         if token is not None:
-            return await self.served.get(path, headers={**(headers or {}), "Authorization": f"Bearer {token}"})
+            return await self.served.get(
+                path, headers={**(headers or {}), "Authorization": f"Bearer {token}"}
+            )
         return await self.served.get(path, cert=cert or self.admin, headers=headers)

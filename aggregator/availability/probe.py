@@ -20,9 +20,10 @@ import contextlib
 import datetime as dt
 import functools
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Any
 
 from cryptography import x509
 
@@ -306,16 +307,19 @@ class DiscoveryProbe:
 
     # --- the attempts ------------------------------------------------------------------------------
 
-    async def attempt(self, svc: APIService, path: str, *, deadline: float | None = None) -> Attempt:
-        """One GET, as `BackendRegistry.fetch` makes it, keeping the address it dialed; it ends at
-        `deadline` (loop time) or after the probe timeout."""
+    async def attempt(
+        self, svc: APIService, path: str, *, deadline: float | None = None, target: Target | None = None
+    ) -> Attempt:
+        """One GET, as `BackendRegistry.fetch` makes it, to `target` or wherever a request would
+        go, keeping the address it dialed; it ends at `deadline` (loop time) or after the probe
+        timeout."""
         backends = self.backends
         result = Attempt()
         if deadline is None:
             deadline = asyncio.get_running_loop().time() + self.timeout
         try:
             async with asyncio.timeout_at(deadline):
-                result.target = target = await backends.resolve(svc)
+                result.target = target = target or await backends.resolve(svc)
                 result.url = target.base_url + path
                 response = await backends.get_from(
                     svc, target, path, headers={}, user=AGGREGATOR, max_body=MAX_BODY
@@ -336,23 +340,34 @@ class DiscoveryProbe:
         not answered within `hedge_after` seconds. A healthy backend costs one request per check
         instead of five handshakes, and a flaky one still gets every chance upstream gives it.
         Every attempt ends when the first one's timeout does, as upstream's parallel ones do.
+
+        With endpoint routing and several ready endpoints, the attempts go to different endpoints
+        (every one of them, up to the probe's number, even when `attempts` asks for fewer): the
+        APIService is available while any endpoint answers, as the proxy's balancer sees it.
+        Upstream resolves once per check and sends all five to one random endpoint, so one dead
+        replica of three marks the whole APIService unavailable a third of the time.
         """
         attempts = self.attempts if attempts is None else attempts
+        spread = self._spread(svc)
+        if spread:
+            attempts = max(attempts, min(len(spread), self.attempts))
         deadline = asyncio.get_running_loop().time() + self.timeout
+
+        def start(index: int) -> Coroutine[Any, Any, Attempt]:
+            target = spread[index % len(spread)] if spread else None
+            return self.attempt(svc, path, deadline=deadline, target=target)
+
         if attempts <= 1:  # nothing to hedge with: no task, no extra timer
-            result = await self.attempt(svc, path, deadline=deadline)
+            result = await start(0)
             return result, 0 if result.ok else 1
-        tasks = [asyncio.ensure_future(self.attempt(svc, path, deadline=deadline))]
+        tasks = [asyncio.ensure_future(start(0))]
         last = Attempt(error=BackendError(Hop.CONNECT, "no attempt was made"))
         failed = 0
         try:
             done, _ = await asyncio.wait(tasks, timeout=self.hedge_after)
             if done and tasks[0].result().ok:
                 return tasks[0].result(), 0
-            tasks += [
-                asyncio.ensure_future(self.attempt(svc, path, deadline=deadline))
-                for _ in range(attempts - 1)
-            ]
+            tasks += [asyncio.ensure_future(start(index)) for index in range(1, attempts)]
             for next_done in asyncio.as_completed(tasks):
                 result = await next_done
                 if result.ok:
@@ -364,6 +379,15 @@ class DiscoveryProbe:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         return last, failed
+
+    def _spread(self, svc: APIService) -> list[Target]:
+        """The distinct endpoints the attempts go to in turn; empty: each attempt resolves as a
+        request does (one cluster IP, one endpoint, an ExternalName, an error to report)."""
+        resolver = self.backends.resolver
+        if not resolver.endpoint_routing:
+            return []
+        targets = resolver.addresses(svc).spread(resolver.rng)
+        return targets if len(targets) > 1 else []
 
     # --- the words ---------------------------------------------------------------------------------
 

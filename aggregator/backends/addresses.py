@@ -97,6 +97,18 @@ class Addresses:
             raise BackendError(entry.hop, entry.cause)
         return entry
 
+    def spread(self, rng: random.Random) -> list[Target]:
+        """Every distinct dialable target in random order (the availability check's attempts go
+        to different endpoints); fewer than two: the list is what `pick` would choose from."""
+        seen: dict[str, Target] = {}
+        for group in self.groups:
+            for entry in group:
+                if isinstance(entry, Target):
+                    seen.setdefault(entry.authority, entry)
+        targets = list(seen.values())
+        rng.shuffle(targets)
+        return targets
+
 
 async def system_lookup(host: str) -> list[str]:
     """The host's addresses from the system resolver, in its order."""

@@ -7,13 +7,14 @@ hop that failed, with what an operator needs to fix it.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 
 from aggregator.availability.conditions import failed_discovery_check, passed
-from aggregator.availability.probe import FAIL, PASS, SKIP, Attempt, DiscoveryProbe, Report
+from aggregator.availability.probe import FAIL, PASS, SKIP, Attempt, DiscoveryProbe, Report, check_apiservice
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.sources.store import Kind
 from tests.availability.conftest import StartBackend
@@ -26,6 +27,8 @@ from tests.support.backend import (
     endpointslice_manifest,
     service_manifest,
 )
+from tests.support.gateway import local_options
+from tests.support.pki import PKI
 from tests.support.polling import until
 from tests.support.ports import free_port
 
@@ -337,7 +340,9 @@ class ScriptedProbe(DiscoveryProbe):
         self.script = list(script)
         self.started: list[float] = []
 
-    async def attempt(self, svc: object, path: str, *, deadline: float | None = None) -> Attempt:  # type: ignore[override]
+    async def attempt(  # type: ignore[override]
+        self, svc: object, path: str, *, deadline: float | None = None, target: object = None
+    ) -> Attempt:
         delay, result = self.script.pop(0)
         self.started.append(asyncio.get_running_loop().time())
         await asyncio.sleep(delay)
@@ -459,3 +464,32 @@ async def test_a_verdict_about_an_apiservice_that_changed_meanwhile_is_dropped(
         assert recorded == [True]  # the failure about the old caBundle was never the verdict
     finally:
         await checker.stop()
+
+
+async def test_with_endpoint_routing_a_check_passes_while_any_endpoint_answers(
+    pki: PKI, tmp_path: Path, start_backend: StartBackend, backend_pki: BackendPKI
+) -> None:
+    """Two of three ready endpoints refuse connections (nothing listens on 127.0.0.2 and .3): the
+    check still finds the one that answers, with five attempts and with the one a known-down
+    backend gets. Upstream sends all of a check's attempts to one random endpoint."""
+    backend = await start_backend()
+    harness = Harness(local_options(pki, str(tmp_path), enable_aggregator_routing=True))
+    try:
+        harness.add(
+            apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem, available=False),
+            service_manifest(port=backend.port),
+            endpointslice_manifest(
+                "api-1", [("127.0.0.2", True), ("127.0.0.1", True), ("127.0.0.3", True)], port=backend.port
+            ),
+        )
+        svc = harness.store.apiservice(APISERVICE)
+        assert svc is not None
+        for attempts in [None] * 8 + [1] * 8:
+            report = await check_apiservice(
+                svc, harness.store, harness.probe, detail=False, attempts=attempts
+            )
+            assert report.verdict == passed(), report.verdict.message
+        # Every check reached it; the hedges after a refused first attempt cycle over the three.
+        assert 16 <= len(backend.seen_by("system:kube-aggregator")) <= 16 + 8 * 2
+    finally:
+        await harness.close()

@@ -56,7 +56,7 @@ def flat(text: str) -> str:
 async def test_explain_a_built_in_type_the_moment_readyz_is_200(
     binary: str, workers: int, pki: PKI, tmp_path: Path
 ) -> None:
-    async with KubeStack(pki, tmp_path, workers=workers) as stack:
+    async with KubeStack(pki, tmp_path, workers=workers, gateway_args=["--access-log", "all"]) as stack:
         openapi = stack.kube_openapi
         # Still settling: the documents move right after each of the first 2 index reads (so every
         # group-version GET of those reads is a 301 to a newer hash), and apps/v1 is slow to answer:
@@ -71,6 +71,14 @@ async def test_explain_a_built_in_type_the_moment_readyz_is_200(
         assert "FIELD: replicas <integer>" in text and REPLICAS_DOC in text
         assert openapi.statuses("/openapi/v3/apis/apps/v1")[:3] == [301, 301, 200]  # the settling was met
         assert openapi.settling == 0
+        # kubectl offers h2 and the shipped process serves it: every request of kubectl's came over it.
+        kubectl_lines = [
+            line
+            for line in stack.served.log().splitlines()
+            if "aggregator.access" in line and "user=kubernetes-admin" in line
+        ]
+        assert len(kubectl_lines) >= 2, stack.served.log()
+        assert all(" protocol=HTTP/2.0" in line for line in kubectl_lines), kubectl_lines
 
 
 def policy(spec: dict[str, Any]) -> dict[str, Any]:

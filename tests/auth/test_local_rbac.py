@@ -27,7 +27,7 @@ from aggregator.server import GatewayServer
 from aggregator.util.flags import ConfigError
 from tests.auth.conftest import GROUP_PREFIX, add_test_routes
 from tests.conftest import StartGateway
-from tests.support.gateway import local_options
+from tests.support.gateway import gateway_of, local_options
 from tests.support.pki import PKI
 from tests.support.polling import until, until_async
 from tests.support.rawhttp import on_worker, request_bytes
@@ -69,8 +69,9 @@ class Local:
 
     @property
     def rbac(self) -> RBACFolder:
-        assert self.server.gateway.rbac is not None
-        return self.server.gateway.rbac
+        rbac = gateway_of(self.server).rbac
+        assert rbac is not None
+        return rbac
 
     async def call(
         self,

@@ -35,7 +35,7 @@ from tests.support.backend import (
     endpointslice_manifest,
     service_manifest,
 )
-from tests.support.gateway import local_options
+from tests.support.gateway import gateway_of, local_options
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -106,9 +106,7 @@ class Running:
 
     @property
     def checker(self) -> AvailabilityChecker:
-        checker = self.server.gateway.availability
-        assert isinstance(checker, AvailabilityChecker)
-        return checker
+        return gateway_of(self.server).availability
 
     def condition(self, name: str) -> Condition | None:
         svc = self.server.gateway.store.apiservice(name)

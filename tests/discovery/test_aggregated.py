@@ -38,6 +38,7 @@ from tests.discovery.fakes import (
     serve_legacy,
 )
 from tests.discovery.manifests import apiservice, write_manifests
+from tests.support.gateway import gateway_of
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -180,7 +181,7 @@ def test_aggregated_content_type(value: str | None, ok: bool) -> None:
 
 
 def discovery_of(server: GatewayServer, fakes: FakeBackends) -> Discovery:
-    discovery = server.gateway.discovery
+    discovery = gateway_of(server).discovery
     discovery.fetcher.backends = fakes
     # The availability checker dials the real (absent) backends the fakes stand in for: its
     # verdicts say nothing about the fakes.

@@ -47,7 +47,7 @@ from tests.support.backend import BackendPKI, FakeBackend, endpointslice_manifes
 from tests.support.e2e import Kubectl, kubectl_binaries, logged_requests
 from tests.support.fakekube import GATEWAY_USER, FakeKube, kube_options
 from tests.support.fixtures import backend_pki  # noqa: F401 - fixture
-from tests.support.gateway import running_gateway
+from tests.support.gateway import gateway_of, running_gateway
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -350,7 +350,7 @@ class Cluster:
     @property
     def discovery(self) -> Discovery:
         assert self.server is not None
-        return self.server.gateway.discovery
+        return gateway_of(self.server).discovery
 
     @property
     def delegate(self) -> DelegateDiscovery:
@@ -841,7 +841,7 @@ async def test_no_backend_is_reported_missing_while_the_services_are_still_being
     cluster = await start_cluster()
     await cluster.settled()
     assert cluster.server is not None
-    gateway = cluster.server.gateway
+    gateway = gateway_of(cluster.server)
     assert gateway.availability.is_available(f"v1beta1.{METRICS}")
     missing = [str(getattr(r, "fields", "")) for r in caplog.records if "not found" in str(getattr(r, "fields", ""))]
     assert missing == [], missing

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -14,12 +15,13 @@ import pytest
 from aggregator.kube.calls import GET_OPENAPI_V3_GROUP_VERSION, is_declared
 from aggregator.openapi.component import KUBE_APISERVER
 from aggregator.openapi.readiness import FirstDownload
+from aggregator.server import GatewayServer
 from tests.openapi.support import fast, sha512_upper, start_backend, v2_paths, v3_document
 from tests.support.backend import BackendPKI, service_manifest
 from tests.support.fakekube import GATEWAY_USER, FakeKube, Seen, apiservice, kube_options
 from tests.support.fakeopenapi import KubeOpenAPI
 from tests.support.fakereviews import FakeReviews
-from tests.support.gateway import running_gateway
+from tests.support.gateway import gateway_of, running_gateway
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -97,8 +99,9 @@ async def test_kube_apiserver_documents_first_remote_group_versions_from_their_b
         fake_kube.add_object("apiservices", apiservice("apps", "v1", service=None))
         fake_kube.add_object("services", service_manifest(port=backend.port, namespace="remote"))
 
+        assert fake_kube.kubeconfig is not None
         async with running_gateway(kube_options(pki, fake_kube.kubeconfig)) as server:
-            aggregation = fast(server.gateway, backoff=0.05)
+            aggregation = fast(gateway_of(server), backoff=0.05)
             await until(
                 lambda: (
                     aggregation.v2.sources == (KUBE_APISERVER, f"v1.{REMOTE}")
@@ -121,6 +124,7 @@ async def test_kube_apiserver_documents_first_remote_group_versions_from_their_b
             v2 = aggregation.v2
             doc = json.loads(v2.json.body)
             assert doc["info"] == {"title": "Kubernetes", "version": "v1.32.0"}
+            assert kube.v2 is not None
             assert doc["securityDefinitions"] == kube.v2["securityDefinitions"]
             assert sorted(doc["paths"]) == [
                 "/api/v1/",
@@ -167,12 +171,14 @@ async def test_kube_apiserver_documents_first_remote_group_versions_from_their_b
 # --- a kube-apiserver that is still settling --------------------------------------------------------------
 
 
-async def kube_gateway(fake_kube: FakeKube, pki: PKI) -> Any:
+async def kube_gateway(
+    fake_kube: FakeKube, pki: PKI
+) -> contextlib.AbstractAsyncContextManager[GatewayServer]:
     assert fake_kube.kubeconfig is not None
     return running_gateway(kube_options(pki, fake_kube.kubeconfig))
 
 
-async def readyz(server: Any, pki: PKI) -> tuple[int, str]:
+async def readyz(server: GatewayServer, pki: PKI) -> tuple[int, str]:
     async with (
         aiohttp.ClientSession() as session,
         session.get(server.url + "/readyz?verbose", ssl=pki.client_context()) as resp,
@@ -188,7 +194,7 @@ async def test_a_settling_kube_apiserver_is_read_again_and_published_without_a_f
     kube.settle(2)  # the documents change right after each of the first two index reads
     with caplog.at_level(logging.INFO, logger="aggregator.openapi"):
         async with await kube_gateway(fake_kube, pki) as server:
-            aggregation = server.gateway.openapi
+            aggregation = gateway_of(server).openapi
             await until(lambda: len(aggregation.v3.documents) == 3, what="kube-apiserver's documents")
             for key in kube.documents:
                 assert aggregation.v3.documents[key].body == kube.body(key)  # the settled revision
@@ -219,8 +225,10 @@ async def test_readyz_waits_for_kube_apiservers_openapi_then_passes(fake_kube: F
         status, body = await readyz(server, pki)
         assert status == 500 and "[-]kube-apiserver-openapi failed" in body
         fake_kube.release()
-        await until(lambda: "apis/apps/v1" in server.gateway.openapi.v3.documents, what="apps/v1 published")
-        await until(lambda: server.gateway.openapi.kube_ready() is None, what="v2 merged")
+        await until(
+            lambda: "apis/apps/v1" in gateway_of(server).openapi.v3.documents, what="apps/v1 published"
+        )
+        await until(lambda: gateway_of(server).openapi.kube_ready() is None, what="v2 merged")
         status, body = await readyz(server, pki)
         assert status == 200 and "[+]kube-apiserver-openapi ok" in body
 
@@ -231,7 +239,7 @@ async def test_a_failed_first_download_is_retried_within_a_second_not_on_the_bac
     kube = kube_openapi(fake_kube)
     fake_kube.slow(30, verb="GET", resource="/openapi/v3")  # hold the first attempt to set the knobs
     async with await kube_gateway(fake_kube, pki) as server:
-        aggregation = server.gateway.openapi
+        aggregation = gateway_of(server).openapi
         refresher = aggregation.refresher
         refresher.backoff_initial = refresher.backoff_max = (
             60.0  # what the retries would wait without the rule
@@ -252,7 +260,7 @@ async def test_readiness_stops_waiting_after_the_bound(
     kube.fail(10_000)  # kube-apiserver refuses its OpenAPI for good
     now = [0.0]
     async with await kube_gateway(fake_kube, pki) as server:
-        aggregation = server.gateway.openapi
+        aggregation = gateway_of(server).openapi
         aggregation.first_download = FirstDownload(bound=30.0, clock=lambda: now[0])
         # downloads start once the objects are listed
         await until(lambda: KUBE_APISERVER in aggregation.sources, what="kube-apiserver's source")

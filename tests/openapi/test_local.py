@@ -24,7 +24,7 @@ from tests.openapi.support import fast, register, sha512_upper, v2_paths, v3_doc
 from tests.support.backend import BackendPKI
 from tests.support.fakekube import FakeKube, kube_options
 from tests.support.fakereviews import FakeReviews
-from tests.support.gateway import running_gateway
+from tests.support.gateway import gateway_of, running_gateway
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -156,7 +156,7 @@ async def test_not_published_in_kube_mode(fake_kube: FakeKube, pki: PKI) -> None
     FakeReviews(fake_kube)
     assert fake_kube.kubeconfig is not None
     async with running_gateway(kube_options(pki, fake_kube.kubeconfig)) as server:
-        aggregation = fast(server.gateway)
+        aggregation = fast(gateway_of(server))
         assert KEY not in aggregation.v3.documents
         assert not any(
             p.startswith("/apis/apiregistration.k8s.io/")

@@ -25,6 +25,7 @@ from tests.support.backend import (
     status_of,
     write_manifests,
 )
+from tests.support.gateway import gateway_of
 from tests.support.pki import PKI
 from tests.support.polling import until
 from tests.support.replica import Replicas, endpointslice_for
@@ -294,7 +295,7 @@ async def test_bad_annotations_are_named_and_ignored(
 
 
 def _condition_message(server: GatewayServer) -> str:
-    verdict = server.gateway.availability.verdict(APISERVICE)
+    verdict = gateway_of(server).availability.verdict(APISERVICE)
     return verdict.message if verdict is not None else ""
 
 

@@ -23,7 +23,7 @@ from tests.support.fakekube import (
     running_fake_kube,
     service,
 )
-from tests.support.gateway import running_gateway
+from tests.support.gateway import gateway_of, running_gateway
 from tests.support.pki import PKI
 from tests.support.polling import until
 from tests.support.ports import free_port
@@ -413,10 +413,10 @@ async def test_readyz_waits_for_the_first_sync_in_kube_mode(fake_kube: FakeKube,
         fake_kube.release()
         await asyncio.wait_for(server.gateway.store.wait_synced(), 2.0)
         # Then the first availability verdicts (instant here: the APIService's Service is missing).
-        checker = server.gateway.availability
-        await until(lambda: checker.verdict("v1alpha1.wardle.example.com") is not None, what="verdict")  # type: ignore[attr-defined]
+        checker = gateway_of(server).availability
+        await until(lambda: checker.verdict("v1alpha1.wardle.example.com") is not None, what="verdict")
         # And kube-apiserver's OpenAPI, downloaded once the objects are listed (404s here: answered).
-        await until(lambda: server.gateway.openapi.kube_ready() is None, what="kube-apiserver's OpenAPI")
+        await until(lambda: gateway_of(server).openapi.kube_ready() is None, what="kube-apiserver's OpenAPI")
         status, body = await get(f"{server.url}/readyz?verbose", ctx)
         assert status == 200, body
         assert "[+]apiservice-registry-synced ok" in body

@@ -19,6 +19,7 @@ from aggregator.availability.conditions import REDIRECT_REJECTED
 from aggregator.wire.redirects import REDIRECT_MESSAGE, is_redirect, without_redirect_headers
 from tests.support.backend import APISERVICE, GROUP, PREFIX, VERSION, status_of
 from tests.support.fixtures import Proxied, StartProxied
+from tests.support.gateway import gateway_of
 from tests.support.polling import until
 
 THINGS = f"{PREFIX}/namespaces/default/things"
@@ -140,7 +141,7 @@ async def test_the_gateways_own_fetches_and_probe_never_follow_a_redirect(
     redirect = answer(302, [("Location", ""), ("Location", attacker.url)])
     for path in ("/apis", PREFIX, "/openapi/v3", "/openapi/v2"):
         backend.routes[path] = redirect
-    gateway = proxied.server.gateway
+    gateway = gateway_of(proxied.server)
     gateway.availability.poke(APISERVICE)
     gateway.discovery.fetcher.poke(APISERVICE)
     await until(lambda: getattr(gateway.availability.verdict(APISERVICE), "reason", "") == REDIRECT_REJECTED)

@@ -106,7 +106,7 @@ def gate_cost(authorizer: Authorizer, server: GatewayServer, rounds: int = 20000
     """Microseconds per authorization gate call on a cache hit (no event loop involved), with the
     request's context built each time as the pipeline builds it (RequestInfo included)."""
     request = make_mocked_request("GET", "/version")
-    user = server.gateway.authenticator.tokens[0].authenticate_token(TOKEN)  # type: ignore[union-attr]
+    user = server.gateway.authenticator.tokens[0].authenticate_token(TOKEN)
     assert user is not None and not asyncio.iscoroutine(user)
     user = user.with_authenticated_group()  # type: ignore[union-attr]
     route = server.gateway.router.match("/version")

@@ -232,7 +232,7 @@ async def test_watch_from_a_listed_resource_version(
             assert resp.status == 200
             write_manifests(apiservices_dir, [apiservice("v1.b.example.com", 100, 10)])
             source = server.gateway.folder
-            source.reload()  # type: ignore[attr-defined]
+            source.reload()
             events = [json.loads(await asyncio.wait_for(resp.content.readline(), 5)) for _ in range(2)]
         assert sorted((e["type"], e["object"]["metadata"]["name"]) for e in events) == [
             ("ADDED", "v1.b.example.com"),

@@ -340,7 +340,7 @@ class ScriptedProbe(DiscoveryProbe):
         self.script = list(script)
         self.started: list[float] = []
 
-    async def attempt(  # type: ignore[override]
+    async def attempt(
         self, svc: object, path: str, *, deadline: float | None = None, target: object = None
     ) -> Attempt:
         delay, result = self.script.pop(0)

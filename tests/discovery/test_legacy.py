@@ -152,7 +152,7 @@ async def test_documents_follow_folder_changes(
             apiservices_dir, [apiservice("v1.a.example.com", 100, 10), apiservice("v1.c.example.com", 200, 1)]
         )
         source = server.gateway.folder
-        source.reload()  # type: ignore[attr-defined]
+        source.reload()
         async with session.get(server.url + "/apis", ssl=ssl, headers={"If-None-Match": first_etag}) as resp:
             assert resp.status == 200
             names = [g["name"] for g in (await resp.json())["groups"]]

@@ -138,9 +138,7 @@ class FakeBackend:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.context())
         await site.start()
-        server = site._server
-        assert server is not None
-        self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        self.port = int(self._runner.addresses[0][1])  # (host, port) of the listening socket
         return self.port
 
     async def stop(self) -> None:

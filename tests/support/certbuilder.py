@@ -116,7 +116,7 @@ def issue(spec: Spec, issuer: Cert | None = None) -> Cert:
         )
     if spec.authority_key_id and issuer is not None:
         builder = builder.add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.key.public_key()),  # type: ignore[arg-type]
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.key.public_key()),
             critical=False,
         )
     if spec.subject_alt_names:
@@ -127,7 +127,7 @@ def issue(spec: Spec, issuer: Cert | None = None) -> Cert:
         builder = builder.add_extension(spec.name_constraints, critical=True)
     for extension, critical in spec.extra:
         builder = builder.add_extension(extension, critical=critical)
-    return Cert(builder.sign(signer, _hash_for(signer)), key)  # type: ignore[arg-type]
+    return Cert(builder.sign(signer, _hash_for(signer)), key)
 
 
 # Just enough DER to rewrite a signed certificate.
@@ -187,7 +187,7 @@ def version1(common_name: str, issuer: Cert | None = None, *, organizations: Seq
         .serial_number(x509.random_serial_number())
         .not_valid_before(NOW - DAY)
         .not_valid_after(NOW + 30 * DAY)
-        .sign(signer, hashes.SHA256())  # type: ignore[arg-type]
+        .sign(signer, hashes.SHA256())
     )
     tbs, algorithm = _parts(template)
     _, body, _ = _split(tbs)

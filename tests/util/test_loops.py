@@ -218,7 +218,7 @@ async def test_jitter_spreads_the_interval_downwards() -> None:
     draws = iter([0.0, 1.0, 0.5])
     loops: KeyedLoops[str] = KeyedLoops(
         "jitter",
-        lambda _k: asyncio.sleep(0, True),  # type: ignore[arg-type,return-value]
+        lambda _k: asyncio.sleep(0, True),
         interval=10.0,
         backoff_initial=1.0,
         backoff_max=8.0,

@@ -21,7 +21,7 @@ def test_counters_and_in_flight_sum_process_gauges_are_labelled_facts_come_from_
     control = _registry(0, 0, 100, 7)
     one, two = _registry(3, 1, 50, 8), _registry(4, 2, 60, 9)
     text = generate_latest(
-        Merged(merge([("control", control.collect()), ("0", one.collect()), ("1", two.collect())]))  # type: ignore[arg-type]
+        Merged(merge([("control", control.collect()), ("0", one.collect()), ("1", two.collect())]))
     ).decode()
     assert 'demo_requests_total{code="200"} 7.0' in text
     assert "demo_current_inflight_requests 3.0" in text

@@ -224,7 +224,7 @@ async def test_an_upload_respects_the_gateways_window(start_proxied: StartProxie
     proxied = await start_proxied()
     sink = Sink()
     proxied.backend.routes[THINGS] = sink
-    limits = proxied.server.http2.limits  # type: ignore[union-attr]
+    limits = proxied.server.http2.limits
     total = 128 * 1024 * 1024
     chunk = b"y" * 16384
     async with H2Client.connect(proxied.server.port, pki.client_context("admin")) as client:

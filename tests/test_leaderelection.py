@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -36,7 +36,17 @@ from tests.support.fakekube import FakeKube
 
 NAMESPACE = "aggregator-system"
 NAME = "aggregator"
-FAST = {"lease_duration": 1.0, "renew_deadline": 0.6, "retry_period": 0.2}
+
+
+class Timings(TypedDict):
+    """LeaderElector's three timing keywords, so `**FAST` type-checks against its signature."""
+
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
+
+
+FAST: Timings = {"lease_duration": 1.0, "renew_deadline": 0.6, "retry_period": 0.2}
 # The longest a candidate waits between tries: RetryPeriod * (1 + JitterFactor).
 MAX_RETRY_WAIT = 0.2 * 2.2
 MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")

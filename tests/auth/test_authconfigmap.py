@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,9 @@ UNAUTHORIZED = (
 )
 
 
-def auth_configmap(pki: PKI, *, client_ca: bytes | None = None, **data: Any) -> dict[str, Any]:
+def auth_configmap(
+    pki: PKI, *, client_ca: bytes | None = None, data: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """kube-apiserver's extension-apiserver-authentication, with custom front-proxy header names."""
     values: dict[str, str] = {
         "client-ca-file": (client_ca or Path(pki.path("client-ca.crt")).read_bytes()).decode(),
@@ -38,7 +40,7 @@ def auth_configmap(pki: PKI, *, client_ca: bytes | None = None, **data: Any) -> 
         "requestheader-group-headers": json.dumps(["X-Auth-Groups"]),
         "requestheader-extra-headers-prefix": json.dumps(["X-Auth-Extra-"]),
     }
-    values.update(data)
+    values.update(data or {})
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -163,7 +165,9 @@ async def test_an_unusable_version_keeps_the_previous_settings(
     _server, call = await start_kube_gateway()
     assert (await call("alice"))[0] == 200
     caplog.set_level(logging.ERROR, logger="aggregator.auth.authconfigmap")
-    fake_kube.update_object("configmaps", auth_configmap(pki, **{"requestheader-allowed-names": "not json"}))
+    fake_kube.update_object(
+        "configmaps", auth_configmap(pki, data={"requestheader-allowed-names": "not json"})
+    )
     async with asyncio.timeout(5):
         while "ignoring an unusable version" not in caplog.text:
             await asyncio.sleep(0.02)

@@ -46,8 +46,9 @@ async def test_a_demo_without_the_sample_installed_says_how_to_get_it(
     from aggregator.commands import demo
 
     real = importlib.util.find_spec
+    # demo.py's importlib.util is this very module: patching it here patches what run_demo calls.
     monkeypatch.setattr(
-        demo.importlib.util, "find_spec", lambda name, *a: None if name == MODULE else real(name, *a)
+        importlib.util, "find_spec", lambda name, *a: None if name == MODULE else real(name, *a)
     )
     certs = tmp_path / "certs"
     assert await demo.run_demo(str(certs), gateway_port=0) == 1

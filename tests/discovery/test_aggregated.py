@@ -350,8 +350,9 @@ async def test_dead_backend_stays_listed_stale_and_apis_does_not_wait(
 
 
 def test_a_render_assembled_from_cached_groups_equals_encoding_the_whole_document() -> None:
-    from aggregator.discovery.aggregated import AggregatedDiscovery, quoted_sha512
+    from aggregator.discovery.aggregated import AggregatedDiscovery
     from aggregator.wire.jsonenc import encode_object, go_marshal
+    from aggregator.wire.rendered import quoted_sha512
 
     entries = [
         VersionEntry("b.example.com", "v1", 100, 10, (resource("bees", "Bee"),)),

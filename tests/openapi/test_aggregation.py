@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from aggregator.commands.certs import new_ca
 from aggregator.openapi.local import build_documents
 from aggregator.server import GatewayServer
+from aggregator.tls.issue import new_ca
 from aggregator.wire.jsonenc import go_marshal
 from tests.conftest import StartGateway
 from tests.openapi.conftest import StartBackend

@@ -38,7 +38,9 @@ def test_field_selector_parsing() -> None:
 
 
 def test_object_predicate() -> None:
-    obj = {"metadata": {"name": "a", "namespace": "ns", "labels": {"tier": "web", "n": "5"}}}
+    obj: dict[str, object] = {
+        "metadata": {"name": "a", "namespace": "ns", "labels": {"tier": "web", "n": "5"}}
+    }
     assert object_predicate("tier=web,n>3", "metadata.name=a")(obj)
     assert not object_predicate("tier in (db)", "")(obj)
     assert object_predicate("missing!=x,!other", "metadata.namespace!=kube-system")(obj)

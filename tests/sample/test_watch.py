@@ -97,14 +97,20 @@ async def test_watch_in_other_version_and_other_namespace(admin: Client) -> None
 async def test_watch_selector_boundaries(admin: Client) -> None:
     await create(admin, flunder("a"))
     async with watch(admin, labelSelector="team=x", resourceVersion="1") as stream:
-        merge = {"content_type": "application/merge-patch+json"}
-        await admin.request("PATCH", f"{BETA}/a", body={"metadata": {"labels": {"team": "x"}}}, **merge)
+        merge = "application/merge-patch+json"
+        await admin.request(
+            "PATCH", f"{BETA}/a", body={"metadata": {"labels": {"team": "x"}}}, content_type=merge
+        )
         event = await stream.next()
         assert event["type"] == "ADDED"  # entered the selection
-        await admin.request("PATCH", f"{BETA}/a", body={"metadata": {"labels": {"team": "y"}}}, **merge)
+        await admin.request(
+            "PATCH", f"{BETA}/a", body={"metadata": {"labels": {"team": "y"}}}, content_type=merge
+        )
         event = await stream.next()
         assert event["type"] == "DELETED"  # left it
-        await admin.request("PATCH", f"{BETA}/a", body={"metadata": {"labels": {"other": "1"}}}, **merge)
+        await admin.request(
+            "PATCH", f"{BETA}/a", body={"metadata": {"labels": {"other": "1"}}}, content_type=merge
+        )
         assert await stream.quiet()
     async with watch(admin, fieldSelector="metadata.name=b", resourceVersion="1") as stream:
         await create(admin, flunder("c"))

@@ -388,7 +388,7 @@ class FakeKube:
             else:
                 user["client-certificate"] = str(client_cert[0])
                 user["client-key"] = str(client_cert[1])
-        config = {
+        config: dict[str, object] = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "fake", "cluster": cluster}],

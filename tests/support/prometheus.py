@@ -13,7 +13,7 @@ import contextlib
 import re
 import shutil
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,7 +166,7 @@ def regex_escape(value: str) -> str:
     return re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\\\1", value)
 
 
-def interpolate(text: str, values: dict[str, str | list[str]], rate_interval: str) -> str:
+def interpolate(text: str, values: Mapping[str, str | list[str]], rate_interval: str) -> str:
     """Substitute variables as Grafana's Prometheus data source does: a multi-value variable's
     values regex-escaped and joined as `(a|b)`, "All" as its `allValue`, `$__rate_interval` as
     computed for the scrape interval. Raises KeyError for a variable the dashboard does not define."""

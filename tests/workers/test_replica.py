@@ -17,7 +17,7 @@ import pytest
 
 from aggregator.assembly import Gateway, WorkerGateway, build_gateway, build_worker_gateway
 from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
-from aggregator.commands.certs import new_ca
+from aggregator.tls.issue import new_ca
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import Hello, State
 from aggregator.workers.publisher import Publisher, families

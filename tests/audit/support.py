@@ -16,6 +16,7 @@ from aggregator.audit.policy import parse_policy
 from aggregator.audit.recorder import Auditor
 from aggregator.web.context import RequestContext
 from aggregator.web.metrics import Metrics
+from aggregator.web.requestinfo import RequestInfo
 from tests.support.contexts import TEST_ROUTE
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -27,7 +28,9 @@ class ListWriter:
     def __init__(self) -> None:
         self.events: list[Event] = []
 
-    def submit(self, event: Event) -> bool:
+    def submit(self, event: Event | bytes) -> bool:
+        # Encoded events (bytes) come only from worker processes, through the control's publisher.
+        assert isinstance(event, Event), "the Auditor submits Event objects"
         self.events.append(event)
         return True
 
@@ -93,3 +96,9 @@ def mocked_request(
     ctx = RequestContext.of_request(request, TEST_ROUTE, time.monotonic())
     request.gateway_context = ctx
     return ctx
+
+
+def info_of(ctx: RequestContext) -> RequestInfo:
+    """The RequestInfo the auditor is given: the pipeline audits only requests that have one."""
+    assert ctx.info is not None, ctx.info_error
+    return ctx.info

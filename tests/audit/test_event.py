@@ -20,7 +20,7 @@ from aggregator.audit.event import (
 )
 from aggregator.audit.policy import Level, Stage
 from aggregator.model.userinfo import UserInfo
-from tests.audit.support import T0, Clock, auditor, mocked_request, policy_for
+from tests.audit.support import T0, Clock, auditor, info_of, mocked_request, policy_for
 
 # Two events kube-apiserver wrote for one watch of an aggregated API (build.openshift.io is served
 # by openshift-apiserver behind kube-aggregator), kept as test data by
@@ -72,7 +72,7 @@ def test_watch_events_match_kube_apiserver_byte_for_byte() -> None:
         peer="10.217.0.1",
     )
     user = UserInfo("system:kube-controller-manager", groups=("system:authenticated",))
-    recorded = audit.begin(request, user, request.info)
+    recorded = audit.begin(request, user, info_of(request))
     assert recorded is not None
     recorded.authorized(True, RBAC)
     recorded.complete()  # the watch ended before anything was written: "Connection closed early"

@@ -20,7 +20,7 @@ from aggregator.config import Options, options_from_args, validate
 from aggregator.model.userinfo import UserInfo
 from aggregator.util.flags import ConfigError
 from aggregator.web.metrics import Metrics
-from tests.audit.support import mocked_request, policy_for
+from tests.audit.support import info_of, mocked_request, policy_for
 from tests.support.options import flag_options
 
 
@@ -119,7 +119,7 @@ def test_dash_writes_events_to_stdout(
     assert isinstance(auditor.writer._sink, StdoutSink)  # type: ignore[attr-defined]
     auditor.start()
     request = mocked_request("GET", "/apis/wardle.example.com/v1alpha1/flunders")
-    recorded = auditor.begin(request, UserInfo("alice"), request.info)
+    recorded = auditor.begin(request, UserInfo("alice"), info_of(request))
     assert recorded is not None
     recorded.complete(200)
     assert auditor.stop(timeout=10)

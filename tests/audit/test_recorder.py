@@ -23,7 +23,7 @@ from aggregator.model.userinfo import UserInfo
 from aggregator.web.context import RequestContext, context_of
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
-from tests.audit.support import ListWriter, mocked_request, policy_for
+from tests.audit.support import ListWriter, info_of, mocked_request, policy_for
 from tests.audit.support import auditor as make_auditor
 from tests.support.contexts import TEST_ROUTE
 
@@ -343,7 +343,7 @@ def recorded_with(
 ) -> tuple[AuditRequest, ListWriter]:
     auditor, writer = make_auditor(policy)
     request = mocked_request(method, path, headers)
-    made = auditor.begin(request, UserInfo("alice"), request.info)
+    made = auditor.begin(request, UserInfo("alice"), info_of(request))
     assert made is not None
     return made, writer
 
@@ -421,7 +421,7 @@ def test_failed_authentication_names_what_was_tried_never_the_credential(
 ) -> None:
     auditor, writer = make_auditor(policy_for("Metadata"))
     request = mocked_request("GET", target, headers)
-    auditor.failed_authentication(request, request.info)
+    auditor.failed_authentication(request, info_of(request))
     (event,) = writer.events
     assert event.stage.value == "ResponseStarted"
     assert event.response_status == ResponseStatus(401, message=message)

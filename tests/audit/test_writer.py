@@ -14,7 +14,7 @@ from aggregator.audit.recorder import Auditor
 from aggregator.audit.writer import BufferedWriter
 from aggregator.model.userinfo import UserInfo
 from aggregator.web.metrics import Metrics
-from tests.audit.support import T0, mocked_request, policy_for
+from tests.audit.support import T0, info_of, mocked_request, policy_for
 
 
 class MemorySink:
@@ -137,11 +137,11 @@ def test_a_stalled_writer_never_slows_begin_or_complete(metrics: Metrics, stalle
     audit.start()
     user = UserInfo("alice")
     first = mocked_request("GET", "/api/v1/namespaces/a/pods")
-    assert audit.begin(first, user, first.info) is not None
+    assert audit.begin(first, user, info_of(first)) is not None
     assert stalled.entered.wait(10)  # the writer holds event 1 and is stuck in write()
 
     requests = [mocked_request("GET", f"/api/v1/namespaces/a/pods/p{n}") for n in range(50)]
-    infos = [r.info for r in requests]
+    infos = [info_of(r) for r in requests]
 
     def burst() -> None:
         for request, info in zip(requests, infos, strict=True):

@@ -9,6 +9,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from aggregator.contracts import FetchedResponse
 from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import UserInfo
 
@@ -40,7 +43,7 @@ class FakeBackends:
 
     async def fetch(
         self, apiservice: APIService, path: str, *, headers: Mapping[str, str], user: UserInfo, timeout: float
-    ) -> FakeResponse:
+    ) -> FetchedResponse:
         self.calls.append((apiservice.name, path, dict(headers), user))
         handler = self.handlers.get(apiservice.name)
         if handler is None:
@@ -50,7 +53,8 @@ class FakeBackends:
             result = await result
         if isinstance(result, Exception):
             raise result
-        return result
+        # What the real transport returns: headers read case-insensitively, as the fetcher must.
+        return FetchedResponse(result.status, CIMultiDictProxy(CIMultiDict(result.headers)), result.body)
 
 
 def resource(

@@ -381,7 +381,7 @@ def _check(value: Any, schema: Schema, where: str) -> list[str]:
     }[schema]
     if not isinstance(value, expected) or (schema == "integer" and isinstance(value, bool)):
         return [f"{where}: expected {schema}, got {value!r}"]
-    if schema == "duration" and not _DURATION.match(value):
+    if schema == "duration" and not (isinstance(value, str) and _DURATION.match(value)):
         return [f"{where}: {value!r} is not a duration"]
     return []
 

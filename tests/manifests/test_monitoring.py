@@ -63,7 +63,7 @@ def metric_names(expr: str) -> set[str]:
 
 def exposed_names(registry: CollectorRegistry) -> set[str]:
     """Every series name the registry can expose, including those with no sample yet."""
-    names = set()
+    names: set[str] = set()
     for family in registry.collect():
         names.update(sample.name for sample in family.samples)
         if family.type == "counter":

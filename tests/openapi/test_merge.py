@@ -31,7 +31,8 @@ JSON = dict[str, Any]
 def doc(text: str) -> JSON:
     loaded: JSON = yaml.safe_load(text)
     # YAML reads `405:` as an int; in JSON every key is a string.
-    return json.loads(json.dumps(loaded))
+    stringified: JSON = json.loads(json.dumps(loaded))
+    return stringified
 
 
 def merged(dest: JSON, *sources: JSON) -> JSON:

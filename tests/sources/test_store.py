@@ -27,7 +27,7 @@ async def test_upsert_delete_and_unchanged() -> None:
     assert store.delete(Kind.APISERVICE, "", "v1.a.io") is None
     assert [e.type for e in seen] == [ADDED, MODIFIED, DELETED]
     assert [e.revision for e in seen] == [1, 2, 3]
-    assert seen[1].old is not None and seen[1].old.version_priority == 15
+    assert isinstance(seen[1].old, APIService) and seen[1].old.version_priority == 15
 
 
 async def test_objects_without_resource_version_get_the_store_revision() -> None:

@@ -61,8 +61,9 @@ def gnostic_classes() -> dict[str, type[Message]]:
 def unknown_fields(message: Message, where: str = "") -> Iterator[str]:
     """Where `message` (recursively) holds fields its schema does not know: a wrong field number
     or wire type in the encoder shows up here."""
-    for field in UnknownFieldSet(message):
-        yield f"{where or message.DESCRIPTOR.name}: unknown field {field.field_number}"
+    unknown = UnknownFieldSet(message)  # indexable, not iterable (its type stub)
+    for i in range(len(unknown)):
+        yield f"{where or message.DESCRIPTOR.name}: unknown field {unknown[i].field_number}"
     for descriptor, value in message.ListFields():
         if descriptor.message_type is None:
             continue

@@ -8,7 +8,7 @@ reach a client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -17,7 +17,7 @@ from multidict import CIMultiDict
 
 from aggregator.availability.conditions import REDIRECT_REJECTED
 from aggregator.wire.redirects import REDIRECT_MESSAGE, is_redirect, without_redirect_headers
-from tests.support.backend import APISERVICE, GROUP, PREFIX, VERSION, status_of
+from tests.support.backend import APISERVICE, GROUP, PREFIX, VERSION, Handler, status_of
 from tests.support.fixtures import Proxied, StartProxied
 from tests.support.gateway import gateway_of
 from tests.support.polling import until
@@ -52,7 +52,7 @@ async def attacker() -> AsyncIterator[Attacker]:
     await server.wait_closed()
 
 
-def answer(status: int, headers: list[tuple[str, str]], body: bytes = b"") -> Callable[..., object]:
+def answer(status: int, headers: list[tuple[str, str]], body: bytes = b"") -> Handler:
     async def handler(_request: web.Request) -> web.StreamResponse:
         return web.Response(status=status, headers=CIMultiDict(headers), body=body)
 

@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -160,7 +161,7 @@ async def run(args: argparse.Namespace) -> int:
             try:
                 gates = list(server.gateway.pipeline.gates)
                 authorizer = next(
-                    g.__self__ for g in gates if isinstance(getattr(g, "__self__", None), Authorizer)
+                    owner for owner in (getattr(g, "__self__", None) for g in gates) if isinstance(owner, Authorizer)
                 )
                 authn_only = [g for g in gates if getattr(g, "__self__", None) is not authorizer]
                 url = server.url + "/version"
@@ -217,7 +218,7 @@ def main() -> int:
     try:
         import uvloop
 
-        loop_factory = uvloop.new_event_loop
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     except ImportError:
         loop_factory = asyncio.new_event_loop
     with asyncio.Runner(loop_factory=loop_factory) as runner:

@@ -144,7 +144,7 @@ class Flood(threading.Thread):
                     frames += [flood.headers(2 * n + 1, block=block), RstStreamFrame(2 * n + 1, error_code=8)]
                 flood.send(*frames)
                 self.floods += 1
-                await flood.until(lambda f=flood: f.goaway is not None or f.closed, 60)
+                await flood.until(lambda: flood.goaway is not None or flood.closed, 60)
                 if flood.goaway is not None and flood.goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM:
                     self.cut += 1
 

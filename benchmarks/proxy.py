@@ -214,11 +214,13 @@ class Measured:
         return f"{self.wrk.line()}   CPU {self.cpu_us_per_request:>6.0f} µs/request"
 
 
-def measured(label: str, url: str, pid: int, cpus: str | None, **opts: int) -> Measured:
+def measured(
+    label: str, url: str, pid: int, cpus: str | None, *, threads: int, connections: int, seconds: int
+) -> Measured:
     before = cpu_seconds(pid)
-    result = run_wrk(label, url, cpus=cpus, **opts)
+    result = run_wrk(label, url, cpus=cpus, threads=threads, connections=connections, seconds=seconds)
     spent = cpu_seconds(pid) - before
-    requests = result.requests_per_second * opts["seconds"]
+    requests = result.requests_per_second * seconds
     return Measured(result, spent / requests * 1e6 if requests else 0.0)
 
 

@@ -126,8 +126,8 @@ def main() -> None:
         workdir = Path(tmp)
         objects = workdir / "apiservices"
         objects.mkdir()
-        with gateway_process(objects, workdir) as url:
-            asyncio.run(run(url, args.slow, args.rounds))
+        with gateway_process(objects, workdir) as gateway:
+            asyncio.run(run(gateway.url, args.slow, args.rounds))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
 from proxy import DOCUMENT, GROUP, PATH, VERSION, Ports, backend_conf, front_conf, nginx
-from scale import Client, available_count, write_folder
+from scale import Client, verdict_counts, write_folder
 from scale import nginx as scale_nginx
 from wrkbench import WrkResult, cpu_seconds, free_port, gateway_process, registration, run_wrk, wait_for_http
 
@@ -118,11 +118,24 @@ def throughput(
         ):
             url = f"http://127.0.0.1:{ports.front_gateway}{PATH}"
             wait_for_http(url, DOCUMENT.encode())
-            opts = {"connections": connections, "threads": threads}
-            run_wrk("warm-up", url, cpus=client_cpus, seconds=min(3, seconds), **opts)
+            run_wrk(
+                "warm-up",
+                url,
+                cpus=client_cpus,
+                seconds=min(3, seconds),
+                connections=connections,
+                threads=threads,
+            )
             control, worker_pids = group_pids(gateway.pid)
             before = {pid: cpu_seconds(pid) for pid in (control, *worker_pids)}
-            result = run_wrk(f"--workers {workers}", url, cpus=client_cpus, seconds=seconds, **opts)
+            result = run_wrk(
+                f"--workers {workers}",
+                url,
+                cpus=client_cpus,
+                seconds=seconds,
+                connections=connections,
+                threads=threads,
+            )
             spent = {pid: cpu_seconds(pid) - t for pid, t in before.items()}
     requests = result.requests_per_second * seconds or 1.0
     worker_cpu = sum(spent[p] for p in worker_pids) if worker_pids else spent[control]
@@ -143,7 +156,7 @@ def group_memory(workers: int, count: int) -> tuple[int, list[int]]:
         folder = work / "apiservices"
         folder.mkdir()
         backend_port, port = free_port(), free_port()
-        write_folder(folder, count, backend_port, base64.b64encode(ca.cert_pem).decode())
+        write_folder(folder, count, backend_port, base64.b64encode(ca.cert_pem).decode(), "healthy")
         cmd = [
             sys.executable, "-m", "aggregator", "serve", "--workers", str(workers),
             "--apiservices-dir", str(folder), "--bind-address", "127.0.0.1", "--secure-port", str(port),
@@ -161,7 +174,7 @@ def group_memory(workers: int, count: int) -> tuple[int, list[int]]:
                 deadline = time.monotonic() + 600
                 while True:
                     with contextlib.suppress(OSError, ValueError, KeyError):
-                        if available_count(client) == count:
+                        if verdict_counts(client)[0] == count:  # every APIService Available
                             break
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"never settled; see {work / 'gateway.log'}")

@@ -449,7 +449,7 @@ async def test_a_verdict_about_an_apiservice_that_changed_meanwhile_is_dropped(
     monkeypatch.setattr(checker_module, "check_apiservice", slow_check)
     checker = AvailabilityChecker(harness.store, harness.probe, harness.metrics, MemoryStatus())
     harness.store.add_listener(checker.on_store_event)  # as the composition root subscribes it
-    recorded: list[bool] = []
+    recorded: list[bool | None] = []
     checker.add_listener(lambda name: recorded.append(getattr(checker.verdict(name), "available", None)))
     harness.store.mark_synced()
     await checker.start()

@@ -215,7 +215,7 @@ def test_endpoint_routing_picks_ready_endpoints_from_a_random_start_with_the_tar
         ),
     )
     resolver = AddressResolver(store, endpoint_routing=True, rng=random.Random(7))
-    picks = Counter()
+    picks: Counter[str] = Counter()
     for _ in range(400):
         target = resolver.resolve_now(apiservice())
         assert isinstance(target, Target)

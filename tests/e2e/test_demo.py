@@ -152,8 +152,8 @@ async def test_flunder_lifecycle(demo: Demo, binary: str, tmp_path: Path) -> Non
     assert header.split() == ["NAME", "AGE"] and row.split()[0] == name
 
     _, out, _ = await kubectl("get", "flunders", "-o", "wide")
-    header = out.splitlines()[0].split()
-    assert header[0] == "NAME" and "AGE" in header and len(header) > 2
+    columns = out.splitlines()[0].split()
+    assert columns[0] == "NAME" and "AGE" in columns and len(columns) > 2
     assert any(line.split()[0] == name for line in out.splitlines()[1:])
 
     _, out, _ = await kubectl("get", "flunder", name, "-o", "yaml")

@@ -135,6 +135,7 @@ async def test_as_and_as_group_on_aggregated_and_delegated_paths(
         assert _error_line(aggregated_refusal) == _error_line(delegated_refusal)
 
         # the gateway asked kube-apiserver about each impersonation, as the caller
+        assert stack.reviews is not None
         asked = {(s["user"], s["resourceAttributes"]["resource"], s["resourceAttributes"]["name"])
                  for s in stack.reviews.access_reviews if s.get("resourceAttributes", {}).get("verb") == "impersonate"}  # fmt: skip
         assert {

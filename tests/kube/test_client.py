@@ -6,7 +6,7 @@ import asyncio
 import datetime as dt
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -312,8 +312,9 @@ def test_expiry_helper_sanity() -> None:
     # each refresh re-runs it. Guard the assumption the exec test relies on.
     from kubernetes.aio.config.kube_config import _is_expired
 
+    is_expired: Callable[[str], bool] = _is_expired  # the client library is untyped
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    assert _is_expired(now)
+    assert is_expired(now)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import asyncio
 import gzip
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -293,7 +293,7 @@ async def test_large_upload_streams_to_the_backend(start_proxied: StartProxied) 
 
     proxied.backend.routes[THINGS] = sink
 
-    async def body():  # type: ignore[no-untyped-def]
+    async def body() -> AsyncIterator[bytes]:
         block = b"x" * 65536
         for _ in range(size // len(block)):
             yield block
@@ -754,7 +754,8 @@ async def test_backend_connections_are_kept_alive_and_reused(start_proxied: Star
     # Concurrent requests open more connections, then share them.
     async def one() -> int:
         async with proxied.request("GET", THINGS) as resp:
-            return resp.status
+            status: int = resp.status
+            return status
 
     assert await asyncio.gather(*(one() for _ in range(8))) == [200] * 8
     assert len({r.connection for r in proxied.backend.seen_by("admin")}) <= 9

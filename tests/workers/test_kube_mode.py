@@ -54,8 +54,10 @@ async def test_front_proxy_headers_and_tokens_and_a_changed_configmap(stack: Kub
     tokens from TokenReview; a changed ConfigMap holds on every worker from then on."""
     kube, reviews = stack.kube, stack.reviews
     assert reviews is not None
-    proxy = tuple(map(str, kube.issue_front_proxy_cert()))
-    rogue = tuple(map(str, kube.issue_front_proxy_cert("rogue-proxy")))
+    proxy_cert, proxy_key = kube.issue_front_proxy_cert()
+    proxy = (str(proxy_cert), str(proxy_key))
+    rogue_cert, rogue_key = kube.issue_front_proxy_cert("rogue-proxy")
+    rogue = (str(rogue_cert), str(rogue_key))
     reviews.add_user("ops-token", "ops", groups=(WARDLE_ADMINS,))
     as_jane = {"X-Remote-User": "jane", "X-Remote-Group": WARDLE_ADMINS}
     for _ in range(SPREAD // 4):

@@ -39,7 +39,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check aggregator $(SAMPLE) tests benchmarks
-	$(BIN)/mypy aggregator $(SAMPLE)/sample_apiserver
+	$(BIN)/mypy aggregator $(SAMPLE)/sample_apiserver tests benchmarks
 	$(BIN)/lint-imports --no-cache
 
 # Needs wrk and nginx from Debian: apt-get install wrk nginx-light

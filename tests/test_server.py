@@ -31,6 +31,7 @@ from tests.support.backend import (
     write_manifests,
 )
 from tests.support.fixtures import StartProxied
+from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until_async
 from tests.support.ports import free_port
@@ -86,9 +87,9 @@ async def test_access_log_line_never_carries_credentials(
         assert resp.status == 200
     access = [r for r in caplog.records if r.name == "aggregator.access"]
     assert access
-    assert access[-1].fields["path"] == "/livez"  # type: ignore[attr-defined]
-    assert access[-1].fields["status"] == 200  # type: ignore[attr-defined]
-    assert "duration_ms" in access[-1].fields  # type: ignore[attr-defined]
+    assert fields_of(access[-1])["path"] == "/livez"
+    assert fields_of(access[-1])["status"] == 200
+    assert "duration_ms" in fields_of(access[-1])
     assert "sup3rs3cr3t" not in caplog.text and "hunter2" not in caplog.text
 
 

@@ -28,6 +28,7 @@ from aggregator.util.flags import ConfigError
 from tests.auth.conftest import GROUP_PREFIX, add_test_routes
 from tests.conftest import StartGateway
 from tests.support.gateway import gateway_of, local_options
+from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until, until_async
 from tests.support.rawhttp import on_worker, request_bytes
@@ -155,8 +156,8 @@ async def test_a_broken_file_keeps_its_last_good_rules_and_says_where(
     caplog.set_level(logging.ERROR, logger="aggregator.auth.rbacfolder")
     await local.write("rbac.yaml", reader_role() + "---\n" + binding_to("alice") + "  - {kind: User\n")
     (record,) = [r for r in caplog.records if "RBAC manifest file not loaded" in r.getMessage()]
-    assert record.fields["file"] == str(local.folder / "rbac.yaml")  # type: ignore[attr-defined]
-    assert record.fields["reason"].startswith(f"{local.folder / 'rbac.yaml'}:")  # type: ignore[attr-defined]
+    assert fields_of(record)["file"] == str(local.folder / "rbac.yaml")
+    assert fields_of(record)["reason"].startswith(f"{local.folder / 'rbac.yaml'}:")
     assert (await local.call(FLUNDERS, "alice"))[0] == 200  # the rules it held stay
     assert (await local.call(FLUNDERS, "bob"))[0] == 403
 
@@ -169,7 +170,7 @@ async def test_an_invalid_object_is_refused_with_kube_apiservers_message_and_its
     await local.write("rbac.yaml", role_without_verbs + "---\n" + binding_to("alice", "bob"))
     (record,) = [r for r in caplog.records if "RBAC manifest refused" in r.getMessage()]
     assert record.getMessage() == "RBAC manifest refused; its previous version stays in force"
-    assert record.fields == {  # type: ignore[attr-defined]
+    assert fields_of(record) == {
         "file": str(local.folder / "rbac.yaml"),
         "document": 0,
         "reason": 'ClusterRole.rbac.authorization.k8s.io "flunder-reader" is invalid: rules[0].verbs: Required '

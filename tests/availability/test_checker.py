@@ -14,6 +14,7 @@ from aggregator.availability.probe import Report
 from aggregator.availability.status import MemoryStatus
 from tests.availability.support import Harness
 from tests.support.backend import APISERVICE, apiservice_manifest
+from tests.support.logrecords import fields_of
 
 
 @dataclass
@@ -80,7 +81,11 @@ async def test_a_change_of_reason_is_logged_as_well_as_a_flip(
     ):
         await checker.record(Report(APISERVICE, verdict))
     lines = [
-        (r.getMessage(), r.fields.get("old_status") or r.fields.get("old_reason"), r.fields["reason"])  # type: ignore[attr-defined]
+        (
+            r.getMessage(),
+            fields_of(r).get("old_status") or fields_of(r).get("old_reason"),
+            fields_of(r)["reason"],
+        )
         for r in caplog.records
     ]
     assert lines == [

@@ -24,6 +24,7 @@ from aggregator.server import GatewayServer
 from tests.conftest import StartGateway
 from tests.support.backend import apiservice_manifest, backend_service, write_manifests
 from tests.support.gateway import local_options
+from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 
 NAME = "v1.demo.example.com"
@@ -182,6 +183,6 @@ async def test_the_wait_is_bounded(
             await asyncio.sleep(0.02)
         assert checker.verdict(NAME) is None  # its check is still waiting for the backend
         warned = [r for r in caplog.records if "ready without a first availability verdict" in r.getMessage()]
-        assert len(warned) == 1 and warned[0].fields == {"apiservices": NAME}  # type: ignore[attr-defined]
+        assert len(warned) == 1 and fields_of(warned[0]) == {"apiservices": NAME}
     finally:
         await server.stop()

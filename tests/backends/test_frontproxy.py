@@ -10,6 +10,7 @@ import pytest
 from aggregator.backends.frontproxy import MESSAGE
 from tests.conftest import StartGateway
 from tests.support.backend import apiservice_manifest, backend_service, write_manifests
+from tests.support.logrecords import fields_of
 from tests.support.polling import until
 
 NO_CERT = {"proxy_client_cert_file": None, "proxy_client_key_file": None}
@@ -31,7 +32,7 @@ async def test_warned_once_when_the_store_syncs_with_an_apiservice(
     write_manifests(apiservices_dir, "c", apiservice_manifest(port=3443, ca_pem=None, group="c.example.com"))
     await until(lambda: server.gateway.store.apiservice("v1.c.example.com") is not None)
     (record,) = warnings(caplog)
-    assert record.fields == {"apiservices": 2, "first": record.fields["first"]}  # type: ignore[attr-defined]
+    assert fields_of(record) == {"apiservices": 2, "first": fields_of(record)["first"]}
 
 
 async def test_warned_when_the_first_apiservice_appears_after_sync(

@@ -17,6 +17,7 @@ from aggregator.sources.store import Kind, Store
 from aggregator.web.metrics import Metrics
 from tests.discovery.fakes import FakeBackends, FakeResponse, Unreachable, resource, serve_aggregated
 from tests.discovery.manifests import apiservice
+from tests.support.logrecords import fields_of
 from tests.support.polling import until
 
 
@@ -219,7 +220,7 @@ async def test_a_failure_says_last_good_only_when_there_were_good_resources(
         await fetcher.fetch_once(state)
     fakes.handlers["v1.once.example.com"] = lambda _p, _h: Unreachable("connect", "connection refused")
     await fetcher.fetch_once(states["v1.once.example.com"])
-    said = {r.fields["apiservice"]: r.getMessage() for r in caplog.records}  # type: ignore[attr-defined]
+    said = {fields_of(r)["apiservice"]: r.getMessage() for r in caplog.records}
     assert said == {
         "v1.never.example.com": "discovery fetch failed; its group-version is listed as Stale, with no "
         "resources until a fetch succeeds",

@@ -28,6 +28,7 @@ from tests.openapi.support import (
     v3_document,
 )
 from tests.support.backend import BackendPKI, apiservice_manifest, write_manifests
+from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -425,13 +426,13 @@ async def test_a_bad_ca_beside_a_good_one_on_the_same_service_is_labelled_with_i
     await until(lambda: any(r.getMessage() == failed for r in caplog.records), what="the bad CA's failure")
     record = next(r for r in caplog.records if r.getMessage() == failed)
     assert record.levelno == logging.DEBUG
-    assert record.fields["apiservices"] == "v1.bad.example.com"  # type: ignore[attr-defined]
-    assert record.fields["service"] == f"shared/api:{backend.port}"  # type: ignore[attr-defined]
-    assert "x509" in record.fields["error"] or "certificate" in record.fields["error"]  # type: ignore[attr-defined]
+    assert fields_of(record)["apiservices"] == "v1.bad.example.com"
+    assert fields_of(record)["service"] == f"shared/api:{backend.port}"
+    assert "x509" in fields_of(record)["error"] or "certificate" in fields_of(record)["error"]
     openapi_lines = [r for r in caplog.records if r.name == "aggregator.openapi.sources"]
     assert not any("last good" in r.getMessage() for r in openapi_lines)
     assert not any(
-        r.fields.get("apiservices") == "v1.good.example.com"  # type: ignore[attr-defined]
+        fields_of(r).get("apiservices") == "v1.good.example.com"
         for r in openapi_lines
         if "failed" in r.getMessage()
     )
@@ -464,5 +465,5 @@ async def test_a_failure_after_a_success_says_the_last_good_documents_are_served
     failed = "OpenAPI v3 download failed; serving the last good documents"
     await until(lambda: any(r.getMessage() == failed for r in caplog.records), what="the failure")
     (record,) = [r for r in caplog.records if r.getMessage() == failed]
-    assert record.fields["apiservices"] == "v1.flaky.example.com"  # type: ignore[attr-defined]
+    assert fields_of(record)["apiservices"] == "v1.flaky.example.com"
     assert "apis/flaky.example.com/v1" in aggregation.v3.documents

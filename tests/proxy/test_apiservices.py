@@ -28,6 +28,7 @@ from tests.support.backend import (
     write_manifests,
 )
 from tests.support.fixtures import StartProxied
+from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -564,7 +565,7 @@ async def test_denied_cluster_ip_is_503_and_never_dialed(
         for r in caplog.records
         if r.name == "aggregator.proxy.forward" and getattr(r, "fields", {}).get("hop") == "deny-cidr"
     ]
-    assert lines and "169.254.169.254" in lines[0].fields["reason"]  # type: ignore[attr-defined]
+    assert lines and "169.254.169.254" in fields_of(lines[0])["reason"]
     assert proxied.backend.seen_by("admin") == []
 
 

@@ -31,6 +31,7 @@ from tests.support.backend import (
 )
 from tests.support.fixtures import StartProxied
 from tests.support.gateway import local_options, running_gateway
+from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until
 from tests.support.ports import free_port
@@ -120,9 +121,9 @@ async def test_a_gateway_as_a_backend_is_a_proxy_loop(
         f"proxy loop detected: this request was already forwarded by {who} ({HOP_HEADER}); an "
         "APIService must not be served by an aggregator gateway"
     )
-    looped = [r for r in refusals(caplog) if r.fields["path"] == THINGS]  # type: ignore[attr-defined]
+    looped = [r for r in refusals(caplog) if fields_of(r)["path"] == THINGS]
     assert len(looped) == 1  # exactly one looped request, whichever gateway closed it
-    assert looped[0].fields["forwarded_by"] == first.gateway.hop  # type: ignore[attr-defined]
+    assert fields_of(looped[0])["forwarded_by"] == first.gateway.hop
 
 
 async def test_every_request_to_a_backend_carries_the_mark_and_a_callers_own_is_refused(

@@ -26,6 +26,7 @@ from tests.support.backend import (
     write_manifests,
 )
 from tests.support.gateway import gateway_of
+from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until
 from tests.support.replica import Replicas, endpointslice_for
@@ -172,7 +173,7 @@ async def test_a_replica_killed_under_steady_gets_costs_no_get(
             r for r in caplog.records if getattr(r, "fields", {}).get("retried", "").startswith(endpoint)
         ]
         assert retried, "a retried request has its access-log line, naming the endpoint that failed"
-        assert retried[0].fields["status"] == 200 and retried[0].fields["endpoint"] != endpoint  # type: ignore[attr-defined]
+        assert fields_of(retried[0])["status"] == 200 and fields_of(retried[0])["endpoint"] != endpoint
 
 
 async def test_a_replica_200ms_slower_gets_few_requests(
@@ -286,7 +287,7 @@ async def test_bad_annotations_are_named_and_ignored(
     ):
         assert resp.status == 200
     problems = [r for r in caplog.records if r.getMessage() == "APIService annotations ignored"]
-    assert problems and "aggregator.dev/connect-timeout" in problems[0].fields["problems"]  # type: ignore[attr-defined]
+    assert problems and "aggregator.dev/connect-timeout" in fields_of(problems[0])["problems"]
     await until(
         lambda: "aggregator.dev/max-concurrent-requests" in _condition_message(server),
         10,

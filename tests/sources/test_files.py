@@ -12,6 +12,7 @@ import pytest
 
 from aggregator.sources.files import FolderSource
 from aggregator.sources.store import Store
+from tests.support.logrecords import fields_of
 from tests.support.polling import until
 
 APISERVICE = """
@@ -186,9 +187,9 @@ async def test_an_unknown_field_is_refused_in_kube_apiservers_words(
     )
     await until(lambda: any(r.getMessage() == expected for r in caplog.records))
     (record,) = [r for r in caplog.records if r.getMessage() == expected]
-    assert record.fields["file"] == str(path)  # type: ignore[attr-defined]
-    assert record.fields["name"] == "v1alpha1.wardle.example.com"  # type: ignore[attr-defined]
-    assert record.fields["kept_previous"] is True  # type: ignore[attr-defined]
+    assert fields_of(record)["file"] == str(path)
+    assert fields_of(record)["name"] == "v1alpha1.wardle.example.com"
+    assert fields_of(record)["kept_previous"] is True
     assert source.store.apiservice("v1alpha1.wardle.example.com") is not None
 
 
@@ -224,7 +225,7 @@ async def test_a_document_of_another_kind_is_said_once_per_file(
     source.reload()
     skipped = [r for r in caplog.records if r.getMessage().startswith("manifest skipped")]
     assert len(skipped) == 1, [r.getMessage() for r in skipped]
-    assert skipped[0].fields == {"file": str(path), "apiVersion": "apps/v1", "kind": "Deployment"}  # type: ignore[attr-defined]
+    assert fields_of(skipped[0]) == {"file": str(path), "apiVersion": "apps/v1", "kind": "Deployment"}
     assert "reads only APIService (apiregistration.k8s.io/v1), Service (v1)" in skipped[0].getMessage()
     # What another reader of the folder takes (local mode's RBAC) is not said to be skipped.
     source.read_elsewhere = lambda doc: doc.get("kind") == "ClusterRole"

@@ -24,6 +24,7 @@ from tests.support.fakekube import (
     service,
 )
 from tests.support.gateway import gateway_of, running_gateway
+from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until
 from tests.support.ports import free_port
@@ -371,7 +372,7 @@ async def test_malformed_objects_are_logged_and_skipped(
     assert harness.store.apiservice("v1alpha1.bad.example.com") is None
     kept = harness.store.apiservice("v1alpha1.good.example.com")
     assert kept is not None and kept.service is not None and kept.service.port == 443
-    messages = [(r.getMessage(), r.fields) for r in caplog.records]  # type: ignore[attr-defined]
+    messages = [(r.getMessage(), fields_of(r)) for r in caplog.records]
     assert len(messages) == 2
     assert messages[0][1]["name"] == "v1alpha1.bad.example.com"
     assert "spec.groupPriorityMinimum" in messages[0][1]["reason"]

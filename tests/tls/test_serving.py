@@ -15,6 +15,7 @@ from cryptography import x509
 from aggregator.tls.issue import issue_serving_cert, new_ca, write_cert, write_key
 from tests.conftest import StartGateway
 from tests.support.h2client import negotiated_alpn
+from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 
 
@@ -117,7 +118,7 @@ async def test_broken_pair_keeps_the_old_certificate_and_logs_why(
     assert (await served_certificate(server.port)).serial_number == original.serial_number
     messages = [r for r in caplog.records if "not reloaded" in r.getMessage()]
     assert messages, caplog.text
-    reason = messages[-1].fields["reason"]  # type: ignore[attr-defined]
+    reason = fields_of(messages[-1])["reason"]
     expected = "no valid PEM certificate" if breakage == "half-written" else "does not match the certificate"
     assert expected in reason
     # Once the pair is whole again it is picked up.

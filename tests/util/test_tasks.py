@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from aggregator.util.tasks import TaskSet
+from tests.support.logrecords import fields_of
 from tests.support.polling import until
 
 
@@ -21,7 +22,7 @@ async def test_a_crash_is_logged_with_the_task_name(caplog: pytest.LogCaptureFix
     await until(lambda: len(tasks) == 0, what="the task to end")
     records = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(records) == 1
-    assert records[0].fields == {"task": "owner:worker"}  # type: ignore[attr-defined]
+    assert fields_of(records[0]) == {"task": "owner:worker"}
     assert records[0].exc_info is not None and "broken on purpose" in str(records[0].exc_info[1])
 
 

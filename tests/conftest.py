@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ def apiservices_dir(tmp_path: Path) -> Path:
     return folder
 
 
-StartGateway = Callable[..., Any]
+StartGateway = Callable[..., Awaitable[GatewayServer]]
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from aggregator.tls.issue import load_pair
 from tests.conftest import StartGateway
 from tests.discovery.manifests import apiservice, write_manifests
 from tests.support.e2e import Kubectl, kubectl_binaries
+from tests.support.gateway import gateway_of
 from tests.support.pki import PKI
 
 RESOURCE_LIST = (
@@ -231,7 +232,8 @@ async def test_watch_from_a_listed_resource_version(
         async with session.get(url, ssl=ssl) as resp:
             assert resp.status == 200
             write_manifests(apiservices_dir, [apiservice("v1.b.example.com", 100, 10)])
-            source = server.gateway.folder
+            source = gateway_of(server).folder
+            assert source is not None
             source.reload()
             events = [json.loads(await asyncio.wait_for(resp.content.readline(), 5)) for _ in range(2)]
         assert sorted((e["type"], e["object"]["metadata"]["name"]) for e in events) == [

@@ -23,7 +23,7 @@ from aggregator.availability.probe import TIMEOUT
 from aggregator.server import GatewayServer
 from tests.conftest import StartGateway
 from tests.support.backend import apiservice_manifest, backend_service, write_manifests
-from tests.support.gateway import local_options
+from tests.support.gateway import gateway_of, local_options
 from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 
@@ -118,7 +118,7 @@ async def test_ready_once_the_first_round_lands_even_with_a_dead_backend(
     assert f"[+]{FIRST_ROUND_CHECK} ok\n" in body
     assert f"warn: APIService {NAME} is unavailable: FailedDiscoveryCheck: " in body
     assert body.endswith("readyz check passed\n")
-    checker = server.gateway.availability
+    checker = gateway_of(server).availability
     assert isinstance(checker, AvailabilityChecker) and not checker.is_available(NAME)
 
     # Only the APIServices present at start-up are waited for: a new dead one changes nothing.

@@ -354,8 +354,8 @@ async def test_unspecified_backend_addresses_are_never_dialed(
         return [address]
 
     server.gateway.backends.resolver.lookup = lookup
-    server.gateway.availability.poke(APISERVICE)
-    checker = server.gateway.availability
+    checker = gateway_of(server).availability
+    checker.poke(APISERVICE)
     await until(lambda: getattr(checker.verdict(APISERVICE), "reason", "") == "ForbiddenEndpoint")
     verdict = checker.verdict(APISERVICE)
     assert verdict is not None and verdict.status == "False"

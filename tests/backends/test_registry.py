@@ -11,6 +11,7 @@ from aggregator.backends.errors import BackendError, Hop
 from aggregator.contracts import FetchedResponse
 from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import UserInfo
+from tests.conftest import StartGateway
 from tests.support.backend import (
     APISERVICE,
     PREFIX,
@@ -96,7 +97,7 @@ async def test_fetch_wrong_ca_names_the_failure(
 
 
 async def test_fetch_wrong_name_lists_the_names_the_certificate_holds(
-    start_gateway: object, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path
+    start_gateway: StartGateway, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path
 ) -> None:
     cert, key = backend_pki.serving("wrong-name", ["other.demo.svc", "api.other.svc"])
     fake = FakeBackend(cert, key, pki.path("front-proxy-ca.crt"))
@@ -108,7 +109,7 @@ async def test_fetch_wrong_name_lists_the_names_the_certificate_holds(
             apiservice_manifest(port=port, ca_pem=backend_pki.ca.cert_pem),
             *backend_service(port),
         )
-        server = await start_gateway()  # type: ignore[operator]
+        server = await start_gateway()
         gateway = server.gateway
         with pytest.raises(BackendError) as info:
             await gateway.backends.fetch(registered(gateway.store), PREFIX, headers={}, user=ALICE, timeout=5)
@@ -157,12 +158,12 @@ async def test_fetch_timeout(start_proxied: StartProxied) -> None:
 
 
 async def test_fetch_missing_service_is_a_service_hop_failure(
-    start_gateway: object, backend: FakeBackend, backend_pki: BackendPKI, apiservices_dir: Path
+    start_gateway: StartGateway, backend: FakeBackend, backend_pki: BackendPKI, apiservices_dir: Path
 ) -> None:
     write_manifests(
         apiservices_dir, "demo", apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem)
     )
-    server = await start_gateway()  # type: ignore[operator]
+    server = await start_gateway()
     gateway = server.gateway
     with pytest.raises(BackendError) as info:
         await gateway.backends.fetch(registered(gateway.store), PREFIX, headers={}, user=ALICE, timeout=5)

@@ -31,7 +31,7 @@ from tests.support.backend import (
     write_manifests,
 )
 from tests.support.fakekube import GATEWAY_TOKEN, GATEWAY_USER, FakeKube, kube_options
-from tests.support.gateway import running_gateway
+from tests.support.gateway import gateway_of, running_gateway
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -80,7 +80,7 @@ async def test_a_common_name_only_backend_is_refused_on_every_path(
         *backend_service(cn_backend.port),
     )
     server = await start_gateway()
-    gateway = server.gateway
+    gateway = gateway_of(server)
     url = f"https://127.0.0.1:{cn_backend.port}"
 
     # The availability probe.

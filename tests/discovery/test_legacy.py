@@ -11,6 +11,7 @@ from aggregator.discovery.legacy import group_document, group_list_document
 from aggregator.model.apiservice import decode_apiservice
 from tests.conftest import StartGateway
 from tests.discovery.manifests import apiservice, write_manifests
+from tests.support.gateway import gateway_of
 from tests.support.pki import PKI
 
 FIXTURE = [
@@ -151,7 +152,8 @@ async def test_documents_follow_folder_changes(
         write_manifests(
             apiservices_dir, [apiservice("v1.a.example.com", 100, 10), apiservice("v1.c.example.com", 200, 1)]
         )
-        source = server.gateway.folder
+        source = gateway_of(server).folder
+        assert source is not None
         source.reload()
         async with session.get(server.url + "/apis", ssl=ssl, headers={"If-None-Match": first_etag}) as resp:
             assert resp.status == 200

@@ -27,6 +27,7 @@ import pytest
 from aggregator.commands.cli import build_parser
 from aggregator.config import Options, options_from_args
 from aggregator.server import shutdown_bound
+from tests.conftest import StartGateway
 from tests.manifests.k8s import (
     KUBECTL,
     MANIFESTS,
@@ -364,7 +365,7 @@ def test_the_deployment_runs_kube_mode_in_cluster_with_mounted_certificates(depl
 
 
 async def test_the_probe_paths_answer_the_kubelet_without_credentials(
-    deployment: Obj, start_gateway: Any, pki: PKI
+    deployment: Obj, start_gateway: StartGateway, pki: PKI
 ) -> None:
     # The kubelet presents no client certificate and no token: the probes must still get 200.
     server = await start_gateway()

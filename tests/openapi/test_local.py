@@ -143,7 +143,7 @@ async def test_a_backend_cannot_replace_it(
     rogue.v2["definitions"] = {"x.Y": {"description": "the rogue's", "type": "object"}}
     register(apiservices_dir, rogue, backend_pki, "rogue", [(group, "v1", 19000, 100)])
     server = await start_gateway()
-    aggregation = fast(server.gateway)
+    aggregation = fast(gateway_of(server))
     await until(lambda: len(aggregation.v2.sources) == 2, what="the rogue's v2 merged")
     await until(lambda: rogue.requests(f"/openapi/v3/{KEY}"), what="the rogue's v3 downloaded")
     assert aggregation.v3.documents[KEY].body == go_marshal(build_documents()[0])

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.conftest import StartGateway
 from tests.support.backend import (
     APISERVICE,
     PREFIX,
@@ -363,7 +364,7 @@ async def test_local_apiservice_falls_back_to_404(start_proxied: StartProxied, a
     ids=["wrong-ca", "wrong-name"],
 )
 async def test_untrusted_backend_certificate_is_503(
-    start_gateway: object,
+    start_gateway: StartGateway,
     backend_pki: BackendPKI,
     pki: PKI,
     apiservices_dir: Path,
@@ -381,7 +382,7 @@ async def test_untrusted_backend_certificate_is_503(
             apiservice_manifest(port=port, ca_pem=backend_pki.ca.cert_pem),
             *backend_service(port),
         )
-        server = await start_gateway()  # type: ignore[operator]
+        server = await start_gateway()
         force_available(server)
         async with (
             aiohttp.ClientSession() as session,
@@ -398,7 +399,7 @@ async def test_untrusted_backend_certificate_is_503(
 
 
 async def test_insecure_skip_tls_verify_is_honoured_and_counted(
-    start_gateway: object,
+    start_gateway: StartGateway,
     backend_pki: BackendPKI,
     pki: PKI,
     apiservices_dir: Path,
@@ -415,7 +416,7 @@ async def test_insecure_skip_tls_verify_is_honoured_and_counted(
             apiservice_manifest(port=port, ca_pem=None, insecure=True),
             *backend_service(port),
         )
-        server = await start_gateway()  # type: ignore[operator]
+        server = await start_gateway()
         await wait_available(server)
         async with aiohttp.ClientSession() as session:
             for _ in range(2):
@@ -522,9 +523,13 @@ async def test_backend_cookies_are_not_replayed_to_other_callers(
 
 
 async def test_apiservice_registered_later_is_routed(
-    start_gateway: object, backend: FakeBackend, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path
+    start_gateway: StartGateway,
+    backend: FakeBackend,
+    backend_pki: BackendPKI,
+    pki: PKI,
+    apiservices_dir: Path,
 ) -> None:
-    server = await start_gateway()  # type: ignore[operator]
+    server = await start_gateway()
     async with aiohttp.ClientSession() as session:
         async with session.get(server.url + THINGS, ssl=pki.client_context()) as resp:
             assert resp.status == 404
@@ -571,7 +576,7 @@ async def test_denied_cluster_ip_is_503_and_never_dialed(
 
 @pytest.mark.parametrize("allowed", [False, True])
 async def test_external_name_services_need_the_flag_and_dial_the_pinned_ip(
-    start_gateway: object,
+    start_gateway: StartGateway,
     backend: FakeBackend,
     backend_pki: BackendPKI,
     pki: PKI,
@@ -584,7 +589,7 @@ async def test_external_name_services_need_the_flag_and_dial_the_pinned_ip(
         apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem),
         service_manifest(port=backend.port, type_="ExternalName", external_name="api.example.test"),
     )
-    server = await start_gateway(allow_external_name_services=allowed)  # type: ignore[operator]
+    server = await start_gateway(allow_external_name_services=allowed)
     force_available(server)
     lookups: list[str] = []
 
@@ -607,7 +612,11 @@ async def test_external_name_services_need_the_flag_and_dial_the_pinned_ip(
 
 
 async def test_aggregator_routing_uses_a_ready_endpoint_and_its_target_port(
-    start_gateway: object, backend: FakeBackend, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path
+    start_gateway: StartGateway,
+    backend: FakeBackend,
+    backend_pki: BackendPKI,
+    pki: PKI,
+    apiservices_dir: Path,
 ) -> None:
     from tests.support.backend import endpointslice_manifest
 
@@ -621,7 +630,7 @@ async def test_aggregator_routing_uses_a_ready_endpoint_and_its_target_port(
             "api-1", [("127.0.0.2", False), ("127.0.0.1", True), ("127.0.0.4", False)], port=backend.port
         ),
     )
-    server = await start_gateway(enable_aggregator_routing=True)  # type: ignore[operator]
+    server = await start_gateway(enable_aggregator_routing=True)
     force_available(server)
     async with aiohttp.ClientSession() as session:
         for _ in range(10):
@@ -704,7 +713,7 @@ async def test_backend_restart_between_requests_is_invisible(
 
 
 async def test_close_delimited_backend_answer_is_streamed_to_its_end(
-    start_gateway: object, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path
+    start_gateway: StartGateway, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path
 ) -> None:
     import ssl as ssl_module
 
@@ -729,7 +738,7 @@ async def test_close_delimited_backend_answer_is_streamed_to_its_end(
             apiservice_manifest(port=port, ca_pem=backend_pki.ca.cert_pem),
             *backend_service(port),
         )
-        server = await start_gateway()  # type: ignore[operator]
+        server = await start_gateway()
         force_available(server)
         async with (
             aiohttp.ClientSession() as session,

@@ -9,12 +9,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from aggregator.server import GatewayServer
+from tests.conftest import StartGateway
 from tests.support.backend import (
     APISERVICE,
     PREFIX,
@@ -125,7 +125,7 @@ def failed(answers: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
 
 @pytest.mark.parametrize("slice_update", [False, True], ids=["no-slice-update", "slice-update"])
 async def test_a_replica_killed_under_steady_gets_costs_no_get(
-    start_gateway: Any,
+    start_gateway: StartGateway,
     start_replicas: StartReplicas,
     backend_pki: BackendPKI,
     pki: PKI,
@@ -136,7 +136,7 @@ async def test_a_replica_killed_under_steady_gets_costs_no_get(
     replicas = await start_replicas()
     register(apiservices_dir, backend_pki, replicas)
     server = await start_gateway(enable_aggregator_routing=True)
-    await until(lambda: server.gateway.availability.is_available(APISERVICE), 15, "the APIService")
+    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
     victim = HOSTS[1]
     killed_at: list[int] = []
 
@@ -177,7 +177,7 @@ async def test_a_replica_killed_under_steady_gets_costs_no_get(
 
 
 async def test_a_replica_200ms_slower_gets_few_requests(
-    start_gateway: Any,
+    start_gateway: StartGateway,
     start_replicas: StartReplicas,
     backend_pki: BackendPKI,
     pki: PKI,
@@ -187,7 +187,7 @@ async def test_a_replica_200ms_slower_gets_few_requests(
     replicas = await start_replicas(delays={slow: 0.2})
     register(apiservices_dir, backend_pki, replicas)
     server = await start_gateway(enable_aggregator_routing=True)
-    await until(lambda: server.gateway.availability.is_available(APISERVICE), 15, "the APIService")
+    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
     total = 400
     async with aiohttp.ClientSession() as session:
         answers = await steady_gets(session, server.url + THINGS, pki, total)
@@ -204,7 +204,7 @@ async def test_a_replica_200ms_slower_gets_few_requests(
 
 
 async def test_replicas_of_equal_speed_share_the_requests(
-    start_gateway: Any,
+    start_gateway: StartGateway,
     start_replicas: StartReplicas,
     backend_pki: BackendPKI,
     pki: PKI,
@@ -213,7 +213,7 @@ async def test_replicas_of_equal_speed_share_the_requests(
     replicas = await start_replicas()
     register(apiservices_dir, backend_pki, replicas)
     server = await start_gateway(enable_aggregator_routing=True)
-    await until(lambda: server.gateway.availability.is_available(APISERVICE), 15, "the APIService")
+    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
     total = 600
     async with aiohttp.ClientSession() as session:
         answers = await steady_gets(session, server.url + THINGS, pki, total)
@@ -224,7 +224,7 @@ async def test_replicas_of_equal_speed_share_the_requests(
 
 
 async def test_past_the_concurrency_limit_a_request_gets_429_at_once_and_the_others_are_served(
-    start_gateway: Any,
+    start_gateway: StartGateway,
     start_replicas: StartReplicas,
     backend_pki: BackendPKI,
     pki: PKI,
@@ -239,7 +239,7 @@ async def test_past_the_concurrency_limit_a_request_gets_429_at_once_and_the_oth
         annotations={"aggregator.dev/max-concurrent-requests": "2"},
     )
     server = await start_gateway()
-    await until(lambda: server.gateway.availability.is_available(APISERVICE), 15, "the APIService")
+    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
     context = pki.client_context("admin")
     async with aiohttp.ClientSession() as session:
 
@@ -261,7 +261,7 @@ async def test_past_the_concurrency_limit_a_request_gets_429_at_once_and_the_oth
 
 
 async def test_bad_annotations_are_named_and_ignored(
-    start_gateway: Any,
+    start_gateway: StartGateway,
     start_replicas: StartReplicas,
     backend_pki: BackendPKI,
     pki: PKI,
@@ -280,7 +280,7 @@ async def test_bad_annotations_are_named_and_ignored(
         },
     )
     server = await start_gateway()
-    await until(lambda: server.gateway.availability.is_available(APISERVICE), 15, "the APIService")
+    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
     async with (
         aiohttp.ClientSession() as session,
         session.get(server.url + THINGS, ssl=pki.client_context("admin")) as resp,
@@ -301,7 +301,7 @@ def _condition_message(server: GatewayServer) -> str:
 
 
 async def test_request_timeout_and_long_running_paths_from_annotations(
-    start_gateway: Any,
+    start_gateway: StartGateway,
     start_replicas: StartReplicas,
     backend_pki: BackendPKI,
     pki: PKI,
@@ -319,7 +319,7 @@ async def test_request_timeout_and_long_running_paths_from_annotations(
         },
     )
     server = await start_gateway()
-    await until(lambda: server.gateway.availability.is_available(APISERVICE), 15, "the APIService")
+    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
     context = pki.client_context("admin")
     async with aiohttp.ClientSession() as session:
         started = time.monotonic()
@@ -334,7 +334,7 @@ async def test_request_timeout_and_long_running_paths_from_annotations(
 
 
 async def test_a_blackholed_backend_on_a_pooled_connection_answers_within_the_response_header_timeout(
-    start_gateway: Any,
+    start_gateway: StartGateway,
     start_replicas: StartReplicas,
     backend_pki: BackendPKI,
     pki: PKI,
@@ -353,7 +353,7 @@ async def test_a_blackholed_backend_on_a_pooled_connection_answers_within_the_re
         annotations={"aggregator.dev/response-header-timeout": "500ms"},
     )
     server = await start_gateway()
-    availability = server.gateway.availability
+    availability = gateway_of(server).availability
     await until(lambda: availability.is_available(APISERVICE), 15, "the APIService")
     context = pki.client_context("admin")
     async with aiohttp.ClientSession() as session:
@@ -374,7 +374,7 @@ async def test_a_blackholed_backend_on_a_pooled_connection_answers_within_the_re
 
 
 async def test_a_request_still_connecting_to_a_blackholed_backend_has_it_checked_at_once(
-    start_gateway: Any,
+    start_gateway: StartGateway,
     start_replicas: StartReplicas,
     backend_pki: BackendPKI,
     pki: PKI,
@@ -393,7 +393,7 @@ async def test_a_request_still_connecting_to_a_blackholed_backend_has_it_checked
         annotations={"aggregator.dev/connect-timeout": "2s", "aggregator.dev/response-header-timeout": "3s"},
     )
     server = await start_gateway()
-    availability = server.gateway.availability
+    availability = gateway_of(server).availability
     await until(lambda: availability.is_available(APISERVICE), 15, "the APIService")
     context = pki.client_context("admin")
     async with aiohttp.ClientSession() as session:

@@ -61,7 +61,8 @@ async def test_aggregated_backend_then_304_then_503_then_hang(start_proxied: Sta
         }
     ]
     first = proxied.backend.seen_by("system:kube-aggregator")[0]
-    assert first.one("Accept").startswith(AGG_TYPE)
+    accept = first.one("Accept")
+    assert accept is not None and accept.startswith(AGG_TYPE)
     assert first.all("X-Remote-Group") == ["system:masters"]
     assert first.peer_cn == "front-proxy-client"
 

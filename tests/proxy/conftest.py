@@ -25,10 +25,14 @@ from tests.support.pki import PKI
 RawRespond = Callable[[RawBackend, asyncio.StreamReader, asyncio.StreamWriter, Received], Awaitable[None]]
 
 
+# `await raw_gateway(respond, **option_overrides)` -> (a running gateway, the raw backend behind it)
+RawGateway = Callable[..., Awaitable[tuple[GatewayServer, RawBackend]]]
+
+
 @pytest.fixture
 async def raw_gateway(
     start_gateway: StartGateway, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path
-) -> AsyncIterator[Callable[..., Awaitable[tuple[GatewayServer, RawBackend]]]]:
+) -> AsyncIterator[RawGateway]:
     backends: list[RawBackend] = []
 
     async def start(respond: RawRespond, **options: object) -> tuple[GatewayServer, RawBackend]:

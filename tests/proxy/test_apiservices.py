@@ -764,8 +764,7 @@ async def test_backend_connections_are_kept_alive_and_reused(start_proxied: Star
     # Concurrent requests open more connections, then share them.
     async def one() -> int:
         async with proxied.request("GET", THINGS) as resp:
-            status: int = resp.status
-            return status
+            return resp.status
 
     assert await asyncio.gather(*(one() for _ in range(8))) == [200] * 8
     assert len({r.connection for r in proxied.backend.seen_by("admin")}) <= 9

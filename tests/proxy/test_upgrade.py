@@ -19,7 +19,7 @@ from aiohttp import web
 
 from aggregator.server import GatewayServer
 from aggregator.wire.wsprotocol import BEARER_PROTOCOL_PREFIX
-from tests.proxy.conftest import RawRespond
+from tests.proxy.conftest import RawGateway, RawRespond
 from tests.support.backend import (
     PREFIX,
     RawBackend,
@@ -28,7 +28,7 @@ from tests.support.backend import (
 )
 from tests.support.fakekube import FakeKube
 from tests.support.fakereviews import FakeReviews
-from tests.support.fixtures import StartProxied
+from tests.support.fixtures import Proxied, StartProxied
 from tests.support.pki import PKI
 
 EXEC = f"{PREFIX}/namespaces/default/things/t1/exec?command=sh&stdin=true"
@@ -102,9 +102,9 @@ def refuse(status: int, extra: str = "", body: bytes = b"") -> RawRespond:
 
 
 async def test_spdy_upgrade_is_spliced_with_identity_set_and_spoofs_removed(
-    raw_gateway: object, pki: PKI
+    raw_gateway: RawGateway, pki: PKI
 ) -> None:
-    server, raw = await raw_gateway(  # type: ignore[operator]
+    server, raw = await raw_gateway(
         switch_and_echo,
         requestheader_username_headers=["X-Auth-User"],
         requestheader_group_headers=["X-Auth-Groups"],
@@ -191,7 +191,7 @@ async def test_websocket_exec_round_trip(start_proxied: StartProxied) -> None:
 WS_SECRET = "exec-s3cr3t-token-0123456789"
 
 
-def exec_echo_route(proxied: object) -> None:
+def exec_echo_route(proxied: Proxied) -> None:
     async def exec_ws(request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(protocols=("v5.channel.k8s.io", "v4.channel.k8s.io"))
         await ws.prepare(request)
@@ -200,7 +200,7 @@ def exec_echo_route(proxied: object) -> None:
                 await ws.send_bytes(b"\x01" + msg.data[1:].upper())
         return ws
 
-    proxied.backend.routes[EXEC.split("?")[0]] = exec_ws  # type: ignore[attr-defined]
+    proxied.backend.routes[EXEC.split("?")[0]] = exec_ws
 
 
 @pytest.mark.parametrize("source", ["token-file", "tokenreview"])
@@ -247,10 +247,12 @@ async def test_a_subprotocol_token_is_dropped_whoever_the_caller_is(start_proxie
     assert seen.one("Sec-WebSocket-Protocol") == "v5.channel.k8s.io"
 
 
-async def test_refused_upgrade_is_relayed_and_the_connection_closed(raw_gateway: object, pki: PKI) -> None:
+async def test_refused_upgrade_is_relayed_and_the_connection_closed(
+    raw_gateway: RawGateway, pki: PKI
+) -> None:
     """S1: a 403 to an upgrade, then a second request pipelined on the same socket."""
     body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403}).encode()
-    server, raw = await raw_gateway(refuse(403, "Access-Control-Allow-Origin: *\r\n", body))  # type: ignore[operator]
+    server, raw = await raw_gateway(refuse(403, "Access-Control-Allow-Origin: *\r\n", body))
     reader, writer = await open_client(server, pki)
     writer.write(request_bytes("POST", EXEC, SPDY_HEADERS))
     status, headers, got = await read_response(reader)
@@ -276,10 +278,10 @@ async def test_refused_upgrade_is_relayed_and_the_connection_closed(raw_gateway:
     ids=["redirect", "ok"],
 )
 async def test_non_101_success_answer_to_an_upgrade_is_503(
-    raw_gateway: object, pki: PKI, status: int, extra: str
+    raw_gateway: RawGateway, pki: PKI, status: int, extra: str
 ) -> None:
     """S2: redirects and 2xx are never passed on as answers to an upgrade."""
-    server, raw = await raw_gateway(refuse(status, extra, b"{}"))  # type: ignore[operator]
+    server, raw = await raw_gateway(refuse(status, extra, b"{}"))
     reader, writer = await open_client(server, pki)
     writer.write(request_bytes("POST", EXEC, SPDY_HEADERS))
     code, headers, body = await read_response(reader)
@@ -309,9 +311,9 @@ async def test_non_101_success_answer_to_an_upgrade_is_503(
     ],
 )
 async def test_upgrades_refused_without_contacting_the_backend(
-    raw_gateway: object, pki: PKI, path: str, headers: list[tuple[str, str]], message: str
+    raw_gateway: RawGateway, pki: PKI, path: str, headers: list[tuple[str, str]], message: str
 ) -> None:
-    server, raw = await raw_gateway(switch_and_echo)  # type: ignore[operator]
+    server, raw = await raw_gateway(switch_and_echo)
     reader, writer = await open_client(server, pki)
     writer.write(request_bytes("GET", path, headers))
     status, _headers, body = await read_response(reader)
@@ -323,8 +325,8 @@ async def test_upgrades_refused_without_contacting_the_backend(
     assert raw.upgrade_connections == set()
 
 
-async def test_upgrade_to_an_unreachable_backend_is_503(raw_gateway: object, pki: PKI) -> None:
-    server, raw = await raw_gateway(switch_and_echo)  # type: ignore[operator]
+async def test_upgrade_to_an_unreachable_backend_is_503(raw_gateway: RawGateway, pki: PKI) -> None:
+    server, raw = await raw_gateway(switch_and_echo)
     port = raw.port
     await raw.stop()
     reader, writer = await open_client(server, pki)
@@ -335,8 +337,8 @@ async def test_upgrade_to_an_unreachable_backend_is_503(raw_gateway: object, pki
     writer.close()
 
 
-async def test_upgrade_without_credentials_is_401(raw_gateway: object, pki: PKI) -> None:
-    server, raw = await raw_gateway(switch_and_echo)  # type: ignore[operator]
+async def test_upgrade_without_credentials_is_401(raw_gateway: RawGateway, pki: PKI) -> None:
+    server, raw = await raw_gateway(switch_and_echo)
     reader, writer = await open_client(server, pki, cert=None)
     writer.write(request_bytes("POST", EXEC, SPDY_HEADERS))
     status, _headers, _body = await read_response(reader)
@@ -370,7 +372,7 @@ async def read_body(reader: asyncio.StreamReader, req: Received) -> bytes:
     [("SPDY/3.1", "length"), ("SPDY/3.1", "chunked"), ("websocket", "length")],
 )
 async def test_an_upgrade_request_body_reaches_the_backend_before_its_answer(
-    raw_gateway: object, pki: PKI, upgrade: str, framing: str
+    raw_gateway: RawGateway, pki: PKI, upgrade: str, framing: str
 ) -> None:
     """Upstream writes the whole request, body included, before reading the answer (`req.Write`);
     a body announced and never forwarded would hold the backend until the 60 s timeout."""
@@ -382,7 +384,7 @@ async def test_an_upgrade_request_body_reaches_the_backend_before_its_answer(
         bodies.append(await read_body(reader, req))
         await switch_and_echo(raw, reader, writer, req)
 
-    server, raw = await raw_gateway(read_then_switch)  # type: ignore[operator]
+    server, raw = await raw_gateway(read_then_switch)
     reader, writer = await open_client(server, pki)
     headers = [("Connection", "Upgrade"), ("Upgrade", upgrade)]
     if upgrade == "websocket":
@@ -406,7 +408,7 @@ async def test_an_upgrade_request_body_reaches_the_backend_before_its_answer(
         assert seen.one("Transfer-Encoding") == "chunked" and seen.one("Content-Length") is None
 
 
-async def test_shutdown_closes_an_open_tunnel_on_both_sides(raw_gateway: object, pki: PKI) -> None:
+async def test_shutdown_closes_an_open_tunnel_on_both_sides(raw_gateway: RawGateway, pki: PKI) -> None:
     backend_saw_close = asyncio.Event()
 
     async def echo_until_closed(
@@ -417,7 +419,7 @@ async def test_shutdown_closes_an_open_tunnel_on_both_sides(raw_gateway: object,
         finally:
             backend_saw_close.set()
 
-    server, _raw = await raw_gateway(echo_until_closed)  # type: ignore[operator]
+    server, _raw = await raw_gateway(echo_until_closed)
     reader, writer = await open_client(server, pki)
     writer.write(request_bytes("POST", EXEC, SPDY_HEADERS))
     assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 101 ")

@@ -4,7 +4,8 @@ registered to proxy to it (`start_proxied`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 import uvloop
 
 from aggregator.server import GatewayServer
+from tests.conftest import StartGateway
 from tests.support.backend import (
     SERVER_NAME,
     BackendPKI,
@@ -63,7 +65,9 @@ class Proxied:
     def url(self) -> str:
         return self.server.url
 
-    def request(self, method: str, path: str, *, cert: str | None = "admin", **kwargs: Any) -> Any:
+    def request(
+        self, method: str, path: str, *, cert: str | None = "admin", **kwargs: Any
+    ) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
         """`async with proxied.request("GET", "/apis/...") as resp` as the `cert` user."""
         from yarl import URL
 
@@ -72,12 +76,12 @@ class Proxied:
         )
 
 
-StartProxied = Callable[..., Any]
+StartProxied = Callable[..., Awaitable[Proxied]]
 
 
 @pytest.fixture
 async def start_proxied(
-    start_gateway: Callable[..., Any],
+    start_gateway: StartGateway,
     backend: FakeBackend,
     backend_pki: BackendPKI,
     pki: PKI,

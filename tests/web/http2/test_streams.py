@@ -228,6 +228,7 @@ async def test_an_upload_respects_the_gateways_window(start_proxied: StartProxie
     proxied = await start_proxied()
     sink = Sink()
     proxied.backend.routes[THINGS] = sink
+    assert proxied.server.http2 is not None
     limits = proxied.server.http2.limits
     total = 128 * 1024 * 1024
     chunk = b"y" * 16384

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import gzip
 import json
+from typing import Any
 
 from aggregator.audit.body import BodyCapture, DecodedBody, decode_body
 
 
 def captured(
-    data: bytes, *, limit: int = 64, finish: bool = True, chunk: int = 7, **kwargs: str | bool
+    data: bytes, *, limit: int = 64, finish: bool = True, chunk: int = 7, **kwargs: Any
 ) -> BodyCapture:
-    capture = BodyCapture(limit, **kwargs)  # type: ignore[arg-type]
+    capture = BodyCapture(limit, **kwargs)
     for start in range(0, len(data), chunk):
         capture.feed(data[start : start + chunk])
     if finish:

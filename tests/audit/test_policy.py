@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -170,8 +171,8 @@ def info(method: str, path: str) -> RequestInfo:
     return new_request_info(method, target, params)
 
 
-def rule(**kwargs: object) -> Policy:
-    return Policy((PolicyRule(Level.METADATA, **kwargs),))  # type: ignore[arg-type]
+def rule(**kwargs: Any) -> Policy:
+    return Policy((PolicyRule(Level.METADATA, **kwargs),))
 
 
 @pytest.mark.parametrize(

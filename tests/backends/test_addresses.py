@@ -6,6 +6,7 @@ import random
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -57,15 +58,15 @@ def store_with(*objs: Service | EndpointSlice) -> Store:
     return store
 
 
-def service(**kw: object) -> Service:
-    base: dict[str, object] = {
+def service(**kw: Any) -> Service:
+    base: dict[str, Any] = {
         "namespace": "demo",
         "name": "api",
         "cluster_ip": "10.0.0.5",
         "ports": (ServicePort("https", 443, 8443),),
     }
     base.update(kw)
-    return Service(**base)  # type: ignore[arg-type]
+    return Service(**base)
 
 
 def failure(resolver: AddressResolver, svc: APIService | None = None) -> BackendError:

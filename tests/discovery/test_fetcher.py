@@ -7,6 +7,7 @@ import itertools
 import logging
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -21,11 +22,11 @@ from tests.support.logrecords import fields_of
 from tests.support.polling import until
 
 
-def make(store: Store, fakes: FakeBackends, **options: float) -> tuple[DiscoveryFetcher, list[int]]:
+def make(store: Store, fakes: FakeBackends, **options: Any) -> tuple[DiscoveryFetcher, list[int]]:
     """A fetcher over `store`, which a source has listed (synced)."""
     store.mark_synced()
     changes: list[int] = []
-    fetcher = DiscoveryFetcher(store, fakes, lambda: changes.append(1), metrics=Metrics(), **options)  # type: ignore[arg-type]
+    fetcher = DiscoveryFetcher(store, fakes, lambda: changes.append(1), metrics=Metrics(), **options)
     store.add_listener(fetcher.on_store_event)  # as the composition root subscribes it
     return fetcher, changes
 

@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -38,8 +39,8 @@ async def clients() -> AsyncIterator[list[KubeClient]]:
         await client.stop()
 
 
-def kubeconfig_client(clients: list[KubeClient], path: Path, **kwargs: float) -> KubeClient:
-    client = KubeClient.from_kubeconfig(str(path), **kwargs)  # type: ignore[arg-type]
+def kubeconfig_client(clients: list[KubeClient], path: Path, **kwargs: Any) -> KubeClient:
+    client = KubeClient.from_kubeconfig(str(path), **kwargs)
     clients.append(client)
     return client
 

@@ -55,7 +55,8 @@ async def start_kube(fake_kube: FakeKube, pki: PKI, tmp_path: Path) -> AsyncIter
                 "proxy_client_key_file": str(key),
             }
             settings.update(overrides)
-            options = kube_options(pki, fake_kube.kubeconfig, **settings)  # type: ignore[arg-type]
+            assert fake_kube.kubeconfig is not None
+            options = kube_options(pki, fake_kube.kubeconfig, **settings)
             return await stack.enter_async_context(running_gateway(options))
 
         yield start

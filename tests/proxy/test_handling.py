@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -10,7 +11,7 @@ from aggregator.assembly import build_backends
 from aggregator.backends.addresses import PendingLookup
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.model.apiservice import APIService, ServiceReference
-from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice
+from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice, Service
 from aggregator.proxy.destination import Destination
 from aggregator.proxy.endpoints import Endpoint as Balanced
 from aggregator.proxy.handling import HandlingTable
@@ -22,8 +23,8 @@ from tests.support.options import flag_options
 NAME = "v1.demo.example.com"
 
 
-def apiservice(**kw: object) -> APIService:
-    base: dict[str, object] = {
+def apiservice(**kw: Any) -> APIService:
+    base: dict[str, Any] = {
         "name": NAME,
         "group": "demo.example.com",
         "version": "v1",
@@ -32,7 +33,7 @@ def apiservice(**kw: object) -> APIService:
         "version_priority": 15,
     }
     base.update(kw)
-    return APIService(**base)  # type: ignore[arg-type]
+    return APIService(**base)
 
 
 def endpoints(*addresses: tuple[str, bool | None], name: str = "api-x") -> EndpointSlice:
@@ -45,10 +46,12 @@ def endpoints(*addresses: tuple[str, bool | None], name: str = "api-x") -> Endpo
     )
 
 
-def table(*objs: object, endpoint_routing: bool = False) -> tuple[Store, HandlingTable]:
+def table(
+    *objs: APIService | Service | EndpointSlice, endpoint_routing: bool = False
+) -> tuple[Store, HandlingTable]:
     store = Store()
     for obj in objs:
-        store.upsert(obj)  # type: ignore[arg-type]
+        store.upsert(obj)
     options = flag_options(apiservices_dir=".", enable_aggregator_routing=endpoint_routing)
     backends = build_backends(options, store, Metrics())
     handling = HandlingTable(store, backends)
@@ -120,7 +123,11 @@ def test_endpoint_routing_picks_among_the_ready_endpoints_only() -> None:
     )
     info = handling.get(NAME)
     assert info is not None
-    picked = {info.pick().destination.host for _ in range(200)}  # type: ignore[union-attr]
+    picked: set[str] = set()
+    for _ in range(200):
+        pick = info.pick()
+        assert isinstance(pick, Balanced)  # endpoints, not an ExternalName still to look up
+        picked.add(pick.destination.host)
     assert picked == {"10.1.0.1", "10.1.0.3"}
     store.upsert(endpoints(("10.1.0.9", True)))  # the slice changes: so does where requests go
     assert {destination(handling).host} == {"10.1.0.9"}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -15,6 +16,7 @@ from aggregator.kube.client import KubeClient
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Event, Kind, Store, Subscription
 from aggregator.web.metrics import Metrics
+from tests.conftest import StartGateway
 from tests.support.fakekube import (
     FakeKube,
     apiservice,
@@ -40,9 +42,9 @@ class Harness:
         self.client = KubeClient.from_kubeconfig(str(kubeconfig))
         self.store = Store()
         self.metrics = Metrics()
-        args: dict[str, float] = {"watch_timeout": 30.0, "backoff_initial": 0.05, "backoff_cap": 0.5}
+        args: dict[str, Any] = {"watch_timeout": 30.0, "backoff_initial": 0.05, "backoff_cap": 0.5}
         args.update(source_args)
-        self.source = KubeSource(self.client, self.store, self.metrics, **args)  # type: ignore[arg-type]
+        self.source = KubeSource(self.client, self.store, self.metrics, **args)
         self.subscription: Subscription = self.store.subscribe()
         self.seen: list[tuple[str, str, str]] = []
         self._collector: asyncio.Task[None] | None = None
@@ -100,8 +102,10 @@ async def test_add_change_remove_each_kind_within_two_seconds(harness: Harness) 
     fake.update_object("apiservices", apiservice(version_priority=99))
     fake.update_object("services", service(cluster_ip="10.0.0.99"))
     fake.update_object("endpointslices", endpointslice(addresses=("10.1.0.6", "10.1.0.7")))
-    await until(lambda: store.apiservice("v1alpha1.wardle.example.com").version_priority == 99)  # type: ignore[union-attr]
-    await until(lambda: store.service("wardle", "api").cluster_ip == "10.0.0.99")  # type: ignore[union-attr]
+    await until(
+        lambda: getattr(store.apiservice("v1alpha1.wardle.example.com"), "version_priority", None) == 99
+    )
+    await until(lambda: getattr(store.service("wardle", "api"), "cluster_ip", None) == "10.0.0.99")
     await until(
         lambda: (
             store.endpointslices_for("wardle", "api")[0].endpoints[0].addresses == ("10.1.0.6", "10.1.0.7")
@@ -136,7 +140,9 @@ async def test_initial_list_fills_the_store_and_marks_it_synced(fake_kube: FakeK
             "v1beta1.metrics.k8s.io",
         ]
         # List items come without apiVersion/kind; the stored raw object has them back.
-        raw = h.store.apiservice("v1beta1.metrics.k8s.io").raw  # type: ignore[union-attr]
+        found = h.store.apiservice("v1beta1.metrics.k8s.io")
+        assert found is not None
+        raw = found.raw
         assert raw["kind"] == "APIService" and raw["apiVersion"] == "apiregistration.k8s.io/v1"
         assert h.store.service("wardle", "api") is not None
         assert [s.name for s in h.store.endpointslices_for("wardle", "api")] == ["api-abc"]
@@ -203,7 +209,8 @@ async def test_dropped_watch_resumes_without_losing_or_repeating_events(
         ("ADDED", "APIService", "v1alpha1.d.example.com"),
     ]
     assert [e for e in harness.seen if e[1] != "APIService"] == [("ADDED", "Service", "api")]
-    assert harness.store.apiservice("v1alpha1.a.example.com").version_priority == 50  # type: ignore[union-attr]
+    found = harness.store.apiservice("v1alpha1.a.example.com")
+    assert found is not None and found.version_priority == 50
     for resource in RESOURCES:
         assert fake.count("list", resource) == 1, f"{resource} relisted"
         assert fake.count("watch", resource) == 2
@@ -439,11 +446,11 @@ async def test_gateway_serves_while_kube_apiserver_is_unreachable(pki: PKI, tmp_
 
 
 async def test_local_mode_with_kubeconfig_gets_a_client_but_no_watch(
-    fake_kube: FakeKube, start_gateway: Callable[..., object]
+    fake_kube: FakeKube, start_gateway: StartGateway
 ) -> None:
     assert fake_kube.kubeconfig is not None
-    server = await start_gateway(kubeconfig=str(fake_kube.kubeconfig))  # type: ignore[misc]
-    assert server.gateway.kube is not None
-    assert server.gateway.kube_source is None
+    server = await start_gateway(kubeconfig=str(fake_kube.kubeconfig))
+    assert gateway_of(server).kube is not None
+    assert gateway_of(server).kube_source is None
     await asyncio.sleep(0.2)
     assert fake_kube.requests == []

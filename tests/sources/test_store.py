@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Any
 
 from aggregator.model.apiservice import APIService, Condition, ServiceReference
 from aggregator.model.objects import Endpoint, EndpointSlice, Service
 from aggregator.sources.store import ADDED, DELETED, MODIFIED, Event, Kind, Store
 
 
-def svc(name: str = "v1.a.io", **kw: object) -> APIService:
+def svc(name: str = "v1.a.io", **kw: Any) -> APIService:
     group, version = name.split(".", 1)[1], name.split(".", 1)[0]
     base = APIService(name, group, version, ServiceReference("ns", "api"), 1000, 15)
-    return replace(base, **kw)  # type: ignore[arg-type]
+    return replace(base, **kw)
 
 
 async def test_upsert_delete_and_unchanged() -> None:
@@ -34,10 +35,12 @@ async def test_objects_without_resource_version_get_the_store_revision() -> None
     store = Store()
     store.upsert(svc())
     store.upsert(svc("v1.b.io"))
-    assert store.apiservice("v1.b.io").resource_version == "2"  # type: ignore[union-attr]
+    found = store.apiservice("v1.b.io")
+    assert found is not None and found.resource_version == "2"
     kube = svc("v1.c.io", resource_version="777")
     store.upsert(kube)
-    assert store.apiservice("v1.c.io").resource_version == "777"  # type: ignore[union-attr]
+    found = store.apiservice("v1.c.io")
+    assert found is not None and found.resource_version == "777"
 
 
 async def test_subscribers_get_every_event_in_order() -> None:
@@ -69,7 +72,8 @@ async def test_preserve_status_keeps_conditions_on_spec_writes() -> None:
     assert store.set_apiservice_conditions("v1.a.io", cond) is not None
     assert store.upsert(svc(), preserve_status=True) is None  # same spec, status kept: no change
     store.upsert(svc(version_priority=3), preserve_status=True)
-    assert store.apiservice("v1.a.io").conditions == cond  # type: ignore[union-attr]
+    found = store.apiservice("v1.a.io")
+    assert found is not None and found.conditions == cond
 
 
 async def test_endpointslice_index_follows_updates() -> None:

@@ -5,19 +5,20 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from aggregator.util.dirwatch import DirectoryWatcher
 from aggregator.util.filewatch import stat_fingerprint
 from tests.support.polling import until
 
 
-def watcher(folder: Path, seen: list[float], **options: object) -> DirectoryWatcher:
+def watcher(folder: Path, seen: list[float], **options: Any) -> DirectoryWatcher:
     return DirectoryWatcher(
         folder,
         lambda: stat_fingerprint(sorted(folder.iterdir())),
         lambda: seen.append(time.monotonic()),
         name="test",
-        **options,  # type: ignore[arg-type]
+        **options,
     )
 
 

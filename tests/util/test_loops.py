@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -13,11 +14,16 @@ from tests.support.polling import until
 
 
 def engine(
-    work: object, *, interval: float = 60.0, backoff: float = 0.02, cap: float = 0.08, concurrency: int = 4
+    work: Callable[[str], Awaitable[bool]],
+    *,
+    interval: float = 60.0,
+    backoff: float = 0.02,
+    cap: float = 0.08,
+    concurrency: int = 4,
 ) -> KeyedLoops[str]:
     return KeyedLoops(
         "test",
-        work,  # type: ignore[arg-type]
+        work,
         interval=interval,
         backoff_initial=backoff,
         backoff_max=cap,

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -38,9 +39,9 @@ class Group:
     def context(self, cert: str | None = "admin") -> ssl.SSLContext:
         return self.pki.client_context(cert)
 
-    async def get(self, path: str, *, cert: str | None = "admin", **kwargs: object) -> tuple[int, bytes]:
+    async def get(self, path: str, *, cert: str | None = "admin", **kwargs: Any) -> tuple[int, bytes]:
         """One request on a fresh connection."""
-        async with self.session.get(self.url + path, ssl=self.context(cert), **kwargs) as resp:  # type: ignore[arg-type]
+        async with self.session.get(self.url + path, ssl=self.context(cert), **kwargs) as resp:
             return resp.status, await resp.read()
 
     async def worker_pid(self) -> int:

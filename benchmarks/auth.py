@@ -108,8 +108,8 @@ def gate_cost(authorizer: Authorizer, server: GatewayServer, rounds: int = 20000
     request's context built each time as the pipeline builds it (RequestInfo included)."""
     request = make_mocked_request("GET", "/version")
     user = server.gateway.authenticator.tokens[0].authenticate_token(TOKEN)
-    assert user is not None and not asyncio.iscoroutine(user)
-    user = user.with_authenticated_group()  # type: ignore[union-attr]
+    assert isinstance(user, UserInfo)  # a static token: answered without awaiting
+    user = user.with_authenticated_group()
     route = server.gateway.router.match("/version")
     connection = Connection("127.0.0.1", None)
     samples = []

@@ -24,7 +24,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -108,15 +108,17 @@ class Bench:
         return status == 200 and b'"type":"Available","status":"True"' in body
 
     @staticmethod
-    async def until(check: object, timeout: float) -> float:
+    async def until(check: Callable[[], Awaitable[bool]], timeout: float) -> float:
         started = time.monotonic()
-        while not await check():  # type: ignore[operator]
+        while not await check():
             if time.monotonic() - started > timeout:
                 raise TimeoutError("timed out")
             await asyncio.sleep(0.05)
         return time.monotonic() - started
 
-    async def steady(self, url: str, total: int, at: int | None = None, then: object = None) -> list[int]:
+    async def steady(
+        self, url: str, total: int, at: int | None = None, then: Callable[[], Awaitable[None]] | None = None
+    ) -> list[int]:
         statuses: list[int] = []
         sent = 0
         reached = asyncio.Event()
@@ -132,7 +134,8 @@ class Bench:
 
             async def trigger() -> None:
                 await reached.wait()
-                await then()  # type: ignore[operator]
+                assert then is not None  # trigger() runs only with a `then`
+                await then()
 
             await asyncio.gather(*(client() for _ in range(4)), *([trigger()] if then else []))
         return statuses

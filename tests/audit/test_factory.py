@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from aggregator.audit.factory import build_auditor
-from aggregator.audit.sinks import AppendFile, RotatingFile, StdoutSink
+from aggregator.audit.recorder import Auditor
+from aggregator.audit.sinks import AppendFile, LineSink, RotatingFile, StdoutSink
+from aggregator.audit.writer import BufferedWriter
 from aggregator.commands.cli import build_parser
 from aggregator.config import Options, options_from_args, validate
 from aggregator.model.userinfo import UserInfo
@@ -93,12 +95,19 @@ def test_log_file_and_rotation_settings(tmp_path: Path, policy_file: Path) -> No
     auditor = build_auditor(opts.audit, Metrics())
     assert auditor is not None
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # created before serving starts
-    sink = auditor.writer._sink  # type: ignore[attr-defined]
+    sink = sink_of(auditor)
     assert isinstance(sink, RotatingFile)
     assert (sink.max_bytes, sink.max_backups, sink.max_age_days) == (5 * 1024 * 1024, 3, 7)
     no_rotation = build_auditor(replace(opts.audit, log_maxsize=0), Metrics())
     assert no_rotation is not None
-    assert isinstance(no_rotation.writer._sink, AppendFile)  # type: ignore[attr-defined]
+    assert isinstance(sink_of(no_rotation), AppendFile)
+
+
+def sink_of(auditor: Auditor) -> LineSink:
+    """Where build_auditor's writer writes: the BufferedWriter's sink."""
+    writer = auditor.writer
+    assert isinstance(writer, BufferedWriter)
+    return writer._sink
 
 
 def test_unwritable_log_path_stops_the_start(tmp_path: Path, policy_file: Path) -> None:
@@ -116,7 +125,7 @@ def test_dash_writes_events_to_stdout(
         options(tmp_path, audit_log_path="-", audit_policy_file=str(policy_file)).audit, Metrics()
     )
     assert auditor is not None
-    assert isinstance(auditor.writer._sink, StdoutSink)  # type: ignore[attr-defined]
+    assert isinstance(sink_of(auditor), StdoutSink)
     auditor.start()
     request = mocked_request("GET", "/apis/wardle.example.com/v1alpha1/flunders")
     recorded = auditor.begin(request, UserInfo("alice"), info_of(request))

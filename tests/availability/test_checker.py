@@ -41,6 +41,7 @@ def test_suspicions_are_rate_limited_per_apiservice_and_never_lost(harness: Harn
         harness.store, harness.probe, harness.metrics, MemoryStatus(), timer=lambda: loops.now
     )
     harness.store.add_listener(checker.on_store_event)
+    # A recording stand-in, deliberately not a KeyedLoops: the test reads what the checker asked of it.
     checker.loops = loops  # type: ignore[assignment]
 
     def suspect_at(now: float, name: str = "v1.a.example.com") -> None:

@@ -20,6 +20,7 @@ from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import LeaderElector
 from aggregator.model.apiservice import APIService, ServiceReference, decode_apiservice
 from aggregator.server import GatewayServer
+from aggregator.sources.store import Store
 from tests.availability.conftest import StartBackend
 from tests.support.backend import (
     APISERVICE,
@@ -140,7 +141,7 @@ async def test_a_conflict_reads_the_object_again(fake_kube: FakeKube) -> None:
     client = KubeClient.from_kubeconfig(str(fake_kube.kubeconfig))
     await client.start()
     try:
-        writer = KubeStatusWriter(client, _EmptyStore(), ALWAYS_LEADS)  # type: ignore[arg-type]
+        writer = KubeStatusWriter(client, Store(), ALWAYS_LEADS)
         # 409 on the stale object, a re-read, and the condition applied to what the other writer
         # left: same status, so its transition time stays; reason and message are ours.
         assert await writer.apply(stale, passed()) is not None
@@ -163,13 +164,6 @@ async def test_a_conflict_reads_the_object_again(fake_kube: FakeKube) -> None:
         assert (fake_kube.counts[WRITES], fake_kube.counts[("get", "apiservices")]) == (5, 3)
     finally:
         await client.stop()
-
-
-class _EmptyStore:
-    """The writer falls back to the object it is given when the store does not have it."""
-
-    def apiservice(self, name: str) -> None:
-        return None
 
 
 # --- two writers: the gateway's replicas, and kube-apiserver's own aggregator ------------------------
@@ -207,7 +201,7 @@ def stored(fake: FakeKube, condition: dict[str, Any]) -> APIService:
 async def test_of_two_writers_only_the_leader_writes(kube_client: KubeClient, fake_kube: FakeKube) -> None:
     svc = stored(fake_kube, {"type": "Available", "status": "True", "reason": "Passed"})
     leader, follower = Leads(True), Leads(False)
-    writers = [KubeStatusWriter(kube_client, _EmptyStore(), lead) for lead in (follower, leader)]  # type: ignore[arg-type]
+    writers = [KubeStatusWriter(kube_client, Store(), lead) for lead in (follower, leader)]
     down = service_not_found(ServiceReference("demo", "api"))
 
     results = [await writer.apply(svc, down) for writer in writers]
@@ -236,7 +230,7 @@ async def test_a_different_message_alone_is_never_written(
         "Get ...: dial tcp 10.0.0.1:443: connect: connection refused",
     }
     svc = stored(fake_kube, theirs)
-    writer = KubeStatusWriter(kube_client, _EmptyStore(), ALWAYS_LEADS)  # type: ignore[arg-type]
+    writer = KubeStatusWriter(kube_client, Store(), ALWAYS_LEADS)
     ours = failed_discovery_check(
         "failing or missing response from https://10.0.0.1:443/apis/...", ["hop: connect"]
     )

@@ -11,6 +11,7 @@ from aggregator.backends.errors import BackendError, Hop
 from aggregator.contracts import FetchedResponse
 from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import UserInfo
+from aggregator.sources.store import Store
 from tests.conftest import StartGateway
 from tests.support.backend import (
     APISERVICE,
@@ -28,10 +29,10 @@ from tests.support.pki import PKI
 ALICE = UserInfo("alice", "uid-1", ("devs", "system:authenticated"), {"scopes": ("read", "write")})
 
 
-def registered(server_store: object) -> APIService:
-    svc = server_store.apiservice(APISERVICE)  # type: ignore[attr-defined]
+def registered(server_store: Store) -> APIService:
+    svc = server_store.apiservice(APISERVICE)
     assert svc is not None
-    return svc  # type: ignore[no-any-return]
+    return svc
 
 
 async def test_fetch_returns_the_backend_answer_and_asserts_the_user(start_proxied: StartProxied) -> None:

@@ -66,7 +66,7 @@ class FrontProxy:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=ctx)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = int(self._runner.addresses[0][1])  # (host, port) of the listening socket
 
     async def stop(self) -> None:
         if self._session is not None:

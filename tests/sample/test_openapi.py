@@ -53,7 +53,8 @@ def _schema(doc: dict[str, Any], kind: str, version: str) -> dict[str, Any]:
         if {"group": "wardle.example.com", "kind": kind, "version": version} in schema.get(
             "x-kubernetes-group-version-kind", []
         ):
-            return schema  # type: ignore[no-any-return]
+            found: dict[str, Any] = schema
+            return found
     raise AssertionError(f"no schema for {kind}")
 
 

@@ -113,7 +113,8 @@ def test_accept_parsing_follows_goautoneg() -> None:
     assert chosen is not None and chosen.convert is None
     assert negotiate("application/json;stream=other", ("application/json",)) is None
     assert negotiate("", ("application/json",)) is not None
-    assert negotiate("*/*", ("application/json", "application/yaml")).media_type == "application/json"  # type: ignore[union-attr]
+    chosen = negotiate("*/*", ("application/json", "application/yaml"))
+    assert chosen is not None and chosen.media_type == "application/json"
 
 
 def test_conversion_drops_unknown_reference_types_like_upstream() -> None:

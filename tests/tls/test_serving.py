@@ -86,6 +86,7 @@ async def test_key_type_change_is_served_too(
     cert, key = serving_files
     server = await start_gateway(tls_cert_file=str(cert), tls_private_key_file=str(key))
     original_new_key = certs_module.new_key
+    # Deliberately an RSA key where new_key is typed (and built) for EC: the key type change under test.
     certs_module.new_key = lambda: rsa.generate_private_key(public_exponent=65537, key_size=2048)  # type: ignore[assignment,return-value]
     try:
         ca = new_ca("rsa-ca")

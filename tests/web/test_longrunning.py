@@ -50,8 +50,8 @@ async def test_requests_after_stop_accepting_get_503_retry_after_except_health_p
         assert refused.status == 503
         assert refused.headers["Retry-After"] == "1"
         assert not refused.keep_alive
-        assert refused.body is not None
-        body = json.loads(bytes(refused.body))  # type: ignore[arg-type]
+        assert isinstance(refused.body, bytes)
+        body = json.loads(refused.body)
         assert (body["reason"], body["message"]) == ("ServiceUnavailable", "apiserver is shutting down")
     # Probes and scrapes are still answered (with_retry_after.go's exempt prefixes).
     for path in ("/readyz", "/livez", "/healthz/ping", "/metrics"):

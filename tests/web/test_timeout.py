@@ -154,7 +154,8 @@ async def test_a_watch_without_timeout_seconds_ends_cleanly_after_min_request_ti
 def test_watch_timeout_follows_handle_watch() -> None:
     # no timeoutSeconds (or 0): minRequestTimeout * (1 + rand), in [min, 2 * min)
     assert watch_timeout(parse_query("watch=1"), 1800, lambda: 0.0) == 1800
-    assert 1800 <= watch_timeout(parse_query("watch=1"), 1800, lambda: 0.999999) < 3600  # type: ignore[operator]
+    timeout = watch_timeout(parse_query("watch=1"), 1800, lambda: 0.999999)
+    assert timeout is not None and 1800 <= timeout < 3600
     assert watch_timeout(parse_query("watch=1&timeoutSeconds=0"), 1800, lambda: 0.5) == 2700
     # timeoutSeconds wins, whatever the flag
     assert watch_timeout(parse_query("watch=1&timeoutSeconds=42"), 1800, lambda: 0.5) == 42

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -164,11 +165,11 @@ def test_negotiator_cache_is_bounded() -> None:
     assert len(negotiator._cache) == 4
 
 
-def _insertion_sorted(items: list[int], less: object) -> list[int]:
+def _insertion_sorted(items: list[int], less: Callable[[int, int], bool]) -> list[int]:
     out = items[:]
     for i in range(1, len(out)):
         j = i
-        while j > 0 and less(out[j], out[j - 1]):  # type: ignore[operator]
+        while j > 0 and less(out[j], out[j - 1]):
             out[j], out[j - 1] = out[j - 1], out[j]
             j -= 1
     return out

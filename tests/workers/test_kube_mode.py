@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,7 +152,7 @@ async def test_status_writes_under_the_lease_metrics_audit_and_shutdown(
         status, body = await stack.get("/metrics")
         assert _sum(body.decode(), "aggregator_unavailable_apiservice", f'name="{BETA}"') == 1
 
-        def listed() -> list[dict[str, object]]:
+        def listed() -> list[dict[str, Any]]:
             events = [json.loads(line) for line in audit_log.read_text().splitlines()]
             return [
                 e for e in events
@@ -159,7 +160,7 @@ async def test_status_writes_under_the_lease_metrics_audit_and_shutdown(
             ]  # fmt: skip
 
         await until_async(_async(lambda: len(listed()) >= SPREAD + 1 + SPREAD), what="every request audited")
-        assert {e["user"]["username"] for e in listed()} == {"kubernetes-admin"}  # type: ignore[index]
+        assert {e["user"]["username"] for e in listed()} == {"kubernetes-admin"}
 
         assert await served.stop() == 0
         assert written() == ["True", "False"]

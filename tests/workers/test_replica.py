@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from aiohttp import web
 
 from aggregator.assembly import Gateway, WorkerGateway, build_gateway, build_worker_gateway
 from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
@@ -177,12 +178,12 @@ async def test_a_worker_is_ready_only_once_it_holds_the_clusters_authentication(
     """The gateway may not read the ConfigMap yet (RBAC not granted): the control starts anyway, and
     neither it nor its worker is ready until the settings arrive; then both are, without a restart."""
 
-    def forbid_configmaps(_request: object, attributes: Attributes) -> object:
+    def forbid_configmaps(_request: web.Request, attributes: Attributes) -> web.StreamResponse | None:
         if attributes.resource is not None and attributes.resource.resource == "configmaps":
             return status_response(403, "Forbidden", "configmaps is forbidden")
         return None
 
-    fake_kube.enforce(forbid_configmaps)  # type: ignore[arg-type]
+    fake_kube.enforce(forbid_configmaps)
     async with started_pair(fake_kube, pki) as pair:
         assert pair.worker.authenticator.client_ca() is None
         assert readyz(pair.worker, CLUSTER_AUTH_CHECK) is not None

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 from aggregator.tls.issue import issue_serving_cert, write_pair
 from tests.support.backend import (
@@ -243,7 +244,7 @@ async def test_every_workers_audit_events_reach_the_one_audit_log(
             assert len(group.seen) < 200
         asked = len(group.seen)
 
-        def completed() -> list[dict[str, object]]:
+        def completed() -> list[dict[str, Any]]:
             events = [json.loads(line) for line in audit_log.read_text().splitlines()]
             return [
                 e for e in events
@@ -253,4 +254,4 @@ async def test_every_workers_audit_events_reach_the_one_audit_log(
         await until(lambda: len(completed()) >= asked, timeout=30, what="every worker's events in the log")
     events = completed()
     assert len({e["auditID"] for e in events}) == len(events) == asked
-    assert {e["user"]["username"] for e in events} == {"admin"}  # type: ignore[index]
+    assert {e["user"]["username"] for e in events} == {"admin"}

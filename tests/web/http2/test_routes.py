@@ -15,6 +15,7 @@ import json
 import shutil
 
 import pytest
+from aiohttp import web
 
 from tests.support.backend import PREFIX
 from tests.support.fixtures import Proxied, StartProxied
@@ -97,9 +98,7 @@ async def test_a_request_body_reaches_the_backend_whole(start_proxied: StartProx
     body = bytes(range(256)) * 4096  # 1 MiB: four times the stream's window
     seen: list[bytes] = []
 
-    async def store(request):  # type: ignore[no-untyped-def]
-        from aiohttp import web
-
+    async def store(request: web.Request) -> web.Response:
         seen.append(await request.read())
         return web.json_response({"size": len(seen[-1])}, status=201)
 

@@ -161,7 +161,9 @@ async def run(args: argparse.Namespace) -> int:
             try:
                 gates = list(server.gateway.pipeline.gates)
                 authorizer = next(
-                    owner for owner in (getattr(g, "__self__", None) for g in gates) if isinstance(owner, Authorizer)
+                    owner
+                    for owner in (getattr(g, "__self__", None) for g in gates)
+                    if isinstance(owner, Authorizer)
                 )
                 authn_only = [g for g in gates if getattr(g, "__self__", None) is not authorizer]
                 url = server.url + "/version"

@@ -50,7 +50,9 @@ async def test_add_change_remove_within_two_seconds(source: FolderSource, tmp_pa
     path.write_text(manifest())
     await until(lambda: store.apiservice("v1alpha1.wardle.example.com") is not None)
     path.write_text(manifest(vp=99))
-    await until(lambda: getattr(store.apiservice("v1alpha1.wardle.example.com"), "version_priority", None) == 99)
+    await until(
+        lambda: getattr(store.apiservice("v1alpha1.wardle.example.com"), "version_priority", None) == 99
+    )
     path.unlink()
     await until(lambda: store.apiservice("v1alpha1.wardle.example.com") is None)
 
@@ -112,7 +114,9 @@ async def test_broken_file_keeps_its_objects_and_reports_file_and_line(
     assert line >= 14
     assert any(str(path) in r.fields.get("reason", "") for r in caplog.records if hasattr(r, "fields"))
     path.write_text(manifest(vp=5))
-    await until(lambda: getattr(source.store.apiservice("v1alpha1.wardle.example.com"), "version_priority", None) == 5)
+    await until(
+        lambda: getattr(source.store.apiservice("v1alpha1.wardle.example.com"), "version_priority", None) == 5
+    )
     assert not source.errors
 
 
@@ -221,7 +225,11 @@ async def test_a_document_of_another_kind_is_said_once_per_file(
     path.write_text(manifest() + "---\n" + deployment)
     await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
     path.write_text(manifest(vp=20) + "---\n" + deployment + "---\n" + deployment.replace("web", "api"))
-    await until(lambda: getattr(source.store.apiservice("v1alpha1.wardle.example.com"), "version_priority", None) == 20)
+    await until(
+        lambda: (
+            getattr(source.store.apiservice("v1alpha1.wardle.example.com"), "version_priority", None) == 20
+        )
+    )
     source.reload()
     skipped = [r for r in caplog.records if r.getMessage().startswith("manifest skipped")]
     assert len(skipped) == 1, [r.getMessage() for r in skipped]

@@ -5,9 +5,10 @@ front-proxy settings (`requestheader-client-ca-file`, `requestheader-allowed-nam
 `requestheader-{username,uid,group}-headers`, `requestheader-extra-headers-prefix`; list values
 are JSON string arrays). Extension API servers without explicit CA flags read it and follow its
 changes (apiserver's `DynamicCAFromConfigMapController` and `RequestHeaderAuthRequestController`);
-the gateway does the same in kube mode with the shared reflector (sources/reflector.py): one GET,
-then a single-object watch resumed from the last resourceVersion, a fresh GET after 410 Gone or
-another in-band error, backoff on errors. A changed CA is used for the next
+the gateway does the same in kube mode with the shared reflector (sources/reflector.py): a LIST
+selected by `metadata.name`, then a watch with the same selector from the list's resourceVersion,
+resumed from the last one seen, a fresh LIST after 410 Gone or another in-band error, backoff on
+errors. A changed CA is used for the next
 request without a restart; an unparsable new version is logged and the previous one stays.
 
 Readiness (`/readyz` check `authentication-configmap-synced`) waits until a version (or the
@@ -28,7 +29,7 @@ from typing import Any
 from aggregator.auth.requestheader import RequestHeaderConfig
 from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
-from aggregator.sources.reflector import ListWatch, Reflector, get_one
+from aggregator.sources.reflector import ListWatch, Reflector, paged_list
 from aggregator.tls.pem import PEMError
 from aggregator.tls.verify import CAPool
 from aggregator.util.backoff import Backoff
@@ -41,6 +42,8 @@ NAMESPACE = "kube-system"
 NAME = "extension-apiserver-authentication"
 SOURCE = f"configmap {NAMESPACE}/{NAME}"
 CHECK_NAME = "authentication-configmap-synced"
+# The one object listed and watched (upstream's ConfigMap informers select it the same way).
+SELECTOR = f"metadata.name={NAME}"
 
 
 class ConfigMapError(ValueError):
@@ -124,10 +127,10 @@ class AuthConfigMap:
             client,
             ListWatch(
                 f"configmaps {NAMESPACE}/{NAME}",
-                get_one(calls.GET_CONFIGMAPS, NAMESPACE, NAME),
+                paged_list(calls.LIST_CONFIGMAPS, SOURCE, namespace=NAMESPACE, field_selector=SELECTOR),
                 calls.WATCH_CONFIGMAPS,
                 namespace=NAMESPACE,
-                field_selector=f"metadata.name={NAME}",
+                field_selector=SELECTOR,
             ),
             _Follower(self),
             watch_timeout=watch_timeout,

@@ -116,8 +116,9 @@ UPDATE_LEASES = ApiCall("update", "coordination.k8s.io", "v1", "leases", namespa
 # --- authentication and authorization (aggregator/auth/) -------------------------------------------
 CREATE_TOKENREVIEWS = ApiCall("create", "authentication.k8s.io", "v1", "tokenreviews")
 CREATE_SUBJECTACCESSREVIEWS = ApiCall("create", "authorization.k8s.io", "v1", "subjectaccessreviews")
-# Only kube-system/extension-apiserver-authentication (the watch selects it by metadata.name).
-GET_CONFIGMAPS = ApiCall("get", "", "v1", "configmaps", namespaced=True)
+# Only kube-system/extension-apiserver-authentication, selected by metadata.name (the authorizer
+# sees the name: upstream's extension-apiserver-authentication-reader Role grants list and watch on it).
+LIST_CONFIGMAPS = ApiCall("list", "", "v1", "configmaps", namespaced=True)
 WATCH_CONFIGMAPS = ApiCall("watch", "", "v1", "configmaps", namespaced=True)
 
 # --- aggregated discovery (aggregator/discovery/delegated.py): kube-apiserver's own `/apis`, kube mode --

@@ -1,7 +1,7 @@
 """One list + watch loop for everything the gateway mirrors from kube-apiserver.
 
 client-go's `Reflector.ListAndWatch` without client-go:
-- LIST (paged, or a GET of one named object), hand every item to the target's `replace`, then
+- LIST (paged; one named object by field selector), hand every item to the target's `replace`, then
   WATCH from the list's resourceVersion with bookmarks and a server-side timeout of about 5 min;
 - a watch that ends or drops is resumed from the last resourceVersion seen (events, bookmarks),
   so nothing is lost or repeated;
@@ -67,19 +67,30 @@ class ListWatch:
     field_selector: str = ""
 
 
-def paged_list(call: ApiCall, name: str) -> Lister:
-    """A LIST in pages of LIST_PAGE_SIZE, started over if a continue token expires."""
+def paged_list(call: ApiCall, name: str, *, namespace: str | None = None, field_selector: str = "") -> Lister:
+    """A LIST in pages of LIST_PAGE_SIZE, started over if a continue token expires; optionally in
+    one namespace and field-selected (one named object: `metadata.name=<name>`).
+
+    Always a LIST, never a GET of one object: a list's resourceVersion is the collection's, current
+    when it was served, while an object's own is the version it was last written at, which the watch
+    cache has long compacted on a real cluster (watching from it is 410 Gone, every time).
+    """
+    first: dict[str, str | int] = {"limit": LIST_PAGE_SIZE}
+    if field_selector:
+        first["fieldSelector"] = field_selector
 
     async def run(client: KubeClient) -> Listed:
         items: list[Any] = []
-        params: dict[str, str | int] = {"limit": LIST_PAGE_SIZE}
+        params = dict(first)
         resource_version = ""
         while True:
-            response = await client.request(call, params=params, client_timeout=LIST_TIMEOUT)
+            response = await client.request(
+                call, namespace=namespace, params=params, client_timeout=LIST_TIMEOUT
+            )
             if response.status == 410 and "continue" in params:
                 # The continue token outlived its snapshot: start the list over.
                 log.info("list continue token expired; listing again", extra=fields(resource=name))
-                items, params = [], {"limit": LIST_PAGE_SIZE}
+                items, params = [], dict(first)
                 continue
             if response.status != 200:
                 raise api_error(call, response.status, response.body)
@@ -93,28 +104,10 @@ def paged_list(call: ApiCall, name: str) -> Lister:
             token = metadata.get("continue")
             if not token:
                 break
-            params = {"limit": LIST_PAGE_SIZE, "continue": str(token)}
+            params = {**first, "continue": str(token)}
         if not resource_version:
             raise ValueError(f"list {name}: response has no resourceVersion")
         return items, resource_version
-
-    return run
-
-
-def get_one(call: ApiCall, namespace: str, name: str) -> Lister:
-    """One named object as a list of at most one (404: none), needing only `get` on it."""
-
-    async def run(client: KubeClient) -> Listed:
-        response = await client.request(call, namespace=namespace, name=name)
-        if response.status == 404:
-            return [], ""
-        if response.status != 200:
-            raise api_error(call, response.status, response.body)
-        obj = response.json()
-        metadata = obj.get("metadata") if isinstance(obj, dict) else None
-        if not isinstance(metadata, dict):
-            raise ValueError(f"get {namespace}/{name}: response is not an object")
-        return [obj], str(metadata.get("resourceVersion") or "")
 
     return run
 
@@ -157,6 +150,8 @@ class Reflector:
         self.last_error: str | None = None
         self._rng = random.Random()
         self._listed_at = 0.0
+        # The last list's version was gone at once: lists do not reset the backoff until a watch works.
+        self._gone_at_once = False
 
     @property
     def name(self) -> str:
@@ -179,8 +174,10 @@ class Reflector:
                     "watch resourceVersion expired; relisting",
                     extra=fields(resource=self.name, resourceVersion=self.resource_version, reason=str(err)),
                 )
-                # A list's version that is gone again at once means something is wrong: slow down.
+                # A list's version that is gone again at once means something is wrong: slow down,
+                # and keep slowing down (the next list must not reset the backoff).
                 if time.monotonic() - self._listed_at < SHORT_WATCH:
+                    self._gone_at_once = True
                     await self._fail(str(err))
             except WatchErrorEvent as err:
                 need_list = True
@@ -228,7 +225,8 @@ class Reflector:
         self._listed_at = time.monotonic()
         self.synced.set()
         self.answered.set()
-        self._succeeded()
+        if not self._gone_at_once:
+            self._succeeded()
         log.info(
             "listed" if first else "relisted",
             extra=fields(resource=self.name, objects=len(items), resourceVersion=resource_version),
@@ -267,6 +265,7 @@ class Reflector:
                             self._handle_line(line)
                             delivered += 1
                             if delivered == 1:
+                                self._gone_at_once = False
                                 self._succeeded()
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, ConnectionError) as err:
                 ended_by = f"connection dropped ({describe_error(err)})"
@@ -274,6 +273,7 @@ class Reflector:
         if delivered == 0 and time.monotonic() - started < SHORT_WATCH:
             await self._fail(f"watch ended at once with no events: {ended_by}")
             return
+        self._gone_at_once = False
         self._succeeded()
         log.debug(
             "watch ended; resuming",

@@ -21,6 +21,7 @@ from tests.support.fakekube import CLUSTER_CAS, FakeKube, kube_options
 from tests.support.fakereviews import FakeReviews
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 UNAUTHORIZED = (
     b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized",'
@@ -106,7 +107,7 @@ async def test_client_ca_and_front_proxy_settings_come_from_the_configmap(
     # allowed names come from the ConfigMap too
     pki.issue_user("rogue", "rogue-proxy", ca="front-proxy-ca")
     assert await call("rogue", {"X-Auth-User": "admin"}) == (401, UNAUTHORIZED)
-    assert fake_kube.count("get", "configmaps") == 1
+    assert fake_kube.count("list", "configmaps") == 1
     assert fake_kube.count("watch", "configmaps") >= 1
 
 
@@ -143,7 +144,23 @@ async def test_changes_after_a_compacted_watch_are_still_seen(
     await asyncio.sleep(0.1)
     fake_kube.update_object("configmaps", auth_configmap(pki, client_ca=later.cert_pem))
     await eventually_status(call, "later-user", 200)
-    assert fake_kube.count("get", "configmaps") == 2  # 410 Gone: read it again, then watch on
+    assert fake_kube.count("list", "configmaps") == 2  # 410 Gone: list it again, then watch on
+
+
+async def test_a_configmap_written_long_ago_is_listed_once_and_watched(
+    start_kube_gateway: Start, fake_kube: FakeKube, pki: PKI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a real cluster the ConfigMap was written at install and its own resourceVersion is long
+    compacted: the gateway lists it once and watches from the list's version (no 410 loop)."""
+    fake_kube.add_object("configmaps", auth_configmap(pki))
+    fake_kube.expire_history()
+    pki.issue_user("alice", "alice")
+    caplog.set_level(logging.WARNING, logger="aggregator.sources.reflector")
+    _server, call = await start_kube_gateway()
+    assert (await call("alice"))[0] == 200
+    await until(lambda: fake_kube.open_watches("configmaps") == 1, what="the ConfigMap's watch")
+    assert fake_kube.count("list", "configmaps") == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "aggregator.sources.reflector"] == []
 
 
 async def test_configmap_created_after_start_is_picked_up(
@@ -179,7 +196,7 @@ async def test_skip_lookup_reads_nothing(start_kube_gateway: Start, fake_kube: F
     pki.issue_user("alice", "alice")
     _server, call = await start_kube_gateway(authentication_skip_lookup=True)
     assert await call("alice") == (401, UNAUTHORIZED)
-    assert fake_kube.count("get", "configmaps") == 0
+    assert fake_kube.count("list", "configmaps") == 0
 
 
 async def test_a_ca_flag_wins_over_the_configmap(

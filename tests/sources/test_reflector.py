@@ -12,7 +12,7 @@ import pytest
 
 from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
-from aggregator.sources.reflector import Lister, ListWatch, Reflector, get_one, paged_list
+from aggregator.sources.reflector import ListWatch, Reflector, paged_list
 from aggregator.util.backoff import Backoff
 from aggregator.util.tasks import TaskSet
 from aggregator.web.metrics import Metrics
@@ -192,26 +192,66 @@ async def test_a_refused_connection_backs_off_capped_then_syncs(tmp_path: Path) 
         await fake.stop()
 
 
-async def test_one_named_object_absent_then_created(fake_kube: FakeKube) -> None:
-    """`get_one`: a 404 is an empty list; the field-selected watch from "now" sees it created."""
-    assert fake_kube.kubeconfig is not None
-    fake_kube.delete_object("configmaps", "extension-apiserver-authentication", "kube-system")
-    lister: Lister = get_one(calls.GET_CONFIGMAPS, "kube-system", "extension-apiserver-authentication")
-    source = ListWatch(
+def named_configmap() -> ListWatch:
+    """kube-system/extension-apiserver-authentication, selected by name, as the gateway reads it."""
+    selector = "metadata.name=extension-apiserver-authentication"
+    return ListWatch(
         "configmaps",
-        lister,
+        paged_list(calls.LIST_CONFIGMAPS, "configmaps", namespace="kube-system", field_selector=selector),
         calls.WATCH_CONFIGMAPS,
         namespace="kube-system",
-        field_selector="metadata.name=extension-apiserver-authentication",
+        field_selector=selector,
     )
-    async with running(fake_kube.kubeconfig, source) as r:
+
+
+async def test_one_named_object_absent_then_created(fake_kube: FakeKube) -> None:
+    """A field-selected list of an absent object is empty; the watch from its version sees it created."""
+    assert fake_kube.kubeconfig is not None
+    fake_kube.delete_object("configmaps", "extension-apiserver-authentication", "kube-system")
+    fake_kube.add_object("configmaps", {"metadata": {"namespace": "kube-system", "name": "other"}})
+    async with running(fake_kube.kubeconfig, named_configmap()) as r:
         await asyncio.wait_for(r.reflector.synced.wait(), 5.0)
-        assert r.target.lists == [[]]
+        assert r.target.lists == [[]]  # the other ConfigMap is not selected
         await until(lambda: fake_kube.open_watches("configmaps") == 1, what="the watch")
         watch = [q for q in fake_kube.requests if q.verb == "watch"][-1]
-        assert "resourceVersion" not in watch.query
+        assert watch.query["resourceVersion"] == str(fake_kube.rv)
         assert watch.query["fieldSelector"] == "metadata.name=extension-apiserver-authentication"
+        fake_kube.add_object("configmaps", {"metadata": {"namespace": "kube-system", "name": "another"}})
         fake_kube.publish_authentication()
         await until(lambda: r.target.events != [], what="the created ConfigMap")
         assert r.target.events == [("ADDED", "extension-apiserver-authentication")]
-        assert fake_kube.count("get", "configmaps") == 1
+        assert fake_kube.count("list", "configmaps") == 1
+
+
+async def test_an_object_written_long_ago_is_listed_once_and_watched(fake_kube: FakeKube) -> None:
+    """A real cluster's ConfigMap was written at install time, and its own resourceVersion is long
+    compacted: the watch goes from the list's version, not the object's, so it is not 410 Gone."""
+    assert fake_kube.kubeconfig is not None
+    for i in range(3):
+        fake_kube.add_object("services", {"metadata": {"namespace": "default", "name": f"churn-{i}"}})
+    fake_kube.expire_history()  # every version so far is compacted, the ConfigMap's included
+    async with running(fake_kube.kubeconfig, named_configmap()) as r:
+        await asyncio.wait_for(r.reflector.synced.wait(), 5.0)
+        await until(lambda: fake_kube.open_watches("configmaps") == 1, what="the watch")
+        assert r.target.lists == [["extension-apiserver-authentication"]]
+        assert fake_kube.count("list", "configmaps") == 1
+        assert r.reflector.failures == 0
+        fake_kube.publish_authentication(username_headers=["X-Other-User"])
+        await until(lambda: r.target.events != [], what="the changed ConfigMap")
+        assert r.target.events == [("MODIFIED", "extension-apiserver-authentication")]
+        assert fake_kube.count("list", "configmaps") == 1 and fake_kube.count("watch", "configmaps") == 1
+
+
+async def test_a_list_whose_version_is_gone_at_once_backs_off_further_each_time(fake_kube: FakeKube) -> None:
+    """A lister that keeps handing out a compacted version (as a GET of one object written long ago
+    does) must not relist twice a second forever: each relist waits longer, up to the cap."""
+    assert fake_kube.kubeconfig is not None
+    fake_kube.expire_history()
+
+    async def stale(_client: KubeClient) -> tuple[list[Any], str]:
+        return [], "1"  # compacted
+
+    source = ListWatch("configmaps", stale, calls.WATCH_CONFIGMAPS, namespace="kube-system")
+    async with running(fake_kube.kubeconfig, source) as r:
+        await until(lambda: len(r.backoff.delays) >= 5, what="five relists")
+        assert r.backoff.delays[:5] == [0.05, 0.1, 0.2, 0.4, 0.4]

@@ -204,6 +204,10 @@ class _Event:
     def namespace(self) -> str:
         return str(self.obj.get("metadata", {}).get("namespace", ""))
 
+    @property
+    def name(self) -> str:
+        return str(self.obj.get("metadata", {}).get("name", ""))
+
 
 # Messages a watch queue can carry besides events.
 _END, _DROP = "end", "drop"
@@ -215,6 +219,14 @@ class _Watch:
     namespace: str
     bookmarks: bool
     queue: asyncio.Queue[_Event | str | Obj] = field(default_factory=asyncio.Queue)
+    name: str = ""  # `fieldSelector=metadata.name=<name>`: only that object's events
+
+    def wants(self, event: _Event) -> bool:
+        return (
+            self.resource == event.resource
+            and (not self.namespace or self.namespace == event.namespace)
+            and (not self.name or self.name == event.name)
+        )
 
 
 def status(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> Obj:
@@ -334,7 +346,9 @@ class FakeKube:
         cert, key = write_pair(self.dir, stem or f"client-{user.replace(':', '_')}", pair)
         return cert, key
 
-    def issue_front_proxy_cert(self, name: str = FRONT_PROXY_CLIENT, *, stem: str | None = None) -> tuple[Path, Path]:
+    def issue_front_proxy_cert(
+        self, name: str = FRONT_PROXY_CLIENT, *, stem: str | None = None
+    ) -> tuple[Path, Path]:
         """A front-proxy client certificate (kube-apiserver's --proxy-client-cert-file kind), signed
         by the front-proxy CA the ConfigMap publishes; returns (cert file, key file)."""
         pair: KeyPair = issue_client_cert(self.front_proxy_ca, name)
@@ -425,7 +439,7 @@ class FakeKube:
             self.compacted_rv = self.history[0].rv
         self.history.append(event)
         for watch in self._watches:
-            if watch.resource == res.resource and (not watch.namespace or watch.namespace == event.namespace):
+            if watch.wants(event):
                 watch.queue.put_nowait(event)
         return copy.deepcopy(obj)
 
@@ -574,7 +588,9 @@ class FakeKube:
         if parsed is not None:
             res, namespace, name, sub = parsed
             verb = _verb(request.method, name, query)
-            attributes = Attributes(verb, request.path, res, sub, namespace, name)
+            # RequestInfo: a list or watch selecting `metadata.name` is authorized for that name.
+            named = name or (_selected_name(query) if verb in ("list", "watch") else "")
+            attributes = Attributes(verb, request.path, res, sub, namespace, named)
         else:
             attributes = Attributes(_non_resource_verb(request.method), request.path)
         refusal = self._gate(request, attributes) if self._gate is not None else None
@@ -704,10 +720,11 @@ class FakeKube:
             rv, items = snapshot
         else:
             rv = self.rv
+            selected = _selected_name(query)
             items = [
                 _as_item(o)
-                for (ns, _), o in sorted(self.objects[res.resource].items())
-                if not namespace or ns == namespace
+                for (ns, object_name), o in sorted(self.objects[res.resource].items())
+                if (not namespace or ns == namespace) and (not selected or object_name == selected)
             ]
         limit = int(query.get("limit", "0") or 0)
         metadata: dict[str, Any] = {"resourceVersion": str(rv)}
@@ -786,13 +803,13 @@ class FakeKube:
         rv_text = query.get("resourceVersion", "")
         bookmarks = query.get("allowWatchBookmarks", "").lower() in ("true", "1")
         timeout = float(query.get("timeoutSeconds", "0") or 0) or 1800.0
-        watch = _Watch(res.resource, namespace, bookmarks)
+        watch = _Watch(res.resource, namespace, bookmarks, name=_selected_name(query))
         replay: list[_Event | Obj | str]
         if rv_text in ("", "0"):
             replay = [
-                _Event(self.rv, res.resource, "ADDED", copy.deepcopy(o))
-                for (ns, _), o in sorted(self.objects[res.resource].items())
-                if not namespace or ns == namespace
+                event
+                for o in (o for _, o in sorted(self.objects[res.resource].items()))
+                if watch.wants(event := _Event(self.rv, res.resource, "ADDED", copy.deepcopy(o)))
             ]
         else:
             since = int(rv_text)
@@ -802,13 +819,7 @@ class FakeKube:
                     return status_response(410, "Expired", message)
                 replay = [{"type": "ERROR", "object": status(410, "Expired", message)}, _END]
             else:
-                replay = [
-                    e
-                    for e in self.history
-                    if e.rv > since
-                    and e.resource == res.resource
-                    and (not namespace or e.namespace == namespace)
-                ]
+                replay = [e for e in self.history if e.rv > since and watch.wants(e)]
         # Registered before any await, so nothing recorded after the replay snapshot is missed.
         if not (replay and replay[-1] == _END):
             self._watches.append(watch)
@@ -840,6 +851,18 @@ class FakeKube:
         finally:
             with contextlib.suppress(ValueError):
                 self._watches.remove(watch)
+
+
+def _selected_name(query: dict[str, str]) -> str:
+    """The name a `fieldSelector=metadata.name=<name>` (or `==`) selects; "" without one. Other
+    field selectors are not served by this fake."""
+    selector = query.get("fieldSelector", "")
+    if not selector:
+        return ""
+    key, _, value = selector.partition("=")
+    if key != "metadata.name" or "," in selector:
+        raise ValueError(f"the fake serves only fieldSelector=metadata.name=<name>, not {selector!r}")
+    return value.removeprefix("=")
 
 
 def _verb(method: str, name: str, query: dict[str, str]) -> str:

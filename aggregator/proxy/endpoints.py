@@ -60,6 +60,7 @@ class Endpoint:
         "probing",
         "reason",
         "timed",
+        "trial",
     )
 
     def __init__(self, destination: Destination) -> None:
@@ -72,6 +73,7 @@ class Endpoint:
         self.first_byte_sum = 0.0
         self.latency = 0.0  # moving average of the time to first byte (seconds; 0: none yet)
         self.timed = 0.0  # when it was last updated (the clock of `Endpoints`)
+        self.trial = False  # chosen because its average was stale: its next answer replaces it
         self.bad_answers = 0  # consecutive 502/503/504
         self.ejected_until: float | None = None  # set while ejected (past it: waiting for a probe)
         self.ejections = 0  # ejections since the last good answer (the cooldown's doubling)
@@ -119,7 +121,10 @@ class Endpoints:
                 if previous is not None:  # same address, new settings: its record goes on
                     endpoint.ejected_until, endpoint.ejections = previous.ejected_until, previous.ejections
                     endpoint.reason, endpoint.bad_answers = previous.reason, previous.bad_answers
-                    endpoint.attempts, endpoint.first_byte_counts = previous.attempts, previous.first_byte_counts
+                    endpoint.attempts, endpoint.first_byte_counts = (
+                        previous.attempts,
+                        previous.first_byte_counts,
+                    )
                     endpoint.first_byte_sum = previous.first_byte_sum
                     endpoint.latency, endpoint.timed = previous.latency, previous.timed
             kept[dest.authority] = endpoint
@@ -166,7 +171,8 @@ class Endpoints:
         )
         chosen = second if second_cost < first_cost else first
         if chosen.timed <= stale:
-            chosen.timed = now  # one trial per period: its answer updates the average
+            chosen.timed = now  # one trial per period: its answer replaces the average
+            chosen.trial = True
         return chosen
 
     # --- what happened -------------------------------------------------------------------------------
@@ -174,7 +180,13 @@ class Endpoints:
     def answered(self, endpoint: Endpoint, status: int, took: float) -> None:
         """The endpoint answered (its response head arrived `took` seconds after the request went)."""
         latency = endpoint.latency
-        endpoint.latency = took if latency == 0.0 else latency + (took - latency) * ALPHA
+        if latency == 0.0 or endpoint.trial:
+            # A trial's answer starts the average afresh: one slow answer seconds ago (a loaded
+            # machine's hiccup) must not keep a healthy replica out for trial after trial.
+            endpoint.latency = took
+            endpoint.trial = False
+        else:
+            endpoint.latency = latency + (took - latency) * ALPHA
         endpoint.timed = self.clock()
         endpoint.first_byte_counts[bisect_left(FIRST_BYTE_BUCKETS, took)] += 1
         endpoint.first_byte_sum += took

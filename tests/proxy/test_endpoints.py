@@ -69,6 +69,29 @@ def test_a_slow_endpoint_loses_to_a_fast_one_and_is_tried_once_a_period() -> Non
     assert slow.latency < 0.205
 
 
+def test_one_slow_answer_costs_a_healthy_endpoint_one_period_not_many() -> None:
+    """A loaded machine's hiccup (one 80 ms answer among 2 ms ones): the endpoint loses every pair
+    until its trial, and the trial's fast answer puts it back at once instead of after trial after
+    trial of a slowly decaying average."""
+    set_, clock, _ = endpoints("10.0.0.1", "10.0.0.2", "10.0.0.3")
+    hosts = by_host(set_)
+    for endpoint in hosts.values():
+        set_.answered(endpoint, 200, 0.002)
+    hiccup = hosts["10.0.0.2"]
+    set_.answered(hiccup, 200, 0.080)
+    assert Counter(set_.choose() for _ in range(300))[hiccup] == 0
+    clock.now += 2.0
+    for endpoint in hosts.values():
+        if endpoint is not hiccup:
+            endpoint.timed = clock.now
+    trial = [set_.choose() for _ in range(20)]
+    assert trial.count(hiccup) == 1
+    set_.answered(hiccup, 200, 0.002)
+    for endpoint in hosts.values():
+        set_.answered(endpoint, 200, 0.002)
+    assert Counter(set_.choose() for _ in range(300))[hiccup] > 60
+
+
 def test_a_retry_avoids_the_endpoint_that_failed() -> None:
     set_, _, _ = endpoints("10.0.0.1", "10.0.0.2")
     first = by_host(set_)["10.0.0.1"]

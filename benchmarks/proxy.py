@@ -224,6 +224,23 @@ def measured(
     return Measured(result, spent / requests * 1e6 if requests else 0.0)
 
 
+
+def prepare(work: Path) -> tuple[Ports, Path, Path]:
+    """Everything a proxied-GET benchmark starts from, in `work`: the gateway's PKI (`pki/`), the
+    nginx backend's serving pair (`backend.crt`/`.key`), free ports, and a folder registering the
+    backend as the bench group's APIService. Returns (ports, pki folder, manifests folder)."""
+    pki = work / "pki"
+    init_pki(pki)
+    backend_ca = new_ca("bench-backend-ca")
+    write_pair(work, "backend", issue_serving_cert(backend_ca, ["backend.bench.svc", "127.0.0.1"]))
+    ports = Ports(*(free_port() for _ in range(6)))
+    folder = work / "apiservices"
+    folder.mkdir()
+    (folder / "bench.yaml").write_text(
+        yaml.safe_dump_all(registration(GROUP, VERSION, "backend", ports.backend, backend_ca.cert_pem))
+    )
+    return ports, pki, folder
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=10)
@@ -237,14 +254,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
         work = Path(tmp)
-        init_pki(work / "pki")
-        backend_ca = new_ca("bench-backend-ca")
-        write_pair(work, "backend", issue_serving_cert(backend_ca, ["backend.bench.svc", "127.0.0.1"]))
-        ports = Ports(*(free_port() for _ in range(6)))
-        folder = work / "apiservices"
-        folder.mkdir()
-        (folder / "bench.yaml").write_text(yaml.safe_dump_all(registration(GROUP, VERSION, "backend", ports.backend, backend_ca.cert_pem)))
-        pki = work / "pki"
+        ports, pki, folder = prepare(work)
         gateway_args = [
             "--client-ca-file", str(pki / "client-ca.crt"),
             "--requestheader-client-ca-file", str(pki / "front-proxy-ca.crt"),

@@ -32,12 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import yaml
-from proxy import DOCUMENT, GROUP, PATH, VERSION, Ports, backend_conf, front_conf, nginx
-from wrkbench import free_port, gateway_process, registration, run_wrk, wait_for_http
-
-from aggregator.commands.certs import init_pki
-from aggregator.tls.issue import issue_serving_cert, new_ca, write_pair
+from proxy import DOCUMENT, PATH, Ports, backend_conf, front_conf, nginx, prepare
+from wrkbench import gateway_process, run_wrk, wait_for_http
 
 
 @dataclass(frozen=True)
@@ -143,16 +139,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
         work = Path(tmp)
-        init_pki(work / "pki")
-        backend_ca = new_ca("bench-backend-ca")
-        write_pair(work, "backend", issue_serving_cert(backend_ca, ["backend.bench.svc", "127.0.0.1"]))
-        ports = Ports(*(free_port() for _ in range(6)))
-        folder = work / "apiservices"
-        folder.mkdir()
-        (folder / "bench.yaml").write_text(
-            yaml.safe_dump_all(registration(GROUP, VERSION, "backend", ports.backend, backend_ca.cert_pem))
-        )
-        pki = work / "pki"
+        ports, pki, folder = prepare(work)
         gateway_args = [
             # One process: callgrind counts the process it started, not workers it would spawn.
             "--workers", "1",

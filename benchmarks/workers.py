@@ -35,11 +35,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import yaml
-from proxy import DOCUMENT, GROUP, PATH, VERSION, Ports, backend_conf, front_conf, nginx
+from proxy import DOCUMENT, PATH, backend_conf, front_conf, nginx, prepare
 from scale import Client, verdict_counts, write_folder
 from scale import nginx as scale_nginx
-from wrkbench import WrkResult, cpu_seconds, free_port, gateway_process, registration, run_wrk, wait_for_http
+from wrkbench import WrkResult, cpu_seconds, free_port, gateway_process, run_wrk, wait_for_http
 
 from aggregator.commands.certs import init_pki
 from aggregator.tls.issue import issue_serving_cert, new_ca, write_pair
@@ -93,16 +92,7 @@ def throughput(
     server_cpus, client_cpus = split_cpus(workers, cpus) if pinned else (None, None)
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
         work = Path(tmp)
-        init_pki(work / "pki")
-        backend_ca = new_ca("bench-backend-ca")
-        write_pair(work, "backend", issue_serving_cert(backend_ca, ["backend.bench.svc", "127.0.0.1"]))
-        ports = Ports(*(free_port() for _ in range(6)))
-        folder = work / "apiservices"
-        folder.mkdir()
-        (folder / "bench.yaml").write_text(
-            yaml.safe_dump_all(registration(GROUP, VERSION, "backend", ports.backend, backend_ca.cert_pem))
-        )
-        pki = work / "pki"
+        ports, pki, folder = prepare(work)
         args = [
             "--client-ca-file", str(pki / "client-ca.crt"),
             "--requestheader-client-ca-file", str(pki / "front-proxy-ca.crt"),

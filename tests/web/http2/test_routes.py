@@ -122,7 +122,7 @@ async def test_a_request_body_reaches_the_backend_whole(start_proxied: StartProx
 
 async def test_discovery_etag_and_openapi_gzip_over_curl_http2(start_proxied: StartProxied, pki: PKI) -> None:
     if shutil.which("curl") is None:
-        pytest.skip("curl is not installed")
+        pytest.skip("curl is not installed: apt-get install curl (.ci/run does)")
     proxied = await start_proxied()
     _, headers, _ = await over_h1(proxied, "/apis")
     etag = headers["etag"]
@@ -152,7 +152,7 @@ async def test_curl_through_the_proxy_carries_the_certificates_identity(
 ) -> None:
     """curl's own HTTP/2 (nghttp2) against the proxy: the answer and the identity as over HTTP/1.1."""
     if shutil.which("curl") is None:
-        pytest.skip("curl is not installed")
+        pytest.skip("curl is not installed: apt-get install curl (.ci/run does)")
     proxied = await start_proxied()
     head, body = await curl(pki, proxied.server.url + f"{PREFIX}/namespaces/default/things")
     assert head.startswith("HTTP/2 200")

@@ -64,7 +64,7 @@ async def test_curl_multiplexes_eight_transfers_on_one_connection(
     start_proxied: StartProxied, pki: PKI
 ) -> None:
     if shutil.which("curl") is None:
-        pytest.skip("curl is not installed")
+        pytest.skip("curl is not installed: apt-get install curl (.ci/run does)")
     proxied = await start_proxied()
     held = Held()
     proxied.backend.routes[THINGS] = held

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.kubestack import WARDLE_ADMINS, KubeStack
 from tests.support.pki import PKI
-from tests.support.polling import until_async
+from tests.support.polling import until, until_async
 
 FLUNDERS = "/apis/wardle.example.com/v1beta1/namespaces/default/flunders"
 # Enough fresh connections that two workers both answer (each lands on either with p=1/2).
@@ -91,6 +91,25 @@ def _sum(metrics: str, name: str, *labels: str) -> float:
         if line.startswith(name + "{") and all(label in line for label in labels):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+async def test_a_configmap_written_long_ago_is_listed_once_and_watched(
+    pki: PKI, tmp_path: Path, workers: int
+) -> None:
+    """As on a real cluster: the ConfigMap's own resourceVersion is long compacted when the gateway
+    starts. It is listed once and watched from the list's version (no 410 relist loop), and every
+    worker takes a client certificate its CA signed."""
+    async with KubeStack(pki, tmp_path, workers=workers) as stack:
+        kube = stack.kube
+        kube.expire_history()
+        await stack.start_gateway()
+        await until(lambda: kube.open_watches("configmaps") == 1, what="the ConfigMap's watch")
+        assert kube.count("list", "configmaps") == 1
+        for _ in range(SPREAD):
+            assert (await stack.get(FLUNDERS))[0] == 200
+        assert len(await answering_workers(stack)) == workers
+        assert kube.count("list", "configmaps") == 1 and kube.open_watches("configmaps") == 1
+        assert "list/watch failed" not in stack.served.log()
 
 
 async def test_status_writes_under_the_lease_metrics_audit_and_shutdown(

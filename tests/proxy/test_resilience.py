@@ -120,6 +120,11 @@ async def steady_gets(
     return answers
 
 
+async def until_available(server: GatewayServer) -> None:
+    """The gateway's first verdict on the APIService is Available (replica processes start slowly)."""
+    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
+
+
 def failed(answers: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
     return [(status, body) for status, body in answers if status != 200]
 
@@ -137,7 +142,7 @@ async def test_a_replica_killed_under_steady_gets_costs_no_get(
     replicas = await start_replicas()
     register(apiservices_dir, backend_pki, replicas)
     server = await start_gateway(enable_aggregator_routing=True)
-    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
+    await until_available(server)
     victim = HOSTS[1]
     killed_at: list[int] = []
 
@@ -199,7 +204,7 @@ async def test_a_replica_200ms_slower_gets_few_requests(
     replicas = await start_replicas(delays={slow: 0.2})
     register(apiservices_dir, backend_pki, replicas)
     server = await start_gateway(enable_aggregator_routing=True)
-    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
+    await until_available(server)
     total = 400
     async with aiohttp.ClientSession() as session:
         answers = await steady_gets(session, server.url + THINGS, pki, total)
@@ -225,7 +230,7 @@ async def test_replicas_of_equal_speed_share_the_requests(
     replicas = await start_replicas()
     register(apiservices_dir, backend_pki, replicas)
     server = await start_gateway(enable_aggregator_routing=True)
-    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
+    await until_available(server)
     total = 600
     async with aiohttp.ClientSession() as session:
         answers = await steady_gets(session, server.url + THINGS, pki, total)
@@ -251,7 +256,7 @@ async def test_past_the_concurrency_limit_a_request_gets_429_at_once_and_the_oth
         annotations={"aggregator.dev/max-concurrent-requests": "2"},
     )
     server = await start_gateway()
-    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
+    await until_available(server)
     context = pki.client_context("admin")
     async with aiohttp.ClientSession() as session:
 
@@ -292,7 +297,7 @@ async def test_bad_annotations_are_named_and_ignored(
         },
     )
     server = await start_gateway()
-    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
+    await until_available(server)
     async with (
         aiohttp.ClientSession() as session,
         session.get(server.url + THINGS, ssl=pki.client_context("admin")) as resp,
@@ -331,7 +336,7 @@ async def test_request_timeout_and_long_running_paths_from_annotations(
         },
     )
     server = await start_gateway()
-    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
+    await until_available(server)
     context = pki.client_context("admin")
     async with aiohttp.ClientSession() as session:
         started = time.monotonic()

@@ -16,6 +16,11 @@ COPY aggregator/ ./aggregator/
 RUN /opt/aggregator/bin/pip install .
 
 FROM ${PYTHON_IMAGE}
+# libnghttp2 serves HTTP/2 (aggregator/web/http2/nghttp2.py loads it; without it the gateway
+# offers HTTP/1.1 only). Debian's package carries the security fixes.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnghttp2-14 \
+ && rm -rf /var/lib/apt/lists/*
 # A fixed, unprivileged UID/GID: the Deployment's runAsUser/runAsGroup/fsGroup name the same ids.
 RUN groupadd --system --gid 65532 aggregator \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \

@@ -28,15 +28,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from aiohttp import web
-
 from aggregator.apiregistration.api import APIRegistration
 from aggregator.audit.factory import build_auditor
 from aggregator.audit.filter import AuditLog, RequestAuditing
 from aggregator.audit.recorder import Auditor
 from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
 from aggregator.auth.authconfigmap import AuthConfigMap
-from aggregator.auth.authn import Authenticator
+from aggregator.auth.authn import Authenticator, limit_unauthenticated_http2
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
 from aggregator.auth.impersonation import Impersonator
@@ -97,7 +95,7 @@ from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Finisher, Gate, Pipeline
-from aggregator.web.responses import not_found
+from aggregator.web.responses import serve_not_found
 from aggregator.web.routing import Route, RouteKind, Router
 from aggregator.web.timeout import RequestTimeouts
 from aggregator.web.version import serve_version
@@ -213,10 +211,6 @@ async def _stop_all(components: list[tuple[str, Component]]) -> None:
             await component.stop()
         except Exception:
             log.exception("stopping a component failed", extra={"fields": {"component": name}})
-
-
-async def _not_found(request: web.Request) -> web.StreamResponse:
-    return not_found(request)
 
 
 def build_gateway(options: Options) -> Gateway:
@@ -420,7 +414,7 @@ def _forwarding(
     tunnel = UpgradeTunnel(metrics, recheck=recheck, in_flight=in_flight)
     forwarder = Forwarder(metrics, tunnel, recheck=recheck, in_flight=in_flight)
     if not (options.kube_mode and kube is not None):
-        return Forwarding(in_flight, forwarder, None, Route(_not_found, RouteKind.OWN, "not-found"))
+        return Forwarding(in_flight, forwarder, None, Route(serve_not_found, RouteKind.OWN, "not-found"))
     delegate = Delegate(
         kube,
         mode=options.delegation.delegate_auth,
@@ -509,6 +503,8 @@ def build_request_path(
         timeouts=timeouts,
     )
     store.add_listener(proxy.on_store_event)
+    availability.add_listener(proxy.availability_changed)
+    backends.client_certificate.add_listener(proxy.client_certificate_changed)
     router.add_claim(proxy.claim)
 
     access_log = AccessLog(options.logging.access_log_policy())
@@ -538,7 +534,8 @@ def build_request_path(
         in_flight=forwarding.in_flight,
         timeouts=timeouts if timeouts.enabled else None,
         gates=gates,
-        head_listeners=[auditing.head_going_out] if auditing is not None else [],
+        head_listeners=[limit_unauthenticated_http2]
+        + ([auditing.head_going_out] if auditing is not None else []),
         finishers=finishers,
     )
     return RequestPath(router, proxy, pipeline, limits, timeouts)

@@ -27,6 +27,7 @@ from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeResponse, KubeUnreachable
 from aggregator.model.userinfo import UserInfo
+from aggregator.audit.recorder import AUTHORIZATION_DECISION
 from aggregator.web.metrics import Metrics
 from aggregator.web.requestinfo import RequestInfo, new_request_info
 from aggregator.wire.gourl import parse_query
@@ -202,7 +203,7 @@ async def test_a_cache_hit_completes_without_suspending() -> None:
     # a hit is answered by the gate itself: nothing to await at all
     ctx = context_for("GET", path, user=ALICE)
     assert authorizer.gate(ctx) is None
-    assert ctx.authorization == (True, "")
+    assert AUTHORIZATION_DECISION.get(ctx) == (True, "")
     assert len(poster.bodies) == 1
 
 

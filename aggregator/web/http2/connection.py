@@ -77,8 +77,8 @@ class H2ServerConnection(asyncio.Protocol):
         self.closing = False  # error GOAWAY submitted (or the connection is gone): nothing is served
         self._settled = False  # the client's first SETTINGS arrived
         self._violation: Violation | None = None  # what a callback found: acted on after mem_recv
-        self._violation_sent = False  # ...and libnghttp2 has written its GOAWAY already
-        self._our_resets: set[int] = set()  # resets the gateway submitted (not the client's fault)
+        self._our_resets: set[int] = set()  # streams the gateway reset itself
+        self._client_resets: set[int] = set()  # streams the client reset
         self._idle_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -121,11 +121,15 @@ class H2ServerConnection(asyncio.Protocol):
         finally:
             binding.current = None
         if self._violation is not None:
-            self._fail(self._violation, submit=not self._violation_sent)
-        elif result < 0:
-            # libnghttp2 has queued its GOAWAY (PROTOCOL_ERROR...) already.
+            self._fail(self._violation)
+            return
+        if self.queued:
+            self._dispatch()
+        if result < 0:
+            # libnghttp2 ended the session for the client's protocol error: its GOAWAY is queued.
             self._fail(Violation("protocol_error", ErrorCode.PROTOCOL_ERROR, binding.error(result)), submit=False)
-        self.flush()
+        elif binding.lib.nghttp2_session_want_write(self.session):
+            self.flush()  # SETTINGS and PING acknowledgements, window updates
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes; connection_lost ends every stream
@@ -191,16 +195,16 @@ class H2ServerConnection(asyncio.Protocol):
             binding.current = None
         if chunks:
             transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
-        if self._violation is not None:
-            violation, self._violation = self._violation, None
-            self._fail(violation, submit=not self._violation_sent)
+        if self._violation is not None:  # a callback during mem_send (a reset flood's last reset)
+            self._fail(self._violation)
             return
-        if (
-            (self.goaway_sent or self.closing)
-            and not lib.nghttp2_session_want_read(session)
-            and not lib.nghttp2_session_want_write(session)
-        ):
-            self._close_soon()
+        if lib.nghttp2_session_want_read(session) or lib.nghttp2_session_want_write(session):
+            return
+        if not self.goaway_sent and not self.closing:
+            # libnghttp2 ended the session for the client's protocol error, its GOAWAY just sent.
+            self._fail(Violation("protocol_error", ErrorCode.PROTOCOL_ERROR, "the session ended"), submit=False)
+            return
+        self._close_soon()
 
     async def drain(self) -> None:
         """Wait until the transport takes more (the client reads again)."""
@@ -283,14 +287,11 @@ class H2ServerConnection(asyncio.Protocol):
 
     # --- session callbacks (`nghttp2.SessionEvents`) -----------------------------------------------
 
-    def on_begin_headers(self, stream_id: int) -> int:
-        if stream_id not in self.streams:
-            self.streams[stream_id] = H2Stream(self, stream_id)
-        return 0
-
     def on_header(self, stream_id: int, name: bytes, value: bytes) -> int:
         stream = self.streams.get(stream_id)
-        if stream is None or stream.too_large:
+        if stream is None:
+            stream = self.streams[stream_id] = H2Stream(self, stream_id)
+        elif stream.too_large:
             return 0
         size = len(name) + len(value) + 32  # RFC 9113 6.5.2's accounting
         limits = self.limits
@@ -326,6 +327,7 @@ class H2ServerConnection(asyncio.Protocol):
                     self._body_ended(stream)
             return 0
         if kind == nghttp2.RST_STREAM:
+            self._client_resets.add(stream_id)
             return self._spend_reset()
         if kind == nghttp2.SETTINGS:
             if not flags & nghttp2.FLAG_ACK:
@@ -335,20 +337,6 @@ class H2ServerConnection(asyncio.Protocol):
             # The client is leaving: answer with a GOAWAY (as Go's server does), finish what it
             # sent, then close.
             self.shut_down("client_goaway")
-        return 0
-
-    def on_frame_send(self, kind: int, stream_id: int, frame: Any) -> int:
-        if kind == nghttp2.GOAWAY and frame.goaway.error_code != ErrorCode.NO_ERROR and not self.closing:
-            # libnghttp2 ended the session for a protocol error of the client's: close after it.
-            code = ErrorCode(frame.goaway.error_code)
-            self._violation = Violation("protocol_error", code, f"libnghttp2 sent GOAWAY {code.name}")
-            self._violation_sent = True
-            return 0
-        if kind == nghttp2.RST_STREAM:
-            if stream_id in self._our_resets:
-                self._our_resets.discard(stream_id)
-            else:
-                return self._spend_reset()  # the client's error made the session reset it
         return 0
 
     def on_invalid_frame(self, kind: int, stream_id: int, error: int) -> int:
@@ -367,7 +355,15 @@ class H2ServerConnection(asyncio.Protocol):
 
     def on_stream_close(self, stream_id: int, error_code: int) -> int:
         stream = self.streams.get(stream_id)
+        ours = stream_id in self._our_resets
+        theirs = stream_id in self._client_resets
         self._our_resets.discard(stream_id)
+        self._client_resets.discard(stream_id)
+        if error_code != ErrorCode.NO_ERROR and not ours and not theirs:
+            # libnghttp2 reset it for the client's protocol error (MadeYouReset): it counts too.
+            failed = self._spend_reset()
+            if failed:
+                return failed
         if stream is None:
             return 0
         stream.closed = True
@@ -398,9 +394,8 @@ class H2ServerConnection(asyncio.Protocol):
             return 0
         if not stream.remote_ended and not _no_body(stream.fields):
             stream.body = H2Body(stream)
-        if self.running < self.limits.max_streams:
-            self._start(stream)
-            return 0
+        # Started once libnghttp2 has returned (`_dispatch`): a stream the same read resets
+        # (a rapid-reset flood sends each HEADERS with its RST_STREAM) never gets a handler.
         self.queued.append(stream)
         if len(self.queued) > self.limits.max_queued_handlers:
             return self._violate(
@@ -416,6 +411,16 @@ class H2ServerConnection(asyncio.Protocol):
         stream.remote_ended = True
         if stream.body is not None:
             stream.body.feed_eof()
+
+    def _dispatch(self) -> None:
+        """Start the queued handlers there is room for (Go's `scheduleHandler`)."""
+        queued = self.queued
+        while queued and self.running < self.limits.max_streams:
+            waiting = queued.popleft()
+            if waiting.reset:  # reset before it started: skipped, as Go's `handlerDone`
+                self._forget(waiting)
+            else:
+                self._start(waiting)
 
     def _start(self, stream: H2Stream) -> None:
         self.running += 1
@@ -466,14 +471,9 @@ class H2ServerConnection(asyncio.Protocol):
                 self.reset_stream(stream, ErrorCode.NO_ERROR)
         if stream.closed or stream.reset:
             self._forget(stream)
-        queued = self.queued
-        while queued and self.running < self.limits.max_streams:
-            waiting = queued.popleft()
-            if waiting.reset:  # reset before it started: skipped, as Go's `handlerDone`
-                self._forget(waiting)
-            else:
-                self._start(waiting)
-        self.flush()
+        self._dispatch()
+        if self.goaway_sent and not self.streams:
+            self.flush()  # the session may be over: write_out closes the connection
 
     def _forget(self, stream: H2Stream) -> None:
         if self.streams.get(stream.id) is stream:

@@ -28,6 +28,9 @@ PREFACE_LENGTH = 24  # b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", checked by the h2 li
 FRAME_HEADER = 9
 
 DATA, HEADERS, PRIORITY, SETTINGS, PING, CONTINUATION = 0x0, 0x1, 0x2, 0x4, 0x6, 0x9
+# Frames the guard has no count for (RST_STREAM, GOAWAY, WINDOW_UPDATE: the connection counts the
+# resets), passed over without a call.
+_UNCOUNTED = frozenset({0x3, 0x7, 0x8})
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
 
 
@@ -109,9 +112,14 @@ class FrameGuard:
         if self._partial:
             data = self._partial + data
             size = len(data)
+        frame = self._frame
         while pos + FRAME_HEADER <= size:
             length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
-            self._frame(data[pos + 3], data[pos + 4], length)
+            kind = data[pos + 3]
+            if kind in _UNCOUNTED and not self._in_block:
+                self._empty = 0  # RST_STREAM, WINDOW_UPDATE, GOAWAY: nothing to count
+            else:
+                frame(kind, data[pos + 4], length)
             pos += FRAME_HEADER + length
         if pos <= size:
             self._partial = data[pos:]

@@ -58,13 +58,11 @@ typedef union { nghttp2_frame_hd hd; nghttp2_headers headers; nghttp2_rst_stream
 typedef struct { int32_t settings_id; uint32_t value; } nghttp2_settings_entry;
 
 typedef int (*nghttp2_on_frame_recv_callback)(nghttp2_session *, const nghttp2_frame *, void *);
-typedef int (*nghttp2_on_frame_send_callback)(nghttp2_session *, const nghttp2_frame *, void *);
 typedef int (*nghttp2_on_invalid_frame_recv_callback)(nghttp2_session *, const nghttp2_frame *, int, void *);
-typedef int (*nghttp2_on_begin_headers_callback)(nghttp2_session *, const nghttp2_frame *, void *);
-typedef int (*nghttp2_on_header_callback)(nghttp2_session *, const nghttp2_frame *, const uint8_t *name,
-    size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags, void *);
+typedef int (*nghttp2_on_header_callback)(nghttp2_session *, const nghttp2_frame *, const char *name,
+    size_t namelen, const char *value, size_t valuelen, uint8_t flags, void *);
 typedef int (*nghttp2_on_data_chunk_recv_callback)(nghttp2_session *, uint8_t flags, int32_t stream_id,
-    const uint8_t *data, size_t len, void *);
+    const char *data, size_t len, void *);
 typedef int (*nghttp2_on_stream_close_callback)(nghttp2_session *, int32_t stream_id, uint32_t error_code, void *);
 typedef int (*nghttp2_error_callback2)(nghttp2_session *, int lib_error_code, const char *msg, size_t len, void *);
 
@@ -72,10 +70,8 @@ nghttp2_info *nghttp2_version(int least_version);
 const char *nghttp2_strerror(int lib_error_code);
 int nghttp2_session_callbacks_new(nghttp2_session_callbacks **callbacks_ptr);
 void nghttp2_session_callbacks_set_on_frame_recv_callback(nghttp2_session_callbacks *, nghttp2_on_frame_recv_callback);
-void nghttp2_session_callbacks_set_on_frame_send_callback(nghttp2_session_callbacks *, nghttp2_on_frame_send_callback);
 void nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(nghttp2_session_callbacks *,
     nghttp2_on_invalid_frame_recv_callback);
-void nghttp2_session_callbacks_set_on_begin_headers_callback(nghttp2_session_callbacks *, nghttp2_on_begin_headers_callback);
 void nghttp2_session_callbacks_set_on_header_callback(nghttp2_session_callbacks *, nghttp2_on_header_callback);
 void nghttp2_session_callbacks_set_on_data_chunk_recv_callback(nghttp2_session_callbacks *,
     nghttp2_on_data_chunk_recv_callback);
@@ -132,15 +128,12 @@ HCAT_REQUEST = 0
 
 class SessionEvents(Protocol):
     """What a session's callbacks report to (`connection.H2ServerConnection`); each returns 0, or
-    one of the library's error codes to refuse the frame (a stream error) or end the session."""
-
-    def on_begin_headers(self, stream_id: int) -> int: ...
+    one of the library's error codes to refuse the frame (a stream error) or end the session.
+    Only the callbacks the server needs are set: each one is a call from C into Python."""
 
     def on_header(self, stream_id: int, name: bytes, value: bytes) -> int: ...
 
     def on_frame_recv(self, kind: int, flags: int, stream_id: int, frame: Any) -> int: ...
-
-    def on_frame_send(self, kind: int, stream_id: int, frame: Any) -> int: ...
 
     def on_invalid_frame(self, kind: int, stream_id: int, error: int) -> int: ...
 
@@ -184,28 +177,20 @@ class Nghttp2:
 
             return wrap
 
-        @callback("nghttp2_on_begin_headers_callback")
-        def on_begin_headers(session: Any, frame: Any, user_data: Any) -> int:
-            return binding.current.on_begin_headers(frame.hd.stream_id)  # type: ignore[union-attr]
+        unpack = ffi.unpack  # `const char *` and a length: the exact bytes, NUL or not
 
         @callback("nghttp2_on_header_callback")
         def on_header(
             session: Any, frame: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
         ) -> int:
-            buffer = ffi.buffer
             return binding.current.on_header(  # type: ignore[union-attr]
-                frame.hd.stream_id, buffer(name, namelen)[:], buffer(value, valuelen)[:]
+                frame.hd.stream_id, unpack(name, namelen), unpack(value, valuelen)
             )
 
         @callback("nghttp2_on_frame_recv_callback")
         def on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
             hd = frame.hd
             return binding.current.on_frame_recv(hd.type, hd.flags, hd.stream_id, frame)  # type: ignore[union-attr]
-
-        @callback("nghttp2_on_frame_send_callback")
-        def on_frame_send(session: Any, frame: Any, user_data: Any) -> int:
-            hd = frame.hd
-            return binding.current.on_frame_send(hd.type, hd.stream_id, frame)  # type: ignore[union-attr]
 
         @callback("nghttp2_on_invalid_frame_recv_callback")
         def on_invalid_frame(session: Any, frame: Any, error: int, user_data: Any) -> int:
@@ -214,7 +199,7 @@ class Nghttp2:
 
         @callback("nghttp2_on_data_chunk_recv_callback")
         def on_data(session: Any, flags: int, stream_id: int, data: Any, length: int, user_data: Any) -> int:
-            return binding.current.on_data(stream_id, ffi.buffer(data, length)[:])  # type: ignore[union-attr]
+            return binding.current.on_data(stream_id, unpack(data, length))  # type: ignore[union-attr]
 
         @callback("nghttp2_on_stream_close_callback")
         def on_stream_close(session: Any, stream_id: int, error_code: int, user_data: Any) -> int:
@@ -232,10 +217,8 @@ class Nghttp2:
 
         self._read_body = read_body
         self._keep = (
-            on_begin_headers,
             on_header,
             on_frame_recv,
-            on_frame_send,
             on_invalid_frame,
             on_data,
             on_stream_close,
@@ -246,10 +229,8 @@ class Nghttp2:
         if lib.nghttp2_session_callbacks_new(holder) != 0:
             raise MemoryError("nghttp2_session_callbacks_new failed")
         callbacks = holder[0]
-        lib.nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, on_begin_headers)
         lib.nghttp2_session_callbacks_set_on_header_callback(callbacks, on_header)
         lib.nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, on_frame_recv)
-        lib.nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, on_frame_send)
         lib.nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(callbacks, on_invalid_frame)
         lib.nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, on_data)
         lib.nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, on_stream_close)

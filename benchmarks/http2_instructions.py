@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,7 +66,7 @@ def h2load(url: str, seconds: int, streams: int) -> int:
     out = subprocess.run(
         [
             "h2load", "-c1", f"-m{streams}", f"-D{seconds}", "-H", f"authorization: Bearer {TOKEN}", url,
-        ],  # fmt: skip
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -123,11 +124,12 @@ def main() -> int:
                 url = gw.url + path
                 wrk(url, 3)  # warm-up
                 h2load(url, 3, 1)
-                runs = [
-                    counted(gw.pid, out, "HTTP/1.1 wrk, 1 connection", seconds, lambda: wrk(url, seconds), dumps),
-                    counted(gw.pid, out, "HTTP/2 h2load, 1 stream", seconds, lambda: h2load(url, seconds, 1), dumps),
-                    counted(gw.pid, out, "HTTP/2 h2load, 8 streams", seconds, lambda: h2load(url, seconds, 8), dumps),
+                clients: list[tuple[str, Callable[[], int]]] = [
+                    ("HTTP/1.1 wrk, 1 connection", partial(wrk, url, seconds)),
+                    ("HTTP/2 h2load, 1 stream", partial(h2load, url, seconds, 1)),
+                    ("HTTP/2 h2load, 8 streams", partial(h2load, url, seconds, 8)),
                 ]
+                runs = [counted(gw.pid, out, label, seconds, send, dumps) for label, send in clients]
                 results.append((name, runs))
                 for run in runs:
                     print(f"{name}: {run.line(runs[0] if run is not runs[0] else None)}", flush=True)

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from aggregator.audit.recorder import AUTHORIZATION_DECISION
 from aggregator.auth.authz import (
     AlwaysAllowPaths,
     Authorizer,
@@ -27,7 +28,6 @@ from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeResponse, KubeUnreachable
 from aggregator.model.userinfo import UserInfo
-from aggregator.audit.recorder import AUTHORIZATION_DECISION
 from aggregator.web.metrics import Metrics
 from aggregator.web.requestinfo import RequestInfo, new_request_info
 from aggregator.wire.gourl import parse_query

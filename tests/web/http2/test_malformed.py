@@ -23,7 +23,7 @@ from tests.support.backend import PREFIX
 from tests.support.fixtures import StartProxied
 from tests.support.h2client import RawH2
 from tests.support.pki import PKI
-from tests.support.rawhttp import RawConnection, request_bytes
+from tests.support.rawhttp import RawConnection
 
 pytestmark = pytest.mark.uvloop
 

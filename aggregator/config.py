@@ -88,9 +88,10 @@ class Options:
         return self.backends.deny_cidrs(kube_mode=self.kube_mode)
 
 
-def add_source_flags(parser: argparse.ArgumentParser) -> None:
-    """Where APIService, Service and EndpointSlice objects come from (shared by serve and check)."""
-    SourceOptions.add_flags(parser, SOURCE)
+def add_source_flags(parser: argparse.ArgumentParser, *, command: str = "serve") -> None:
+    """Where APIService, Service and EndpointSlice objects come from (shared by serve and check,
+    each with its own words for what the flags do)."""
+    SourceOptions.add_flags(parser, SOURCE, command=command)
 
 
 def add_backend_flags(parser: argparse.ArgumentParser) -> None:

@@ -54,7 +54,7 @@ from aggregator.model.decode import DecodeError
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.sources.kube import WATCHED, WatchedResource
 from aggregator.sources.store import Kind, Obj, Store
-from aggregator.util.flags import ConfigError, check_readable
+from aggregator.util.flags import ConfigError, GoBool, check_readable
 from aggregator.util.logs import configure_logging
 from aggregator.web.metrics import Metrics
 
@@ -71,14 +71,15 @@ def add_check_parser(commands: Any) -> argparse.ArgumentParser:
     """The `check` subcommand, with serve's object-source and backend flags."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "check",
+        usage="%(prog)s (NAME | --all) [flags]",
         help="check an APIService hop by hop and name the one that fails",
         description="Check an APIService (or --all of them) the way the gateway does: Service, port, "
         "ready endpoints, the address dialed, TLS, then GET /apis/<group>/<version> as "
         "system:kube-aggregator. Prints each hop with its detail; exits 0 only when every hop passes.",
     )
     parser.add_argument("name", nargs="?", help="APIService name, e.g. v1beta1.metrics.k8s.io")
-    parser.add_argument("--all", action="store_true", help="check every APIService and print a table")
-    add_source_flags(parser)
+    parser.add_argument("--all", action=GoBool, help="check every APIService and print a table")
+    add_source_flags(parser, command="check")
     add_backend_flags(parser)
     parser.add_argument(
         "-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (4 and above: debug lines)."

@@ -78,6 +78,7 @@ from aggregator.proxy.handling import HandlingTable
 from aggregator.proxy.loops import loop_gate
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
+from aggregator.sources.problems import ManifestReport
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.store import Store
 from aggregator.tls.verify import CAPool
@@ -243,6 +244,9 @@ def build_gateway(options: Options) -> Gateway:
     if options.source.apiservices_dir is not None:
         folder = FolderSource(options.source.apiservices_dir, store, read_elsewhere=is_rbac)
         components.append(("folder-source", folder))
+        # What the folder holds but the gateway does not load: /readyz?verbose notes (a warning,
+        # never unready) and aggregator_manifest_errors.
+        health.add_notes("readyz", ManifestReport(folder.problems, metrics.registry).notes)
 
     # 3. who is calling, and may they
     authentication = build_authentication(options.authentication, options.source, kube=kube, metrics=metrics)

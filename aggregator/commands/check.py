@@ -14,8 +14,14 @@ loading rules; the files of a `$KUBECONFIG` list are not merged). With `--apiser
 one of its two parents, which is where `aggregator certs init` and `aggregator demo` put it, so
 `aggregator check --all --apiservices-dir certs/demo/apiservices` works as the demo prints it.
 
-Exit status: 0 when every hop of every APIService checked passes, 1 when one fails (or the
-APIService does not exist), 2 when the flags or the object source are unusable.
+With `--apiservices-dir`, `--all` also names every file of the folder the gateway would not
+load, or not wholly (a file that does not parse, an object refused, a document of a kind it does
+not read: `sources/problems.py`), and fails for it: `kubectl get apiservices` cannot show what
+never loaded.
+
+Exit status: 0 when every hop of every APIService checked passes (and, for `--all`, the folder
+loads whole), 1 when one fails (or the APIService does not exist), 2 when the flags or the object
+source are unusable.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from aggregator.model.apiservice import APIService, service_column
 from aggregator.model.decode import DecodeError
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.sources.kube import WATCHED, WatchedResource
+from aggregator.sources.problems import ManifestProblem
 from aggregator.sources.store import Kind, Obj, Store
 from aggregator.util.flags import ConfigError, GoBool, check_readable
 from aggregator.util.logs import configure_logging
@@ -166,6 +173,8 @@ class Loaded:
     store: Store
     access_errors: dict[Kind, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # What the folder holds that the gateway would not load (--apiservices-dir).
+    problems: list[ManifestProblem] = field(default_factory=list)
 
     def access(self, kind: Kind) -> str | None:
         return self.access_errors.get(kind)
@@ -178,9 +187,7 @@ def load_folder(directory: str) -> Loaded:
     store = Store()
     source = FolderSource(directory, store, read_elsewhere=is_rbac)
     source.reload()
-    loaded = Loaded(store)
-    loaded.warnings = [f"{path}: not loaded: {error}" for path, error in sorted(source.errors.items())]
-    return loaded
+    return Loaded(store, problems=source.problems())
 
 
 async def _list(client: KubeClient, spec: WatchedResource, loaded: Loaded) -> list[Obj]:
@@ -315,6 +322,13 @@ class Printer:
                 f"  (the gateway would mark it available; the {report.failed_step.hop} hop fails for clients)"
             )
 
+    def problems(self, problems: Sequence[ManifestProblem]) -> None:
+        """The folder's files the gateway would not load, each with its cause."""
+        self.line()
+        self.line(f"Manifests the gateway does not load ({len(problems)}):")
+        for problem in problems:
+            self.line(f"{self.paint(self.marks[FAIL], FAIL)} {problem.describe()}")
+
     def endpoints(self, results: Sequence[tuple[str, str | None]]) -> None:
         """Each ready endpoint's own answer (--enable-aggregator-routing)."""
         self.line()
@@ -384,8 +398,14 @@ async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO
         try:
             probe = DiscoveryProbe(backends)
             if name is not None:
+                for problem in loaded.problems:
+                    print(f"warning: {problem.describe()}", file=err)
                 return await _check_named(name, loaded, probe, printer, err)
-            return await _check_all(loaded, probe, printer)
+            code = await _check_all(loaded, probe, printer)
+            if loaded.problems:
+                printer.problems(loaded.problems)
+                return EXIT_FAILED
+            return code
         finally:
             await backends.stop()
     finally:

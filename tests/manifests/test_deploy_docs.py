@@ -27,6 +27,7 @@ from sample_apiserver.options import SampleOptions
 from sample_apiserver.server import SampleServer
 
 from aggregator.web.http2.metrics import ConnectionMetrics
+from aggregator.sources.problems import ManifestReport
 from aggregator.web.metrics import Metrics
 from aggregator.workers.metrics import WorkerMetrics
 from tests.manifests.k8s import MANIFESTS, REPO
@@ -172,6 +173,7 @@ def test_every_metric_in_the_table_is_served_under_that_name() -> None:
     # with --workers N.
     metrics = Metrics()
     ConnectionMetrics(metrics.registry)
+    ManifestReport(list, metrics.registry)  # local mode's folder
     for registry in (metrics.registry, WorkerMetrics(2).registry):
         for line in generate_latest(registry).decode().splitlines():
             if line.startswith("# TYPE "):

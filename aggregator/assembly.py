@@ -78,8 +78,8 @@ from aggregator.proxy.handling import HandlingTable
 from aggregator.proxy.loops import loop_gate
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
-from aggregator.sources.problems import ManifestReport
 from aggregator.sources.kube import KubeSource
+from aggregator.sources.problems import ManifestReport, merged_problems
 from aggregator.sources.store import Store
 from aggregator.tls.verify import CAPool
 from aggregator.web.accesslog import AccessLog
@@ -244,9 +244,6 @@ def build_gateway(options: Options) -> Gateway:
     if options.source.apiservices_dir is not None:
         folder = FolderSource(options.source.apiservices_dir, store, read_elsewhere=is_rbac)
         components.append(("folder-source", folder))
-        # What the folder holds but the gateway does not load: /readyz?verbose notes (a warning,
-        # never unready) and aggregator_manifest_errors.
-        health.add_notes("readyz", ManifestReport(folder.problems, metrics.registry).notes)
 
     # 3. who is calling, and may they
     authentication = build_authentication(options.authentication, options.source, kube=kube, metrics=metrics)
@@ -259,6 +256,12 @@ def build_gateway(options: Options) -> Gateway:
     )
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
+    if folder is not None:
+        # What the folder holds but the gateway does not load (objects, RBAC): /readyz?verbose
+        # notes (a warning, never unready) and aggregator_manifest_errors.
+        rbac_problems = [authorization.rbac.problems] if authorization.rbac is not None else []
+        problems = merged_problems(folder.problems, *rbac_problems)
+        health.add_notes("readyz", ManifestReport(problems, metrics.registry).notes)
 
     # 4. the backends; every identity header the front-proxy configuration names is stripped,
     # including names the cluster's ConfigMap sets later; every request carries this gateway's

@@ -181,13 +181,17 @@ class Loaded:
 
 
 def load_folder(directory: str) -> Loaded:
+    from aggregator.auth.rbacfolder import RBACFolder
     from aggregator.auth.rbacobjects import is_rbac
     from aggregator.sources.files import FolderSource
+    from aggregator.sources.problems import merged_problems
 
     store = Store()
     source = FolderSource(directory, store, read_elsewhere=is_rbac)
     source.reload()
-    return Loaded(store, problems=source.problems())
+    rbac = RBACFolder(directory)
+    rbac.reload(initial=True)
+    return Loaded(store, problems=list(merged_problems(source.problems, rbac.problems)()))
 
 
 async def _list(client: KubeClient, spec: WatchedResource, loaded: Loaded) -> list[Obj]:
@@ -398,8 +402,8 @@ async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO
         try:
             probe = DiscoveryProbe(backends)
             if name is not None:
-                for problem in loaded.problems:
-                    print(f"warning: {problem.describe()}", file=err)
+                for manifest in loaded.problems:
+                    print(f"warning: {manifest.describe()}", file=err)
                 return await _check_named(name, loaded, probe, printer, err)
             code = await _check_all(loaded, probe, printer)
             if loaded.problems:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -118,7 +119,7 @@ def unknown_arguments(parser: argparse.ArgumentParser, unknown: Sequence[str], g
     if flag is None:
         message = f"unrecognized arguments: {' '.join(unknown)}"
         booleans = {n for a in parser._actions if isinstance(a, GoBool) for n in a.option_strings}
-        for before, word in zip(given, given[1:], strict=False):
+        for before, word in itertools.pairwise(given):
             if word == unknown[0] and before in booleans:
                 return f'{message} ({before} takes a value only after "=": {before}={word})'
         return message

@@ -60,6 +60,15 @@ class ManifestProblem:
 Problems = Callable[[], Sequence[ManifestProblem]]
 
 
+def merged_problems(*sources: Problems) -> Problems:
+    """The problems of several readers of one folder (the objects', RBAC's), file by file."""
+
+    def problems() -> list[ManifestProblem]:
+        return sorted((p for source in sources for p in source()), key=lambda p: p.path)
+
+    return problems
+
+
 class ManifestReport:
     """The folder's problems as `/readyz?verbose` notes and as `aggregator_manifest_errors`.
 

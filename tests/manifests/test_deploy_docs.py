@@ -26,8 +26,8 @@ from sample_apiserver.api import GROUP, VERSIONS
 from sample_apiserver.options import SampleOptions
 from sample_apiserver.server import SampleServer
 
-from aggregator.web.http2.metrics import ConnectionMetrics
 from aggregator.sources.problems import ManifestReport
+from aggregator.web.http2.metrics import ConnectionMetrics
 from aggregator.web.metrics import Metrics
 from aggregator.workers.metrics import WorkerMetrics
 from tests.manifests.k8s import MANIFESTS, REPO

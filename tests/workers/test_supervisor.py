@@ -62,7 +62,7 @@ async def test_two_workers_answer_the_port_and_metrics_cover_both(
         assert "aggregator_workers 2.0" in text
         # CPU per process, as the dashboard's CPU panel graphs it: each worker's series is its own
         # CPU time (between what /proc says before and after the scrape), not the group's sum.
-        pids_by_index = {}
+        pids_by_index: dict[str, int] = {}
         while len(pids_by_index) < 2:
             status, body = await group.get("/livez?verbose")
             note = PID_NOTE.search(body.decode())

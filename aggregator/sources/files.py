@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from aggregator.model.apiservice import APIService
+from aggregator.sources.identity import with_system_fields
 from aggregator.sources.manifests import Ignored, Rejected, flatten, to_object
 from aggregator.sources.problems import READ_KINDS, REFUSED, SKIPPED, UNREADABLE, ManifestProblem
 from aggregator.sources.store import Event, Key, Kind, Obj, Store, key_of, kind_of
@@ -239,7 +241,11 @@ class FolderSource:
                             kind=kind.value, name=key[1], first=str(owners[0]), wins=str(owners[-1])
                         ),
                     )
-                event = self.store.upsert(self._files[owners[-1]].objects[obj_key], preserve_status=True)
+                obj = self._files[owners[-1]].objects[obj_key]
+                if isinstance(obj, APIService):
+                    # uid and creationTimestamp as kube-apiserver sets them: once, here (`identity.py`)
+                    obj = with_system_fields(obj, self.store.apiservice(obj.name))
+                event = self.store.upsert(obj, preserve_status=True)
             if event is not None:
                 events.append(event)
         # One line per object for an edit; a summary (and debug lines) when a folder of thousands loads.

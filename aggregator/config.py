@@ -23,6 +23,7 @@ from aggregator.audit.options import AuditOptions
 from aggregator.auth.options import AuthenticationOptions, AuthorizationOptions
 from aggregator.availability.options import AvailabilityOptions
 from aggregator.backends.options import BackendOptions
+from aggregator.kube.client import missing_kube_client
 from aggregator.leaderelection import LeaderElectionOptions
 from aggregator.proxy.delegate import FRONT_PROXY
 from aggregator.proxy.options import DelegationOptions
@@ -153,3 +154,19 @@ def validate(opts: Options) -> None:
         has_kubeconfig=bool(opts.source.kubeconfig or opts.authorization.kubeconfig or opts.kube_mode),
     )
     opts.audit.validate()
+    needs_client = _kube_client_needed_by(opts)
+    problem = missing_kube_client() if needs_client else None
+    if needs_client and problem:
+        raise ConfigError(needs_client, problem)
+
+
+def _kube_client_needed_by(opts: Options) -> str | None:
+    """What makes the gateway talk to kube-apiserver (so it needs the `kube` extra), as named in
+    the one line that says it is missing."""
+    if opts.kube_mode:
+        return "kube mode"
+    if opts.source.kubeconfig:
+        return "--kubeconfig"
+    if opts.authorization.kubeconfig:
+        return "--authorization-kubeconfig"
+    return None

@@ -54,7 +54,7 @@ from aggregator.availability.probe import (
 from aggregator.backends.addresses import Target
 from aggregator.backends.errors import BackendError
 from aggregator.config import Options, add_backend_flags, add_source_flags, options_from_args
-from aggregator.kube.client import KubeAPIError, KubeClient, KubeError
+from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, missing_kube_client
 from aggregator.model.apiservice import APIService, service_column
 from aggregator.model.decode import DecodeError
 from aggregator.model.userinfo import AGGREGATOR
@@ -160,6 +160,9 @@ def check_options(
             "neither --apiservices-dir nor --kubeconfig is set, $KUBECONFIG and ~/.kube/config name no "
             "file, and no in-cluster service account was found",
         )
+    problem = missing_kube_client() if source.kube_mode or source.kubeconfig else None
+    if problem:
+        raise ConfigError("--kubeconfig", problem)
     return opts
 
 

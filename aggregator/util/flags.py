@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aggregator.util.durations import parse_go_duration
@@ -46,13 +46,30 @@ def go_bool(text: str) -> bool:
     raise ValueError(f'strconv.ParseBool: parsing "{text}": invalid syntax')
 
 
-def _invalid(option_string: str | None, action: argparse.Action, text: str, err: Exception) -> argparse.ArgumentError:
-    """pflag's refusal of a value (`FlagSet.set`): `invalid argument "5" for "--x" flag: <cause>`."""
-    flag = option_string or "/".join(action.option_strings)
-    return argparse.ArgumentError(None, f'invalid argument "{text}" for "{flag}" flag: {err}')
+class GoValue(argparse.Action):
+    """A flag whose value is read as pflag reads its type (`convert`), refused in pflag's words
+    (`FlagSet.set`): `invalid argument "5" for "--x" flag: <why convert refused it>`."""
+
+    # The value of a text; ValueError (its message is the cause) when it is not one.
+    convert: Callable[[str], Any]
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        text = str(values)
+        try:
+            value = self.convert(text)
+        except ValueError as err:
+            flag = option_string or "/".join(self.option_strings)
+            raise argparse.ArgumentError(None, f'invalid argument "{text}" for "{flag}" flag: {err}') from None
+        setattr(namespace, self.dest, value)
 
 
-class GoBool(argparse.Action):
+class GoBool(GoValue):
     """A boolean flag read as pflag reads one: `--x` alone is true; a value only after `=`
     (`--x=false`), in `strconv.ParseBool`'s spellings; anything else is refused in pflag's words:
     `invalid argument "yes" for "--x" flag: strconv.ParseBool: parsing "yes": invalid syntax`.
@@ -61,6 +78,8 @@ class GoBool(argparse.Action):
     command refuses), as pflag's `NoOptDefVal` has it: `FlagParser` gives a bare boolean flag its
     `=true` before argparse sees it, so argparse's optional value cannot swallow the next word.
     """
+
+    convert = staticmethod(go_bool)
 
     def __init__(
         self,
@@ -76,38 +95,13 @@ class GoBool(argparse.Action):
             metavar=metavar,
         )
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        text = str(values)
-        try:
-            setattr(namespace, self.dest, go_bool(text))
-        except ValueError as err:
-            raise _invalid(option_string, self, text, err) from None
 
-
-class GoDuration(argparse.Action):
+class GoDuration(GoValue):
     """A duration flag read as pflag reads one: Go's `time.ParseDuration`, so a number needs a unit
     (`5s`, `1m30s`; only `0` may go without), and a refusal worded as pflag words it:
     `invalid argument "5" for "--request-timeout" flag: time: missing unit in duration "5"`."""
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        text = str(values)
-        try:
-            seconds = parse_go_duration(text)
-        except ValueError as err:
-            raise _invalid(option_string, self, text, err) from None
-        setattr(namespace, self.dest, seconds)
+    convert = staticmethod(parse_go_duration)
 
 
 class FlagHelpFormatter(argparse.HelpFormatter):

@@ -13,7 +13,8 @@ WORKDIR /src
 # Only what the package build needs (.dockerignore keeps everything else out of the context).
 COPY pyproject.toml README.md LICENSE ./
 COPY aggregator/ ./aggregator/
-RUN /opt/aggregator/bin/pip install .
+# The kube extra: the image runs in a cluster, where kube mode needs the kubernetes client.
+RUN /opt/aggregator/bin/pip install '.[kube]'
 
 FROM ${PYTHON_IMAGE}
 # libnghttp2 serves HTTP/2 (aggregator/web/http2/nghttp2.py loads it; without it the gateway

@@ -77,6 +77,7 @@ from aggregator.proxy.loops import loop_gate
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
+from aggregator.sources.problems import ManifestReport, merged_problems
 from aggregator.sources.store import Store
 from aggregator.tls.verify import CAPool
 from aggregator.web.accesslog import AccessLog
@@ -249,6 +250,12 @@ def build_gateway(options: Options) -> Gateway:
     )
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
+    if folder is not None:
+        # What the folder holds but the gateway does not load (objects, RBAC): /readyz?verbose
+        # notes (a warning, never unready) and aggregator_manifest_errors.
+        rbac_problems = [authorization.rbac.problems] if authorization.rbac is not None else []
+        problems = merged_problems(folder.problems, *rbac_problems)
+        health.add_notes("readyz", ManifestReport(problems, metrics.registry).notes)
 
     # 4. the backends; every identity header the front-proxy configuration names is stripped,
     # including names the cluster's ConfigMap sets later; every request carries this gateway's

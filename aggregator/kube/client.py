@@ -70,6 +70,26 @@ def _import(module: str) -> Any:
     return importlib.import_module(module)
 
 
+# The extra that installs the kubernetes package (pyproject.toml): local mode does without it.
+KUBE_EXTRA = "aggregator[kube]"
+
+
+def missing_kube_client() -> str | None:
+    """Why no KubeClient can load credentials here (the `kube` extra is not installed), or None.
+
+    Asked at start by whatever will build a client (kube mode, a kubeconfig for reviews), so a
+    gateway without the extra stops with one line naming it instead of failing at its first call.
+    """
+    try:
+        _import("kubernetes.aio.config")
+    except ImportError as err:
+        return (
+            f"needs the kubernetes client, which is not installed ({err}): it is the package's kube extra, "
+            f"pip install '{KUBE_EXTRA}'"
+        )
+    return None
+
+
 # --- where credentials come from -------------------------------------------------------------------
 
 

@@ -182,8 +182,8 @@ class H2ServerConnection(asyncio.Protocol):
         """Write what the session has to send now (nothing while the client is not reading)."""
         self._flush_scheduled = False
         transport = self.transport
-        if transport is None or transport.is_closing():
-            return
+        if transport is None or transport.is_closing() or (self.writing_paused and not self.closing):
+            return  # resume_writing flushes; meanwhile what is owed waits in the session
         binding = self.lib
         lib, ffi, out = binding.lib, binding.ffi, binding.out
         session = self.session

@@ -46,6 +46,7 @@ from aggregator.auth.selfreviews import SelfReviews
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.ejections import EjectionBook
 from aggregator.availability.probe import DiscoveryProbe
+from aggregator.availability.quarantine import DiscoveryQuarantine, QuarantineMetrics
 from aggregator.availability.status import (
     ALWAYS_LEADS,
     KubeStatusWriter,
@@ -144,6 +145,8 @@ class Gateway:
     cluster_auth: AuthConfigMap | None = None
     # local mode: the folder's RBAC manifests being watched (worker processes get copies)
     rbac: RBACFolder | None = None
+    # the APIServices left out of discovery (worker processes get copies)
+    quarantine: DiscoveryQuarantine | None = None
     shutting_down: bool = False
 
     async def start(self) -> None:
@@ -279,7 +282,12 @@ def build_gateway(options: Options) -> Gateway:
         components.append(("leader-election", elector))
     sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
     ejections = EjectionBook()
-    availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink, ejections=ejections)
+    # Discovery quarantine (opt-in per APIService): fed every verdict by the checker.
+    quarantine = DiscoveryQuarantine(store, QuarantineMetrics(metrics.registry))
+    store.add_listener(quarantine.on_store_event)
+    availability = AvailabilityChecker(
+        store, DiscoveryProbe(backends), metrics, sink, ejections=ejections, quarantine=quarantine
+    )
     store.add_listener(availability.on_store_event)
     if elector is not None:
         elector.add_listener(availability.leadership_changed)
@@ -297,6 +305,7 @@ def build_gateway(options: Options) -> Gateway:
         metrics=metrics,
         fallback=fallback.handler,
         reachability=availability,
+        quarantine=quarantine,
     )
     store.add_listener(discovery.on_store_event)
     # A verdict flip sends discovery and OpenAPI back to the backend at once: an APIService found
@@ -310,11 +319,22 @@ def build_gateway(options: Options) -> Gateway:
         metrics=metrics,
         local_mode=options.local_mode,
         reachability=availability,
+        quarantine=quarantine,
     )
     store.add_listener(openapi.on_store_event)
     availability.add_listener(openapi.apiservice_changed)
+    # Entering or leaving quarantine re-renders discovery and OpenAPI; entering has the checker
+    # record a verdict whose condition message says so.
+    quarantine.add_listener(discovery.quarantine_changed)
+    quarantine.add_listener(openapi.quarantine_changed)
+    quarantine.add_listener(lambda name: availability.poke(name) if name in quarantine.quarantined else None)
     apiregistration = _apiregistration(options, store)
-    components += [("discovery", discovery), ("openapi", openapi), ("availability", availability)]
+    components += [
+        ("discovery", discovery),
+        ("openapi", openapi),
+        ("availability", availability),
+        ("discovery-quarantine", quarantine),
+    ]
 
     # 7. the request path: routes, the APIService proxy, gates
     path = build_request_path(
@@ -364,6 +384,7 @@ def build_gateway(options: Options) -> Gateway:
         hop=hop,
         cluster_auth=authentication.cluster,
         rbac=authorization.rbac,
+        quarantine=quarantine,
     )
     health.add("ping", lambda: None)
     health.add("shutdown", gateway.shutdown_check, livez=False)
@@ -588,7 +609,7 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     forwarding = _forwarding(options, kube, metrics, backends, authenticator, recheck=replica, hop=hop)
     if forwarding.delegate is not None:
         components.append(("delegate", forwarding.delegate))
-    legacy = LegacyDiscovery(store)
+    legacy = LegacyDiscovery(store, quarantine=replica)
     store.add_listener(legacy.on_store_event)
     discovery = DiscoveryRoutes(legacy, None, forwarding.fallback.handler)
     replica.bind_discovery(discovery)

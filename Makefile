@@ -28,7 +28,7 @@ $(DEMO_STAMP): pyproject.toml $(SAMPLE)/pyproject.toml | $(BIN)/python
 
 $(STAMP): pyproject.toml $(SAMPLE)/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dev]' -e $(SAMPLE)
+	$(BIN)/python -m pip install --quiet -e '.[test,dev,tracing]' -e $(SAMPLE)
 	touch $(DEMO_STAMP) $@
 
 demo: $(DEMO_STAMP)

@@ -31,6 +31,7 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from aggregator.model.userinfo import UserInfo
+from aggregator.tracing.api import RequestSpan
 from aggregator.web.requestinfo import RequestInfo, RequestInfoError, decoded_path, new_request_info
 from aggregator.web.requestlabels import clean_dry_run, watch_requested
 from aggregator.web.routing import Route
@@ -163,6 +164,7 @@ class RequestContext:
         "response",
         "retried",
         "route",
+        "span",
         "status",
         "target",
         "task",
@@ -238,6 +240,8 @@ class RequestContext:
         # Set by a handler upstream wraps in `metrics.InstrumentHandlerFunc` with fixed labels
         # (aggregated discovery, OpenAPI v3): the (subresource, component) it is counted under.
         self.instrumented_as: tuple[str, str] | None = None
+        # Tracing hook: the request's span when it is sampled (`tracing/`), else None.
+        self.span: RequestSpan | None = None
 
     @classmethod
     def of_request(

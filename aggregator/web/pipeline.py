@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 from prometheus_client import Counter
 
+from aggregator.tracing.api import RequestTracer
 from aggregator.util.logs import fields
 from aggregator.web.accesslog import CLIENT_GONE, AccessLog
 from aggregator.web.context import HeadListener, RequestContext
@@ -61,8 +62,11 @@ class Pipeline:
         gates: Sequence[Gate] = (),
         head_listeners: Sequence[HeadListener] = (),
         finishers: Sequence[Finisher] = (),
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.router = router
+        # Tracing hook (`tracing/`): gives each request its span, None when it is not sampled.
+        self.tracer = tracer
         self.access_log = access_log
         self.in_flight = in_flight
         self.timeouts = timeouts
@@ -79,6 +83,8 @@ class Pipeline:
             request, self.router.match(request.path), time.monotonic(), self.head_listeners
         )
         request.gateway_context = ctx
+        if self.tracer is not None:  # tracing hook: the span starts with the context
+            ctx.span = self.tracer.begin(ctx)
         return ctx
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

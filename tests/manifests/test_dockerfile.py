@@ -145,7 +145,8 @@ def test_the_entrypoint_is_aggregator_serve_in_exec_form(final: Stage) -> None:
 
 def test_the_package_is_installed_with_pip_from_the_repository(stages: list[Stage]) -> None:
     runs = [i.value for s in stages for i in s.all("RUN")]
-    assert any(re.search(r"pip install (--\S+ )*\.$", run) for run in runs), runs
+    # With the tracing extra: --tracing-config-file works in the image.
+    assert any(re.search(r"pip install (--\S+ )*'\.\[tracing\]'$", run) for run in runs), runs
 
 
 def test_nothing_but_the_package_sources_is_copied_and_no_secret_is_set(stages: list[Stage]) -> None:

@@ -13,12 +13,24 @@ from pathlib import Path
 import pytest
 
 from aggregator.tracing.otel import SERVICE_NAME
-from tests.support.backend import APISERVICE, GROUP, VERSION
+from tests.support.backend import (
+    APISERVICE,
+    GROUP,
+    VERSION,
+    BackendPKI,
+    FakeBackend,
+    apiservice_manifest,
+    endpointslice_manifest,
+    service_manifest,
+    wait_available,
+    write_manifests,
+)
 from tests.support.fixtures import Proxied, StartProxied
 from tests.support.gateway import gateway_of
 from tests.support.h2client import H2Client
 from tests.support.otlp import CLIENT, SERVER, STATUS_ERROR, ReceivedSpan, Receiver, otlp_receiver
 from tests.support.pki import PKI
+from tests.support.polling import until_async
 
 PATH = f"/apis/{GROUP}/{VERSION}/namespaces/default/widgets/w1"
 SPAN_NAME = f"GET /apis/{GROUP}/{VERSION}/namespaces/{{:namespace}}/widgets/{{:name}}"
@@ -142,3 +154,42 @@ async def test_a_backend_that_cannot_be_reached_marks_the_call_failed(
         # Never written: retried once on the same address (the only one), and said so.
         retry = call.event("retry")
         assert retry is not None and retry["reason"] == "unsent" and "connection refused" in retry["cause"]
+
+
+async def test_a_dead_replica_is_an_ejection_and_a_retry_in_the_call_that_met_it(
+    start_proxied: StartProxied, backend: FakeBackend, backend_pki: BackendPKI, apiservices_dir: Path, tmp_path: Path
+) -> None:
+    """Two ready endpoints, one dead (nothing listens on 127.0.0.2): the request that picks it is
+    refused there, ejects it and is retried on the live one, all in its proxied call's span."""
+    write_manifests(
+        apiservices_dir,
+        "demo",
+        apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem),
+        service_manifest(port=backend.port),
+        endpointslice_manifest("api-1", [("127.0.0.1", True), ("127.0.0.2", True)], port=backend.port),
+    )
+    dead, live = f"127.0.0.2:{backend.port}", f"127.0.0.1:{backend.port}"
+    async with otlp_receiver() as receiver:
+        proxied = await start_proxied(
+            manifests=False, tracing_config_file=tracing_config(tmp_path, receiver), enable_aggregator_routing=True
+        )
+        await wait_available(proxied.server)
+
+        async def a_request_met_the_dead_replica() -> bool:
+            trace_id, _, traceparent = new_parent()
+            assert await get(proxied, "HTTP/1.1", PATH, {"traceparent": traceparent}) == 200
+            await receiver.wait_for(lambda _: server_span(receiver, trace_id) is not None)
+            return any(s.event("retry") is not None for s in receiver.named("HTTP GET"))
+
+        await until_async(a_request_met_the_dead_replica, timeout=30, what="a request balanced to the dead replica")
+        (call,) = [s for s in receiver.named("HTTP GET") if s.event("retry") is not None]
+        retry, ejection = call.event("retry"), call.event("ejection")
+        assert retry is not None and (retry["endpoint"], retry["reason"]) == (dead, "unsent")
+        assert ejection is not None and ejection["endpoint"] == dead and "connection refused" in ejection["reason"]
+        assert call.attributes["endpoint"] == live and call.event("first byte") == {"endpoint": live, "http.status_code": 200}
+        # Ejected: the next request goes to the live one at once.
+        trace_id, _, traceparent = new_parent()
+        assert await get(proxied, "HTTP/1.1", PATH, {"traceparent": traceparent}) == 200
+        await receiver.wait_for(lambda _: server_span(receiver, trace_id) is not None)
+        (after,) = [s for s in receiver.named("HTTP GET") if s.trace_id == trace_id]
+        assert after.attributes["endpoint"] == live and after.event("retry") is None

@@ -12,8 +12,10 @@ every span it is sent, with its resource's attributes, and answers each export w
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -126,3 +128,22 @@ async def otlp_receiver() -> AsyncIterator[Receiver]:
         yield receiver
     finally:
         await server.stop(grace=None)
+
+
+def tracing_config(tmp_path: Path, receiver: Receiver, rate: int | None = None) -> str:
+    path = tmp_path / "tracing.yaml"
+    text = f"apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: {receiver.endpoint}\n"
+    if rate is not None:
+        text += f"samplingRatePerMillion: {rate}\n"
+    path.write_text(text)
+    return str(path)
+
+
+def new_parent(sampled: bool = True) -> tuple[str, str, str]:
+    """(trace id, span id, traceparent) of a caller's span."""
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return trace_id, span_id, f"00-{trace_id}-{span_id}-{'01' if sampled else '00'}"
+
+
+def server_span(receiver: Receiver, trace_id: str) -> ReceivedSpan | None:
+    return next((s for s in receiver.spans if s.trace_id == trace_id and s.kind == SERVER), None)

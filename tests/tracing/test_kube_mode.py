@@ -14,10 +14,18 @@ from pathlib import Path
 import pytest
 
 from tests.support.kubestack import WARDLE_ADMINS, KubeStack
-from tests.support.otlp import CLIENT, SERVER, ReceivedSpan, Receiver, otlp_receiver
+from tests.support.otlp import (
+    CLIENT,
+    SERVER,
+    ReceivedSpan,
+    Receiver,
+    new_parent,
+    otlp_receiver,
+    server_span,
+    tracing_config,
+)
 from tests.support.pki import PKI
 from tests.support.polling import until_async
-from tests.tracing.test_requests import new_parent, server_span, tracing_config
 
 FLUNDERS = "/apis/wardle.example.com/v1beta1/namespaces/default/flunders"
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"

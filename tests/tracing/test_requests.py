@@ -7,7 +7,6 @@ backend's parent is the proxied call's span.
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 
 import pytest
@@ -28,27 +27,20 @@ from tests.support.backend import (
 from tests.support.fixtures import Proxied, StartProxied
 from tests.support.gateway import gateway_of
 from tests.support.h2client import H2Client
-from tests.support.otlp import CLIENT, SERVER, STATUS_ERROR, ReceivedSpan, Receiver, otlp_receiver
+from tests.support.otlp import (
+    CLIENT,
+    SERVER,
+    STATUS_ERROR,
+    new_parent,
+    otlp_receiver,
+    server_span,
+    tracing_config,
+)
 from tests.support.pki import PKI
 from tests.support.polling import until_async
 
 PATH = f"/apis/{GROUP}/{VERSION}/namespaces/default/widgets/w1"
 SPAN_NAME = f"GET /apis/{GROUP}/{VERSION}/namespaces/{{:namespace}}/widgets/{{:name}}"
-
-
-def tracing_config(tmp_path: Path, receiver: Receiver, rate: int | None = None) -> str:
-    path = tmp_path / "tracing.yaml"
-    text = f"apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: {receiver.endpoint}\n"
-    if rate is not None:
-        text += f"samplingRatePerMillion: {rate}\n"
-    path.write_text(text)
-    return str(path)
-
-
-def new_parent(sampled: bool = True) -> tuple[str, str, str]:
-    """(trace id, span id, traceparent) of a caller's span."""
-    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
-    return trace_id, span_id, f"00-{trace_id}-{span_id}-{'01' if sampled else '00'}"
 
 
 async def get(proxied: Proxied, protocol: str, path: str, headers: dict[str, str]) -> int:
@@ -58,10 +50,6 @@ async def get(proxied: Proxied, protocol: str, path: str, headers: dict[str, str
     async with proxied.request("GET", path, headers=headers) as resp:
         await resp.read()
         return resp.status
-
-
-def server_span(receiver: Receiver, trace_id: str) -> ReceivedSpan | None:
-    return next((s for s in receiver.spans if s.trace_id == trace_id and s.kind == SERVER), None)
 
 
 @pytest.mark.parametrize("protocol", ["HTTP/1.1", "HTTP/2"])

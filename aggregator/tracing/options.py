@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aggregator.tracing.config import TracingConfigError, TracingConfiguration, read_tracing_configuration
 from aggregator.util.flags import ConfigError, FlagSet
@@ -88,8 +89,9 @@ class TracingOptions:
         except TracingConfigError as err:
             raise ConfigError(FLAG, str(err)) from err
 
-    def tracer(self) -> RequestTracer | None:
-        """The process's tracer, None when tracing is off (OpenTelemetry is imported only then)."""
+    def tracer(self, *, audit_id: Callable[[Any], str | None] | None = None) -> RequestTracer | None:
+        """The process's tracer, None when tracing is off (OpenTelemetry is imported only then).
+        `audit_id` reads a request's audit ID, named on its span."""
         config = self.configuration()
         if config is None:
             return None
@@ -97,4 +99,4 @@ class TracingOptions:
             raise ConfigError(FLAG, f"tracing needs '{EXTRA}': pip install '{EXTRA}'")
         from aggregator.tracing.otel import OtelTracing
 
-        return OtelTracing(config)
+        return OtelTracing(config) if audit_id is None else OtelTracing(config, audit_id=audit_id)

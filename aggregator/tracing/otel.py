@@ -92,7 +92,6 @@ class Traced(Protocol):
 
     method: str
     target: str
-    audit_id: str | None
     status: int | None
     span: RequestSpan | None
 
@@ -311,7 +310,7 @@ class OtelTracing:
     """The process's tracer: `begin` a request's span (None when not sampled), `finished` ends it.
 
     `processor` builds what exports the spans (the OTLP batch processor; tests may pass another);
-    it is called at the first sampled request.
+    it is called at the first sampled request. `audit_id` reads a request's audit ID (auditing's).
     """
 
     def __init__(
@@ -320,8 +319,11 @@ class OtelTracing:
         *,
         processor: Callable[[TracingConfiguration], SpanProcessor] = otlp_processor,
         clock_ns: Callable[[], int] = time.time_ns,
+        audit_id: Callable[[Any], str | None] = lambda _ctx: None,
     ) -> None:
         self.config = config
+        # The request's audit ID where auditing keeps it (`audit.recorder.AUDIT_ID`).
+        self._audit_id = audit_id
         self.ratio = config.sampling_ratio
         self._processor = processor
         self._clock_ns = clock_ns
@@ -384,7 +386,7 @@ class OtelTracing:
             status = ctx.status if ctx.status is not None else getattr(response, "status", None)
             # The audit ID (with an audit policy), else the caller's own `Audit-ID`, as kube-apiserver
             # takes it (`WithAuditInit`).
-            audit_id = ctx.audit_id or ctx.headers.get(AUDIT_ID)
+            audit_id = self._audit_id(ctx) or ctx.headers.get(AUDIT_ID)
             span.finish(status, f"{type(error).__name__}: {error}" if error is not None else None, audit_id)
 
     async def start(self) -> None:

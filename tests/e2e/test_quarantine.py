@@ -12,6 +12,7 @@ gateway behaves as kube-aggregator: the group stays, Stale, which client-go's Di
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -36,9 +37,13 @@ from tests.support.polling import until_async
 from tests.support.ports import free_port
 from tests.workers.group import running_group
 
-KUBECTLS = kubectl_binaries()
+KUBECTLS = sorted(
+    (b for b in kubectl_binaries(every_version=True) if re.search(r"kubectl\.1\.\d+$", b)),
+    key=lambda b: int(b.rsplit(".", 1)[1]),
+)
+# The oldest and the newest kubectl the suite drives (1.27 and 1.33 beside kubectl's real file).
 NEWEST, OLDEST = (KUBECTLS[-1], KUBECTLS[0]) if KUBECTLS else ("", "")
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed")]
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not KUBECTLS, reason="kubectl 1.<minor> is not installed")]
 AGGREGATED = {"Accept": "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"}
 RESOURCES = {"APIService": "apiservices", "Service": "services", "EndpointSlice": "endpointslices"}
 

@@ -13,8 +13,9 @@ WORKDIR /src
 # Only what the package build needs (.dockerignore keeps everything else out of the context).
 COPY pyproject.toml README.md LICENSE ./
 COPY aggregator/ ./aggregator/
-# The kube extra: the image runs in a cluster, where kube mode needs the kubernetes client.
-RUN /opt/aggregator/bin/pip install '.[kube]'
+# The kube extra: the image runs in a cluster, where kube mode needs the kubernetes client; the
+# tracing extra: --tracing-config-file works there too (about 25 MB: grpcio, protobuf).
+RUN /opt/aggregator/bin/pip install '.[kube,tracing]'
 
 FROM ${PYTHON_IMAGE}
 # libnghttp2 serves HTTP/2 (aggregator/web/http2/nghttp2.py loads it; without it the gateway

@@ -31,7 +31,7 @@ from typing import Protocol
 from aggregator.apiregistration.api import APIRegistration
 from aggregator.audit.factory import build_auditor
 from aggregator.audit.filter import AuditLog, RequestAuditing
-from aggregator.audit.recorder import Auditor
+from aggregator.audit.recorder import AUDIT_ID, Auditor
 from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
 from aggregator.auth.authconfigmap import AuthConfigMap
 from aggregator.auth.authn import Authenticator, limit_unauthenticated_http2
@@ -44,6 +44,7 @@ from aggregator.auth.selfreviews import SelfReviews
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.ejections import EjectionBook
 from aggregator.availability.probe import DiscoveryProbe
+from aggregator.availability.quarantine import DiscoveryQuarantine, QuarantineMetrics
 from aggregator.availability.status import (
     ALWAYS_LEADS,
     KubeStatusWriter,
@@ -80,6 +81,8 @@ from aggregator.sources.kube import KubeSource
 from aggregator.sources.problems import ManifestReport, merged_problems
 from aggregator.sources.store import Store
 from aggregator.tls.verify import CAPool
+from aggregator.tracing.api import RequestTracer
+from aggregator.tracing.gates import AUTHENTICATION, AUTHORIZATION, traced_gate
 from aggregator.web.accesslog import AccessLog
 from aggregator.web.certexpiry import (
     AUTHENTICATION_CONFIGMAP,
@@ -143,6 +146,8 @@ class Gateway:
     cluster_auth: AuthConfigMap | None = None
     # local mode: the folder's RBAC manifests being watched (worker processes get copies)
     rbac: RBACFolder | None = None
+    # the APIServices left out of discovery (worker processes get copies)
+    quarantine: DiscoveryQuarantine | None = None
     shutting_down: bool = False
 
     async def start(self) -> None:
@@ -221,6 +226,10 @@ def build_gateway(options: Options) -> Gateway:
     health = HealthChecks()
     store = Store()
     components: list[tuple[str, Component]] = []
+    # --tracing-config-file: the request spans (stopped last: what is batched is exported)
+    tracer = options.tracing.tracer(audit_id=AUDIT_ID.get)
+    if tracer is not None:
+        components.append(("tracing", tracer))
     # The audit log starts first and stops last: every request's final event is written.
     auditor = build_auditor(options.audit, metrics)
     if auditor is not None:
@@ -280,7 +289,12 @@ def build_gateway(options: Options) -> Gateway:
         components.append(("leader-election", elector))
     sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
     ejections = EjectionBook()
-    availability = AvailabilityChecker(store, DiscoveryProbe(backends), metrics, sink, ejections=ejections)
+    # Discovery quarantine (opt-in per APIService): fed every verdict by the checker.
+    quarantine = DiscoveryQuarantine(store, QuarantineMetrics(metrics.registry))
+    store.add_listener(quarantine.on_store_event)
+    availability = AvailabilityChecker(
+        store, DiscoveryProbe(backends), metrics, sink, ejections=ejections, quarantine=quarantine
+    )
     store.add_listener(availability.on_store_event)
     if elector is not None:
         elector.add_listener(availability.leadership_changed)
@@ -298,6 +312,7 @@ def build_gateway(options: Options) -> Gateway:
         metrics=metrics,
         fallback=fallback.handler,
         reachability=availability,
+        quarantine=quarantine,
     )
     store.add_listener(discovery.on_store_event)
     # A verdict flip sends discovery and OpenAPI back to the backend at once: an APIService found
@@ -311,11 +326,22 @@ def build_gateway(options: Options) -> Gateway:
         metrics=metrics,
         local_mode=options.local_mode,
         reachability=availability,
+        quarantine=quarantine,
     )
     store.add_listener(openapi.on_store_event)
     availability.add_listener(openapi.apiservice_changed)
+    # Entering or leaving quarantine re-renders discovery and OpenAPI; entering has the checker
+    # record a verdict whose condition message says so.
+    quarantine.add_listener(discovery.quarantine_changed)
+    quarantine.add_listener(openapi.quarantine_changed)
+    quarantine.add_listener(lambda name: availability.poke(name) if name in quarantine.quarantined else None)
     apiregistration = _apiregistration(options, store)
-    components += [("discovery", discovery), ("openapi", openapi), ("availability", availability)]
+    components += [
+        ("discovery", discovery),
+        ("openapi", openapi),
+        ("availability", availability),
+        ("discovery-quarantine", quarantine),
+    ]
 
     # 7. the request path: routes, the APIService proxy, gates
     path = build_request_path(
@@ -333,6 +359,7 @@ def build_gateway(options: Options) -> Gateway:
         metrics_route=Route(metrics.handle, RouteKind.OWN, "metrics"),
         routes=[discovery.routes, OpenAPIRoutes(openapi), *_local_routes(apiregistration, authorizer)],
         ejections=ejections,
+        tracer=tracer,
     )
     components.append(("endpoint-probes", path.proxy.handling))
 
@@ -365,6 +392,7 @@ def build_gateway(options: Options) -> Gateway:
         hop=hop,
         cluster_auth=authentication.cluster,
         rbac=authorization.rbac,
+        quarantine=quarantine,
     )
     health.add("ping", lambda: None)
     health.add("shutdown", gateway.shutdown_check, livez=False)
@@ -481,6 +509,7 @@ def build_request_path(
     metrics_route: Route,
     routes: Sequence[RouteInstaller],
     ejections: EjectionReport | None = None,
+    tracer: RequestTracer | None = None,
 ) -> RequestPath:
     """The request path, the same for `build_gateway` and `build_worker_gateway`: the router (the
     gateway's own paths, the features' `routes`, then the APIService proxy's claim), and the
@@ -522,7 +551,14 @@ def build_request_path(
     )
     instrumentation = RequestInstrumentation(metrics.apiserver)
     auditing = RequestAuditing(auditor) if auditor is not None else None
-    gates: list[Gate] = [loop_gate(hop), refuse_confusing_paths, authenticator.gate]
+    # Tracing hooks: with --tracing-config-file, authentication and authorization run in their phase
+    # spans (a request that is not sampled pays one attribute read each).
+    authenticate: Gate = authenticator.gate
+    authorize: Gate = authorizer.gate
+    if tracer is not None:
+        authenticate = traced_gate(AUTHENTICATION, authenticate)
+        authorize = traced_gate(AUTHORIZATION, authorize)
+    gates: list[Gate] = [loop_gate(hop), refuse_confusing_paths, authenticate]
     finishers: list[Finisher] = []
     if auditing is not None:
         gates.append(auditing.gate)
@@ -530,10 +566,12 @@ def build_request_path(
     if limits.enabled:
         gates.append(limits.gate)
         finishers.append(limits.finished)
-    gates += [authorizer.gate, upgrade_gate(metrics), instrumentation.gate]  # last: the handler runs
+    gates += [authorize, upgrade_gate(metrics), instrumentation.gate]  # last: the handler runs
     finishers.append(instrumentation.finished)
     if auditing is not None:
         finishers.append(auditing.finished)
+    if tracer is not None:
+        finishers.append(tracer.finished)  # tracing hook: the request's span ends with its status
     pipeline = Pipeline(
         router,
         metrics.requests,
@@ -544,6 +582,7 @@ def build_request_path(
         head_listeners=[limit_unauthenticated_http2]
         + ([auditing.head_going_out] if auditing is not None else []),
         finishers=finishers,
+        tracer=tracer,
     )
     return RequestPath(router, proxy, pipeline, limits, timeouts)
 
@@ -556,6 +595,10 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     health = HealthChecks()
     store = replica.store
     components: list[tuple[str, Component]] = []
+    # Each worker exports its own spans.
+    tracer = options.tracing.tracer(audit_id=AUDIT_ID.get)
+    if tracer is not None:
+        components.append(("tracing", tracer))
     kube = options.source.kube_client()
     if kube is not None:
         components.append(("kube-client", kube))
@@ -592,7 +635,7 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     forwarding = _forwarding(options, kube, metrics, backends, authenticator, recheck=replica, hop=hop)
     if forwarding.delegate is not None:
         components.append(("delegate", forwarding.delegate))
-    legacy = LegacyDiscovery(store)
+    legacy = LegacyDiscovery(store, quarantine=replica)
     store.add_listener(legacy.on_store_event)
     discovery = DiscoveryRoutes(legacy, None, forwarding.fallback.handler)
     replica.bind_discovery(discovery)
@@ -613,6 +656,7 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
         metrics_route=Route(replica.serve_metrics, RouteKind.OWN, "metrics"),
         routes=[discovery, OpenAPIRoutes(replica), *_local_routes(apiregistration, authorizer)],
         ejections=replica,
+        tracer=tracer,
     )
     components.append(("endpoint-probes", path.proxy.handling))
 

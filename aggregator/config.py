@@ -6,8 +6,8 @@ from it): where objects come from (`sources/options.py`), secure serving (`tls/o
 request limits, timeouts and shutdown and the logging flags (`web/options.py`), the worker count
 (`workers/options.py`), authentication and authorization (`auth/options.py`), the backends
 (`backends/options.py`), delegation to kube-apiserver (`proxy/options.py`), status writes
-(`availability/options.py`) and their leader election (`leaderelection.py`), and auditing
-(`audit/options.py`). This module only puts the groups together (each flag's destination names its
+(`availability/options.py`) and their leader election (`leaderelection.py`), auditing
+(`audit/options.py`) and tracing (`tracing/options.py`). This module only puts the groups together (each flag's destination names its
 group and field: `util/flags.py`) and checks what no one group can: flags that mean nothing in
 local mode, and the front-proxy certificate kube mode requires.
 
@@ -30,6 +30,7 @@ from aggregator.proxy.options import DelegationOptions
 from aggregator.sources.options import SourceOptions
 from aggregator.tls.options import SECTION as SERVING_SECTION
 from aggregator.tls.options import SecureServingOptions
+from aggregator.tracing.options import TracingOptions
 from aggregator.util.flags import ConfigError, InvalidOptions, assign
 from aggregator.web.options import LoggingOptions, ServerRunOptions
 from aggregator.workers.options import WorkersOptions
@@ -47,6 +48,7 @@ AVAILABILITY = "availability."
 LEADER_ELECTION = "leader_election."
 AUDIT = "audit."
 LOGGING = "logging."
+TRACING = "tracing."
 
 # Flags that only mean something in kube mode: given explicitly with --apiservices-dir, refused
 # (destination -> flag). Their defaults are not registered, so a parsed namespace has them only
@@ -72,6 +74,7 @@ class Options:
     leader_election: LeaderElectionOptions = field(default_factory=LeaderElectionOptions)
     audit: AuditOptions = field(default_factory=AuditOptions)
     logging: LoggingOptions = field(default_factory=LoggingOptions)
+    tracing: TracingOptions = field(default_factory=TracingOptions)
     # The KUBE_MODE_FLAGS given on the command line (their defaults cannot tell).
     explicit_flags: frozenset[str] = frozenset()
 
@@ -114,6 +117,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     AvailabilityOptions.add_flags(parser, AVAILABILITY)
     LeaderElectionOptions.add_flags(parser, LEADER_ELECTION)
     AuditOptions.add_flags(parser, AUDIT)
+    TracingOptions.add_flags(parser, TRACING)
     LoggingOptions.add_flags(parser, LOGGING)
 
 
@@ -141,6 +145,7 @@ def problems(opts: Options) -> list[ConfigError]:
         *opts.delegation.validate(),
         *opts.availability.validate(),
         *opts.audit.validate(),
+        *opts.tracing.validate(),
     ]
     if opts.local_mode:
         found += [

@@ -67,6 +67,14 @@ class EjectionReport(Protocol):
     def ejection(self, name: str, endpoint: str, reason: str) -> None: ...
 
 
+class Quarantined(Protocol):
+    """The APIServices left out of discovery and OpenAPI now (`availability/quarantine.py`): the
+    control's book, or a worker's copy of it. Immutable: a change is a new set."""
+
+    @property
+    def quarantined(self) -> frozenset[str]: ...
+
+
 class Recheck(Protocol):
     """A request could not reach this APIService's backend: check its availability again now.
 

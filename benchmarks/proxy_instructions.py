@@ -13,7 +13,10 @@ the same run measures that tree too and prints the ratio; `--baseline-us` turns 
 CPU time on a machine where `proxy.py` measured the baseline. The reference: commit bf40649 (the
 request path before issue 25) took 155 µs per request there (`git archive bf40649`).
 Per request means net of the background work (timers, availability checks) the same process
-does over as long a time with no requests. valgrind makes everything about 50x slower, so a few
+does over as long a time with no requests. `--tracing-rate N` also measures this tree with
+`--tracing-config-file` at `samplingRatePerMillion: N` in every round (0: configured, nothing
+sampled; the requests carry no `traceparent`), so the cost of tracing that samples nothing is
+read against the same tree without it, and against the baseline. valgrind makes everything about 50x slower, so a few
 dozen requests per second are counted; wrk's latencies mean nothing here.
 """
 
@@ -114,6 +117,17 @@ def count(
     return Counted(label, busy, idle, requests)
 
 
+def tracing_args(work: Path, rate: int) -> list[str]:
+    """`--tracing-config-file` for a configuration at `rate` per million. Its endpoint is a port
+    nothing listens on: at rate 0 no span is made, and any export would only fail."""
+    config = work / f"tracing-{rate}.yaml"
+    config.write_text(
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\n"
+        f"endpoint: 127.0.0.1:9\nsamplingRatePerMillion: {rate}\n"
+    )
+    return ["--tracing-config-file", str(config)]
+
+
 def _totals(dump: Path) -> int:
     totals = [line for line in dump.read_text(errors="replace").splitlines() if line.startswith("totals:")]
     if not totals:
@@ -136,6 +150,11 @@ def main() -> int:
         "--keep", type=Path, help="a folder to keep callgrind's files in (callgrind_annotate)"
     )
     parser.add_argument("--gateway-args", default="", help="extra `aggregator serve` flags, space-separated")
+    parser.add_argument(
+        "--tracing-rate",
+        type=int,
+        help="also measure this tree with --tracing-config-file at this samplingRatePerMillion",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
         work = Path(tmp)
@@ -150,15 +169,19 @@ def main() -> int:
             "--proxy-client-key-file", str(pki / "front-proxy-client.key"),
             *args.gateway_args.split(),
         ]  # fmt: skip
-        trees = [("this tree", None)] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
-        results: dict[str, list[Counted]] = {label: [] for label, _ in trees}
+        trees: list[tuple[str, str | None, list[str]]] = [("this tree", None, gateway_args)]
+        if args.tracing_rate is not None:
+            trees.append((f"tracing {args.tracing_rate}", None, [*gateway_args, *tracing_args(work, args.tracing_rate)]))
+        if args.baseline_src:
+            trees.append(("baseline", args.baseline_src, gateway_args))
+        results: dict[str, list[Counted]] = {label: [] for label, _, _ in trees}
         with (
             nginx(work, "backend", backend_conf(work, ports), None),
             nginx(work, "front", front_conf(work, ports), None),
         ):
             for _ in range(args.rounds):
-                for label, src in trees:
-                    counted = count(label, work, ports, folder, gateway_args, src, args.seconds, args.keep)
+                for label, src, flags in trees:
+                    counted = count(label, work, ports, folder, flags, src, args.seconds, args.keep)
                     print(counted.line(), flush=True)
                     results[label].append(counted)
     mean = {label: sum(c.per_request for c in runs) / len(runs) for label, runs in results.items()}
@@ -167,6 +190,11 @@ def main() -> int:
     )
     for label, value in mean.items():
         print(f"{label:<12} {value / 1000:>6.0f}k instructions/request (mean of {len(results[label])})")
+    for label in mean:
+        if label.startswith("tracing"):
+            print(f"{label}: {mean[label] / mean['this tree']:.4f}x this tree's instructions without tracing")
+            if "baseline" in mean:
+                print(f"{label}: {mean[label] / mean['baseline']:.4f}x the baseline's")
     if "baseline" in mean:
         ratio = mean["this tree"] / mean["baseline"]
         print(f"this tree: {ratio:.2f}x the baseline's instructions per request")

@@ -45,6 +45,7 @@ from aggregator.availability import conditions as cond
 from aggregator.availability.conditions import Verdict
 from aggregator.availability.ejections import EjectionBook
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
+from aggregator.availability.quarantine import DiscoveryQuarantine
 from aggregator.availability.status import Change, StatusSink
 from aggregator.backends.bounds import read_bounds
 from aggregator.model.apiservice import APIService, Condition
@@ -98,8 +99,11 @@ class AvailabilityChecker:
         suspect_interval: float = SUSPECT_INTERVAL,
         timer: Callable[[], float] = time.monotonic,
         ejections: EjectionBook | None = None,
+        quarantine: DiscoveryQuarantine | None = None,
     ) -> None:
         self.store = store
+        # Told every verdict; says in the condition message whether discovery leaves it out.
+        self.quarantine = quarantine
         # The endpoints the proxy holds ejected: named in the condition message, checked again on change.
         self.ejections = ejections
         if ejections is not None:
@@ -324,6 +328,8 @@ class AvailabilityChecker:
         self.metrics.unavailable_apiservice.forget(name)
         self.sink.forget(name)
         self.probe.forget(name)
+        if self.quarantine is not None:
+            self.quarantine.forget(name)
         self._unreachable.pop(name, None)
         if had is not None:
             self._notify(name)
@@ -354,6 +360,10 @@ class AvailabilityChecker:
         ejected = self.ejections.describe(name) if self.ejections is not None else None
         if ejected is not None:
             extra.append(ejected)
+        quarantine = self.quarantine
+        quarantined = quarantine.describe(name, report.verdict.available) if quarantine is not None else None
+        if quarantined is not None:
+            extra.append(quarantined)
         if extra:
             report.verdict = replace(report.verdict, message="; ".join((report.verdict.message, *extra)))
         current = self.store.apiservice(name)
@@ -383,6 +393,8 @@ class AvailabilityChecker:
         previous = self._verdicts.get(name)
         self._verdicts[name] = verdict
         self._settled(name)
+        if self.quarantine is not None:
+            self.quarantine.observe(name, verdict.available)
         self.metrics.unavailable_apiservice.set(name, not verdict.available)
         unreachable = report.unreachable and not verdict.available
         reach_changed = unreachable != (name in self._unreachable)

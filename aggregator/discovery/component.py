@@ -3,9 +3,10 @@ mode, kube-apiserver's own aggregated discovery (`delegated.py`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from aggregator.contracts import BackendFetcher, Reachability
+from aggregator.contracts import BackendFetcher, Quarantined, Reachability
 from aggregator.discovery.aggregated import (
     AggregatedDiscovery,
     VersionEntry,
@@ -13,7 +14,7 @@ from aggregator.discovery.aggregated import (
     registration_entry,
 )
 from aggregator.discovery.delegated import DelegateDiscovery
-from aggregator.discovery.fetcher import DiscoveryFetcher
+from aggregator.discovery.fetcher import DiscoveryFetcher, FetchState
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.routes import DiscoveryRoutes
 from aggregator.kube.client import KubeClient
@@ -31,6 +32,7 @@ class Discovery:
     `kube` is kube-apiserver in kube mode (its own groups, built-ins and CRDs, come from its
     aggregated `/apis`), None in local mode (the gateway lists `apiregistration.k8s.io` itself).
     `fallback` answers `/apis/<group>` for a group that vanished while the request was in flight.
+    `quarantine` names the APIServices left out of every document (`availability/quarantine.py`).
     """
 
     def __init__(
@@ -42,8 +44,10 @@ class Discovery:
         metrics: Metrics,
         fallback: Handler,
         reachability: Reachability | None = None,
+        quarantine: Quarantined | None = None,
     ) -> None:
-        self.legacy = LegacyDiscovery(store)
+        self.quarantine = quarantine
+        self.legacy = LegacyDiscovery(store, quarantine=quarantine)
         self.aggregated = AggregatedDiscovery(
             self.entries, on_render=metrics.discovery_aggregations.inc, metadata=self.group_metadata
         )
@@ -64,10 +68,23 @@ class Discovery:
         self.fetcher.on_store_event(event)
 
     def entries(self) -> list[VersionEntry]:
+        states: Iterable[FetchState] = self.fetcher.states.values()
+        hidden = self.quarantine.quarantined if self.quarantine is not None else frozenset()
+        gone: set[tuple[str, str]] = set()
+        if hidden:
+            gone = {(s.apiservice.group, s.apiservice.version) for s in states if s.apiservice.name in hidden}
+            states = [s for s in states if s.apiservice.name not in hidden]
         if self.delegate is not None:
-            # apiregistration.k8s.io is kube-apiserver's there, listed in its document like any group.
-            return self.delegate.entries(self.fetcher.states.values())
-        return [registration_entry(), *self.fetcher.entries()]
+            # apiregistration.k8s.io is kube-apiserver's there, listed in its document like any group;
+            # a quarantined group-version leaves kube-apiserver's copy too.
+            entries = self.delegate.entries(states)
+            return [e for e in entries if (e.group, e.version) not in gone] if gone else entries
+        return [registration_entry(), *(state.entry() for state in states)]
+
+    def quarantine_changed(self, name: str) -> None:
+        """An APIService entered or left discovery quarantine (a listener of the quarantine)."""
+        self.legacy.quarantine_changed(name)
+        self.aggregated.invalidate()
 
     def group_metadata(self, name: str) -> dict[str, Any]:
         return self.delegate.group_metadata(name) if self.delegate is not None else group_metadata(name)

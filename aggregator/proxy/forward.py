@@ -158,8 +158,13 @@ class _Attempts:
         metrics = self.metrics
         if metrics is not None and status in BAD_ANSWERS:
             metrics.errors(dest.name, dest.authority, "answer").inc()
+        span = self.ctx.span
+        if span is not None:  # tracing hook: time to first byte
+            span.first_byte(dest.authority, status, took)
         if self.endpoint is not None and self.endpoints is not None:
-            self.endpoints.answered(self.endpoint, status, took)
+            ejected = self.endpoints.answered(self.endpoint, status, took)
+            if ejected and span is not None:  # tracing hook: ejection
+                span.ejected(dest.authority, self.endpoint.reason)
 
     def done(self) -> None:
         """The exchange that answered has ended."""
@@ -179,7 +184,9 @@ class _Attempts:
             kind = "reset" if not failure.unsent and error.hop is Hop.CONNECT else error.hop.value
             self.metrics.errors(self.dest.name, self.dest.authority, kind).inc()
         if failure.eject and self.endpoint is not None and self.endpoints is not None:
-            self.endpoints.unreachable(self.endpoint, error.cause)
+            ejected = self.endpoints.unreachable(self.endpoint, error.cause)
+            if ejected and self.ctx.span is not None:  # tracing hook: ejection
+                self.ctx.span.ejected(self.dest.authority, error.cause)
         if self.tries:
             return None
         if failure.unsent:
@@ -200,6 +207,8 @@ class _Attempts:
         if self.metrics is not None:
             self.metrics.retries(dest.name, dest.authority, reason).inc()
         self.ctx.add_log_field(RETRIED, f"{dest.authority}: {failure.error.cause}")
+        if self.ctx.span is not None:  # tracing hook: retry
+            self.ctx.span.retried(dest.authority, reason, failure.error.cause)
         self.tries += 1
         if self.endpoints is not None and self.endpoint is not None and self._elsewhere():
             self.endpoint = self.endpoints.choose(avoid=self.endpoint)
@@ -261,10 +270,13 @@ class Forwarder:
         has_body = ctx.request.body is not None
         # A body without a length (the client's own chunks) goes chunked; Content-Length crosses as sent.
         chunked = has_body and "Content-Length" not in ctx.headers
+        span = ctx.span
+        if span is not None:  # tracing hook: the proxied call's span, whose traceparent the backend gets
+            span.proxy_started(dest.name, dest.authority, ctx.method, f"https://{dest.authority}{dest.base_path}{raw_path}")
 
         def head_for(dest: Destination) -> bytes:
             headers = forwarded_headers(
-                ctx.headers.items(),
+                ctx.headers.items() if span is None else span.outgoing(ctx.headers.items()),
                 user,
                 dest.identity.current(),
                 authority=dest.authority,
@@ -395,7 +407,9 @@ class Forwarder:
         request still waits)."""
         dest = attempts.dest
         metrics = attempts.metrics
-        times = DialTimes() if metrics is not None else None
+        span = attempts.ctx.span
+        times = DialTimes() if metrics is not None or span is not None else None
+        started_ns = time.time_ns() if span is not None else 0
         recheck = self.recheck
         timer = (
             asyncio.get_running_loop().call_later(SLOW_DIAL, recheck.suspect, dest.name)
@@ -411,6 +425,8 @@ class Forwarder:
                 timer.cancel()
         if times is not None and metrics is not None:
             metrics.dialed(dest.name, dest.authority, times)
+        if span is not None and times is not None:  # tracing hook: connect and TLS handshake
+            span.dialed(dest.authority, started_ns, times.tcp, times.tls)
         return exchange
 
     async def _relay(
@@ -522,6 +538,8 @@ class Forwarder:
 
     def unreachable(self, ctx: RequestContext, name: str, hop: Hop, cause: str, verb: str) -> Response:
         self.metrics.backend_errors.labels(name, hop.value).inc()
+        if ctx.span is not None:  # tracing hook: the proxied call failed
+            ctx.span.proxy_failed(hop.value, cause)
         if self.recheck is not None and hop in SUSPICIOUS_HOPS:
             self.recheck.suspect(name)
         self.log_limited(

@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from aggregator.model.userinfo import UserInfo
+from aggregator.tracing.api import RequestSpan
 from aggregator.web.connection import HTTP1, HTTP2, Connection
 from aggregator.web.requestinfo import RequestInfo, RequestInfoError, decoded_path, new_request_info
 from aggregator.web.requestlabels import clean_dry_run, watch_requested
@@ -164,6 +165,7 @@ class RequestContext:
         "request",
         "requester",
         "route",
+        "span",
         "status",
         "target",
         "task",
@@ -219,6 +221,9 @@ class RequestContext:
         # What features keep (`ContextKey`), and add to the access-log line.
         self.values: dict[ContextKey[Any], Any] = {}
         self.log_fields: dict[str, str] | None = None
+        # Tracing hook: the request's span when it is sampled (`tracing/`), else None. A slot, not
+        # a `ContextKey`: every hook on the fast path reads it (`is None` when not sampled).
+        self.span: RequestSpan | None = None
         request.on_head = self.head_going_out
 
     # --- facts derived on first use ---------------------------------------------------------------

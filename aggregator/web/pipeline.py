@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from prometheus_client import Counter
 
+from aggregator.tracing.api import RequestTracer
 from aggregator.util.logs import fields
 from aggregator.web.accesslog import CLIENT_GONE, AccessLog
 from aggregator.web.context import HeadListener, RequestContext
@@ -64,8 +65,11 @@ class Pipeline:
         gates: Sequence[Gate] = (),
         head_listeners: Sequence[HeadListener] = (),
         finishers: Sequence[Finisher] = (),
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.router = router
+        # Tracing hook (`tracing/`): gives each request its span, None when it is not sampled.
+        self.tracer = tracer
         self.access_log = access_log
         self.in_flight = in_flight
         self.timeouts = timeouts
@@ -77,7 +81,10 @@ class Pipeline:
 
     def context(self, request: ServerRequest) -> RequestContext:
         """The context of a request: its facts, and the route that serves it."""
-        return RequestContext(request, self.router.match, time.monotonic(), self.head_listeners)
+        ctx = RequestContext(request, self.router.match, time.monotonic(), self.head_listeners)
+        if self.tracer is not None:  # tracing hook: the span starts with the context
+            ctx.span = self.tracer.begin(ctx)
+        return ctx
 
     async def handle(self, request: ServerRequest) -> Answer | None:
         """Serve one request to the end; returns what it was answered (None: the client went away

@@ -67,6 +67,7 @@ class State:
     openapi_v3: dict[str, Document | None] = field(default_factory=dict)  # None: removed
     cluster_auth: ClusterAuthentication | None = None
     rbac: RBACPolicy | None = None  # local mode: the folder's RBAC policy, compiled
+    quarantined: frozenset[str] | None = None  # APIServices left out of discovery (legacy `/apis`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ resolves addresses and routes from the same objects. Everything else derived on 
 compared by identity every `interval` (the documents are immutable once rendered: a new render
 is a new object) and sent only when it changed: availability verdicts, the health checks'
 results and notes, the aggregated discovery document, the OpenAPI documents, the
-requestheader configuration read from the cluster's ConfigMap, and local mode's RBAC policy.
+requestheader configuration read from the cluster's ConfigMap, local mode's RBAC policy, and the
+APIServices in discovery quarantine.
 Nothing here probes or fetches:
 workers never cause background traffic of their own.
 """
@@ -27,6 +28,7 @@ from aggregator.auth.authconfigmap import AuthConfigMap, ClusterAuthentication
 from aggregator.auth.modes import PolicySource
 from aggregator.auth.rbac import RBACPolicy
 from aggregator.availability.checker import AvailabilityChecker
+from aggregator.contracts import Quarantined
 from aggregator.discovery.component import Discovery
 from aggregator.openapi.component import OpenAPIAggregation, V2Published
 from aggregator.openapi.documents import Document
@@ -77,6 +79,7 @@ class _Published:
     openapi_v3: dict[str, Document] = field(default_factory=dict)
     cluster_auth: ClusterAuthentication | None = None
     rbac: RBACPolicy | None = None
+    quarantined: frozenset[str] = frozenset()
     synced: bool = False
 
 
@@ -95,8 +98,11 @@ class Publisher:
         collectors: Callable[[], list[Metric]],
         audit: EventWriter | None = None,
         rbac: PolicySource | None = None,
+        quarantine: Quarantined | None = None,
         interval: float = INTERVAL,
     ) -> None:
+        # The APIServices left out of discovery: workers render legacy `/apis` themselves.
+        self.quarantine = quarantine
         # The one writer of the audit log: workers send their encoded events here.
         self.audit = audit
         self.store = store
@@ -272,6 +278,7 @@ class Publisher:
             openapi_v3=dict(p.openapi_v3),
             cluster_auth=p.cluster_auth,
             rbac=p.rbac,
+            quarantined=p.quarantined,
         )
 
     def _update(self) -> State | None:
@@ -324,6 +331,10 @@ class Publisher:
         rbac = self.rbac.current if self.rbac is not None else None
         if rbac is not p.rbac:
             p.rbac = state.rbac = rbac
+            changed = True
+        quarantined = self.quarantine.quarantined if self.quarantine is not None else frozenset()
+        if quarantined != p.quarantined:
+            p.quarantined = state.quarantined = quarantined
             changed = True
         return state if changed else None
 

@@ -129,6 +129,8 @@ class Replica:
         self._aggregated: dict[str, Rendered] = {}
         self._legacy_only = False
         self._routes: DiscoveryRoutes | None = None
+        # `contracts.Quarantined`: the control's book, for this worker's legacy `/apis`.
+        self.quarantined: frozenset[str] = frozenset()
         self._v2: V2Published = build_v2([V2Input("gateway", base_document())])
         self._v3: V3Published = EMPTY_V3
         self._cluster: AuthConfigMap | None = None
@@ -233,6 +235,12 @@ class Replica:
                 self._cluster.use(state.cluster_auth)
         if state.rbac is not None:
             self.rbac.use(state.rbac)
+        if state.quarantined is not None and state.quarantined != self.quarantined:
+            changed = state.quarantined ^ self.quarantined
+            self.quarantined = state.quarantined
+            if self._routes is not None:
+                for name in changed:
+                    self._routes.legacy.quarantine_changed(name)
         self.first_state.set()
 
     def _apply_discovery(self, docs: AggregatedDocs) -> None:

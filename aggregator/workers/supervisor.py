@@ -107,6 +107,7 @@ class Supervisor:
             collectors=lambda: families([control.metrics.registry, self.metrics.registry]),
             audit=control.auditor.writer if control.auditor is not None else None,
             rbac=control.rbac,
+            quarantine=control.quarantine,
         )
         self.workers = [_Worker(index) for index in range(count)]
         self.stopping = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -51,7 +51,12 @@ class ScriptedPoster:
         self.on_call = on_call
 
     async def request(
-        self, call: ApiCall, *, json_body: Any = None, client_timeout: aiohttp.ClientTimeout | None = None
+        self,
+        call: ApiCall,
+        *,
+        json_body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        client_timeout: aiohttp.ClientTimeout | None = None,
     ) -> KubeResponse:
         self.bodies.append(json_body)
         if self.on_call is not None:

@@ -22,7 +22,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
+from aggregator.availability.quarantine import QuarantineMetrics
 from aggregator.web.metrics import Metrics
 from aggregator.workers.metrics import WorkerMetrics
 from tests.manifests.k8s import KUBECTL, MANIFESTS, find, kustomize
@@ -173,11 +175,16 @@ def test_the_panels_cover_what_an_operator_watches() -> None:
         "Endpoint failures and retries",
         "Ejected endpoints",
         "Backend phases, p99",
+        "Quarantined from discovery",
     } <= titles
 
 
 def test_every_metric_the_dashboard_reads_is_one_the_gateway_exposes() -> None:
-    exposed = exposed_names(Metrics().registry) | exposed_names(WorkerMetrics(2).registry)
+    quarantine = CollectorRegistry()
+    QuarantineMetrics(quarantine)  # declared by the feature, beside the gateway's registry
+    exposed = (
+        exposed_names(Metrics().registry) | exposed_names(WorkerMetrics(2).registry) | exposed_names(quarantine)
+    )
     board = dashboard()
     for title, _legend, expr in targets(board):
         assert metric_names(expr) <= exposed, (title, metric_names(expr) - exposed)
@@ -211,12 +218,13 @@ def scraper_may_read_metrics_only(spec: Spec) -> dict[str, Any]:
 
 def dead_backend(port: int) -> list[JSON]:
     """An APIService whose Service has a ready endpoint where nothing listens: a backend that died
-    since kube-apiserver's aggregator last wrote its status (still Available, as stored)."""
+    since kube-apiserver's aggregator last wrote its status (still Available, as stored). It
+    stores nothing, so it is quarantined from discovery after a second unavailable."""
     return [
         {
             "apiVersion": "apiregistration.k8s.io/v1",
             "kind": "APIService",
-            "metadata": {"name": DEAD_APISERVICE},
+            "metadata": {"name": DEAD_APISERVICE, "annotations": {"aggregator.dev/discovery-quarantine-after": "1s"}},
             "spec": {
                 "group": "dead.example.com",
                 "version": "v1",
@@ -407,6 +415,10 @@ async def test_every_query_evaluates_against_prometheus_scraping_a_gateway(pki: 
             assert {r["metric"]["endpoint"] for r in ejected if r["value"][1] != "0"} == {dead_replica}
             retried = results[("Endpoint failures and retries", "retried after {{endpoint}}: {{reason}}")]
             assert {r["metric"]["endpoint"] for r in retried} == {dead_replica}
+            # The dead APIService is out of discovery (still answering 503, above); the healthy one,
+            # without the annotation, has no series.
+            quarantined = results[("Quarantined from discovery", "{{apiservice}}")]
+            assert {r["metric"]["apiservice"]: r["value"][1] for r in quarantined} == {DEAD_APISERVICE: "1"}
             workers = results[("Workers and restarts", "workers {{instance}}")]
             assert [r["value"][1] for r in workers] == ["2"]
 

@@ -146,7 +146,8 @@ def test_the_entrypoint_is_aggregator_serve_in_exec_form(final: Stage) -> None:
 def test_the_package_is_installed_with_pip_from_the_repository(stages: list[Stage]) -> None:
     """With the kube extra: the image runs in a cluster, and kube mode needs the kubernetes client."""
     runs = [i.value for s in stages for i in s.all("RUN")]
-    assert any(re.search(r"pip install (--\S+ )*'\.\[kube\]'$", run) for run in runs), runs
+    # With the tracing extra too: --tracing-config-file works in the image.
+    assert any(re.search(r"pip install (--\S+ )*'\.\[kube,tracing\]'$", run) for run in runs), runs
 
 
 def test_nothing_but_the_package_sources_is_copied_and_no_secret_is_set(stages: list[Stage]) -> None:

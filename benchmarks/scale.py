@@ -56,6 +56,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -437,7 +438,8 @@ def gateway_command(work: Path, pki: Path, folder: Path, port: int, workers: str
     ]  # fmt: skip
 
 
-def run(scenario: Scenario, idle_window: float, other_cpus: str | None) -> dict[str, float]:
+def run(scenario: Scenario, idle_window: float, other_cpus: str | None, figures: dict[str, float]) -> None:
+    """Fills `figures` as they are measured (a run that fails keeps what it measured)."""
     with tempfile.TemporaryDirectory(prefix=f"bench-scale-{scenario.kind}-{scenario.count}-") as tmp:
         work = Path(tmp)
         work.chmod(0o755)  # nginx's workers (another user) read the backends' documents
@@ -457,7 +459,6 @@ def run(scenario: Scenario, idle_window: float, other_cpus: str | None) -> dict[
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.environ.get("BENCH_GATEWAY_SRC"))
             windows = Windows(proc.pid)
             client = Client(f"https://127.0.0.1:{port}", pki)
-            figures: dict[str, float] = {}
             try:
                 while "listening" not in figures:
                     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
@@ -477,7 +478,9 @@ def run(scenario: Scenario, idle_window: float, other_cpus: str | None) -> dict[
                     if settled(client, scenario, since) and cpu_fraction(proc.pid, 1.0) < 0.2:
                         figures["settled"] = time.monotonic() - started
                     elif time.monotonic() - started > 900:
-                        raise RuntimeError("not settled after 15 minutes")
+                        figures["cpu_to_settle"] = tree_cpu(proc.pid)
+                        figures["rss_mib"] = tree_rss(proc.pid)
+                        raise RuntimeError(f"not settled after 15 minutes ({verdict_counts(client)} Available, not)")
                 if "verdicts" in since:
                     figures["verdicts"] = since["verdicts"] - started
                 figures["cpu_to_settle"] = tree_cpu(proc.pid)
@@ -498,7 +501,6 @@ def run(scenario: Scenario, idle_window: float, other_cpus: str | None) -> dict[
                 if proc.poll() is None:
                     proc.kill()
                 log.close()
-    return figures
 
 
 def new_manifest(
@@ -533,7 +535,8 @@ HEADER = (
 )
 
 
-def line(scenario: Scenario, f: dict[str, float]) -> str:
+def line(scenario: Scenario, figures: dict[str, float]) -> str:
+    f = defaultdict(lambda: float("nan"), figures)
     return (
         f"{scenario.row()} {f['listening']:>8.1f}s {f['ready']:>6.1f}s {f['settled']:>7.1f}s "
         f"{f['cpu_to_settle']:>12.1f}s {f['rss_mib']:>7.0f} MiB {f['idle_cpu_percent']:>7.1f}% "
@@ -575,9 +578,14 @@ def main() -> int:
                 for placement in placements:
                     for worker in workers:
                         scenario = Scenario(kind, placement, worker, count)
-                        figures = run(scenario, args.idle_window, other_cpus)
+                        figures: dict[str, float] = {}
+                        failure = ""
+                        try:
+                            run(scenario, args.idle_window, other_cpus, figures)
+                        except RuntimeError as err:
+                            failure = f"   FAILED: {err}"
                         load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-                        print(f"{line(scenario, figures)}   load {load}", flush=True)
+                        print(f"{line(scenario, figures)}   load {load}{failure}", flush=True)
     return 0
 
 

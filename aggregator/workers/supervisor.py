@@ -33,6 +33,7 @@ from aggregator.server import serving_certificate, shutdown_bound
 from aggregator.util.backoff import exponential_delay
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
+from aggregator.util.memory import map_large_allocations
 from aggregator.util.runtime import TerminationSignals, new_event_loop
 from aggregator.util.tasks import TaskSet
 from aggregator.web.certexpiry import SERVING
@@ -265,5 +266,8 @@ async def supervise(options: Options, count: int) -> int:
 
 
 def run(options: Options, count: int) -> int:
+    # The control probes and fetches every backend and proxies nothing: its TLS connections keep
+    # only what their answers wrote of their read buffers (`util/memory.py`).
+    map_large_allocations()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(supervise(options, count))

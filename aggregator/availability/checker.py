@@ -473,16 +473,12 @@ class AvailabilityChecker:
                 ),
             )
 
-    def _notify(self, name: str) -> None:
-        for listener in self._listeners:
+    def _notify(self, name: str, listeners: list[Callable[[str], None]] | None = None) -> None:
+        for listener in self._listeners if listeners is None else listeners:
             try:
                 listener(name)
             except Exception:
                 log.exception("availability listener failed", extra=fields(apiservice=name))
 
     def _verdict_changed(self, name: str) -> None:
-        for listener in self._verdict_listeners:
-            try:
-                listener(name)
-            except Exception:
-                log.exception("availability verdict listener failed", extra=fields(apiservice=name))
+        self._notify(name, self._verdict_listeners)

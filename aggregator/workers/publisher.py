@@ -10,8 +10,8 @@ APIService on a timer:
 - what has no change signal of its own is compared every `interval` (100 ms), each in O(1):
   the health checks' results, notes from sources that give whole lists (the Lease holder's), the
   aggregated discovery document and the OpenAPI documents (immutable once rendered: a new render
-  is a new object, compared by identity), the requestheader configuration read from the cluster's
-  ConfigMap, and local mode's RBAC policy.
+  is a new object, compared by identity; never rendered here: their own throttles decide when),
+  the requestheader configuration read from the cluster's ConfigMap, and local mode's RBAC policy.
 Each message is pickled once for every worker. Nothing here probes or fetches: workers never
 cause background traffic of their own.
 """
@@ -42,6 +42,7 @@ from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
 from aggregator.web.health import ENDPOINTS, HealthChecks, NoteBoard, Notes
 from aggregator.web.health import NoteKey as BoardKey
+from aggregator.wire.rendered import Rendered
 from aggregator.workers import metrics as merging
 from aggregator.workers.channel import Channel, encode
 from aggregator.workers.messages import (
@@ -373,8 +374,8 @@ class Publisher:
         if openapi.v2 is not p.openapi_v2:
             p.openapi_v2 = state.openapi_v2 = openapi.v2
             self._dirty = True
-        v3 = openapi.v3
-        if v3.index is not p.openapi_v3_index:
+        v3 = openapi.v3_if_published()
+        if v3 is not None and v3.index is not p.openapi_v3_index:
             p.openapi_v3_index = state.openapi_v3_index = v3.index
             self._dirty = True
             # A new index means a document was added, removed or changed; `v3.documents` is then a
@@ -429,7 +430,12 @@ class Publisher:
         """The aggregated document when it was re-rendered (or `/apis` went legacy-only)."""
         legacy_only = self.discovery.routes.aggregated is None
         aggregated = self.discovery.aggregated
-        rendered = [(version, aggregated.document(version)) for version in ("v2", "v2beta1")]
+        rendered: list[tuple[str, Rendered]] = []
+        for version in ("v2", "v2beta1"):
+            document = aggregated.document_if_rendered(version)
+            if document is None:
+                return None  # its throttled render comes soon: the next interval sends it
+            rendered.append((version, document))
         sources: tuple[object, ...] = (legacy_only, *(r for _, r in rendered))
         p = self._published
         if len(sources) == len(p.discovery_sources) and all(

@@ -12,7 +12,7 @@ import pytest
 
 from aggregator.backends.backend import Address, Backend
 from aggregator.backends.errors import BackendError, Hop
-from aggregator.backends.h1 import H1Pool, IdleConnections, serialize_head
+from aggregator.backends.h1 import H1Pool, IdleConnections, UnsafeHead, serialize_head
 from tests.support.polling import until
 
 
@@ -197,3 +197,29 @@ async def test_idle_connections_across_backends_are_bounded_oldest_first(server:
     await until(lambda: server.open == 3, what="the two oldest closed at the backend")
     assert await get(first, server.port) == b"hello"  # the newest of the first burst is reused
     assert server.connections == 5
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "headers"),
+    [
+        ("GET", "/apis/x/v1/things /../secrets", []),
+        ("GET", "/apis/x/v1/things\t", []),
+        ("GET X", "/apis/x/v1/things", []),
+        ("GET", "/apis/x/v1/things", [("X-Note", "ok\r\nX-Remote-User: admin")]),
+        ("GET", "/apis/x/v1/things", [("X-Note", "ok\nX-Remote-User: admin")]),
+        ("GET", "/apis/x/v1/things", [("X-Note\r\nX-Remote-User", "admin")]),
+        ("GET", "/apis/x/v1/things", [("X-Note", "ok\x00")]),
+    ],
+)
+def test_a_head_that_would_reach_the_backend_as_another_request_is_never_written(
+    method: str, target: str, headers: list[tuple[str, str]]
+) -> None:
+    """The last check where bytes become a request, whatever the protocol modules let through."""
+    with pytest.raises(UnsafeHead):
+        serialize_head(method, target, [("Host", "backend"), *headers])
+
+
+def test_a_plain_head_is_written_as_given() -> None:
+    assert serialize_head("GET", "/apis/x/v1/things?a=b", [("Host", "backend"), ("X-Note", "a b")]) == (
+        b"GET /apis/x/v1/things?a=b HTTP/1.1\r\nHost: backend\r\nX-Note: a b\r\n\r\n"
+    )

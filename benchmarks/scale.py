@@ -391,16 +391,21 @@ class Windows:
         return max(later) if later else float("nan")
 
 
-UNAVAILABLE_SERIES = re.compile(rb'^aggregator_unavailable_apiservice\{name="[^"]*"\} (\S+)$', re.M)
+VERDICT_LINE = re.compile(r"APIService availability changed apiservice=(\S+) .*?new_status=(\S+)")
 
 
-def verdict_counts(client: Client) -> tuple[int, int]:
+def verdict_counts(log_path: Path) -> tuple[int, int]:
     """(APIServices found Available, APIServices found not Available) by the gateway's checks, from
-    `aggregator_unavailable_apiservice` (a list of every APIService would cost the workers far
-    more, and its peak would show in the RSS measured next)."""
-    _, body = client.get("/metrics", timeout=60)
-    values = [float(v) for v in UNAVAILABLE_SERIES.findall(body)]
-    return sum(1 for v in values if v == 0), sum(1 for v in values if v == 1)
+    its log (each flip is a line): asking the gateway would cost it more than the checks do (a
+    list of every APIService, or a scrape of every APIService's series), and show in the figures."""
+    last: dict[str, str] = {}
+    with log_path.open(errors="replace") as lines:
+        for line in lines:
+            match = VERDICT_LINE.search(line)
+            if match:
+                last[match.group(1)] = match.group(2)
+    statuses = list(last.values())
+    return statuses.count("True"), statuses.count("False")
 
 
 # Retries of a failed check double from 0.5 s to the 30 s cap: a minute after its first verdict,
@@ -408,18 +413,18 @@ def verdict_counts(client: Client) -> tuple[int, int]:
 RETRIES_AT_CAP = 60.0
 
 
-def settled(client: Client, scenario: Scenario, since: dict[str, float]) -> bool:
+def settled(log_path: Path, scenario: Scenario, since: dict[str, float]) -> bool:
     """`since` holds when the first verdicts were all in (dead backends), set here."""
     now = time.monotonic()
     if scenario.kind == "healthy":
-        if "verdicts" not in since and verdict_counts(client)[0] == scenario.count:
+        if "verdicts" not in since and verdict_counts(log_path)[0] == scenario.count:
             since["verdicts"] = now
         return "verdicts" in since
     if scenario.kind == "blackhole":
         # A blackholed backend's verdict takes a probe timeout (5 checks at a time, as upstream),
         # so they keep coming in for a long time: the idle window covers those checks.
         return now - since["ready"] >= RETRIES_AT_CAP
-    if "verdicts" not in since and verdict_counts(client)[1] == scenario.count:
+    if "verdicts" not in since and verdict_counts(log_path)[1] == scenario.count:
         since["verdicts"] = now
     return "verdicts" in since and now - since["verdicts"] >= RETRIES_AT_CAP
 
@@ -475,14 +480,15 @@ def run(scenario: Scenario, idle_window: float, other_cpus: str | None, figures:
                     time.sleep(0.1)
                 since = {"ready": started + figures["ready"]}
                 while "settled" not in figures:
-                    if settled(client, scenario, since) and cpu_fraction(proc.pid, 1.0) < 0.2:
+                    if settled(work / "gateway.log", scenario, since) and cpu_fraction(proc.pid, 1.0) < 0.2:
                         figures["settled"] = time.monotonic() - started
                         break
-                    time.sleep(2.0)  # a scrape of thousands of series is not free: one per 2 s
+                    time.sleep(2.0)
                     if time.monotonic() - started > 900:
                         figures["cpu_to_settle"] = tree_cpu(proc.pid)
                         figures["rss_mib"] = tree_rss(proc.pid)
-                        raise RuntimeError(f"not settled after 15 minutes ({verdict_counts(client)} Available, not)")
+                        counts = verdict_counts(work / "gateway.log")
+                        raise RuntimeError(f"not settled after 15 minutes ({counts} Available, not)")
                 if "verdicts" in since:
                     figures["verdicts"] = since["verdicts"] - started
                 figures["cpu_to_settle"] = tree_cpu(proc.pid)

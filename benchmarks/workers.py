@@ -156,7 +156,7 @@ def group_memory(workers: int, count: int) -> tuple[int, list[int]]:
                 deadline = time.monotonic() + 600
                 while True:
                     with contextlib.suppress(OSError, ValueError, KeyError):
-                        if verdict_counts(client)[0] == count:  # every APIService Available
+                        if verdict_counts(work / "gateway.log")[0] == count:  # every APIService Available
                             break
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"never settled; see {work / 'gateway.log'}")

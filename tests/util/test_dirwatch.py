@@ -96,6 +96,12 @@ async def test_without_inotify_the_folder_is_polled(tmp_path: Path) -> None:
         await watch.stop()
 
 
+async def written_and_reported(path: Path, seen: list[float]) -> None:
+    count = len(seen)
+    path.write_text("kind: APIService\n")
+    await until(lambda: len(seen) > count, what=f"{path.name} reported")
+
+
 async def test_with_inotify_the_folder_is_never_polled(tmp_path: Path) -> None:
     """Nothing reads the folder while nothing changes, and a change costs the caller's own read only:
     a folder of thousands of manifests is not walked on a timer (nor twice per change)."""
@@ -107,9 +113,7 @@ async def test_with_inotify_the_folder_is_never_polled(tmp_path: Path) -> None:
         await kernel_watch_is_live(tmp_path, seen)
         before = len(reads)
         for name in ("a.yaml", "b.yaml", "c.yaml"):
-            count = len(seen)
-            (tmp_path / name).write_text("kind: APIService\n")
-            await until(lambda count=count: len(seen) > count, what=f"{name} reported")
+            await written_and_reported(tmp_path / name, seen)
         await asyncio.sleep(20 * 0.05)  # twenty fallback intervals: no poll runs beside inotify
         assert len(reads) == before
         assert not watch.polling

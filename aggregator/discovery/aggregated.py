@@ -291,6 +291,13 @@ class AggregatedDiscovery:
         if self._rendered is None:
             self.document()
 
+    def document_if_rendered(self, version: str = "v2") -> Rendered | None:
+        """The document, or None while a throttled render is due: a reader that polls for changes
+        (`workers/publisher.py`) renders nothing of its own, so a burst costs one render per interval."""
+        if self._rendered is None and self._render.pending:
+            return None
+        return self.document(version)
+
     def document(self, version: str = "v2") -> Rendered:
         if self._rendered is None:
             items: list[dict[str, Any]] = []

@@ -365,6 +365,13 @@ class OpenAPIAggregation:
             self._flush()
         return self._v3
 
+    def v3_if_published(self) -> V3Published | None:
+        """`v3`, or None while a coalesced publish is due: a reader that polls for changes
+        (`workers/publisher.py`) publishes nothing of its own, so a burst costs one publish."""
+        if (self._sync_pending or self._v3_pending) and self._coalesced.pending:
+            return None
+        return self.v3
+
     def _flush(self) -> None:
         if self._sync_pending:
             self._sync_pending = False

@@ -1,7 +1,7 @@
 """Local mode: APIService, Service and EndpointSlice manifests from a folder, reloaded on change.
 
 Every `*.yaml`, `*.yml` and `*.json` under the folder is read (multi-document YAML and `kind: List`
-included). The folder is polled once a second, so edits land within 2 s. A file that does not parse
+included). The folder is watched through inotify (`util/dirwatch.py`), so edits land within milliseconds. A file that does not parse
 is reported with its line and keeps contributing the objects it held before; an invalid object is
 refused with upstream's validation message while its previous valid version (if any) stays, just as
 kube-apiserver keeps the old object when an update is rejected. Fields are checked as `kubectl

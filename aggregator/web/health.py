@@ -20,8 +20,47 @@ log = logging.getLogger(__name__)
 Check = Callable[[], str | None]
 # Extra lines shown in the verbose output of a passing endpoint (e.g. unavailable APIServices).
 Notes = Callable[[], list[str]]
+# A line's place on a `NoteBoard`: (section, subject); lines read in this order.
+NoteKey = tuple[int, str]
 
 ENDPOINTS = ("healthz", "livez", "readyz")
+
+
+class NoteBoard:
+    """Verbose lines kept up to date as their subjects change, instead of rebuilt from every subject
+    at each read: one line per key, read in key order. Listeners hear of every line set or removed,
+    so a worker process holds the same lines without anything walking them on a timer
+    (`workers/publisher.py`). A `Notes` callable like any other."""
+
+    def __init__(self) -> None:
+        self._lines: dict[NoteKey, str] = {}
+        self._ordered: list[str] | None = []
+        self._listeners: list[Callable[[NoteKey, str | None], None]] = []
+
+    def set(self, key: NoteKey, line: str | None) -> None:
+        """Show `line` under `key` (None: remove it)."""
+        if line is None:
+            if self._lines.pop(key, None) is None:
+                return
+        elif self._lines.get(key) == line:
+            return
+        else:
+            self._lines[key] = line
+        self._ordered = None
+        for listener in self._listeners:
+            listener(key, line)
+
+    def __call__(self) -> list[str]:
+        if self._ordered is None:
+            self._ordered = [self._lines[key] for key in sorted(self._lines)]
+        return list(self._ordered)
+
+    def items(self) -> dict[NoteKey, str]:
+        return dict(self._lines)
+
+    def add_listener(self, listener: Callable[[NoteKey, str | None], None]) -> None:
+        """Called with (key, line) whenever a line is set, or (key, None) when it is removed."""
+        self._listeners.append(listener)
 
 
 @dataclass(frozen=True)
@@ -50,8 +89,12 @@ class HealthChecks:
         self._notes[endpoint].append(notes)
 
     def notes(self, endpoint: str) -> list[str]:
-        """The extra verbose lines of `endpoint` now (a worker process shows its control's)."""
+        """The extra verbose lines of `endpoint` now."""
         return [line for notes in self._notes[endpoint] for line in notes()]
+
+    def note_sources(self, endpoint: str) -> list[Notes]:
+        """What adds lines to `endpoint`, in order (a worker process shows its control's)."""
+        return list(self._notes[endpoint])
 
     def checks_for(self, endpoint: str) -> list[_Registered]:
         return [c for c in self._checks if endpoint in c.endpoints]

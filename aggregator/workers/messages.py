@@ -1,7 +1,8 @@
 """What the control process and its workers tell each other (pickled frames, `channel.py`).
 
 Control -> worker: `Hello` (once: the options and who the worker is), `State` (a full snapshot
-first, then only what changed), `ObjectChange` (each store event, in order), `Collect` (a
+first, then only what changed: a few verdicts, a note, a re-rendered document), `ObjectChange`
+(each store event, in order), `Collect` (a
 `/metrics` scrape wants this worker's figures), `Scraped` (the group's figures for a scrape it
 asked for). Worker -> control: `Suspect` (a proxied request failed: re-check the APIService now),
 `Scrape`, `Collected`.
@@ -22,6 +23,10 @@ from aggregator.sources.store import Kind, Obj
 
 # (available, reason) as the control's availability checker last found; None: forgotten.
 VerdictView = tuple[bool, str]
+# A verbose line's place among the control's notes of one endpoint: (the source's position among
+# that endpoint's note sources, then the section and subject of a `NoteBoard` line, or the line's
+# position and "" for a source that gives whole lists). Lines read in key order.
+NoteKey = tuple[int, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +57,10 @@ class AggregatedDocs:
 
 @dataclass(slots=True)
 class State:
-    """What changed since the last `State` (everything, in the first one). None: unchanged."""
+    """What changed since the last `State` (everything, in the first one). None: unchanged.
+
+    A new field is something a worker mirrors: add it here, to `Publisher` (its snapshot and its
+    change) and to `Replica._apply_state`; tests/workers/test_replica.py lists every field."""
 
     snapshot: bool = False
     objects: list[Obj] = field(default_factory=list)  # snapshot only
@@ -60,7 +68,7 @@ class State:
     synced: bool = False
     verdicts: dict[str, VerdictView | None] = field(default_factory=dict)
     health: dict[str, str | None] | None = None  # check name -> failure (None: passing)
-    notes: dict[str, list[str]] | None = None  # endpoint -> extra verbose lines
+    notes: dict[str, dict[NoteKey, str | None]] = field(default_factory=dict)  # endpoint -> lines (None: removed)
     discovery: AggregatedDocs | None = None
     openapi_v2: V2Published | None = None
     openapi_v3_index: Document | None = None

@@ -49,6 +49,7 @@ from aggregator.workers.messages import (
     Collected,
     Ejection,
     Hello,
+    NoteKey,
     ObjectChange,
     Scrape,
     Scraped,
@@ -125,7 +126,9 @@ class Replica:
         self._verdicts: dict[str, VerdictView] = {}
         self._verdict_listeners: list[Callable[[str], None]] = []
         self._health: dict[str, str | None] = {}
-        self._notes: dict[str, list[str]] = {}
+        # The control's verbose lines per endpoint, by key, and in key order once asked for.
+        self._notes: dict[str, dict[NoteKey, str]] = {}
+        self._ordered_notes: dict[str, list[str]] = {}
         self._aggregated: dict[str, Rendered] = {}
         self._legacy_only = False
         self._routes: DiscoveryRoutes | None = None
@@ -215,8 +218,14 @@ class Replica:
                 listener(name)
         if state.health is not None:
             self._health = state.health
-        if state.notes is not None:
-            self._notes = state.notes
+        for endpoint, lines in state.notes.items():
+            held = self._notes.setdefault(endpoint, {})
+            for note, line in lines.items():
+                if line is None:
+                    held.pop(note, None)
+                else:
+                    held[note] = line
+            self._ordered_notes.pop(endpoint, None)
         if state.discovery is not None:
             self._apply_discovery(state.discovery)
         if state.openapi_v2 is not None:
@@ -330,7 +339,11 @@ class Replica:
     def notes(self, endpoint: str) -> Callable[[], list[str]]:
         def lines() -> list[str]:
             own = f"info: worker {self.hello.index} of {self.hello.count}, pid {os.getpid()}"
-            return [*self._notes.get(endpoint, []), own]
+            ordered = self._ordered_notes.get(endpoint)
+            if ordered is None:
+                held = self._notes.get(endpoint, {})
+                ordered = self._ordered_notes[endpoint] = [held[key] for key in sorted(held)]
+            return [*ordered, own]
 
         return lines
 

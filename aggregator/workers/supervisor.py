@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -28,11 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from aggregator.assembly import Gateway, build_gateway
+from aggregator.backends.h1 import MAX_IDLE
 from aggregator.config import Options
 from aggregator.server import serving_certificate, shutdown_bound
 from aggregator.util.backoff import exponential_delay
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
+from aggregator.util.memory import map_large_allocations
 from aggregator.util.runtime import TerminationSignals, new_event_loop
 from aggregator.util.tasks import TaskSet
 from aggregator.web.certexpiry import SERVING
@@ -54,6 +57,9 @@ RESTART_MAX = 30.0
 # before they are killed.
 DRAIN_GRACE = 5.0
 EXIT_USAGE = 2
+# The control's bound on idle backend connections (a process that proxies keeps h1.MAX_IDLE: its
+# connections keep their whole read buffers): every probe of 16,384 Services finds its connection.
+CONTROL_MAX_IDLE = 16384
 
 
 def exit_cause(returncode: int) -> str:
@@ -229,6 +235,9 @@ async def supervise(options: Options, count: int) -> int:
         workers=WorkersOptions(count),
     )
     control = build_gateway(options)
+    # Its idle connections cost a page or two each (`run`): enough for every backend's probes to
+    # find theirs warm, within the file descriptors the process may open.
+    control.backends.idle.limit = control_idle_limit()
     # The group's metrics take gauges from the control: it follows the serving pair too.
     control.metrics.certificate_expiry.follow(SERVING, lambda: (serving.cert_file, [serving.current.leaf]))
     serving.start()
@@ -265,6 +274,18 @@ async def supervise(options: Options, count: int) -> int:
     return 0
 
 
+def control_idle_limit() -> int:
+    """Idle backend connections the control keeps: up to CONTROL_MAX_IDLE, and at most half the
+    file descriptors it may open (the rest for connections in use, files and kube-apiserver)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return CONTROL_MAX_IDLE
+    return max(MAX_IDLE, min(CONTROL_MAX_IDLE, soft // 2))
+
+
 def run(options: Options, count: int) -> int:
+    # The control probes and fetches every backend and proxies nothing: its TLS connections keep
+    # only what their answers wrote of their read buffers (`util/memory.py`).
+    map_large_allocations()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(supervise(options, count))

@@ -57,6 +57,48 @@ class Group:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    @contextlib.asynccontextmanager
+    async def each_worker(self, count: int) -> AsyncIterator[dict[int, WorkerConnection]]:
+        """One keep-alive connection to each of `count` workers, by index (the kernel spreads
+        new connections, so connections are opened until every worker has answered one)."""
+        found: dict[int, WorkerConnection] = {}
+        try:
+            for _ in range(200):
+                connection = WorkerConnection(self)
+                index = await connection.worker()
+                if index in found:
+                    await connection.close()
+                else:
+                    found[index] = connection
+                if len(found) == count:
+                    break
+            assert len(found) == count, f"only workers {sorted(found)} answered"
+            yield found
+        finally:
+            for connection in found.values():
+                await connection.close()
+
+
+class WorkerConnection:
+    """One keep-alive connection to the group, so every request lands on the same worker."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        async with self.session.get(self.group.url + path, ssl=self.group.context()) as resp:
+            return resp.status, await resp.read()
+
+    async def worker(self) -> int:
+        status, body = await self.get("/livez?verbose")
+        match = PID_NOTE.search(body.decode())
+        assert status == 200 and match is not None, body
+        return int(match.group(1))
+
+    async def close(self) -> None:
+        await self.session.close()
+
 
 def serve_args(pki: PKI, apiservices_dir: Path | None, port: int, *extra: str) -> list[str]:
     """Local mode in `apiservices_dir`; None: kube mode (`extra` names the kubeconfig)."""

@@ -4,10 +4,12 @@ process alone makes background requests, a dead worker is replaced, SIGTERM drai
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from tests.support.backend import (
 )
 from tests.support.pki import PKI
 from tests.support.polling import until
-from tests.workers.group import PID_NOTE, running_group, until_async
+from tests.workers.group import PID_NOTE, WorkerConnection, running_group, until_async
 
 AGGREGATOR_USER = "system:kube-aggregator"
 
@@ -278,3 +280,47 @@ async def test_every_workers_audit_events_reach_the_one_audit_log(
     events = completed()
     assert len({e["auditID"] for e in events}) == len(events) == asked
     assert {e["user"]["username"] for e in events} == {"admin"}
+
+
+async def test_a_verdict_reaches_both_workers_within_a_second(
+    pki: PKI, apiservices_dir: Path, tmp_path: Path, backend: FakeBackend, backend_pki: BackendPKI
+) -> None:
+    """The control's verdict is sent to every worker as it changes, not at the next walk of every
+    APIService: each worker's `/readyz?verbose` and proxy show a flip within a second of the
+    request that caused it, both ways (issue 34's target, at small scale)."""
+    _register(apiservices_dir, backend, backend_pki)
+    things = f"{PREFIX}/namespaces/default/things"
+    line = f"warn: APIService {APISERVICE} is unavailable".encode()
+    async with (
+        running_group(pki, apiservices_dir, tmp_path / "serve.log", "--workers", "2") as group,
+        group.each_worker(2) as workers,
+    ):
+        for connection in workers.values():
+            await until_async(functools.partial(_answers, connection, things, 200), 10.0, "served")
+
+        async def shown_everywhere(status: int, unavailable: bool) -> float:
+            """Seconds until every worker's readyz notes and proxy show the verdict."""
+            started = time.monotonic()
+            for connection in workers.values():
+
+                async def shows(c: WorkerConnection = connection) -> bool:
+                    _, notes = await c.get("/readyz?verbose")
+                    return (line in notes) == unavailable and await _answers(c, things, status)
+
+                await until_async(shows, 10.0, f"worker verdict available={not unavailable}")
+            return time.monotonic() - started
+
+        await backend.stop()
+        assert (await workers[0].get(things))[0] == 503  # the dial fails: the control re-checks
+        down = await shown_everywhere(503, unavailable=True)
+        await asyncio.sleep(1.1)  # the control re-checks on a worker's word at most once a second
+        await backend.start()
+        assert (await workers[1].get(things))[0] == 503  # refused from the verdict: re-checked
+        up = await shown_everywhere(200, unavailable=False)
+        assert down < 1.0 and up < 1.0, (down, up)
+
+
+async def _answers(connection: WorkerConnection, path: str, status: int) -> bool:
+    """The proxy answers `status` (503: refused from the verdict, `service unavailable`)."""
+    got, body = await connection.get(path)
+    return got == status and (status != 503 or b"service unavailable" in body)

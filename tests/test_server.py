@@ -36,6 +36,8 @@ from tests.support.pki import PKI
 from tests.support.polling import until_async
 from tests.support.ports import free_port
 
+pytestmark = pytest.mark.long(15)
+
 
 async def test_unknown_path_in_local_mode_is_a_404_status(start_gateway: StartGateway, pki: PKI) -> None:
     server = await start_gateway()

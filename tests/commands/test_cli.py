@@ -16,6 +16,8 @@ import pytest
 from tests.support.pki import PKI
 from tests.support.ports import free_port
 
+pytestmark = pytest.mark.long(80)
+
 AGGREGATOR = [sys.executable, "-m", "aggregator"]
 
 

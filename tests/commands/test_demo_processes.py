@@ -27,7 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 60.0
 EXIT_TIMEOUT = 30.0
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+pytestmark = [
+    pytest.mark.long(15),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's"),
+]
 
 
 def parent_of(pid: int) -> int | None:

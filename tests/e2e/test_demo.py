@@ -31,7 +31,11 @@ from tests.support.ports import free_port
 KUBECTLS = kubectl_binaries()
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed")]
+pytestmark = [
+    pytest.mark.long(55),
+    pytest.mark.e2e,
+    pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed"),
+]
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ BUDGET = 420.0
 INSTALL_TIMEOUT = 300.0
 
 pytestmark = [
+    pytest.mark.long(90),
     pytest.mark.e2e,
     pytest.mark.skipif(not kubectl_binaries(), reason="kubectl is not installed"),
     pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed"),

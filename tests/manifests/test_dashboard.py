@@ -41,6 +41,8 @@ from tests.support.prometheus import (
 )
 from tests.workers.group import running_serve
 
+pytestmark = pytest.mark.long(15)
+
 DASHBOARD = MANIFESTS / "overlays/components/monitoring/aggregator-dashboard.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 PANEL_TYPES = {"row", "timeseries", "stat", "state-timeline", "bargauge"}

@@ -18,6 +18,8 @@ from tests.support.h2client import negotiated_alpn
 from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 
+pytestmark = pytest.mark.long(10)
+
 
 async def served_certificate(port: int) -> x509.Certificate:
     ctx = ssl.create_default_context()

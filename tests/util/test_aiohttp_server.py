@@ -31,6 +31,8 @@ from tests.support.gateway import local_options
 from tests.support.pki import PKI
 from tests.support.polling import until
 
+pytestmark = pytest.mark.long(20)
+
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 PARTIAL_HEAD = b"GET /livez HTTP/1.1\r\nHost: gateway\r\nUser-Agent: slow"
 THINGS = f"{PREFIX}/namespaces/default/things"

@@ -11,6 +11,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from aggregator.tls.issue import issue_serving_cert, write_pair
 from tests.support.backend import (
     APISERVICE,
@@ -22,8 +24,10 @@ from tests.support.backend import (
     write_manifests,
 )
 from tests.support.pki import PKI
-from tests.support.polling import until
-from tests.workers.group import PID_NOTE, running_group, until_async
+from tests.support.polling import until, until_async
+from tests.workers.group import PID_NOTE, running_group
+
+pytestmark = pytest.mark.long(50)
 
 AGGREGATOR_USER = "system:kube-aggregator"
 

@@ -31,6 +31,7 @@ from aggregator.web.metrics import Metrics
 from aggregator.web.requestinfo import RequestInfo, new_request_info
 from aggregator.wire.gourl import parse_query
 from tests.support.contexts import context_for
+from tests.support.polling import until
 
 ALICE = UserInfo("alice", "u1", ("devs", "system:authenticated"), {"scopes": ("b", "a"), "aa": ("x",)})
 Step = KubeResponse | BaseException
@@ -192,12 +193,16 @@ async def test_a_cache_hit_completes_without_suspending() -> None:
     assert inspect.iscoroutine(miss)
     assert miss.send(None) is not None
     miss.close()
-    async with asyncio.timeout(5):
-        while not poster.bodies or reviewer.metrics.registry.get_sample_value(
+    await until(
+        lambda: poster.bodies
+        and not reviewer.metrics.registry.get_sample_value(
             "aggregator_webhook_reviews_in_flight", {"kind": "subjectaccessreview"}
-        ):
-            await asyncio.sleep(0.001)
-    await asyncio.sleep(0)
+        ),
+        5,
+        "the review posted and answered",
+        every=0.001,
+    )
+    await asyncio.sleep(0)  # one loop turn for the done-callbacks of the review's task
 
     # a hit is answered by the gate itself: nothing to await at all
     ctx = context_for("GET", path, user=ALICE)

@@ -52,7 +52,7 @@ def _serve(args: argparse.Namespace) -> None:
         if request.path == PREFIX:
             return web.json_response(DISCOVERY)
         if args.delay:
-            await asyncio.sleep(args.delay)
+            await asyncio.sleep(args.delay)  # a slow replica, as the test asked
         body = {
             "kind": "ThingList",
             "apiVersion": f"{GROUP}/{VERSION}",

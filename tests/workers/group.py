@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 
 from tests.support.pki import PKI
-from tests.support.polling import until_async
+from tests.support.polling import until_async as until_async  # also imported from here by tests
 from tests.support.ports import free_port
 
 PID_NOTE = re.compile(r"info: worker (\d+) of (\d+), pid (\d+)")

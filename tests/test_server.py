@@ -217,7 +217,7 @@ async def test_sigterm_fails_readyz_then_ends_watches_and_tunnels_and_exits_0(
                 assert proc.poll() is None, log_path.read_text()
                 return await get_status(probes, f"{url}/readyz", pki) == (200, "ok")
 
-            await until_async(ready, 20, "the gateway to be ready")
+            await until_async(ready, 60, "the gateway to be ready")
             watch = await session.get(f"{url}{WATCH_PATH}?watch=true", ssl=pki.client_context())
             assert watch.status == 200
             assert b"ADDED" in await asyncio.wait_for(watch.content.readline(), 10)

@@ -28,15 +28,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from aiohttp import web
-
 from aggregator.apiregistration.api import APIRegistration
 from aggregator.audit.factory import build_auditor
 from aggregator.audit.filter import AuditLog, RequestAuditing
 from aggregator.audit.recorder import Auditor
 from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
 from aggregator.auth.authconfigmap import AuthConfigMap
-from aggregator.auth.authn import Authenticator
+from aggregator.auth.authn import Authenticator, limit_unauthenticated_http2
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
 from aggregator.auth.impersonation import Impersonator
@@ -79,6 +77,7 @@ from aggregator.proxy.loops import loop_gate
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
+from aggregator.sources.problems import ManifestReport, merged_problems
 from aggregator.sources.store import Store
 from aggregator.tls.verify import CAPool
 from aggregator.web.accesslog import AccessLog
@@ -97,7 +96,7 @@ from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Finisher, Gate, Pipeline
-from aggregator.web.responses import not_found
+from aggregator.web.responses import serve_not_found
 from aggregator.web.routing import Route, RouteKind, Router
 from aggregator.web.timeout import RequestTimeouts
 from aggregator.web.version import serve_version
@@ -215,10 +214,6 @@ async def _stop_all(components: list[tuple[str, Component]]) -> None:
             log.exception("stopping a component failed", extra={"fields": {"component": name}})
 
 
-async def _not_found(request: web.Request) -> web.StreamResponse:
-    return not_found(request)
-
-
 def build_gateway(options: Options) -> Gateway:
     """Wire every component the options ask for."""
     # 1. observability and state
@@ -255,6 +250,12 @@ def build_gateway(options: Options) -> Gateway:
     )
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
+    if folder is not None:
+        # What the folder holds but the gateway does not load (objects, RBAC): /readyz?verbose
+        # notes (a warning, never unready) and aggregator_manifest_errors.
+        rbac_problems = [authorization.rbac.problems] if authorization.rbac is not None else []
+        problems = merged_problems(folder.problems, *rbac_problems)
+        health.add_notes("readyz", ManifestReport(problems, metrics.registry).notes)
 
     # 4. the backends; every identity header the front-proxy configuration names is stripped,
     # including names the cluster's ConfigMap sets later; every request carries this gateway's
@@ -420,7 +421,7 @@ def _forwarding(
     tunnel = UpgradeTunnel(metrics, recheck=recheck, in_flight=in_flight)
     forwarder = Forwarder(metrics, tunnel, recheck=recheck, in_flight=in_flight)
     if not (options.kube_mode and kube is not None):
-        return Forwarding(in_flight, forwarder, None, Route(_not_found, RouteKind.OWN, "not-found"))
+        return Forwarding(in_flight, forwarder, None, Route(serve_not_found, RouteKind.OWN, "not-found"))
     delegate = Delegate(
         kube,
         mode=options.delegation.delegate_auth,
@@ -509,6 +510,8 @@ def build_request_path(
         timeouts=timeouts,
     )
     store.add_listener(proxy.on_store_event)
+    availability.add_listener(proxy.availability_changed)
+    backends.client_certificate.add_listener(proxy.client_certificate_changed)
     router.add_claim(proxy.claim)
 
     access_log = AccessLog(options.logging.access_log_policy())
@@ -538,7 +541,8 @@ def build_request_path(
         in_flight=forwarding.in_flight,
         timeouts=timeouts if timeouts.enabled else None,
         gates=gates,
-        head_listeners=[auditing.head_going_out] if auditing is not None else [],
+        head_listeners=[limit_unauthenticated_http2]
+        + ([auditing.head_going_out] if auditing is not None else []),
         finishers=finishers,
     )
     return RequestPath(router, proxy, pipeline, limits, timeouts)

@@ -23,6 +23,7 @@ from aggregator.audit.options import AuditOptions
 from aggregator.auth.options import AuthenticationOptions, AuthorizationOptions
 from aggregator.availability.options import AvailabilityOptions
 from aggregator.backends.options import BackendOptions
+from aggregator.kube.client import missing_kube_client
 from aggregator.leaderelection import LeaderElectionOptions
 from aggregator.proxy.delegate import FRONT_PROXY
 from aggregator.proxy.options import DelegationOptions
@@ -88,9 +89,10 @@ class Options:
         return self.backends.deny_cidrs(kube_mode=self.kube_mode)
 
 
-def add_source_flags(parser: argparse.ArgumentParser) -> None:
-    """Where APIService, Service and EndpointSlice objects come from (shared by serve and check)."""
-    SourceOptions.add_flags(parser, SOURCE)
+def add_source_flags(parser: argparse.ArgumentParser, *, command: str = "serve") -> None:
+    """Where APIService, Service and EndpointSlice objects come from (shared by serve and check,
+    each with its own words for what the flags do)."""
+    SourceOptions.add_flags(parser, SOURCE, command=command)
 
 
 def add_backend_flags(parser: argparse.ArgumentParser) -> None:
@@ -152,3 +154,19 @@ def validate(opts: Options) -> None:
         has_kubeconfig=bool(opts.source.kubeconfig or opts.authorization.kubeconfig or opts.kube_mode),
     )
     opts.audit.validate()
+    needs_client = _kube_client_needed_by(opts)
+    problem = missing_kube_client() if needs_client else None
+    if needs_client and problem:
+        raise ConfigError(needs_client, problem)
+
+
+def _kube_client_needed_by(opts: Options) -> str | None:
+    """What makes the gateway talk to kube-apiserver (so it needs the `kube` extra), as named in
+    the one line that says it is missing."""
+    if opts.kube_mode:
+        return "kube mode"
+    if opts.source.kubeconfig:
+        return "--kubeconfig"
+    if opts.authorization.kubeconfig:
+        return "--authorization-kubeconfig"
+    return None

@@ -8,7 +8,7 @@ This module imports nothing from the gateway but plain models, so anything may i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +33,11 @@ class Availability(Protocol):
 
     def reason(self, name: str) -> str:
         """The `Available` condition's reason (`ProxyLoop`...), "" when there is none."""
+        ...
+
+    def add_listener(self, listener: Callable[[str], None]) -> None:
+        """Called with an APIService's name whenever what `is_available` or `reason` answer for
+        it may have changed."""
         ...
 
 

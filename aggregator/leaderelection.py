@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 
 from aggregator.kube import calls
-from aggregator.util.flags import ConfigError, FlagSet, GoDuration, go_bool
+from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration
 from aggregator.util.logs import fields
 
 if TYPE_CHECKING:
@@ -101,9 +101,7 @@ class LeaderElectionOptions:
         flags.add(
             "--leader-elect",
             field="leader_elect",
-            type=go_bool,
-            nargs="?",
-            const=True,
+            action=GoBool,
             default=argparse.SUPPRESS,  # true; absent unless given (a kube-mode-only flag)
             help="with --write-apiservice-status, elect one replica through a coordination.k8s.io Lease and "
             "write status only from it, so every replica can run with the flag (default true). With "

@@ -3,9 +3,10 @@
 `GatewayServer` loads the serving certificate (hot-reloaded), starts the gateway's components,
 then listens with aiohttp's low-level server: the pipeline is the one handler, with no URL
 dispatcher or middleware chain in front of the gateway's own router; each connection's peer and
-TLS session are recorded once (`web.context.Connection`). Connections that negotiate `h2` are
-served by `web.http2` instead, into the same pipeline. `serve` runs it until SIGTERM or SIGINT, then `shut_down` stops it gracefully; `run`
-is what `aggregator serve` calls.
+TLS session are recorded once (`web.connection.Connection`). Connections that negotiate `h2` are
+served by `web.http2` (libnghttp2) instead, into the same pipeline; where libnghttp2 cannot be
+loaded the listener offers HTTP/1.1 only and says why once. `serve` runs it until SIGTERM or
+SIGINT, then `shut_down` stops it gracefully; `run` is what `aggregator serve` calls.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from aggregator.assembly import Gateway, WorkerGateway, build_gateway
 from aggregator.config import Options
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
-from aggregator.util._aiohttp import GatewayRequest, TimedServer, TimedSite, close_connections
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
 from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap
 from aggregator.web.certexpiry import SERVING
-from aggregator.web.context import Connection
+from aggregator.web.connection import Connection
+from aggregator.web.http1.request import serve_http1
+from aggregator.web.http1.server import GatewayRequest, TimedServer, TimedSite, close_connections
+from aggregator.web.http2 import nghttp2
 from aggregator.web.http2.limits import H2Limits
 from aggregator.web.http2.listener import alpn_protocols, dispatching
 from aggregator.web.http2.metrics import ConnectionMetrics
@@ -56,7 +59,20 @@ def _serving_hosts(options: Options) -> list[str]:
     return hosts
 
 
-def serving_certificate(options: Options) -> ServingCertificate:
+def http2_library(options: Options) -> nghttp2.Nghttp2 | None:
+    """libnghttp2 when HTTP/2 is to be served; None (and a warning naming why) when it cannot be."""
+    if options.serving.disable_http2_serving:
+        return None
+    binding, why = nghttp2.load()
+    if binding is None:
+        log.warning(
+            "HTTP/2 is not served: clients will use HTTP/1.1",
+            extra=fields(reason=why, fix="install libnghttp2 (Debian and Ubuntu: apt-get install libnghttp2-14)"),
+        )
+    return binding
+
+
+def serving_certificate(options: Options, *, http2: bool = True) -> ServingCertificate:
     """The serving pair the flags name (or one generated in --cert-dir), hot-reloaded once started."""
     serving = options.serving
     cert_file, key_file, generated = resolve_serving_files(
@@ -72,7 +88,7 @@ def serving_certificate(options: Options) -> ServingCertificate:
             key_file,
             client_ca_files=client_cas,
             policy=serving.tls_policy(),
-            alpn=alpn_protocols(not serving.disable_http2_serving),
+            alpn=alpn_protocols(http2 and not serving.disable_http2_serving),
         )
     except PEMError as err:
         flag = "--tls-cert-file" if serving.cert_file else "--cert-dir"
@@ -86,7 +102,8 @@ class GatewayServer:
         self, options: Options, gateway: Gateway | WorkerGateway | None = None, *, reuse_port: bool = False
     ) -> None:
         self.options = options
-        self.serving = serving_certificate(options)
+        library = http2_library(options)
+        self.serving = serving_certificate(options, http2=library is not None)
         self.gateway = gateway or build_gateway(options)
         self.gateway.metrics.certificate_expiry.follow(
             SERVING, lambda: (self.serving.cert_file, [self.serving.current.leaf])
@@ -95,12 +112,12 @@ class GatewayServer:
         self.reuse_port = reuse_port
         self.connection_metrics = ConnectionMetrics(self.gateway.metrics.registry)
         self.http2: Http2Serving | None = None
-        if not options.serving.disable_http2_serving:
+        if library is not None:
             self.http2 = Http2Serving(
                 self.gateway.pipeline.handle,
                 H2Limits.for_flag(options.serving.http2_max_streams_per_connection),
                 self.connection_metrics,
-                client_max_size=CLIENT_MAX_SIZE,
+                library,
             )
         self.read_header_timeout = READ_HEADER_TIMEOUT
         self.idle_timeout = IDLE_TIMEOUT
@@ -124,7 +141,7 @@ class GatewayServer:
             )
 
         return TimedServer(
-            self.gateway.pipeline.handle,
+            serve_http1(self.gateway.pipeline.handle),
             read_header_timeout=self.read_header_timeout,
             request_factory=make_request,
             connection_factory=Connection.of_transport,

@@ -173,9 +173,9 @@ async def run(args: argparse.Namespace) -> int:
                 baseline: list[WrkResult] = []
                 authorized: list[WrkResult] = []
                 for _ in range(args.rounds):
-                    server.gateway.pipeline.gates[:] = authn_only
+                    server.gateway.pipeline.gates = tuple(authn_only)
                     baseline.append(await wrk("authn only", url, **opts))
-                    server.gateway.pipeline.gates[:] = gates
+                    server.gateway.pipeline.gates = tuple(gates)
                     authorized.append(await wrk("authn + authz (warm)", url, **opts))
                 reviewed = len(reviews.access_reviews)
                 per_call = gate_cost(authorizer, server)

@@ -11,7 +11,7 @@ backend over TLS. Each path is measured with wrk over keep-alive HTTP/1.1 (`--co
 connections) and with h2load over HTTP/2 twice: as many connections with one stream each (the same
 concurrency), and an eighth of them with 8 streams each (what a client-go process does). Printed:
 requests/s, and the CPU microseconds the gateway spent per request (utime+stime from /proc), with
-the HTTP/2 figures' ratio to HTTP/1.1's. Target (issue 27): at most 1.3x. Last, the multiplexed
+the HTTP/2 figures' ratio to HTTP/1.1's. Target (issue 33): at most 1.1x. Last, the multiplexed
 `/version` run again beside a client that sends rapid-reset floods (2000 streams opened and reset
 at once, a new connection after each GOAWAY): its requests/s against the run alone, and how many
 floods were cut. Where the machine has 2 CPUs or more the gateway is pinned to CPU 0, the clients
@@ -49,7 +49,7 @@ from tests.support.h2client import RawH2
 
 GROUP, VERSION = "bench.example.com", "v1"
 TOKEN = "bench-token-0123456789abcdef"  # a throwaway token for a loopback benchmark
-TARGET = 1.3
+TARGET = 1.1
 
 
 @dataclass(frozen=True)

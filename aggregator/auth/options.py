@@ -11,7 +11,7 @@ from pathlib import Path
 from aggregator.auth.modes import ModeError, check_modes, default_modes
 from aggregator.auth.requestheader import RequestHeaderConfig
 from aggregator.tls.verify import CAPool
-from aggregator.util.flags import ConfigError, FlagSet, GoDuration, check_readable, csv_list, go_bool
+from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration, check_readable, csv_list
 
 DEFAULT_ALWAYS_ALLOW_PATHS = ("/healthz", "/readyz", "/livez")
 
@@ -110,9 +110,7 @@ class AuthenticationOptions:
         flags.add(
             "--anonymous-auth",
             field="anonymous",
-            type=go_bool,
-            nargs="?",
-            const=True,
+            action=GoBool,
             default=False,
             help="serve requests without credentials as system:anonymous (default false: they get a 401, "
             "except on the always-allowed health paths).",
@@ -141,7 +139,7 @@ class AuthenticationOptions:
         flags.add(
             "--authentication-skip-lookup",
             field="skip_lookup",
-            action="store_true",
+            action=GoBool,
             help="do not read kube-system/extension-apiserver-authentication for missing CA settings.",
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from aggregator.util.flags import FlagSet
+from aggregator.util.flags import FlagSet, GoBool
 
 
 @dataclass
@@ -17,7 +17,7 @@ class AvailabilityOptions:
         FlagSet(parser, "availability", prefix).add(
             "--write-apiservice-status",
             field="write_apiservice_status",
-            action="store_true",
+            action=GoBool,
             default=argparse.SUPPRESS,  # false; absent unless given (a kube-mode-only flag)
             help="kube mode: write each APIService's Available condition to its status (off by default: "
             "kube-apiserver's own aggregator writes it too). Only when the status or reason differs from "

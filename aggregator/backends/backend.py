@@ -23,12 +23,12 @@ from aiohttp.http_exceptions import HttpProcessingError
 from cryptography import x509
 
 from aggregator.backends import tlsdiag
+from aggregator.backends._aiohttp import ResponseHandler, response_protocol
 from aggregator.backends.errors import BackendError, Hop, classify
 from aggregator.backends.h1 import KEEPALIVE, DialTimes, H1Pool, serialize_head
 from aggregator.backends.tls import client_context
 from aggregator.contracts import FetchedResponse
 from aggregator.tls.pem import CertKeyPair
-from aggregator.util._aiohttp import ResponseHandler, response_protocol
 
 CONNECT_TIMEOUT = 5.0
 # A backend that refused the client certificate is asked why at most this often per address.

@@ -24,13 +24,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
-from aggregator.util._aiohttp import (
+from aggregator.backends._aiohttp import (
     RawResponseMessage,
     ResponseHandler,
     StreamReader,
     drain,
     prepare_response,
 )
+from aggregator.web.serverrequest import RequestBody
 
 Key = tuple[str, int, str | None]
 
@@ -61,13 +62,34 @@ SPARE_KEEPALIVE = 5.0
 MAX_IDLE_PER_KEY = 64
 
 
+class UnsafeHead(ValueError):
+    """A request head that would not reach the backend as the gateway read it."""
+
+
 def serialize_head(method: str, target: str, headers: Iterable[tuple[str, str]]) -> bytes:
-    """The request line and header block. Names and values come from aiohttp's request parser
-    (which refuses CR, LF and NUL) or from the gateway's own sanitized identity headers."""
+    """The request line and header block.
+
+    Names and values come from a protocol module that refused CR, LF and NUL in them, and
+    whitespace in the method and target (`web/http1/`, `web/http2/`), or from the gateway's own
+    sanitized identity headers. Checked once more here, where bytes become a request: a stray line
+    break or space would let the backend read a request other than the one the gateway authorized
+    (UnsafeHead: the request fails, nothing is sent).
+    """
     parts = [f"{method} {target} HTTP/1.1\r\n"]
     parts.extend(f"{name}: {value}\r\n" for name, value in headers)
     parts.append("\r\n")
-    return "".join(parts).encode("utf-8", "surrogateescape")
+    text = "".join(parts)
+    lines = len(parts)
+    if (
+        text.count("\n") != lines
+        or text.count("\r") != lines
+        or "\0" in text
+        or not (method.isprintable() and target.isprintable())
+        or " " in method
+        or " " in target
+    ):
+        raise UnsafeHead(f"refusing to forward a request head with line breaks or whitespace: {method} {target!r}")
+    return text.encode("utf-8", "surrogateescape")
 
 
 class NotWritten(ConnectionError):
@@ -99,7 +121,7 @@ class Exchange:
     def send(
         self,
         head: bytes,
-        body: StreamReader | None,
+        body: RequestBody | None,
         *,
         chunked: bool,
         head_only: bool,
@@ -115,10 +137,10 @@ class Exchange:
             # Kept on the exchange and cancelled by `finish`: the body never outlives the exchange.
             self._writer = asyncio.get_running_loop().create_task(self._send_body(body, chunked, tap))
 
-    async def _send_body(self, body: StreamReader, chunked: bool, tap: BodyTap | None) -> None:
+    async def _send_body(self, body: RequestBody, chunked: bool, tap: BodyTap | None) -> None:
         protocol = self.protocol
         try:
-            async for chunk in body.iter_any():
+            while chunk := await body.readany():
                 transport = protocol.transport
                 if transport is None:
                     return

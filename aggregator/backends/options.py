@@ -7,7 +7,7 @@ import argparse
 import ipaddress
 from dataclasses import dataclass
 
-from aggregator.util.flags import ConfigError, FlagSet, check_pair, check_readable, csv_list
+from aggregator.util.flags import ConfigError, FlagSet, GoBool, check_pair, check_readable, csv_list
 
 SECTION = "proxy"
 # --backend-deny-cidrs when unset. Both modes: link-local, where cloud metadata services live.
@@ -42,13 +42,13 @@ class BackendOptions:
         flags.add(
             "--enable-aggregator-routing",
             field="enable_aggregator_routing",
-            action="store_true",
+            action=GoBool,
             help="route to a ready EndpointSlice endpoint instead of the Service's cluster IP.",
         )
         flags.add(
             "--allow-external-name-services",
             field="allow_external_name_services",
-            action="store_true",
+            action=GoBool,
             help="allow APIServices backed by ExternalName Services (off: they are a server-side request "
             "forgery risk).",
         )

@@ -14,8 +14,14 @@ loading rules; the files of a `$KUBECONFIG` list are not merged). With `--apiser
 one of its two parents, which is where `aggregator certs init` and `aggregator demo` put it, so
 `aggregator check --all --apiservices-dir certs/demo/apiservices` works as the demo prints it.
 
-Exit status: 0 when every hop of every APIService checked passes, 1 when one fails (or the
-APIService does not exist), 2 when the flags or the object source are unusable.
+With `--apiservices-dir`, `--all` also names every file of the folder the gateway would not
+load, or not wholly (a file that does not parse, an object refused, a document of a kind it does
+not read: `sources/problems.py`), and fails for it: `kubectl get apiservices` cannot show what
+never loaded.
+
+Exit status: 0 when every hop of every APIService checked passes (and, for `--all`, the folder
+loads whole), 1 when one fails (or the APIService does not exist), 2 when the flags or the object
+source are unusable.
 """
 
 from __future__ import annotations
@@ -48,13 +54,14 @@ from aggregator.availability.probe import (
 from aggregator.backends.addresses import Target
 from aggregator.backends.errors import BackendError
 from aggregator.config import Options, add_backend_flags, add_source_flags, options_from_args
-from aggregator.kube.client import KubeAPIError, KubeClient, KubeError
+from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, missing_kube_client
 from aggregator.model.apiservice import APIService, service_column
 from aggregator.model.decode import DecodeError
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.sources.kube import WATCHED, WatchedResource
+from aggregator.sources.problems import ManifestProblem
 from aggregator.sources.store import Kind, Obj, Store
-from aggregator.util.flags import ConfigError, check_readable
+from aggregator.util.flags import ConfigError, GoBool, check_readable
 from aggregator.util.logs import configure_logging
 from aggregator.web.metrics import Metrics
 
@@ -71,14 +78,15 @@ def add_check_parser(commands: Any) -> argparse.ArgumentParser:
     """The `check` subcommand, with serve's object-source and backend flags."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "check",
+        usage="%(prog)s (NAME | --all) [flags]",
         help="check an APIService hop by hop and name the one that fails",
         description="Check an APIService (or --all of them) the way the gateway does: Service, port, "
         "ready endpoints, the address dialed, TLS, then GET /apis/<group>/<version> as "
         "system:kube-aggregator. Prints each hop with its detail; exits 0 only when every hop passes.",
     )
     parser.add_argument("name", nargs="?", help="APIService name, e.g. v1beta1.metrics.k8s.io")
-    parser.add_argument("--all", action="store_true", help="check every APIService and print a table")
-    add_source_flags(parser)
+    parser.add_argument("--all", action=GoBool, help="check every APIService and print a table")
+    add_source_flags(parser, command="check")
     add_backend_flags(parser)
     parser.add_argument(
         "-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (4 and above: debug lines)."
@@ -152,6 +160,9 @@ def check_options(
             "neither --apiservices-dir nor --kubeconfig is set, $KUBECONFIG and ~/.kube/config name no "
             "file, and no in-cluster service account was found",
         )
+    problem = missing_kube_client() if source.kube_mode or source.kubeconfig else None
+    if problem:
+        raise ConfigError("--kubeconfig", problem)
     return opts
 
 
@@ -165,21 +176,25 @@ class Loaded:
     store: Store
     access_errors: dict[Kind, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # What the folder holds that the gateway would not load (--apiservices-dir).
+    problems: list[ManifestProblem] = field(default_factory=list)
 
     def access(self, kind: Kind) -> str | None:
         return self.access_errors.get(kind)
 
 
 def load_folder(directory: str) -> Loaded:
+    from aggregator.auth.rbacfolder import RBACFolder
     from aggregator.auth.rbacobjects import is_rbac
     from aggregator.sources.files import FolderSource
+    from aggregator.sources.problems import merged_problems
 
     store = Store()
     source = FolderSource(directory, store, read_elsewhere=is_rbac)
     source.reload()
-    loaded = Loaded(store)
-    loaded.warnings = [f"{path}: not loaded: {error}" for path, error in sorted(source.errors.items())]
-    return loaded
+    rbac = RBACFolder(directory)
+    rbac.reload(initial=True)
+    return Loaded(store, problems=list(merged_problems(source.problems, rbac.problems)()))
 
 
 async def _list(client: KubeClient, spec: WatchedResource, loaded: Loaded) -> list[Obj]:
@@ -314,6 +329,13 @@ class Printer:
                 f"  (the gateway would mark it available; the {report.failed_step.hop} hop fails for clients)"
             )
 
+    def problems(self, problems: Sequence[ManifestProblem]) -> None:
+        """The folder's files the gateway would not load, each with its cause."""
+        self.line()
+        self.line(f"Manifests the gateway does not load ({len(problems)}):")
+        for problem in problems:
+            self.line(f"{self.paint(self.marks[FAIL], FAIL)} {problem.describe()}")
+
     def endpoints(self, results: Sequence[tuple[str, str | None]]) -> None:
         """Each ready endpoint's own answer (--enable-aggregator-routing)."""
         self.line()
@@ -383,8 +405,14 @@ async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO
         try:
             probe = DiscoveryProbe(backends)
             if name is not None:
+                for manifest in loaded.problems:
+                    print(f"warning: {manifest.describe()}", file=err)
                 return await _check_named(name, loaded, probe, printer, err)
-            return await _check_all(loaded, probe, printer)
+            code = await _check_all(loaded, probe, printer)
+            if loaded.problems:
+                printer.problems(loaded.problems)
+                return EXIT_FAILED
+            return code
         finally:
             await backends.stop()
     finally:

@@ -12,8 +12,6 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from aiohttp import web
-
 from aggregator.discovery.ordering import sort_group_versions, sorted_by_group_and_version
 from aggregator.model.apiservice import API_VERSION as REGISTRATION_GROUP_VERSION
 from aggregator.model.apiservice import GROUP as REGISTRATION_GROUP
@@ -21,7 +19,9 @@ from aggregator.model.apiservice import VERSION as REGISTRATION_VERSION
 from aggregator.model.apiservice import APIService
 from aggregator.sources.store import ADDED, DELETED, Event, Kind, Store
 from aggregator.util.coalesce import Throttled
+from aggregator.web.context import RequestContext
 from aggregator.web.rendering import not_acceptable, respond
+from aggregator.web.serverrequest import Response
 from aggregator.wire.negotiation import Negotiator, default_restriction
 from aggregator.wire.rendered import Rendered
 
@@ -145,18 +145,18 @@ class LegacyDiscovery:
 
     # --- HTTP -----------------------------------------------------------------------------------
 
-    def serve_group_list(self, request: web.Request) -> web.Response:
-        media = self.negotiate(request.headers.get("Accept", ""))
+    def serve_group_list(self, ctx: RequestContext) -> Response:
+        media = self.negotiate(ctx.headers.get("Accept", ""))
         if media is None:
             return not_acceptable()
-        return respond(request, self.group_list(), media, headers=LEGACY_HEADERS)
+        return respond(ctx, self.group_list(), media, headers=LEGACY_HEADERS)
 
-    def serve_group(self, request: web.Request, name: str) -> web.Response | None:
+    def serve_group(self, ctx: RequestContext, name: str) -> Response | None:
         """The APIGroup, a 406, or None when the group is not registered (the caller falls back)."""
         rendered = self.group(name)
         if rendered is None:
             return None
-        media = self.negotiate(request.headers.get("Accept", ""))
+        media = self.negotiate(ctx.headers.get("Accept", ""))
         if media is None:
             return not_acceptable()
-        return respond(request, rendered, media, headers=LEGACY_HEADERS)
+        return respond(ctx, rendered, media, headers=LEGACY_HEADERS)

@@ -14,6 +14,25 @@ from aggregator.util.flags import ConfigError, FlagSet, check_readable
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
+_HELP = {
+    "serve": {
+        "--kubeconfig": "kubeconfig of the kube-apiserver to watch APIServices, Services and EndpointSlices in "
+        "and to delegate unknown paths to. Without it (and without --apiservices-dir) the in-cluster service "
+        "account is used.",
+        "--apiservices-dir": "local mode: read APIService, Service and EndpointSlice manifests (*.yaml, *.yml, "
+        "*.json) from this folder and reload them on change; no cluster is needed.",
+    },
+    "check": {
+        "--kubeconfig": "kubeconfig of the kube-apiserver to list APIServices, Services and EndpointSlices "
+        "from, once. Without it (and without --apiservices-dir) found as kubectl finds it: the first existing "
+        "file of $KUBECONFIG, else ~/.kube/config, else the pod's service account.",
+        "--apiservices-dir": "check the APIServices of this folder of manifests (*.yaml, *.yml, *.json), read "
+        "as a gateway in local mode reads them; a file it would not load (invalid YAML, a refused object, a "
+        "kind it does not read) is named and fails the check.",
+    },
+}
+
+
 @dataclass
 class SourceOptions:
     kubeconfig: str | None = None
@@ -38,21 +57,11 @@ class SourceOptions:
         return not self.local_mode
 
     @classmethod
-    def add_flags(cls, parser: argparse.ArgumentParser, prefix: str) -> None:
+    def add_flags(cls, parser: argparse.ArgumentParser, prefix: str, *, command: str = "serve") -> None:
+        """The flags, described for `serve` (what the gateway watches) or `check` (what it reads once)."""
         flags = FlagSet(parser, "object source", prefix)
-        flags.add(
-            "--kubeconfig",
-            field="kubeconfig",
-            help="kubeconfig of the kube-apiserver to watch APIServices, Services and EndpointSlices in and to "
-            "delegate unknown paths to. Without it (and without --apiservices-dir) the in-cluster service "
-            "account is used.",
-        )
-        flags.add(
-            "--apiservices-dir",
-            field="apiservices_dir",
-            help="local mode: read APIService, Service and EndpointSlice manifests (*.yaml, *.yml, *.json) "
-            "from this folder and reload them on change; no cluster is needed.",
-        )
+        flags.add("--kubeconfig", field="kubeconfig", help=_HELP[command]["--kubeconfig"])
+        flags.add("--apiservices-dir", field="apiservices_dir", help=_HELP[command]["--apiservices-dir"])
 
     def validate(self) -> None:
         check_readable("--kubeconfig", self.kubeconfig)

@@ -8,7 +8,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from aggregator.tls.policy import DEFAULT_MIN_VERSION, VERSIONS, PolicyError, TLSPolicy
-from aggregator.util.flags import ConfigError, FlagSet, check_pair, check_readable, csv_list, go_bool
+from aggregator.util.flags import ConfigError, FlagSet, GoBool, check_pair, check_readable, csv_list
 
 DEFAULT_CERT_DIR = "apiserver.local.config/certificates"
 SECTION = "secure serving"
@@ -77,9 +77,7 @@ class SecureServingOptions:
         flags.add(
             "--disable-http2-serving",
             field="disable_http2_serving",
-            type=go_bool,
-            nargs="?",
-            const=True,
+            action=GoBool,
             default=False,
             help="serve HTTP/1.1 only: offer no h2 in TLS ALPN (default false: clients that offer h2, as "
             "kubectl and client-go do, get HTTP/2).",

@@ -8,10 +8,11 @@ kube-apiserver read ours unchanged.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiohttp import web
+from aggregator.web.context import Handler, RequestContext
+from aggregator.web.serverrequest import Response
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +56,17 @@ class HealthChecks:
     def checks_for(self, endpoint: str) -> list[_Registered]:
         return [c for c in self._checks if endpoint in c.endpoints]
 
-    def handler(self, endpoint: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def handler(self, endpoint: str) -> Handler:
         """Serves `/<endpoint>` and `/<endpoint>/<check>`."""
 
-        async def handle(request: web.Request) -> web.Response:
-            name = request.path[len(endpoint) + 2 :]
-            return self._single(endpoint, name) if name else self._root(endpoint, request)
+        async def handle(ctx: RequestContext) -> Response:
+            name = ctx.path[len(endpoint) + 2 :]
+            return self._single(endpoint, name) if name else self._root(endpoint, ctx)
 
         return handle
 
-    def _root(self, endpoint: str, request: web.Request) -> web.Response:
-        excluded = set(request.query.getall("exclude", []))
+    def _root(self, endpoint: str, ctx: RequestContext) -> Response:
+        excluded = set(ctx.query.get("exclude", ()))
         out: list[str] = []
         failed: list[str] = []
         for registered in self.checks_for(endpoint):
@@ -87,14 +88,14 @@ class HealthChecks:
             out.append(f"{endpoint} check failed\n")
             # http.Error appends a newline of its own.
             return _text("".join(out) + "\n", 500)
-        if "verbose" not in request.query:
+        if "verbose" not in ctx.query:
             return _text("ok", 200)
         for notes in self._notes[endpoint]:
             out.extend(f"{line}\n" for line in notes())
         out.append(f"{endpoint} check passed\n")
         return _text("".join(out), 200)
 
-    def _single(self, endpoint: str, name: str) -> web.Response:
+    def _single(self, endpoint: str, name: str) -> Response:
         for registered in self.checks_for(endpoint):
             if registered.name == name:
                 reason = _run(registered)
@@ -112,11 +113,9 @@ def _run(registered: _Registered) -> str | None:
         return f"check raised {type(err).__name__}: {err}"
 
 
-def _text(body: str, status: int) -> web.Response:
-    return web.Response(
-        text=body,
-        status=status,
-        content_type="text/plain",
-        charset="utf-8",
-        headers={"X-Content-Type-Options": "nosniff"},
+def _text(body: str, status: int) -> Response:
+    return Response(
+        status,
+        body.encode(),
+        {"Content-Type": "text/plain; charset=utf-8", "X-Content-Type-Options": "nosniff"},
     )

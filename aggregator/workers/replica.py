@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
 from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
@@ -36,7 +35,9 @@ from aggregator.openapi.component import EMPTY_V3, V2Input, V2Published, V3Publi
 from aggregator.openapi.documents import Document
 from aggregator.sources.store import Store
 from aggregator.util.logs import fields
+from aggregator.web.context import RequestContext
 from aggregator.web.rendering import respond
+from aggregator.web.serverrequest import Response
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, MediaType
 from aggregator.wire.rendered import Rendered
 from aggregator.workers import metrics as merging
@@ -122,6 +123,7 @@ class Replica:
         self.store = Store()
         self._timer = timer
         self._verdicts: dict[str, VerdictView] = {}
+        self._verdict_listeners: list[Callable[[str], None]] = []
         self._health: dict[str, str | None] = {}
         self._notes: dict[str, list[str]] = {}
         self._aggregated: dict[str, Rendered] = {}
@@ -207,6 +209,8 @@ class Replica:
                 self._verdicts.pop(name, None)
             else:
                 self._verdicts[name] = view
+            for listener in self._verdict_listeners:
+                listener(name)
         if state.health is not None:
             self._health = state.health
         if state.notes is not None:
@@ -249,6 +253,10 @@ class Replica:
         svc = self.store.apiservice(name)
         return svc is not None and _available(svc.conditions)
 
+    def add_listener(self, listener: Callable[[str], None]) -> None:
+        """Told of every APIService whose verdict the control sent."""
+        self._verdict_listeners.append(listener)
+
     def reason(self, name: str) -> str:
         view = self._verdicts.get(name)
         if view is not None:
@@ -279,12 +287,12 @@ class Replica:
 
     # --- discovery and OpenAPI ---------------------------------------------------------------------
 
-    def serve(self, request: web.Request, media: MediaType) -> web.StreamResponse:
+    def serve(self, ctx: RequestContext, media: MediaType) -> Response:
         """`/apis` in the aggregated form, from the control's rendering (`AggregatedDiscovery.serve`)."""
         version = media.aggregated_version or "v2"
         content_type = f"{media.media_type};g={DISCOVERY_GROUP};v={version};as={DISCOVERY_KIND}"
         return respond(
-            request, self._aggregated[version], media, content_type=content_type, headers=AGGREGATED_HEADERS
+            ctx, self._aggregated[version], media, content_type=content_type, headers=AGGREGATED_HEADERS
         )
 
     @property
@@ -320,12 +328,12 @@ class Replica:
 
     # --- metrics -----------------------------------------------------------------------------------
 
-    async def serve_metrics(self, request: web.Request) -> web.Response:
+    async def serve_metrics(self, ctx: RequestContext) -> Response:
         """`/metrics` for the whole process group (`metrics.py`), or this worker's alone without
         the control (logged)."""
         families = await self._group_metrics()
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encoder(merging.Merged(families)), headers={"Content-Type": content_type})
+        encoder, content_type = choose_encoder(ctx.headers.get("Accept", ""))
+        return Response(200, encoder(merging.Merged(families)), content_type=content_type)
 
     async def _group_metrics(self) -> list[Metric]:
         if self.connected:

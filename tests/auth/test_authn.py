@@ -11,10 +11,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from aggregator.tls.issue import issue_client_cert, load_pair, new_ca, write_pair
+from aggregator.web.context import RequestContext
+from aggregator.web.responses import json_response
 from aggregator.web.routing import Route, RouteKind
+from aggregator.web.serverrequest import Response
 from aggregator.wire.wsprotocol import (
     BEARER_PROTOCOL_PREFIX,
     INVALID_ENCODING,
@@ -44,15 +46,16 @@ async def whoami(start_gateway: StartGateway, pki: PKI) -> WhoAmI:
     """A gateway with a `/whoami` route echoing the authenticated user; returns a caller."""
     server = await start_gateway()
 
-    async def echo(request: web.Request) -> web.StreamResponse:
-        user = user_of(request)
-        return web.json_response(
+    async def echo(ctx: RequestContext) -> Response:
+        user = user_of(ctx)
+        return json_response(
+            ctx,
             {
                 "name": user.name,
                 "uid": user.uid,
                 "groups": list(user.groups),
                 "extra": {k: list(v) for k, v in user.extra.items()},
-            }
+            },
         )
 
     server.gateway.router.add_exact("/whoami", Route(echo, RouteKind.OWN, "whoami"))
@@ -164,9 +167,9 @@ async def test_no_credentials_is_401_except_on_health_paths(whoami: WhoAmI) -> N
 async def test_anonymous_auth_flag_admits_system_anonymous(start_gateway: StartGateway, pki: PKI) -> None:
     server = await start_gateway(anonymous_auth=True)
 
-    async def echo(request: web.Request) -> web.StreamResponse:
-        user = user_of(request)
-        return web.json_response({"name": user.name, "groups": list(user.groups)})
+    async def echo(ctx: RequestContext) -> Response:
+        user = user_of(ctx)
+        return json_response(ctx, {"name": user.name, "groups": list(user.groups)})
 
     server.gateway.router.add_exact("/whoami", Route(echo, RouteKind.OWN, "whoami"))
     async with (

@@ -62,7 +62,7 @@ async def test_concurrent_identical_requests_make_one_review_then_the_cache_answ
     await asyncio.sleep(max(0.0, ttl + 0.05 - (time.monotonic() - reviewed_at)))
     assert await reviewed.call(FLUNDER) == (
         200,
-        b'{"name": "alice", "groups": ["devs", "system:authenticated"]}',
+        b'{"name":"alice","groups":["devs","system:authenticated"]}\n',
     )
     assert len(reviewed.reviews.access_reviews) == 2
     assert reviewed.metric("aggregator_webhook_reviews_in_flight", kind="subjectaccessreview") == 0

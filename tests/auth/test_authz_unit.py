@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from aggregator.audit.recorder import AUTHORIZATION_DECISION
 from aggregator.auth.authz import (
     AlwaysAllowPaths,
     Authorizer,
@@ -207,7 +208,7 @@ async def test_a_cache_hit_completes_without_suspending() -> None:
     # a hit is answered by the gate itself: nothing to await at all
     ctx = context_for("GET", path, user=ALICE)
     assert authorizer.gate(ctx) is None
-    assert ctx.authorization == (True, "")
+    assert AUTHORIZATION_DECISION.get(ctx) == (True, "")
     assert len(poster.bodies) == 1
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from aggregator.backends.backend import Address, Backend
 from aggregator.backends.errors import BackendError, Hop
-from aggregator.backends.h1 import H1Pool, serialize_head
+from aggregator.backends.h1 import H1Pool, UnsafeHead, serialize_head
 from tests.support.polling import until
 
 
@@ -172,3 +172,29 @@ async def test_spare_idle_connections_close_but_the_warm_one_stays(server: Plain
     assert await get(pool, server.port) == b"hello"  # reuses the newest; the stale spares close
     assert pool.idle_count() == 1
     await until(lambda: server.open == 1, what="the spares closed at the backend")
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "headers"),
+    [
+        ("GET", "/apis/x/v1/things /../secrets", []),
+        ("GET", "/apis/x/v1/things\t", []),
+        ("GET X", "/apis/x/v1/things", []),
+        ("GET", "/apis/x/v1/things", [("X-Note", "ok\r\nX-Remote-User: admin")]),
+        ("GET", "/apis/x/v1/things", [("X-Note", "ok\nX-Remote-User: admin")]),
+        ("GET", "/apis/x/v1/things", [("X-Note\r\nX-Remote-User", "admin")]),
+        ("GET", "/apis/x/v1/things", [("X-Note", "ok\x00")]),
+    ],
+)
+def test_a_head_that_would_reach_the_backend_as_another_request_is_never_written(
+    method: str, target: str, headers: list[tuple[str, str]]
+) -> None:
+    """The last check where bytes become a request, whatever the protocol modules let through."""
+    with pytest.raises(UnsafeHead):
+        serialize_head(method, target, [("Host", "backend"), *headers])
+
+
+def test_a_plain_head_is_written_as_given() -> None:
+    assert serialize_head("GET", "/apis/x/v1/things?a=b", [("Host", "backend"), ("X-Note", "a b")]) == (
+        b"GET /apis/x/v1/things?a=b HTTP/1.1\r\nHost: backend\r\nX-Note: a b\r\n\r\n"
+    )

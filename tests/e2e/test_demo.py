@@ -127,6 +127,17 @@ async def test_api_resources_lists_wardle_resources(demo: Demo, binary: str, tmp
 
 
 @pytest.mark.parametrize("binary", KUBECTLS)
+async def test_local_mode_has_no_core_or_built_in_groups(demo: Demo, binary: str, tmp_path: Path) -> None:
+    """The README's word: in local mode `/api` and the built-in groups answer 404."""
+    kubectl = demo.kubectl(binary, tmp_path)
+    for path in ("/api", "/apis/apps/v1"):
+        code, _, err = await kubectl("get", "--raw", path, check=False)
+        assert (code, err) == (1, "Error from server (NotFound): the server could not find the requested resource\n")
+    code, _, err = await kubectl("get", "pods", check=False)
+    assert err == 'error: the server doesn\'t have a resource type "pods"\n', err
+
+
+@pytest.mark.parametrize("binary", KUBECTLS)
 async def test_get_raw_apis_is_the_merged_group_list(demo: Demo, binary: str, tmp_path: Path) -> None:
     kubectl = demo.kubectl(binary, tmp_path)
     _, out, _ = await kubectl("get", "--raw", "/apis")
@@ -478,6 +489,7 @@ async def test_the_sample_dies_the_gateway_says_so_and_recovers(tmp_path: Path) 
         assert "Press Enter here to start it again." in demo.out.read_text()
         kubectl = Kubectl(KUBECTLS[0], certs / "demo.kubeconfig", tmp_path / "home")
         await wait_available(kubectl)  # the sample listens where the user's manifests say
+        await kubectl("get", "flunders")  # kubectl caches discovery with wardle.example.com in it
 
         first_pid = int((certs / "demo" / "sample.pid").read_text())
         os.kill(first_pid, signal.SIGKILL)
@@ -507,6 +519,13 @@ async def test_the_sample_dies_the_gateway_says_so_and_recovers(tmp_path: Path) 
         # within 20 s: the re-check the failed requests asked for, not the periodic one 30 s away
         await until_async(both_false, 20, lambda: f"both APIServices False: {now[-1]}", every=0.1)
         await demo.wait_for_freshness("Stale")
+        # docs/demo.md's answers 2 and 3 of `kubectl get flunders`: with the discovery kubectl cached
+        # before the kill, the gateway's own 503; once kubectl reads discovery again, no such type.
+        code, _, err = await kubectl("get", "flunders", check=False)
+        assert err == "Error from server (ServiceUnavailable): service unavailable\n", err
+        await kubectl("api-resources")
+        code, _, err = await kubectl("get", "flunders", check=False)
+        assert err == 'error: the server doesn\'t have a resource type "flunders"\n', err
         for binary in KUBECTLS:
             stale = Kubectl(binary, kubectl.config, tmp_path / f"home-{Path(binary).name}")
             # client-go leaves Stale groups out, silently: the rest is listed, exit 0, no error.

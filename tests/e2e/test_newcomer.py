@@ -220,7 +220,8 @@ def test_a_newcomer_follows_the_readme(terminal: tuple[Terminal, Path, int], tmp
     assert "Successfully installed" in term.text() and "aggregator" in term.text()
     term.wait_for("Press Ctrl-C", 120)
     venv_python = checkout / ".venv" / "bin" / "python"
-    for extra in ("pytest", "mypy", "ruff", "hypothesis"):  # the test and dev extras are not the demo's
+    # The kube, test and dev extras are not the demo's (local mode never imports kubernetes).
+    for extra in ("kubernetes", "pytest", "mypy", "ruff", "hypothesis"):
         assert subprocess.run([venv_python, "-c", f"import {extra}"], capture_output=True).returncode != 0
     assert f"https://127.0.0.1:{port}" in term.text()
     assert "it keeps its objects in memory" in term.text()

@@ -25,6 +25,7 @@ from tests.support.backend import (
     force_available,
     service_manifest,
     status_of,
+    use_availability,
     wait_available,
     write_manifests,
 )
@@ -321,7 +322,7 @@ async def test_unavailable_apiservice_is_503(
         def reason(self, name: str) -> str:
             return "FailedDiscoveryCheck"
 
-    proxied.server.gateway.proxy.availability = NeverAvailable()
+    use_availability(proxied.server, NeverAvailable())
     async with proxied.request("GET", THINGS) as resp:
         assert resp.status == 503
         body = status_of(await resp.read())

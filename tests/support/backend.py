@@ -251,11 +251,22 @@ class AlwaysAvailable:
     def reason(self, name: str) -> str:
         return "Passed"
 
+    def add_listener(self, listener: Callable[[str], None]) -> None:
+        """Nothing ever changes."""
+
 
 def force_available(server: Any) -> None:
     """The proxy treats every APIService as available, whatever the checker finds (for tests of
     the proxy's own failure answers)."""
-    server.gateway.proxy.availability = AlwaysAvailable()
+    use_availability(server, AlwaysAvailable())
+
+
+def use_availability(server: Any, view: Any) -> None:
+    """The proxy asks `view` whether each APIService is available, from now on."""
+    proxy = server.gateway.proxy
+    proxy.availability = view
+    for svc in server.gateway.store.apiservices():
+        proxy.availability_changed(svc.name)
 
 
 async def wait_available(server: Any, name: str = APISERVICE, timeout: float = 10.0) -> None:

@@ -30,6 +30,7 @@ import yaml
 from sample_apiserver import SampleOptions, SampleServer
 from sample_apiserver.api import GROUP, VERSIONS
 
+from aggregator.assembly import build_gateway
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.commands.wardle import local_manifests
 from aggregator.server import GatewayServer
@@ -238,9 +239,11 @@ class WardleStack:
         port = await self.sample.start()
         self.register(port)
         gateway_options = local_options(self.pki, str(self.apiservices_dir), **self.gateway_options)
-        self._gateway_cm = running_gateway(gateway_options)
+        gateway = build_gateway(gateway_options)
+        self.requests.attach(gateway)
+        self._gateway_cm = running_gateway(gateway_options, gateway)
         self.gateway = await self._gateway_cm.__aenter__()
-        self.requests.attach(self.gateway)
+        self.requests.expect(self.gateway)
         write_kubeconfig(
             self.kubeconfig,
             kubeconfig(

@@ -33,8 +33,8 @@ def local_options(pki: PKI, apiservices_dir: str, **overrides: object) -> Option
 
 
 @contextlib.asynccontextmanager
-async def running_gateway(options: Options) -> AsyncIterator[GatewayServer]:
-    server = GatewayServer(options)
+async def running_gateway(options: Options, gateway: Gateway | None = None) -> AsyncIterator[GatewayServer]:
+    server = GatewayServer(options, gateway)
     await server.start()
     try:
         yield server

@@ -64,6 +64,29 @@ async def test_two_workers_answer_the_port_and_metrics_cover_both(
         for worker in ("control", "0", "1"):
             assert f'process_resident_memory_bytes{{worker="{worker}"}}' in text
         assert "aggregator_workers 2.0" in text
+        # CPU per process, as the dashboard's CPU panel graphs it: each worker's series is its own
+        # CPU time (between what /proc says before and after the scrape), not the group's sum.
+        pids_by_index: dict[str, int] = {}
+        while len(pids_by_index) < 2:
+            status, body = await group.get("/livez?verbose")
+            note = PID_NOTE.search(body.decode())
+            assert note is not None
+            pids_by_index[note.group(1)] = int(note.group(3))
+        pids_by_index["control"] = group.process.pid
+        before = {index: cpu_seconds(pid) for index, pid in pids_by_index.items()}
+        status, body = await group.get("/metrics")
+        after = {index: cpu_seconds(pid) for index, pid in pids_by_index.items()}
+        cpu = dict(re.findall(r'^process_cpu_seconds_total\{worker="(\w+)"\} (\S+)$', body.decode(), re.M))
+        assert cpu.keys() == {"control", "0", "1"}, body.decode()
+        for index, value in cpu.items():
+            assert before[index] - 0.01 <= float(value) <= after[index] + 0.01, (index, value, before, after)
+        assert not re.search(r"^process_cpu_seconds_total ", body.decode(), re.M)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, as prometheus_client's ProcessCollector reads them."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (float(fields[11]) + float(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def test_background_requests_are_the_same_with_one_and_two_workers(

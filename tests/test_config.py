@@ -9,6 +9,8 @@ by both the authenticator and the proxy's identity-header stripping.
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.commands.cli import build_parser
 from aggregator.config import KUBE_MODE_FLAGS, Options, add_serve_flags, options_from_args
 from aggregator.tls.verify import CAPool
+from aggregator.util.flags import ConfigError
 from tests.support.pki import PKI
 
 
@@ -105,3 +108,49 @@ def test_the_requestheader_flags_are_read_once_by_authentication_and_the_proxy(p
     for name in ("x-user", "X-UID", "X-Groups", "x-extra-scope", "X-Remote-User", "Impersonate-User"):
         assert stripped.is_identity(name), name
     assert not stripped.is_identity("X-Forwarded-For")
+
+
+def test_every_problem_of_the_flags_is_reported_at_once(tmp_path: Path) -> None:
+    """k8s.io/apiserver's `RecommendedOptions.Validate` gathers every group's errors: so does
+    `aggregator serve`, one line each, instead of stopping at the first."""
+    folder = tmp_path / "apiservices"
+    folder.mkdir()
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "aggregator", "serve",
+            "--apiservices-dir", str(folder),
+            "--secure-port", "70000",
+            "--workers", "0",
+            "--shutdown-delay-duration=-1s",
+            "--backend-deny-cidrs", "not-a-cidr",
+            "--write-apiservice-status",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        "aggregator serve: --secure-port: 70000 is not a valid port (0-65535)",
+        "aggregator serve: --workers: 0 is not a valid worker count (1 or more)",
+        "aggregator serve: --backend-deny-cidrs: 'not-a-cidr' is not a CIDR",
+        "aggregator serve: --shutdown-delay-duration: can not be negative value",
+        "aggregator serve: --write-apiservice-status: only applies in kube mode; it means nothing with "
+        "--apiservices-dir",
+    ], done.stderr
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        "source", "serving", "server", "workers", "authentication", "authorization", "backends",
+        "delegation", "availability", "leader_election", "audit", "logging",
+    ],
+)
+def test_every_options_group_validates_itself_the_same_way(group: str) -> None:
+    """One signature for every group: `validate()` returns its problems, all of them."""
+    options = Options()
+    options.source.apiservices_dir = "."
+    found = getattr(options, group).validate()
+    assert isinstance(found, list) and all(isinstance(e, ConfigError) for e in found)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from aggregator.util.flags import FlagSet, GoBool
+from aggregator.util.flags import ConfigError, FlagSet, GoBool
 
 
 @dataclass
@@ -23,3 +23,8 @@ class AvailabilityOptions:
             "kube-apiserver's own aggregator writes it too). Only when the status or reason differs from "
             "the stored one, and with --leader-elect only from the replica holding the lease.",
         )
+
+    def validate(self) -> list[ConfigError]:
+        """Nothing this group can get wrong on its own (whether it may be given is checked across
+        groups: a kube-mode-only flag)."""
+        return []

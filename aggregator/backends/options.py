@@ -7,7 +7,7 @@ import argparse
 import ipaddress
 from dataclasses import dataclass
 
-from aggregator.util.flags import ConfigError, FlagSet, GoBool, check_pair, check_readable, csv_list
+from aggregator.util.flags import ConfigError, FlagSet, GoBool, Problems, check_pair, check_readable, csv_list
 
 SECTION = "proxy"
 # --backend-deny-cidrs when unset. Both modes: link-local, where cloud metadata services live.
@@ -68,17 +68,20 @@ class BackendOptions:
             return self.backend_deny_cidrs
         return list(KUBE_DEFAULT_DENY_CIDRS if kube_mode else DEFAULT_DENY_CIDRS)
 
-    def validate(self, *, kube_mode: bool) -> None:
-        check_pair(
+    def validate(self) -> list[ConfigError]:
+        problems = Problems()
+        problems.check(
+            check_pair,
             "--proxy-client-cert-file",
             self.proxy_client_cert_file,
             "--proxy-client-key-file",
             self.proxy_client_key_file,
         )
-        check_readable("--proxy-client-cert-file", self.proxy_client_cert_file)
-        check_readable("--proxy-client-key-file", self.proxy_client_key_file)
-        for cidr in self.deny_cidrs(kube_mode=kube_mode):
+        problems.check(check_readable, "--proxy-client-cert-file", self.proxy_client_cert_file)
+        problems.check(check_readable, "--proxy-client-key-file", self.proxy_client_key_file)
+        for cidr in self.backend_deny_cidrs or ():  # the defaults are CIDRs
             try:
                 ipaddress.ip_network(cidr, strict=False)
-            except ValueError as err:
-                raise ConfigError("--backend-deny-cidrs", f"{cidr!r} is not a CIDR") from err
+            except ValueError:
+                problems.add("--backend-deny-cidrs", f"{cidr!r} is not a CIDR")
+        return problems.errors

@@ -61,7 +61,7 @@ from aggregator.model.userinfo import AGGREGATOR
 from aggregator.sources.kube import WATCHED, WatchedResource
 from aggregator.sources.problems import ManifestProblem
 from aggregator.sources.store import Kind, Obj, Store
-from aggregator.util.flags import ConfigError, GoBool, check_readable
+from aggregator.util.flags import ConfigError, GoBool, InvalidOptions, check_readable
 from aggregator.util.logs import configure_logging
 from aggregator.web.metrics import Metrics
 
@@ -150,7 +150,9 @@ def check_options(
         if pair is not None:
             backends.proxy_client_cert_file, backends.proxy_client_key_file = pair
             notes.append(f"using the front-proxy client certificate {pair[0]} (--proxy-client-cert-file overrides)")
-    backends.validate(kube_mode=source.kube_mode)
+    errors = backends.validate()
+    if errors:
+        raise InvalidOptions(errors)
     check_readable("--kubeconfig", source.kubeconfig)
     if source.apiservices_dir is not None and not os.path.isdir(source.apiservices_dir):
         raise ConfigError("--apiservices-dir", f"{source.apiservices_dir} is not a readable directory")
@@ -491,7 +493,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         options = check_options(args, notes)
     except ConfigError as problem:
-        print(f"aggregator check: {problem}", file=sys.stderr)
+        for line in str(problem).splitlines():
+            print(f"aggregator check: {line}", file=sys.stderr)
         return EXIT_USAGE
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

@@ -159,8 +159,10 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as err:
         if stop_logging is not None:
             stop_logging()  # whatever was logged before the failure goes out before the one line
-        # Start-up problems (bad flags, unreadable certificates or kubeconfig, a busy port): one line.
-        print(f"aggregator serve: {err}", file=sys.stderr)
+        # Start-up problems (bad flags, unreadable certificates or kubeconfig, a busy port): one line
+        # each, every one of them at once (InvalidOptions).
+        for line in str(err).splitlines():
+            print(f"aggregator serve: {line}", file=sys.stderr)
         return EXIT_USAGE
     finally:
         if stop_logging is not None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aggregator.kube.client import KubeClient
-from aggregator.util.flags import ConfigError, FlagSet, check_readable
+from aggregator.util.flags import ConfigError, FlagSet, Problems, check_readable
 
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
@@ -63,15 +63,17 @@ class SourceOptions:
         flags.add("--kubeconfig", field="kubeconfig", help=_HELP[command]["--kubeconfig"])
         flags.add("--apiservices-dir", field="apiservices_dir", help=_HELP[command]["--apiservices-dir"])
 
-    def validate(self) -> None:
-        check_readable("--kubeconfig", self.kubeconfig)
+    def validate(self) -> list[ConfigError]:
+        problems = Problems()
+        problems.check(check_readable, "--kubeconfig", self.kubeconfig)
         if self.apiservices_dir is not None and not Path(self.apiservices_dir).is_dir():
-            raise ConfigError("--apiservices-dir", f"{self.apiservices_dir} is not a readable directory")
+            problems.add("--apiservices-dir", f"{self.apiservices_dir} is not a readable directory")
         if self.apiservices_dir is None and self.kubeconfig is None and not self.in_cluster:
-            raise ConfigError(
+            problems.add(
                 "--apiservices-dir",
                 "neither --apiservices-dir nor --kubeconfig is set and no in-cluster service account was found",
             )
+        return problems.errors
 
     def kube_client(self) -> KubeClient | None:
         """The gateway's client: `--kubeconfig` if given, else the pod's service account in kube mode.

@@ -8,7 +8,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from aggregator.tls.policy import DEFAULT_MIN_VERSION, VERSIONS, PolicyError, TLSPolicy
-from aggregator.util.flags import ConfigError, FlagSet, GoBool, check_pair, check_readable, csv_list
+from aggregator.util.flags import ConfigError, FlagSet, GoBool, Problems, check_pair, check_readable, csv_list
 
 DEFAULT_CERT_DIR = "apiserver.local.config/certificates"
 SECTION = "secure serving"
@@ -98,14 +98,16 @@ class SecureServingOptions:
         except PolicyError as err:
             raise ConfigError(err.flag, err.problem) from err
 
-    def validate(self) -> None:
+    def validate(self) -> list[ConfigError]:
+        problems = Problems()
         if not 0 <= self.port <= 65535:
-            raise ConfigError("--secure-port", f"{self.port} is not a valid port (0-65535)")
+            problems.add("--secure-port", f"{self.port} is not a valid port (0-65535)")
         try:
             ipaddress.ip_address(self.bind_address)
-        except ValueError as err:
-            raise ConfigError("--bind-address", f"{self.bind_address!r} is not an IP address") from err
-        self.tls_policy()
-        check_pair("--tls-cert-file", self.cert_file, "--tls-private-key-file", self.key_file)
-        check_readable("--tls-cert-file", self.cert_file)
-        check_readable("--tls-private-key-file", self.key_file)
+        except ValueError:
+            problems.add("--bind-address", f"{self.bind_address!r} is not an IP address")
+        problems.check(self.tls_policy)
+        problems.check(check_pair, "--tls-cert-file", self.cert_file, "--tls-private-key-file", self.key_file)
+        problems.check(check_readable, "--tls-cert-file", self.cert_file)
+        problems.check(check_readable, "--tls-private-key-file", self.key_file)
+        return problems.errors

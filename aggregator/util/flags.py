@@ -193,6 +193,36 @@ def nearest_flag(typed: str, names: Sequence[str]) -> str | None:
     return min(candidates, key=lambda name: (levenshtein(word, name.lstrip("-")), name))
 
 
+class InvalidOptions(ConfigError):
+    """Every problem the flags have, not only the first (k8s.io/apiserver's
+    `RecommendedOptions.Validate` gathers them all): `str()` is one line per problem."""
+
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        first = errors[0]
+        super().__init__(first.flag, first.problem)
+        self.errors = list(errors)
+
+    def __str__(self) -> str:
+        return "\n".join(str(error) for error in self.errors)
+
+
+class Problems:
+    """What one options group's `validate` found: each check adds to it instead of raising."""
+
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    def add(self, flag: str, problem: str) -> None:
+        self.errors.append(ConfigError(flag, problem))
+
+    def check(self, check: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+        """Run a check that raises ConfigError (`check_readable`...), keeping what it says."""
+        try:
+            check(*args, **kwargs)
+        except ConfigError as err:
+            self.errors.append(err)
+
+
 def check_readable(flag: str, path: str | None) -> None:
     """ConfigError unless `path` (when given) can be opened and read."""
     if path is None:

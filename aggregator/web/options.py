@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from aggregator.util.flags import ConfigError, FlagSet, GoDuration
+from aggregator.util.flags import ConfigError, FlagSet, GoDuration, Problems
 from aggregator.web.accesslog import AccessLogError, AccessLogPolicy
 
 # kube-apiserver's request limits and timeouts (k8s.io/apiserver pkg/server/config.go NewConfig).
@@ -87,12 +87,13 @@ class ServerRunOptions:
             f"{DEFAULT_MIN_REQUEST_TIMEOUT}).",
         )
 
-    def validate(self) -> None:
+    def validate(self) -> list[ConfigError]:
         """`ServerRunOptions.Validate`'s wording."""
+        problems = Problems()
         if self.shutdown_delay_duration < 0:
-            raise ConfigError("--shutdown-delay-duration", "can not be negative value")
+            problems.add("--shutdown-delay-duration", "can not be negative value")
         if self.shutdown_watch_termination_grace_period < 0:
-            raise ConfigError("--shutdown-watch-termination-grace-period", "can not be a negative value")
+            problems.add("--shutdown-watch-termination-grace-period", "can not be a negative value")
         for flag, value in (
             ("--max-requests-inflight", self.max_requests_inflight),
             ("--max-mutating-requests-inflight", self.max_mutating_requests_inflight),
@@ -100,7 +101,8 @@ class ServerRunOptions:
             ("--min-request-timeout", self.min_request_timeout),
         ):
             if value < 0:
-                raise ConfigError(flag, "can not be negative value")
+                problems.add(flag, "can not be negative value")
+        return problems.errors
 
 
 @dataclass
@@ -137,5 +139,7 @@ class LoggingOptions:
         except AccessLogError as err:
             raise ConfigError("--access-log", str(err)) from err
 
-    def validate(self) -> None:
-        self.access_log_policy()
+    def validate(self) -> list[ConfigError]:
+        problems = Problems()
+        problems.check(self.access_log_policy)
+        return problems.errors

@@ -27,9 +27,10 @@ class WorkersOptions:
             "this process may use, from its CPU affinity and cgroup CPU quota).",
         )
 
-    def validate(self) -> None:
+    def validate(self) -> list[ConfigError]:
         if self.count is not None and self.count < 1:
-            raise ConfigError("--workers", f"{self.count} is not a valid worker count (1 or more)")
+            return [ConfigError("--workers", f"{self.count} is not a valid worker count (1 or more)")]
+        return []
 
     def processes(self) -> int:
         """The worker count to run: `--workers`, or the usable CPUs."""

@@ -12,6 +12,7 @@ import pytest
 from cryptography import x509
 
 from aggregator.tls.issue import issue_serving_cert, new_ca, write_cert, write_key
+from aggregator.web.http2.nghttp2 import LIBRARY_ENV
 from tests.conftest import StartGateway
 from tests.support.h2client import negotiated_alpn
 from tests.support.logrecords import fields_of
@@ -191,3 +192,17 @@ async def test_a_reloaded_pair_keeps_the_tls_policy(
     assert x509.load_der_x509_certificate(der).serial_number == rotated.cert.serial_number
     writer.close()
     await writer.wait_closed()
+
+
+async def test_without_libnghttp2_http_1_1_only_and_the_log_says_why(
+    start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A machine without libnghttp2 still serves, over HTTP/1.1 (clients fall back to it), and the
+    start-up log names the library and how to install it."""
+    monkeypatch.setenv(LIBRARY_ENV, "/nonexistent/libnghttp2.so.14")
+    server = await start_gateway()
+    assert server.http2 is None
+    assert await negotiated(server.port, ["h2", "http/1.1"]) == "http/1.1"
+    warning = next(r for r in caplog.records if r.getMessage() == "HTTP/2 is not served: clients will use HTTP/1.1")
+    assert "/nonexistent/libnghttp2.so.14" in fields_of(warning)["reason"]
+    assert "libnghttp2-14" in fields_of(warning)["fix"]

@@ -10,7 +10,10 @@ the session has to send is written to the transport once per turn of the event l
 Handlers are bounded as Go's server bounds them (golang.org/x/net/http2 server.go
 `scheduleHandler`, the fix of CVE-2023-44487): at most `max_streams` run at once, counting the
 handlers of streams already reset until they have returned; more wait in a queue, and a queue over
-4x the stream limit ends the connection with GOAWAY ENHANCE_YOUR_CALM ("rapid_reset"). Stream
+4x the stream limit ends the connection with GOAWAY ENHANCE_YOUR_CALM ("rapid_reset"). Beyond Go,
+streams the client resets before their handler started spend a budget of their own (as many as
+the stream limit at once): a flood is cut a hundred streams in, not five hundred, and costs the
+other clients a fifth as much. Stream
 resets, the client's and those its protocol errors cause (MadeYouReset), also spend a token
 bucket; an empty bucket is GOAWAY ENHANCE_YOUR_CALM too ("reset_flood"). Decoded header lists are
 bounded per stream (`max_header_list_size`: past it the request is answered 431, as Go's server
@@ -62,6 +65,7 @@ class H2ServerConnection(asyncio.Protocol):
         self.session = self.lib.new_session(limits)
         self.guard = FrameGuard(limits)
         self.resets = TokenBucket(limits.reset_burst, limits.reset_rate)
+        self._unstarted_resets = TokenBucket(limits.unstarted_reset_burst, limits.reset_rate)
         self.transport: asyncio.Transport | None = None
         self.info = Connection(None, None)
         self.streams: dict[int, H2Stream] = {}
@@ -178,8 +182,8 @@ class H2ServerConnection(asyncio.Protocol):
         """Write what the session has to send now (nothing while the client is not reading)."""
         self._flush_scheduled = False
         transport = self.transport
-        if transport is None or transport.is_closing():
-            return
+        if transport is None or transport.is_closing() or (self.writing_paused and not self.closing):
+            return  # resume_writing flushes; meanwhile what is owed waits in the session
         binding = self.lib
         lib, ffi, out = binding.lib, binding.ffi, binding.out
         session = self.session
@@ -366,6 +370,17 @@ class H2ServerConnection(asyncio.Protocol):
                 return failed
         if stream is None:
             return 0
+        if theirs and stream.task is None and not self._unstarted_resets.take():
+            # Reset before its handler ever started, beyond what any client does but a rapid-reset
+            # flood: cut it here, a hundred streams in, not four hundred.
+            limits = self.limits
+            return self._violate(
+                Violation(
+                    "rapid_reset",
+                    ErrorCode.ENHANCE_YOUR_CALM,
+                    f"more than {limits.unstarted_reset_burst} streams reset before they were served",
+                )
+            )
         stream.closed = True
         if error_code != ErrorCode.NO_ERROR or not stream.ended:
             stream.was_reset()

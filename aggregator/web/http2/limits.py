@@ -59,6 +59,10 @@ class H2Limits:
     # ENHANCE_YOUR_CALM.
     reset_burst: int = 1000
     reset_rate: float = 33.0
+    # Streams the client resets before their handler started (what a rapid-reset flood is made
+    # of; a client cancels a request it is waiting on, not one it just sent): past this many at
+    # once, refilled at `reset_rate`, GOAWAY ENHANCE_YOUR_CALM.
+    unstarted_reset_burst: int = DEFAULT_MAX_STREAMS
     # PING and SETTINGS frames (each one makes the gateway answer) over a token bucket; client-go
     # pings once every 30 s on an idle connection.
     control_burst: int = 1000
@@ -93,4 +97,4 @@ class H2Limits:
     def for_flag(cls, max_streams_per_connection: int) -> H2Limits:
         """`--http2-max-streams-per-connection`: zero or less means kube-apiserver's 100."""
         streams = max_streams_per_connection if max_streams_per_connection > 0 else DEFAULT_MAX_STREAMS
-        return cls(max_streams=streams)
+        return cls(max_streams=streams, unstarted_reset_burst=streams)

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from aggregator.assembly import build_backends
+from aggregator.assembly import build_backends, flag_identity_policy
 from aggregator.backends.addresses import PendingLookup
 from aggregator.backends.errors import BackendError, Hop
+from aggregator.config import complete
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice, Service
 from aggregator.proxy.apiservices import APIServiceProxy
@@ -62,7 +63,8 @@ class Served:
             store.upsert(obj)
         options = flag_options(apiservices_dir=".", enable_aggregator_routing=endpoint_routing, **flags)
         metrics = Metrics()
-        self.backends = backends = build_backends(options, store, metrics)
+        identity = flag_identity_policy(options.authentication.requestheader)
+        self.backends = backends = build_backends(complete(options).backends, store, metrics, identity=identity)
         self.handling = HandlingTable(store, backends)
         self.proxy = APIServiceProxy(
             store,

@@ -19,6 +19,7 @@ from tests.discovery.manifests import apiservice, write_manifests
 from tests.support.e2e import Kubectl, kubectl_binaries
 from tests.support.gateway import gateway_of
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 RESOURCE_LIST = (
     b'{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"apiregistration.k8s.io/v1","resources":['
@@ -34,11 +35,10 @@ BASE = "/apis/apiregistration.k8s.io/v1"
 async def conditions_recorded(server: GatewayServer, *names: str) -> None:
     """Wait for the availability checker's first verdicts, so later writes cannot race the test."""
     store = server.gateway.store
-    for _ in range(500):
-        if all((svc := store.apiservice(n)) is not None and svc.conditions for n in names):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"no Available condition recorded for {names}")
+    await until(
+        lambda: all((svc := store.apiservice(n)) is not None and svc.conditions for n in names),
+        what=f"an Available condition recorded for {names}",
+    )
 
 
 async def test_group_resources_list_get_and_errors(

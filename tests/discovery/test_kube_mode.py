@@ -10,7 +10,6 @@ must be kube-apiserver's, byte for byte, and so must its ETag.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -660,8 +659,9 @@ async def test_new_crd_groups_appear_after_their_apiservice_and_at_the_refresh(
     # kube-apiserver publishes a new CRD's group a moment after the crdregistration controller
     # created its APIService: the follow-up fetches after the APIService event catch it
     backups = [res("backups", "Backup", short=["bk"])]
+    fetches = fake.counts[("GET", "/apis")]
     fake.add_object("apiservices", local_apiservice("ops.example.com", "v1", 1000, 100, "true"))
-    await asyncio.sleep(0.2)
+    await until(lambda: fake.counts[("GET", "/apis")] > fetches, what="the fetch the APIService event asks for")
     endpoints.apis.insert(8, item("ops.example.com", ("v1", backups)))  # 1000, before stable.example.com
     await until(lambda: "ops.example.com" in names(json.loads(cluster.discovery.aggregated.document().json)),
                 what="the new CRD group")  # fmt: skip

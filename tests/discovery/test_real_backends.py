@@ -43,7 +43,7 @@ async def test_aggregated_backend_then_304_then_503_then_hang(start_proxied: Sta
             return web.Response(status=503, text="down")
         if state["mode"] == "hang":
             hanging.set()
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # never answers
         if request.headers.get("If-None-Match") == '"V1"':
             return web.Response(status=304, headers={"ETag": '"V1"'})
         return web.Response(body=DOC, headers={"Content-Type": AGG_TYPE, "ETag": '"V1"'})

@@ -264,7 +264,7 @@ async def test_client_disconnect_cancels_the_backend_request(start_proxied: Star
         await out.write(b"first\n")
         started.set()
         try:
-            await asyncio.sleep(60)
+            await asyncio.sleep(60)  # streams until the test ends it
         except asyncio.CancelledError:
             cancelled.set()
             raise
@@ -466,7 +466,7 @@ async def test_discovery_requests_time_out(start_proxied: StartProxied) -> None:
             )
         # Only the discovery path is bounded: a resource request waits for its backend.
         task = asyncio.ensure_future(proxied.request("GET", THINGS).__aenter__())
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.6)  # a negative check: past the discovery bound, still waiting
         assert not task.done()
         release.set()
         resp = await task

@@ -32,6 +32,8 @@ from tests.support.polling import until
 from tests.support.replica import Replicas, endpointslice_for
 from tests.workers.group import running_group, until_async
 
+pytestmark = pytest.mark.long(35)
+
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 THINGS = f"{PREFIX}/namespaces/default/things"
 StartReplicas = Callable[..., Awaitable[Replicas]]

@@ -68,7 +68,7 @@ class Harness:
         return value or 0.0
 
     async def synced(self) -> None:
-        await asyncio.wait_for(self.store.wait_synced(), 2.0)
+        await asyncio.wait_for(self.store.wait_synced(), 10.0)
         # All three watches open again, so what the test does next is seen live or replayed.
         await until(lambda: self.fake.open_watches() == 3, what="three open watches")
 
@@ -183,7 +183,8 @@ async def test_dropped_watch_resumes_without_losing_or_repeating_events(
     listed_rv = fake.add_object("apiservices", apiservice("a.example.com"))["metadata"]["resourceVersion"]
     await harness.synced()
     seen_rv = fake.add_object("apiservices", apiservice("c.example.com"))["metadata"]["resourceVersion"]
-    await until(lambda: len(harness.store.apiservices()) == 2)
+    # the subscriber's task records an event after the store has it
+    await until(lambda: len(harness.store.apiservices()) == 2 and len(harness.seen) == 2)
     assert harness.seen == [
         ("ADDED", "APIService", "v1alpha1.a.example.com"),
         ("ADDED", "APIService", "v1alpha1.c.example.com"),
@@ -200,7 +201,7 @@ async def test_dropped_watch_resumes_without_losing_or_repeating_events(
     # And live events keep flowing on the resumed watch.
     fake.add_object("apiservices", apiservice("d.example.com"))
     await until(lambda: len(harness.seen) == 5, what="five events")
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # a negative check: time for a duplicate event that must not come
     # The two resources are separate streams: each one's order is exact, their interleaving is not.
     assert [e for e in harness.seen if e[1] == "APIService"] == [
         ("ADDED", "APIService", "v1alpha1.b.example.com"),
@@ -246,7 +247,7 @@ async def test_a_410_causes_exactly_one_relist(harness: Harness, form: str) -> N
         fake.expire_history()
     await until(lambda: all(fake.count("list", r) == 2 for r in RESOURCES), what="one relist each")
     await until(lambda: fake.open_watches() == 3, what="watches reopened")
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # a negative check: time for a second relist that must not come
     for resource in RESOURCES:
         assert fake.count("list", resource) == 2, resource
         assert fake.count("watch", resource) == (2 if form == "error-event-on-open-watch" else 3), resource
@@ -452,5 +453,5 @@ async def test_local_mode_with_kubeconfig_gets_a_client_but_no_watch(
     server = await start_gateway(kubeconfig=str(fake_kube.kubeconfig))
     assert gateway_of(server).kube is not None
     assert gateway_of(server).kube_source is None
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # a negative check: time for a list or watch that must not come
     assert fake_kube.requests == []

@@ -37,6 +37,7 @@ from tests.support.fakekube import (
 from tests.support.fakereviews import FakeReviews
 from tests.support.pki import PKI
 from tests.support.polling import until
+from tests.support.ports import free_port
 
 DEAD = "v1.dead.example.com"
 
@@ -65,9 +66,7 @@ async def started_pair(fake_kube: FakeKube, pki: PKI, *, settled: bool = False) 
     """`settled`: the worker connects once the control has its first verdict (so the snapshot
     holds one); otherwise at once, as a worker started with the control does."""
     FakeReviews(fake_kube)
-    with socket.socket() as probe:  # a port nothing listens on: the backend refuses connections
-        probe.bind(("127.0.0.1", 0))
-        dead_port = probe.getsockname()[1]
+    dead_port = free_port()  # a port nothing listens on: the backend refuses connections
     registration = apiservice("dead.example.com", "v1", service=("dead", "api"))
     registration["spec"]["service"]["port"] = dead_port
     fake_kube.add_object("apiservices", registration)

@@ -29,7 +29,7 @@ from tests.support.pki import PKI
 from tests.support.polling import until
 
 # The production loop: its TLS transport is no asyncio.Transport, and it reports failures its own way.
-pytestmark = pytest.mark.uvloop
+pytestmark = [pytest.mark.long(15), pytest.mark.uvloop]
 
 THINGS = f"{PREFIX}/namespaces/default/things"
 CALM = ErrorCodes.ENHANCE_YOUR_CALM

@@ -22,6 +22,9 @@ import pytest
 from tests.support.confined import Import, imports_of, names
 from tests.support.importlint import ROOT, Lint, contracts, lint
 
+# Two import-linter runs in processes of their own (the tree, the injected copy).
+pytestmark = pytest.mark.long(15)
+
 CONFIG = ROOT / "pyproject.toml"
 PACKAGE = "aggregator"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.support.fakekube import FakeKube, running_fake_kube
 from tests.support.gateway import local_options, running_gateway
 from tests.support.pki import PKI, make_pki

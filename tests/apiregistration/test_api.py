@@ -12,12 +12,11 @@ import pytest
 
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.model.apiservice import APIService, Condition
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.tls.issue import load_pair
 from tests.conftest import StartGateway
 from tests.discovery.manifests import apiservice, write_manifests
 from tests.support.e2e import Kubectl, kubectl_binaries
-from tests.support.gateway import gateway_of
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -232,7 +231,7 @@ async def test_watch_from_a_listed_resource_version(
         async with session.get(url, ssl=ssl) as resp:
             assert resp.status == 200
             write_manifests(apiservices_dir, [apiservice("v1.b.example.com", 100, 10)])
-            source = gateway_of(server).folder
+            source = server.gateway.control.folder
             assert source is not None
             source.reload()
             events = [json.loads(await asyncio.wait_for(resp.content.readline(), 5)) for _ in range(2)]

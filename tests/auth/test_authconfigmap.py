@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from aggregator.auth.authconfigmap import ConfigMapError, parse_configmap
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.tls.issue import issue_client_cert, new_ca, write_pair
 from tests.auth.conftest import add_test_routes
 from tests.support.fakekube import CLUSTER_CAS, FakeKube, kube_options

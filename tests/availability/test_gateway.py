@@ -23,7 +23,7 @@ from aiohttp import web
 from aggregator.assembly import build_gateway
 from aggregator.availability.checker import AvailabilityChecker
 from aggregator.model.apiservice import Condition
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.sources.store import MODIFIED, Kind
 from tests.availability.conftest import StartBackend
 from tests.support.backend import (
@@ -33,7 +33,7 @@ from tests.support.backend import (
     endpointslice_manifest,
     service_manifest,
 )
-from tests.support.gateway import gateway_of, local_options
+from tests.support.gateway import local_options
 from tests.support.pki import PKI
 from tests.support.polling import until, until_async
 
@@ -104,7 +104,7 @@ class Running:
 
     @property
     def checker(self) -> AvailabilityChecker:
-        return gateway_of(self.server).availability
+        return self.server.gateway.control.availability
 
     def condition(self, name: str) -> Condition | None:
         svc = self.server.gateway.store.apiservice(name)
@@ -129,7 +129,7 @@ async def start_checked(pki: PKI, apiservices_dir: Path) -> AsyncIterator[StartC
         async def start(interval: float = 0.2, retry_initial: float = 0.05, **options: Any) -> Running:
             opts = local_options(pki, str(apiservices_dir), **options)
             gateway = build_gateway(opts)
-            checker = gateway.availability
+            checker = gateway.control.availability
             assert isinstance(checker, AvailabilityChecker)
             checker.interval, checker.retry_initial = interval, retry_initial
             checker.probe.timeout = 1.0

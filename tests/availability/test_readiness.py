@@ -20,10 +20,10 @@ import pytest
 from aggregator.assembly import build_gateway
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import TIMEOUT
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.conftest import StartGateway
 from tests.support.backend import apiservice_manifest, backend_service, write_manifests
-from tests.support.gateway import gateway_of, local_options
+from tests.support.gateway import local_options
 from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until, until_async
@@ -128,7 +128,7 @@ async def test_ready_once_the_first_round_lands_even_with_a_dead_backend(
     assert f"[+]{FIRST_ROUND_CHECK} ok\n" in body
     assert f"warn: APIService {NAME} is unavailable: FailedDiscoveryCheck: " in body
     assert body.endswith("readyz check passed\n")
-    checker = gateway_of(server).availability
+    checker = server.gateway.control.availability
     assert isinstance(checker, AvailabilityChecker) and not checker.is_available(NAME)
 
     # Only the APIServices present at start-up are waited for: a new dead one changes nothing.
@@ -154,7 +154,7 @@ async def test_a_refused_backend_is_a_verdict_at_once(
     options = local_options(pki, str(apiservices_dir))
     gateway = build_gateway(options)
     # readiness would wait an hour for a missing verdict: being ready at all means the refusal was one
-    gateway.availability.first_round_limit = 3600
+    gateway.control.availability.first_round_limit = 3600
     server = GatewayServer(options, gateway)
     await server.start()
     try:
@@ -182,7 +182,7 @@ async def test_the_wait_is_bounded(
     register(apiservices_dir, "demo", hanging.port)
     options = local_options(pki, str(apiservices_dir))
     gateway = build_gateway(options)
-    checker = gateway.availability
+    checker = gateway.control.availability
     assert isinstance(checker, AvailabilityChecker)
     checker.first_round_limit = 0.5
     checker.probe.timeout = 3600  # without the limit, readiness would wait an hour for the verdict

@@ -23,7 +23,7 @@ from aggregator.backends.backend import ALERT_TTL, Address, Backend
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.backends.tls import client_context
 from aggregator.model.userinfo import AGGREGATOR
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.tls.pem import read_pair
 from tests.conftest import StartGateway
 from tests.support.backend import (

@@ -137,7 +137,7 @@ def test_a_second_demo_names_the_first_and_every_process_of_the_first_dies_with_
     commands = {pid: command_line(pid) for pid in tree}
     sample = [p for p, c in commands.items() if "-m sample_apiserver" in c]
     gateway = [p for p, c in commands.items() if "-m aggregator serve" in c]
-    workers = [p for p, c in commands.items() if "-m aggregator.workers" in c]
+    workers = [p for p, c in commands.items() if "-m aggregator.runners.worker" in c]
     assert len(sample) == 1 and len(gateway) == 1, commands
     if len(os.sched_getaffinity(0)) >= 2:
         # The gateway's default is a worker per CPU it may use: a control process and its workers.

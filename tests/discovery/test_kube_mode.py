@@ -39,14 +39,14 @@ from aggregator.discovery.delegated import (
 from aggregator.discovery.fetcher import FetchState
 from aggregator.kube.calls import GET_APIS, is_declared
 from aggregator.model.apiservice import decode_apiservice
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.sources.store import Store
 from aggregator.tls.issue import load_pair
 from tests.support.backend import BackendPKI, FakeBackend, endpointslice_manifest, service_manifest
 from tests.support.e2e import Kubectl, kubectl_binaries, logged_requests
 from tests.support.fakekube import GATEWAY_USER, FakeKube, kube_options
 from tests.support.fixtures import backend_pki  # noqa: F401 - fixture
-from tests.support.gateway import gateway_of, running_gateway
+from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -349,7 +349,7 @@ class Cluster:
     @property
     def discovery(self) -> Discovery:
         assert self.server is not None
-        return gateway_of(self.server).discovery
+        return self.server.gateway.control.discovery
 
     @property
     def delegate(self) -> DelegateDiscovery:
@@ -841,8 +841,8 @@ async def test_no_backend_is_reported_missing_while_the_services_are_still_being
     cluster = await start_cluster()
     await cluster.settled()
     assert cluster.server is not None
-    gateway = gateway_of(cluster.server)
-    assert gateway.availability.is_available(f"v1beta1.{METRICS}")
+    gateway = cluster.server.gateway
+    assert gateway.control.availability.is_available(f"v1beta1.{METRICS}")
     missing = [str(getattr(r, "fields", "")) for r in caplog.records if "not found" in str(getattr(r, "fields", ""))]
     assert missing == [], missing
     registry = gateway.metrics.registry

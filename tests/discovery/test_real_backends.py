@@ -13,14 +13,13 @@ from aggregator.discovery.component import Discovery
 from tests.discovery.fakes import AGG_TYPE, aggregated_doc, resource
 from tests.support.backend import GROUP, PREFIX, VERSION
 from tests.support.fixtures import Proxied, StartProxied, backend, backend_pki, start_proxied  # noqa: F401 - fixtures
-from tests.support.gateway import gateway_of
 from tests.support.polling import until
 
 DOC = aggregated_doc({GROUP: {VERSION: [resource("widgets", "Widget", short=["wd"])]}})
 
 
 def fast(proxied: Proxied) -> Discovery:
-    discovery = gateway_of(proxied.server).discovery
+    discovery = proxied.server.gateway.control.discovery
     fetcher = discovery.fetcher
     fetcher.backoff_initial, fetcher.backoff_max, fetcher.timeout = 0.02, 0.2, 0.5
     for name in fetcher.states:

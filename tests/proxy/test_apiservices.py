@@ -322,6 +322,9 @@ async def test_unavailable_apiservice_is_503(
         def reason(self, name: str) -> str:
             return "FailedDiscoveryCheck"
 
+        def add_listener(self, listener: Callable[[str], None]) -> None:
+            """Nothing ever changes."""
+
     use_availability(proxied.server, NeverAvailable())
     async with proxied.request("GET", THINGS) as resp:
         assert resp.status == 503

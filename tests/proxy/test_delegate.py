@@ -15,7 +15,7 @@ from aiohttp import web
 from yarl import URL
 
 from aggregator.backends.hops import HOP_HEADER
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.support.fakekube import GATEWAY_USER, USER, FakeKube, apiservice, kube_options
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI

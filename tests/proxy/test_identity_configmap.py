@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.support.backend import (
     APISERVICE,
     GROUP,

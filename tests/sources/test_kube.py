@@ -25,7 +25,7 @@ from tests.support.fakekube import (
     running_fake_kube,
     service,
 )
-from tests.support.gateway import gateway_of, running_gateway
+from tests.support.gateway import running_gateway
 from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until
@@ -422,10 +422,10 @@ async def test_readyz_waits_for_the_first_sync_in_kube_mode(fake_kube: FakeKube,
         fake_kube.release()
         await asyncio.wait_for(server.gateway.store.wait_synced(), 2.0)
         # Then the first availability verdicts (instant here: the APIService's Service is missing).
-        checker = gateway_of(server).availability
+        checker = server.gateway.control.availability
         await until(lambda: checker.verdict("v1alpha1.wardle.example.com") is not None, what="verdict")
         # And kube-apiserver's OpenAPI, downloaded once the objects are listed (404s here: answered).
-        await until(lambda: gateway_of(server).openapi.kube_ready() is None, what="kube-apiserver's OpenAPI")
+        await until(lambda: server.gateway.control.openapi.kube_ready() is None, what="kube-apiserver's OpenAPI")
         status, body = await get(f"{server.url}/readyz?verbose", ctx)
         assert status == 200, body
         assert "[+]apiservice-registry-synced ok" in body
@@ -451,7 +451,7 @@ async def test_local_mode_with_kubeconfig_gets_a_client_but_no_watch(
 ) -> None:
     assert fake_kube.kubeconfig is not None
     server = await start_gateway(kubeconfig=str(fake_kube.kubeconfig))
-    assert gateway_of(server).kube is not None
-    assert gateway_of(server).kube_source is None
+    assert server.gateway.kube is not None
+    assert server.gateway.control.kube_source is None
     await asyncio.sleep(0.2)  # a negative check: time for a list or watch that must not come
     assert fake_kube.requests == []

@@ -33,7 +33,7 @@ from sample_apiserver.api import GROUP, VERSIONS
 from aggregator.assembly import build_gateway
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.commands.wardle import local_manifests
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.tls.issue import KeyPair, issue_serving_cert, load_pair, new_ca, write_pair
 from tests.support.gateway import local_options, running_gateway
 from tests.support.pki import PKI

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggregator.server import IDLE_TIMEOUT, READ_HEADER_TIMEOUT, GatewayServer
+from aggregator.runners.server import IDLE_TIMEOUT, READ_HEADER_TIMEOUT, GatewayServer
 from tests.support.backend import (
     PREFIX,
     BackendPKI,

@@ -20,7 +20,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.support.backend import PREFIX
 from tests.support.fixtures import StartProxied
 from tests.support.h2client import H2Client, RawH2

@@ -19,7 +19,7 @@ from aiohttp import web
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
-from aggregator.server import GatewayServer, shut_down
+from aggregator.runners.server import GatewayServer, shut_down
 from aggregator.web.http2.connection import H2ServerConnection
 from aggregator.web.http2.stream import H2Stream
 from tests.support.backend import PREFIX

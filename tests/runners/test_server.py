@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from aggregator import __version__
-from aggregator.server import shut_down
+from aggregator.runners.server import shut_down
 from tests.conftest import StartGateway
 from tests.support.backend import (
     PREFIX,
@@ -345,10 +345,10 @@ def wait_for_line(log_path: Path, text: str) -> None:
 def test_generated_serving_certificate_is_announced_only_when_generated(
     pki: PKI, apiservices_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from aggregator.server import GatewayServer
+    from aggregator.runners.server import GatewayServer
     from tests.support.gateway import local_options
 
-    caplog.set_level(logging.INFO, logger="aggregator.server")
+    caplog.set_level(logging.INFO, logger="aggregator.runners.server")
     options = local_options(
         pki,
         str(apiservices_dir),

@@ -153,7 +153,7 @@ async def test_50_mib_response_does_not_grow_the_gateway(
             except aiohttp.ClientError:
                 return False
 
-        await until_async(warmed_up, 30, "the gateway to come up", every=0.1)
+        await until_async(warmed_up, 120, "the gateway to come up", every=0.1)  # 3 processes start
         await asyncio.sleep(0.3)  # the warm-up's buffers freed before the baseline is read
         baseline = rss_bytes(pid)
         received = 0

@@ -116,7 +116,7 @@ class RawSession:
     def on_header(self, stream_id: int, name: bytes, value: bytes) -> int:
         return 0
 
-    def on_frame_recv(self, kind: int, flags: int, stream_id: int, frame: Any) -> int:
+    def on_frame_recv(self, kind: int, flags: int, stream_id: int) -> int:
         if kind == nghttp2.HEADERS and flags & nghttp2.FLAG_END_STREAM:
             self.queued[stream_id] = BODY
             lib = self.binding.lib

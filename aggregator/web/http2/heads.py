@@ -22,6 +22,7 @@ the HTTP/1.1 side adds them, so both protocols answer with the same fields.
 from __future__ import annotations
 
 import re
+import struct
 import time
 from email.utils import formatdate
 from typing import Any
@@ -78,7 +79,8 @@ class HeaderNames:
     def request(self, fields: list[tuple[bytes, bytes]]) -> RequestHead:
         """The head of a request; raises BadRequest where Go's server would refuse it."""
         method = path = authority = b""
-        headers: CIMultiDict[str] = CIMultiDict()
+        pairs: list[tuple[str, str]] = []
+        known = self._cache.get
         canonical = self.canonical
         for name, value in fields:
             if name[:1] == b":":
@@ -91,7 +93,8 @@ class HeaderNames:
                 elif name == b":protocol":
                     raise BadRequest("extended CONNECT is not offered")
                 continue
-            headers.add(canonical(name), value.decode("utf-8", "surrogateescape"))
+            pairs.append((known(name) or canonical(name), value.decode("utf-8", "surrogateescape")))
+        headers: CIMultiDict[str] = CIMultiDict(pairs)  # built in one call, not a call per field
         if not _TOKEN.fullmatch(method):
             raise BadRequest(f"bad :method {method!r}")
         if method == b"CONNECT":
@@ -171,37 +174,63 @@ class ResponseFields:
 
 
 class NameValueArrays:
-    """Packs header lists into `nghttp2_nv` arrays: one buffer of names and values, and the
-    array's pointers and lengths written with `struct` in one call, instead of a cffi attribute
-    assignment per field (libnghttp2 copies both during `nghttp2_submit_response`)."""
+    """Packs header lists into `nghttp2_nv` arrays: the array's pointers and lengths written with
+    `struct` in one call, instead of a cffi attribute assignment per field, into one buffer
+    allocated once, followed by the names and values they point to. libnghttp2 copies both during
+    `nghttp2_submit_response`, so the buffer is reused by the next `pack`: what `pack` returns is
+    valid until then (one event loop thread; the caller submits at once). A list too large for the
+    buffer gets buffers of its own."""
 
-    __slots__ = ("_ffi", "_formats")
+    __slots__ = ("_array", "_base", "_ffi", "_formats", "_size", "_view")
 
     # name, value (pointers), namelen, valuelen (size_t), flags (uint8_t) and padding to 40 bytes.
     ENTRY = "PPNNB7x"
+    ENTRY_SIZE = 40
+    # Room for a typical answer's list (a dozen fields) many times over.
+    BUFFER = 16 * 1024
 
     def __init__(self, ffi: Any) -> None:
         self._ffi = ffi
-        self._formats: dict[int, Any] = {}
+        self._formats: dict[int, struct.Struct] = {}
+        buffer = ffi.new("char[]", self.BUFFER)
+        self._size = self.BUFFER
+        self._view = ffi.buffer(buffer)
+        self._base = int(ffi.cast("uintptr_t", buffer))
+        self._array = ffi.cast("nghttp2_nv *", buffer)  # keeps `buffer` alive
 
     def pack(self, fields: list[tuple[bytes, bytes]]) -> tuple[Any, Any]:
-        """(the `nghttp2_nv[]`, the buffer its pointers point into: keep both until submitted)."""
-        import struct
-
-        ffi = self._ffi
+        """(the `nghttp2_nv[]`, what its pointers point into: keep both until submitted)."""
         count = len(fields)
-        blob = b"".join(part for field in fields for part in field)
-        data = ffi.from_buffer(blob)
-        base = int(ffi.cast("uintptr_t", data))
+        offset = self._base + self.ENTRY_SIZE * count
         values: list[int] = []
-        offset = base
+        parts: list[bytes] = []
         for name, value in fields:
             name_length, value_length = len(name), len(value)
             values += (offset, offset + name_length, name_length, value_length, 0)
+            parts += (name, value)
             offset += name_length + value_length
         packer = self._formats.get(count)
         if packer is None:
             packer = self._formats[count] = struct.Struct("@" + self.ENTRY * count)
-        array = ffi.new("nghttp2_nv[]", count)
+        head = self.ENTRY_SIZE * count
+        end = offset - self._base
+        if end > self._size:
+            return self._own(fields, packer)
+        view = self._view
+        packer.pack_into(view, 0, *values)
+        view[head:end] = b"".join(parts)
+        return self._array, None
+
+    def _own(self, fields: list[tuple[bytes, bytes]], packer: struct.Struct) -> tuple[Any, Any]:
+        """A list larger than the shared buffer: an array and a buffer of its own."""
+        ffi = self._ffi
+        data = ffi.from_buffer(b"".join(part for field in fields for part in field))
+        offset = int(ffi.cast("uintptr_t", data))
+        values: list[int] = []
+        for name, value in fields:
+            name_length, value_length = len(name), len(value)
+            values += (offset, offset + name_length, name_length, value_length, 0)
+            offset += name_length + value_length
+        array = ffi.new("nghttp2_nv[]", len(fields))
         packer.pack_into(ffi.buffer(array), 0, *values)
         return array, data

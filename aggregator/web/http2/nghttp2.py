@@ -11,7 +11,10 @@ scheduling of handlers, and its own frame guard in front (`guard.py`).
 How it is bound. cffi's ABI mode (`ffi.dlopen`): no compiler and no headers at install time, only
 the shared library Debian and Ubuntu ship as `libnghttp2-14` (curl depends on it; the image
 installs it). The declarations below are the subset of `nghttp2.h` the server uses, with the
-structures' exact layouts. The callbacks are made once per process and shared by every session:
+structures' exact layouts. The callbacks that only read a frame's header declare their
+`const nghttp2_frame *` as `const nghttp2_frame_hd *` (the union's first member: the same
+address), so reading the stream id is one attribute, not two: every header of every request
+crosses here. The callbacks are made once per process and shared by every session:
 libnghttp2 calls them synchronously from `mem_recv` and `mem_send`, so the session being driven
 is recorded in `current` just before (one event loop thread; no callback ever runs otherwise).
 
@@ -57,9 +60,9 @@ typedef union { nghttp2_frame_hd hd; nghttp2_headers headers; nghttp2_rst_stream
     nghttp2_goaway goaway; nghttp2_window_update window_update; } nghttp2_frame;
 typedef struct { int32_t settings_id; uint32_t value; } nghttp2_settings_entry;
 
-typedef int (*nghttp2_on_frame_recv_callback)(nghttp2_session *, const nghttp2_frame *, void *);
-typedef int (*nghttp2_on_invalid_frame_recv_callback)(nghttp2_session *, const nghttp2_frame *, int, void *);
-typedef int (*nghttp2_on_header_callback)(nghttp2_session *, const nghttp2_frame *, const char *name,
+typedef int (*nghttp2_on_frame_recv_callback)(nghttp2_session *, const nghttp2_frame_hd *, void *);
+typedef int (*nghttp2_on_invalid_frame_recv_callback)(nghttp2_session *, const nghttp2_frame_hd *, int, void *);
+typedef int (*nghttp2_on_header_callback)(nghttp2_session *, const nghttp2_frame_hd *, const char *name,
     size_t namelen, const char *value, size_t valuelen, uint8_t flags, void *);
 typedef int (*nghttp2_on_data_chunk_recv_callback)(nghttp2_session *, uint8_t flags, int32_t stream_id,
     const char *data, size_t len, void *);
@@ -133,7 +136,7 @@ class SessionEvents(Protocol):
 
     def on_header(self, stream_id: int, name: bytes, value: bytes) -> int: ...
 
-    def on_frame_recv(self, kind: int, flags: int, stream_id: int, frame: Any) -> int: ...
+    def on_frame_recv(self, kind: int, flags: int, stream_id: int) -> int: ...
 
     def on_invalid_frame(self, kind: int, stream_id: int, error: int) -> int: ...
 
@@ -177,24 +180,24 @@ class Nghttp2:
 
             return wrap
 
-        unpack = ffi.unpack  # `const char *` and a length: the exact bytes, NUL or not
+        # `const char *` and a length: the exact bytes, NUL or not (`ffi.unpack` without its
+        # Python-level wrapper, which would be one more call per header).
+        unpack = ffi._backend.unpack
 
         @callback("nghttp2_on_header_callback")
         def on_header(
-            session: Any, frame: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
+            session: Any, hd: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
         ) -> int:
             return binding.current.on_header(  # type: ignore[union-attr]
-                frame.hd.stream_id, unpack(name, namelen), unpack(value, valuelen)
+                hd.stream_id, unpack(name, namelen), unpack(value, valuelen)
             )
 
         @callback("nghttp2_on_frame_recv_callback")
-        def on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
-            hd = frame.hd
-            return binding.current.on_frame_recv(hd.type, hd.flags, hd.stream_id, frame)  # type: ignore[union-attr]
+        def on_frame_recv(session: Any, hd: Any, user_data: Any) -> int:
+            return binding.current.on_frame_recv(hd.type, hd.flags, hd.stream_id)  # type: ignore[union-attr]
 
         @callback("nghttp2_on_invalid_frame_recv_callback")
-        def on_invalid_frame(session: Any, frame: Any, error: int, user_data: Any) -> int:
-            hd = frame.hd
+        def on_invalid_frame(session: Any, hd: Any, error: int, user_data: Any) -> int:
             return binding.current.on_invalid_frame(hd.type, hd.stream_id, error)  # type: ignore[union-attr]
 
         @callback("nghttp2_on_data_chunk_recv_callback")

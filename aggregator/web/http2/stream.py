@@ -168,7 +168,9 @@ class H2Stream:
         "ended",
         "field_bytes",
         "fields",
+        "handled",
         "head_only",
+        "head_received",
         "headers",
         "id",
         "method",
@@ -178,6 +180,7 @@ class H2Stream:
         "raw_query",
         "remote_ended",
         "reset",
+        "started",
         "streamed",
         "submitted",
         "target",
@@ -193,6 +196,7 @@ class H2Stream:
         self.fields: list[tuple[bytes, bytes]] = []
         self.field_bytes = 0
         self.too_large = False
+        self.head_received = False  # the request's header block is complete (a later one: trailers)
         # The head (`start`).
         self.method = ""
         self.target = ""
@@ -204,6 +208,8 @@ class H2Stream:
         self.streamed: StreamedResponse | None = None
         self.head_only = False
         self.task: asyncio.Task[None] | None = None
+        self.started = False  # the handler's coroutine began (a task may be cancelled from then on)
+        self.handled = False  # the handler returned
         self.remote_ended = False  # the client's END_STREAM arrived
         self.reset = False  # no frame may be sent on it any more
         self.closed = False  # libnghttp2 closed it
@@ -359,7 +365,7 @@ class H2Stream:
         waiter = self._drained
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-        if self.task is not None:
+        if self.task is not None and self.started and not self.handled:
             self.task.cancel()
 
 

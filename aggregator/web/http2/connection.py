@@ -50,6 +50,9 @@ from aggregator.web.serverrequest import Response
 
 log = logging.getLogger(__name__)
 
+# Reads larger than this are examined (guard, then libnghttp2) a slice at a time: a TLS record's
+# worth, so a read that holds a whole flood stops where the flood was cut.
+RECEIVE_SLICE = 16 * 1024
 # What the answer to a request whose header list is too large says (Go's `handleHeaderListTooLong`).
 HEADER_LIST_TOO_LONG = b"<h1>HTTP Error 431</h1><p>Request Header Field(s) Too Large</p>"
 
@@ -113,6 +116,20 @@ class H2ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return  # after an error GOAWAY: read and drop until the close
+        if len(data) <= RECEIVE_SLICE:
+            self._receive(data)
+        else:
+            # A large read (a body, or a flood sent in one write) goes to the guard and the
+            # library a slice at a time: a flood is cut in the slice that spends its budget, and
+            # the rest of the read is dropped unexamined instead of being inspected first.
+            for start in range(0, len(data), RECEIVE_SLICE):
+                self._receive(data[start : start + RECEIVE_SLICE])
+                if self.closing:
+                    return
+        if self.queued:
+            self._dispatch()
+
+    def _receive(self, data: bytes) -> None:
         try:
             self.guard.inspect(data)
         except Violation as violation:
@@ -127,8 +144,6 @@ class H2ServerConnection(asyncio.Protocol):
         if self._violation is not None:
             self._fail(self._violation)
             return
-        if self.queued:
-            self._dispatch()
         if result < 0:
             # libnghttp2 ended the session for the client's protocol error: its GOAWAY is queued.
             self._fail(Violation("protocol_error", ErrorCode.PROTOCOL_ERROR, binding.error(result)), submit=False)

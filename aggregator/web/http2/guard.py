@@ -18,6 +18,7 @@ Pure: no sockets, no event loop; the clock is passed in.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable
 
@@ -32,6 +33,8 @@ DATA, HEADERS, PRIORITY, SETTINGS, PING, CONTINUATION = 0x0, 0x1, 0x2, 0x4, 0x6,
 # resets), passed over without a call.
 _UNCOUNTED = frozenset({0x3, 0x7, 0x8})
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
+# A frame header's length and type (one 32-bit word), and its flags.
+_HEAD = struct.Struct(">IB")
 
 
 class Violation(Exception):
@@ -113,13 +116,20 @@ class FrameGuard:
             data = self._partial + data
             size = len(data)
         frame = self._frame
+        head = _HEAD.unpack_from
         while pos + FRAME_HEADER <= size:
-            length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
-            kind = data[pos + 3]
+            word, flags = head(data, pos)
+            length = word >> 8
+            kind = word & 0xFF
             if kind in _UNCOUNTED and not self._in_block:
                 self._empty = 0  # RST_STREAM, WINDOW_UPDATE, GOAWAY: nothing to count
+            elif kind == HEADERS and flags & END_HEADERS:
+                # A whole header block in one frame, what every request is: nothing is open,
+                # and a frame with a complete block is never an empty one.
+                self._in_block = False
+                self._empty = 0
             else:
-                frame(kind, data[pos + 4], length)
+                frame(kind, flags, length)
             pos += FRAME_HEADER + length
         if pos <= size:
             self._partial = data[pos:]

@@ -22,10 +22,11 @@ and the backend to the others.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
 import os
 import re
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -40,13 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
 from h2.errors import ErrorCodes
-from hyperframe.frame import RstStreamFrame
+from hpack import Encoder
+from hyperframe.frame import HeadersFrame, RstStreamFrame, SettingsFrame
 from proxy import DOCUMENT, PATH, Ports, backend_conf, nginx
 from wrkbench import cpu_seconds, fetch, free_port, gateway_process, pinning, registration, run_wrk
 
 from aggregator.commands.certs import init_pki
 from aggregator.tls.issue import issue_serving_cert, new_ca, write_pair
-from tests.support.h2client import RawH2
+from tests.support.h2client import PREFACE
 
 GROUP, VERSION = "bench.example.com", "v1"
 TOKEN = "bench-token-0123456789abcdef"  # a throwaway token for a loopback benchmark
@@ -129,7 +131,11 @@ def over_h1(
 
 class Flood(threading.Thread):
     """Rapid-reset floods (CVE-2023-44487) of 2000 streams each, one connection after another,
-    until stopped; counts the floods the gateway cut with GOAWAY ENHANCE_YOUR_CALM."""
+    until stopped; counts the floods the gateway cut with GOAWAY ENHANCE_YOUR_CALM.
+
+    Blocking sockets, the flood's bytes built once: the client spends its CPU on TLS and on
+    sending, not on an event loop or an HTTP/2 library, so what the floods cost the measured client
+    is what they cost the gateway, not what the flooding client takes from the CPUs they share."""
 
     def __init__(self, port: int, cpus: set[int] | None) -> None:
         super().__init__(daemon=True)
@@ -142,29 +148,57 @@ class Flood(threading.Thread):
     def run(self) -> None:
         if self.cpus:
             os.sched_setaffinity(0, self.cpus)  # this thread only
-        asyncio.run(self._floods())
-
-    async def _floods(self) -> None:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-        flood_bytes: bytes | None = None
+        context.set_alpn_protocols(["h2"])
+        flood = flood_bytes()
         while not self.stopping.is_set():
-            async with RawH2.connect(self.port, context) as flood:
-                if flood_bytes is None:
-                    # Built once, on the first connection's fresh HPACK table: every new connection
-                    # starts with the same table, so the same bytes are a valid flood on each, and
-                    # the client spends its CPU sending floods, not encoding them.
-                    frames: list[bytes | RstStreamFrame] = []
-                    for n in range(2000):
-                        block = flood.block("GET", "/version", [("authorization", f"Bearer {TOKEN}")])
-                        frames += [flood.headers(2 * n + 1, block=block), RstStreamFrame(2 * n + 1, error_code=8)]
-                    flood_bytes = b"".join(f if isinstance(f, bytes) else f.serialize() for f in frames)
-                flood.send(flood_bytes)
+            with (
+                socket.create_connection(("127.0.0.1", self.port)) as raw,
+                context.wrap_socket(raw) as connection,
+            ):
+                with contextlib.suppress(OSError):  # cut before it was all sent: the answer says how
+                    connection.sendall(flood)
                 self.floods += 1
-                await flood.until(lambda: flood.goaway is not None or flood.closed, 60)
-                if flood.goaway is not None and flood.goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM:
+                if goaway_code(connection) == ErrorCodes.ENHANCE_YOUR_CALM:
                     self.cut += 1
+
+
+def flood_bytes() -> bytes:
+    """The preface, SETTINGS, and 2000 requests each followed by its RST_STREAM. Encoded in order
+    on a fresh HPACK table, as every new connection has one: the same bytes are a valid flood on
+    each connection."""
+    encoder = Encoder()
+    frames = [PREFACE, SettingsFrame(0).serialize()]
+    for n in range(2000):
+        sid = 2 * n + 1
+        fields = [(":method", "GET"), (":path", "/version"), (":scheme", "https"), (":authority", "gateway")]
+        block = encoder.encode([*fields, ("authorization", f"Bearer {TOKEN}")])
+        frames.append(HeadersFrame(sid, block, flags=["END_HEADERS", "END_STREAM"]).serialize())
+        frames.append(RstStreamFrame(sid, error_code=ErrorCodes.CANCEL).serialize())
+    return b"".join(frames)
+
+
+def goaway_code(connection: ssl.SSLSocket, timeout: float = 60.0) -> int | None:
+    """The error code of the GOAWAY the server sends (None if it closes without one)."""
+    connection.settimeout(timeout)
+    buffer = b""
+    while True:
+        try:
+            data = connection.recv(65536)
+        except OSError:
+            return None
+        if not data:
+            return None
+        buffer += data
+        while len(buffer) >= 9:
+            length = int.from_bytes(buffer[:3], "big")
+            if len(buffer) < 9 + length:
+                break
+            if buffer[3] == 0x7:  # GOAWAY: last stream id, then the error code
+                return int.from_bytes(buffer[13:17], "big")
+            buffer = buffer[9 + length :]
 
 
 def proxied_ready(url: str, timeout: float = 20.0) -> None:
@@ -183,10 +217,59 @@ def proxied_ready(url: str, timeout: float = 20.0) -> None:
     raise RuntimeError(f"{url} never answered the backend's document (last: {last})")
 
 
+def flood_rounds(
+    url: str,
+    pid: int,
+    port: int,
+    rounds: int,
+    seconds: int,
+    connections: int,
+    server_cpu: str | None,
+    client_cpus: str | None,
+    cpus: int,
+) -> int:
+    """The multiplexed `/version` run alone, then beside back-to-back floods, `rounds` times: the
+    two alternate, so a change in the machine's load moves both sides of each ratio."""
+    over_h2("warm-up", url, pid, client_cpus, connections=connections, streams=8, seconds=min(3, seconds))
+    ratios: list[float] = []
+    for round_ in range(rounds):
+        alone = over_h2("alone", url, pid, client_cpus, connections=connections, streams=8, seconds=seconds)
+        flood = Flood(port, set(range(1, cpus)) if server_cpu else None)
+        spent = cpu_seconds(pid)
+        flood.start()
+        beside = over_h2("beside floods", url, pid, client_cpus, connections=connections, streams=8, seconds=seconds)
+        flood.stopping.set()
+        flood.join(90)
+        spent = cpu_seconds(pid) - spent - alone.cpu_us_per_request * beside.requests / 1e6
+        ratio = beside.requests_per_second / alone.requests_per_second
+        ratios.append(ratio)
+        print(
+            f"round {round_ + 1}: alone {alone.requests_per_second:.0f} req/s, beside floods "
+            f"{beside.requests_per_second:.0f} req/s ({ratio:.2f}x, errors {alone.errors + beside.errors}); "
+            f"{flood.cut} of {flood.floods} floods cut, about {spent / max(flood.floods, 1) * 1e3:.1f} ms of "
+            f"gateway CPU each; load average {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+    ordered = sorted(ratios)
+    print(
+        f"\n/version beside rapid-reset floods, {connections} conns x 8 streams, {seconds}s per run: "
+        f"{', '.join(f'{r:.2f}x' for r in ratios)} the run alone (median {ordered[len(ordered) // 2]:.2f}x, "
+        f"target >= 0.8x)"
+    )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument(
+        "--flood-rounds",
+        type=int,
+        default=0,
+        help="only the flood comparison: this many alternating rounds of the multiplexed /version run "
+        "alone and beside floods (the CPU comparisons are skipped)",
+    )
     args = parser.parse_args()
     for tool in ("wrk", "h2load"):
         if shutil.which(tool) is None:
@@ -224,6 +307,8 @@ def main() -> int:
             nginx(work, "backend", backend_conf(work, ports), client_cpus),
         ):
             proxied_ready(gw.url + PATH)
+            if args.flood_rounds:
+                return flood_rounds(gw.url + "/version", gw.pid, ports.gateway, args.flood_rounds, seconds, multiplexed, server_cpu, client_cpus, cpus)  # fmt: skip
             for name, path in (("/version", "/version"), ("proxied GET", PATH)):
                 url = gw.url + path
                 warm = min(3, seconds)

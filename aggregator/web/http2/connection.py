@@ -11,9 +11,9 @@ Handlers are bounded as Go's server bounds them (golang.org/x/net/http2 server.g
 `scheduleHandler`, the fix of CVE-2023-44487): at most `max_streams` run at once, counting the
 handlers of streams already reset until they have returned; more wait in a queue, and a queue over
 4x the stream limit ends the connection with GOAWAY ENHANCE_YOUR_CALM ("rapid_reset"). Beyond Go,
-streams the client resets before their handler started spend a budget of their own (as many as
-the stream limit at once): a flood is cut a hundred streams in, not five hundred, and costs the
-other clients a fifth as much. Stream
+streams the client resets before their handler started spend a budget of their own (32 at
+once): a flood is cut some thirty streams in, not five hundred, and a read that holds the whole
+flood is examined only up to the slice that cut it (`RECEIVE_SLICE`). Stream
 resets, the client's and those its protocol errors cause (MadeYouReset), also spend a token
 bucket; an empty bucket is GOAWAY ENHANCE_YOUR_CALM too ("reset_flood"). Decoded header lists are
 bounded per stream (`max_header_list_size`: past it the request is answered 431, as Go's server
@@ -389,7 +389,7 @@ class H2ServerConnection(asyncio.Protocol):
             return 0
         if theirs and stream.task is None and not self._unstarted_resets.take():
             # Reset before its handler ever started, beyond what any client does but a rapid-reset
-            # flood: cut it here, a hundred streams in, not four hundred.
+            # flood: cut it here, some thirty streams in, not four hundred.
             limits = self.limits
             return self._violate(
                 Violation(

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 DEFAULT_MAX_STREAMS = 100
 # secure_serving.go `resourceBody99Percentile`: the per-stream receive window and read frame size.
 RESOURCE_BODY_99TH_PERCENTILE = 256 * 1024
+# Streams reset before their handler started that a connection may spend at once (see below).
+UNSTARTED_RESET_BURST = 32
 # kube-apiserver's `http.Server.MaxHeaderBytes` (1 MiB), padded as Go's http2
 # `adjustHTTP1MaxHeaderSize` does for HTTP/2's 32 bytes of overhead per field (10 typical fields).
 MAX_HEADER_LIST_SIZE = (1 << 20) + 10 * 32
@@ -61,8 +63,11 @@ class H2Limits:
     reset_rate: float = 33.0
     # Streams the client resets before their handler started (what a rapid-reset flood is made
     # of; a client cancels a request it is waiting on, not one it just sent): past this many at
-    # once, refilled at `reset_rate`, GOAWAY ENHANCE_YOUR_CALM.
-    unstarted_reset_burst: int = DEFAULT_MAX_STREAMS
+    # once, refilled at `reset_rate`, GOAWAY ENHANCE_YOUR_CALM. Not tied to the stream limit: it
+    # bounds what a flooding connection gets decoded before it is cut (each such stream costs a
+    # quarter of a served request's instructions), and a client that waits for its answers
+    # resets streams whose handlers run, not 32 the gateway has not even started.
+    unstarted_reset_burst: int = UNSTARTED_RESET_BURST
     # PING and SETTINGS frames (each one makes the gateway answer) over a token bucket; client-go
     # pings once every 30 s on an idle connection.
     control_burst: int = 1000
@@ -97,4 +102,4 @@ class H2Limits:
     def for_flag(cls, max_streams_per_connection: int) -> H2Limits:
         """`--http2-max-streams-per-connection`: zero or less means kube-apiserver's 100."""
         streams = max_streams_per_connection if max_streams_per_connection > 0 else DEFAULT_MAX_STREAMS
-        return cls(max_streams=streams, unstarted_reset_burst=streams)
+        return cls(max_streams=streams)

@@ -144,8 +144,16 @@ class Flood(threading.Thread):
         self.stopping = threading.Event()
         self.floods = 0
         self.cut = 0
+        self.cpu_seconds = 0.0  # what flooding cost this client (its thread's CPU time)
 
     def run(self) -> None:
+        started = time.thread_time()
+        try:
+            self._flood()
+        finally:
+            self.cpu_seconds = time.thread_time() - started
+
+    def _flood(self) -> None:
         if self.cpus:
             os.sched_setaffinity(0, self.cpus)  # this thread only
         context = ssl.create_default_context()
@@ -232,29 +240,34 @@ def flood_rounds(
     two alternate, so a change in the machine's load moves both sides of each ratio."""
     over_h2("warm-up", url, pid, client_cpus, connections=connections, streams=8, seconds=min(3, seconds))
     ratios: list[float] = []
+    shares: list[float] = []
     for round_ in range(rounds):
         alone = over_h2("alone", url, pid, client_cpus, connections=connections, streams=8, seconds=seconds)
         flood = Flood(port, set(range(1, cpus)) if server_cpu else None)
-        spent = cpu_seconds(pid)
+        before = cpu_seconds(pid)
         flood.start()
         beside = over_h2("beside floods", url, pid, client_cpus, connections=connections, streams=8, seconds=seconds)
         flood.stopping.set()
         flood.join(90)
-        spent = cpu_seconds(pid) - spent - alone.cpu_us_per_request * beside.requests / 1e6
+        # The gateway's CPU over the run beside floods, less what its requests cost alone: the floods'.
+        total = cpu_seconds(pid) - before
+        floods = max(0.0, total - alone.cpu_us_per_request * beside.requests / 1e6)
         ratio = beside.requests_per_second / alone.requests_per_second
         ratios.append(ratio)
+        shares.append(floods / total if total else 0.0)
         print(
             f"round {round_ + 1}: alone {alone.requests_per_second:.0f} req/s, beside floods "
             f"{beside.requests_per_second:.0f} req/s ({ratio:.2f}x, errors {alone.errors + beside.errors}); "
-            f"{flood.cut} of {flood.floods} floods cut, about {spent / max(flood.floods, 1) * 1e3:.1f} ms of "
-            f"gateway CPU each; load average {os.getloadavg()[0]:.1f}",
+            f"{flood.cut} of {flood.floods} floods cut, about {floods / max(flood.floods, 1) * 1e3:.1f} ms of "
+            f"gateway CPU each, {shares[-1]:.0%} of its CPU in that run; the flooding client used "
+            f"{flood.cpu_seconds / seconds:.0%} of a CPU; load average {os.getloadavg()[0]:.1f}",
             flush=True,
         )
     ordered = sorted(ratios)
     print(
         f"\n/version beside rapid-reset floods, {connections} conns x 8 streams, {seconds}s per run: "
         f"{', '.join(f'{r:.2f}x' for r in ratios)} the run alone (median {ordered[len(ordered) // 2]:.2f}x, "
-        f"target >= 0.8x)"
+        f"target >= 0.8x); the floods' share of the gateway's CPU: median {sorted(shares)[len(shares) // 2]:.0%}"
     )
     return 0
 

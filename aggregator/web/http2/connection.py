@@ -411,7 +411,7 @@ class H2ServerConnection(asyncio.Protocol):
         stream = self.streams.get(stream_id)
         if stream is None:
             return nghttp2.ERR_TEMPORAL_CALLBACK_FAILURE
-        written = stream.read_body(buf, length, flags, self.lib.ffi.memmove)
+        written = stream.read_body(buf, length, flags, self.lib.memmove)
         return nghttp2.ERR_DEFERRED if written is None else written
 
     def on_error(self, message: str) -> int:

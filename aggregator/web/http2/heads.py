@@ -35,6 +35,8 @@ CONNECTION_SPECIFIC = frozenset({"connection", "keep-alive", "proxy-connection",
 _CACHE_LIMIT = 1000
 # RFC 9110 5.6.2 token.
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# Methods that are tokens, checked without the expression (what clients send).
+_KNOWN_METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS"})
 # A `:path` byte that is whitespace, a control character or DEL.
 _BAD_PATH_BYTE = re.compile(rb"[\x00-\x20\x7f]")
 _STATUS = {code: str(code).encode() for code in range(100, 600)}
@@ -95,7 +97,7 @@ class HeaderNames:
                 continue
             pairs.append((known(name) or canonical(name), value.decode("utf-8", "surrogateescape")))
         headers: CIMultiDict[str] = CIMultiDict(pairs)  # built in one call, not a call per field
-        if not _TOKEN.fullmatch(method):
+        if method not in _KNOWN_METHODS and not _TOKEN.fullmatch(method):
             raise BadRequest(f"bad :method {method!r}")
         if method == b"CONNECT":
             raise BadRequest("CONNECT is not served over HTTP/2")

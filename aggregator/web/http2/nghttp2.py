@@ -162,6 +162,8 @@ class Nghttp2:
         self.has_reset_rate_limit = _has(lib, "nghttp2_option_set_stream_reset_rate_limit")
         self.has_max_continuations = _has(lib, "nghttp2_option_set_max_continuations")
         self._callbacks = self._make_callbacks()
+        # `ffi.memmove` without its Python-level wrapper: one call fewer per answer's body.
+        self.memmove = ffi._backend.memmove
         self.data_provider = ffi.new("nghttp2_data_provider *")
         self.data_provider.read_callback = self._read_body
         self.out = ffi.new("const uint8_t **")

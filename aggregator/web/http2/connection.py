@@ -88,6 +88,7 @@ class H2ServerConnection(asyncio.Protocol):
         self._violation: Violation | None = None  # what a callback found: acted on after mem_recv
         self._our_resets: set[int] = set()  # streams the gateway reset itself
         self._client_resets: set[int] = set()  # streams the client reset
+        self._last_request = 0  # the highest stream whose request head arrived
         self._idle_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -334,12 +335,12 @@ class H2ServerConnection(asyncio.Protocol):
             stream = self.streams.get(stream_id)
             if stream is None:
                 return 0
-            if stream.head_received:
-                # A second header block on a stream: trailers (libnghttp2 refuses any other).
+            if stream_id <= self._last_request:
+                # Not a new stream (libnghttp2 takes new ones in increasing order only): trailers.
                 if flags & nghttp2.FLAG_END_STREAM:  # trailers: the end of the body
                     self._body_ended(stream)
                 return 0
-            stream.head_received = True
+            self._last_request = stream_id
             if flags & nghttp2.FLAG_END_STREAM:
                 stream.remote_ended = True
             return self._on_request(stream)

@@ -170,7 +170,6 @@ class H2Stream:
         "fields",
         "handled",
         "head_only",
-        "head_received",
         "headers",
         "id",
         "method",
@@ -196,7 +195,6 @@ class H2Stream:
         self.fields: list[tuple[bytes, bytes]] = []
         self.field_bytes = 0
         self.too_large = False
-        self.head_received = False  # the request's header block is complete (a later one: trailers)
         # The head (`start`).
         self.method = ""
         self.target = ""

@@ -120,6 +120,33 @@ async def test_a_request_body_reaches_the_backend_whole(start_proxied: StartProx
     assert seen == [body]
 
 
+async def test_a_body_that_ends_with_trailers_reaches_the_backend_whole(
+    start_proxied: StartProxied, pki: PKI
+) -> None:
+    """A request whose body ends with a trailer block (gRPC-style clients send one): the second
+    header block on the stream is its end, not a new request, on a stream opened after others."""
+    proxied = await start_proxied()
+    seen: list[bytes] = []
+
+    async def store(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        return web.json_response({"size": len(seen[-1])}, status=201)
+
+    things = f"{PREFIX}/namespaces/default/things"
+    proxied.backend.routes[things] = store
+    async with H2Client.connect(proxied.server.port, pki.client_context("admin")) as client:
+        first = client.request("POST", things, [("content-type", "application/octet-stream")], end=False)
+        second = client.request("POST", things, [("content-type", "application/octet-stream")], end=False)
+        client.send_data(first, b"first body")
+        client.send_data(second, b"second body")
+        for sid in (first, second):
+            client.h2.send_headers(sid, [("x-checksum", str(sid))], end_stream=True)
+            client.flush()
+        answers = [await client.response(first), await client.response(second)]
+    assert [a.status for a in answers] == [201, 201]
+    assert sorted(seen) == [b"first body", b"second body"]
+
+
 async def test_discovery_etag_and_openapi_gzip_over_curl_http2(start_proxied: StartProxied, pki: PKI) -> None:
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed: apt-get install curl (.ci/run does)")

@@ -512,6 +512,9 @@ class H2ServerConnection(asyncio.Protocol):
                 self.reset_stream(stream, ErrorCode.INTERNAL_ERROR)
             elif not stream.remote_ended:
                 # Answered while the client still sends: the rest is not wanted (Go's server).
+                # The answer's frames go out first: libnghttp2 sends a reset queued now ahead of
+                # the answer's DATA, and the client would read a stream error, not the answer.
+                self.write_out()
                 self.reset_stream(stream, ErrorCode.NO_ERROR)
         if stream.closed or stream.reset:
             self._forget(stream)

@@ -147,6 +147,22 @@ async def test_a_body_that_ends_with_trailers_reaches_the_backend_whole(
     assert sorted(seen) == [b"first body", b"second body"]
 
 
+async def test_an_answer_given_before_the_body_ended_arrives_whole_before_the_reset(
+    start_proxied: StartProxied, pki: PKI
+) -> None:
+    """The gateway answers a request whose body is still coming (kubectl's `auth can-i` met this):
+    the answer arrives whole, and only then the stream is reset with NO_ERROR (Go's server); a
+    reset sent ahead of the answer's DATA is a stream error for the client."""
+    proxied = await start_proxied()
+    async with H2Client.connect(proxied.server.port, pki.client_context("admin")) as client:
+        for _ in range(3):
+            sid = client.request("POST", "/version", [("content-type", "application/json")], end=False)
+            client.send_data(sid, b'{"kind":')  # the rest never comes
+            answer = await client.response(sid)
+            assert answer.status in (200, 405) and answer.body
+        assert (await client.get("/livez")).status == 200
+
+
 async def test_discovery_etag_and_openapi_gzip_over_curl_http2(start_proxied: StartProxied, pki: PKI) -> None:
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed: apt-get install curl (.ci/run does)")

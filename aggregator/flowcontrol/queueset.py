@@ -1,0 +1,537 @@
+"""One priority level's fair queuing: `k8s.io/apiserver/pkg/util/flowcontrol/fairqueuing/queueset`.
+
+Upstream's algorithm, state and numbers (see its `doc.go`): virtual time R advances at
+`min(seats requested, concurrency limit) / active queues` seat-seconds per second; a request is
+shuffle-sharded into the least loaded queue of its flow's hand, refused when the level is at its
+concurrency limit and that queue at its length limit, and dispatched from the queue whose head
+has the earliest virtual finish (`nextDispatchR + work`, round-robin order breaking ties), with
+every dispatch charged an estimated 3 ms service time that is corrected by the real one when the
+request finishes, and the anti-windup bound (a queue's dispatch R never precedes its head's
+arrival). Seats: a request occupies max(initial, final) seats while it executes, the final ones
+for `AdditionalLatency` longer; one wider than the limit runs when nothing else does. An exempt
+level (no queues desired, negative) never waits; a Reject level (zero queues) dispatches or
+refuses at once. R is kept in upstream's fixed point (1e-8 seat-seconds) as a Python int: it cannot
+overflow, so upstream's epoch advance never happens here.
+
+Single-threaded (the event loop): upstream's lock is not needed, and a queued request waits on a
+future. What upstream recomputes by walking every queue (the virtual-time rate, the dispatch
+choice) is kept incrementally or computed over the non-empty queues only, with the same result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aggregator.flowcontrol.metrics import QUEUE_LENGTH_BUCKETS, LevelMetrics
+from aggregator.flowcontrol.shufflesharding import Dealer
+
+SS_SCALE = 100_000_000  # fixed point of SeatSeconds
+ESTIMATED_SERVICE_DURATION = 0.003
+_G_WORK = round(ESTIMATED_SERVICE_DURATION * SS_SCALE)  # one seat for G
+_HAND_CACHE = 4096
+
+
+def seats_times_duration(seats: float, seconds: float) -> int:
+    """`SeatsTimesDuration` in fixed point."""
+    return round(seats * seconds * SS_SCALE)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkEstimate:
+    """`request.WorkEstimate`."""
+
+    initial_seats: int = 1
+    final_seats: int = 0
+    additional_latency: float = 0.0  # seconds
+
+    @property
+    def max_seats(self) -> int:
+        return self.initial_seats if self.initial_seats >= self.final_seats else self.final_seats
+
+
+ONE_SEAT = WorkEstimate()
+
+
+@dataclass(frozen=True, slots=True)
+class QueuingConfig:
+    """`fq.QueuingConfig`: -1 queues for an exempt level, 0 for Reject."""
+
+    name: str
+    desired_queues: int = 0
+    queue_length_limit: int = 0
+    hand_size: int = 0
+
+
+class Request:
+    """A request in a queueset, from arrival to the release of its last seat."""
+
+    __slots__ = (
+        "additional_latency",
+        "arrival_r",
+        "decided",
+        "executing",
+        "final_seats",
+        "fs_name",
+        "initial_seats",
+        "max_seats",
+        "queue",
+        "queued_note",
+        "start",
+        "total_work",
+        "waiting",
+    )
+
+    def __init__(self, fs_name: str, work: WorkEstimate, total_work: int, arrival_r: int) -> None:
+        self.fs_name = fs_name
+        self.initial_seats = work.initial_seats
+        self.final_seats = work.final_seats
+        self.additional_latency = work.additional_latency
+        self.max_seats = work.max_seats
+        self.total_work = total_work
+        self.arrival_r = arrival_r
+        self.queue: Queue | None = None
+        self.start = 0.0
+        # Queued: the future the caller waits on (True: dispatched); None once decided.
+        self.decided: asyncio.Future[bool] | None = None
+        self.waiting = False
+        self.executing = False  # holds seats: `finish` must be called
+        self.queued_note: Callable[[bool], None] | None = None
+
+
+class Queue:
+    __slots__ = ("executing", "index", "next_dispatch_r", "seats_in_use", "waiting", "waiting_max_seats", "waiting_work")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.waiting: deque[Request] = deque()
+        self.waiting_max_seats = 0
+        self.waiting_work = 0
+        self.next_dispatch_r = 0
+        self.executing = 0
+        self.seats_in_use = 0
+
+
+class QueueSet:
+    """One priority level's queues (upstream's `queueSet`)."""
+
+    def __init__(
+        self,
+        config: QueuingConfig,
+        metrics: LevelMetrics,
+        *,
+        clock: Callable[[], float],
+        call_later: Callable[[float, Callable[[], None]], object],
+        demand: Callable[[float, float], None] = lambda _x, _now: None,
+    ) -> None:
+        self.clock = clock
+        self.call_later = call_later
+        self.metrics = metrics
+        # The seat demand (seats in use + seats waiting) each time it changes (the level's integrator).
+        self.demand = demand
+        self.config = QueuingConfig(config.name)
+        self.concurrency_limit = 0
+        self.dealer: Dealer | None = None
+        self.queues: list[Queue] = []
+        self.current_r = 0
+        self.last_real = clock()
+        self.robin_index = 0
+        self.enqueues = 0
+        self.waiting_requests = 0
+        self.waiting_seats = 0
+        self.executing_requests = 0
+        self.seats_in_use = 0
+        # Incremental forms of what getVirtualTimeRatioLocked sums over the queues.
+        self._active_queues = 0
+        self._seats_requested = 0
+        self._nonempty: set[int] = set()  # queues with requests waiting
+        self._hands: dict[int, list[int]] = {}
+        self.dispatched = 0
+        self.rejected = 0
+        self.timed_out = 0
+        self.set_configuration(config, 0, 1)
+
+    # --- configuration ------------------------------------------------------------------------------
+
+    def set_configuration(self, config: QueuingConfig, concurrency_limit: int, denominator: int) -> None:
+        """`setConfiguration`: more queues at once, fewer by attrition; a Reject or exempt level keeps
+        its last queuing parameters."""
+        now = self.clock()
+        self._sync_time(now)
+        if config.desired_queues > 0:
+            if config.desired_queues > len(self.queues):
+                start = len(self.queues)
+                self.queues.extend(Queue(start + i) for i in range(config.desired_queues - start))
+            dealer = Dealer(config.desired_queues, config.hand_size)
+        else:
+            config = QueuingConfig(
+                config.name, config.desired_queues, self.config.queue_length_limit, self.config.hand_size
+            )
+            dealer = None
+        if dealer is None or self.dealer is None or (dealer.deck_size, dealer.hand_size) != (
+            self.dealer.deck_size,
+            self.dealer.hand_size,
+        ):
+            self._hands = {}
+        self.config = config
+        self.dealer = dealer
+        self.concurrency_limit = concurrency_limit
+        qll = max(config.queue_length_limit, 1)
+        if config.desired_queues > 0:
+            qll *= config.desired_queues
+        m = self.metrics
+        m.request_waiting.set_denominator(qll, now)
+        m.request_executing.set_denominator(denominator, now)
+        m.seat_utilization.set_denominator(denominator, now)
+        self._dispatch_as_much_as_possible(now)
+
+    @property
+    def exempt(self) -> bool:
+        return self.config.desired_queues < 0
+
+    @property
+    def active_queues(self) -> int:
+        """Queues with requests waiting or executing (what divides R's advance)."""
+        return self._active_queues
+
+    def is_idle(self) -> bool:
+        return self.waiting_requests == 0 and self.executing_requests == 0
+
+    # --- virtual time --------------------------------------------------------------------------------
+
+    def _sync_time(self, now: float) -> None:
+        """`syncTimeLocked`: R advances for the time since the last change, at the rate the state
+        in effect since then gave it."""
+        elapsed = now - self.last_real
+        self.last_real = now
+        active = self._active_queues
+        if active and elapsed > 0:
+            requested = self._seats_requested
+            limit = self.concurrency_limit
+            rate = (requested if requested < limit else limit) / active
+            self.current_r += round(rate * elapsed * SS_SCALE)
+        self.metrics.r = self.current_r / SS_SCALE
+
+    def _queue_state_changed(self, queue: Queue, was_active: bool) -> None:
+        active = bool(queue.waiting) or queue.executing > 0
+        if active != was_active:
+            self._active_queues += 1 if active else -1
+
+    # --- arrival --------------------------------------------------------------------------------------
+
+    def start_request(
+        self,
+        work: WorkEstimate,
+        hash_value: int,
+        fs_name: str,
+        queued_note: Callable[[bool], None] | None = None,
+    ) -> Request | None:
+        """`StartRequest`: a dispatched request (`decided` None), a queued one (await `wait`), or
+        None: rejected (the reason is counted)."""
+        now = self.clock()
+        self._sync_time(now)
+        m = self.metrics
+        if self.config.desired_queues < 1:
+            if not self._can_accommodate(work.max_seats):
+                self.rejected += 1
+                key = (fs_name, "concurrency-limit")
+                m.rejected[key] = m.rejected.get(key, 0) + 1
+                return None
+            request = Request(fs_name, work, self._total_work(work), self.current_r)
+            self._execute(request, None, now)
+            return request
+        queue = self.queues[self._shuffle_shard(hash_value)]
+        if self.seats_in_use >= self.concurrency_limit and len(queue.waiting) >= self.config.queue_length_limit:
+            self._bound_next_dispatch(queue)
+            self.rejected += 1
+            key = (fs_name, "queue-full")
+            m.rejected[key] = m.rejected.get(key, 0) + 1
+            return None
+        request = Request(fs_name, work, self._total_work(work), self.current_r)
+        request.queue = queue
+        request.queued_note = queued_note
+        self._enqueue(request, queue, now)
+        self._bound_next_dispatch(queue)
+        m.observe(m.queue_length, fs_name, QUEUE_LENGTH_BUCKETS, len(queue.waiting))
+        self._dispatch_as_much_as_possible(now)
+        if request.waiting:
+            request.decided = asyncio.get_running_loop().create_future()
+        return request
+
+    def _total_work(self, work: WorkEstimate) -> int:
+        initial = _G_WORK * work.initial_seats
+        if work.final_seats and work.additional_latency > 0:
+            return initial + seats_times_duration(work.final_seats, work.additional_latency)
+        return initial
+
+    def _shuffle_shard(self, hash_value: int) -> int:
+        """`shuffleShardLocked`: the least loaded queue (by waiting work) of the flow's hand, visited
+        from a rotating offset."""
+        hand = self._hands.get(hash_value)
+        if hand is None:
+            assert self.dealer is not None
+            if len(self._hands) >= _HAND_CACHE:
+                self._hands.clear()
+            hand = self._hands[hash_value] = self.dealer.deal(hash_value)
+        size = len(hand)
+        offset = self.enqueues % size
+        self.enqueues += 1
+        queues = self.queues
+        best = -1
+        least = math.inf
+        for i in range(size):
+            index = hand[(offset + i) % size]
+            work = queues[index].waiting_work
+            if work < least:
+                least = work
+                best = index
+        return best
+
+    def _enqueue(self, request: Request, queue: Queue, now: float) -> None:
+        was_active = bool(queue.waiting) or queue.executing > 0
+        if not was_active:
+            queue.next_dispatch_r = self.current_r
+        queue.waiting.append(request)
+        request.waiting = True
+        queue.waiting_max_seats += request.max_seats
+        queue.waiting_work += request.total_work
+        self._seats_requested += request.max_seats
+        self._nonempty.add(queue.index)
+        self._queue_state_changed(queue, was_active)
+        self.waiting_requests += 1
+        self.waiting_seats += request.max_seats
+        m, fs = self.metrics, request.fs_name
+        m.inqueue_requests[fs] = m.inqueue_requests.get(fs, 0) + 1
+        m.inqueue_seats[fs] = m.inqueue_seats.get(fs, 0) + request.max_seats
+        if request.queued_note is not None:
+            request.queued_note(True)
+        m.request_waiting.add(1, now)
+        self.demand(self.seats_in_use + self.waiting_seats, now)
+
+    def _remove_waiting(self, request: Request, queue: Queue) -> None:
+        """Take a waiting request out of its queue (dispatched or timed out)."""
+        was_active = True
+        if queue.waiting and queue.waiting[0] is request:
+            queue.waiting.popleft()
+        else:
+            queue.waiting.remove(request)
+        request.waiting = False
+        queue.waiting_max_seats -= request.max_seats
+        queue.waiting_work -= request.total_work
+        self._seats_requested -= request.max_seats
+        if not queue.waiting:
+            self._nonempty.discard(queue.index)
+        self._queue_state_changed(queue, was_active)
+        self.waiting_requests -= 1
+        self.waiting_seats -= request.max_seats
+
+    def _bound_next_dispatch(self, queue: Queue) -> None:
+        """The anti-windup hack: a queue's dispatch R never precedes its oldest request's arrival."""
+        if queue.waiting:
+            bound = queue.waiting[0].arrival_r
+            if queue.next_dispatch_r < bound:
+                queue.next_dispatch_r = bound
+
+    # --- dispatch -------------------------------------------------------------------------------------
+
+    def _can_accommodate(self, seats: int) -> bool:
+        if self.config.desired_queues < 0:
+            return True
+        limit = self.concurrency_limit
+        if seats > limit:
+            return self.executing_requests == 0
+        return self.seats_in_use + seats <= limit
+
+    def _dispatch_as_much_as_possible(self, now: float) -> None:
+        while self.waiting_requests and self.seats_in_use < self.concurrency_limit and self._dispatch(now):
+            pass
+
+    def _dispatch(self, now: float) -> bool:
+        """`dispatchLocked` with `findDispatchQueueToBoundLocked`: the head with the earliest virtual
+        finish, the first in round-robin order after the last queue dispatched from."""
+        queues = self.queues
+        nq = len(queues)
+        robin = self.robin_index
+        best: Queue | None = None
+        best_key: tuple[int, int] | None = None
+        s_min = d_min = math.inf
+        s_max = d_max = -math.inf
+        g = _G_WORK
+        for index in self._nonempty:
+            queue = queues[index]
+            start = queue.next_dispatch_r
+            discounted = start - queue.seats_in_use * g
+            s_min = min(s_min, start)
+            s_max = max(s_max, start)
+            d_min = min(d_min, discounted)
+            d_max = max(d_max, discounted)
+            key = (start + queue.waiting[0].total_work, (index - robin - 1) % nq)
+            if best_key is None or key < best_key:
+                best_key, best = key, queue
+        if best is None:
+            return False
+        request = best.waiting[0]
+        m = self.metrics
+        if not self._can_accommodate(request.max_seats):
+            key2 = request.fs_name
+            m.dispatch_no_accommodation[key2] = m.dispatch_no_accommodation.get(key2, 0) + 1
+            return False
+        self._remove_waiting(request, best)
+        limit = self.concurrency_limit
+        if request.final_seats > limit:
+            final_work = request.total_work - _G_WORK * request.initial_seats
+            request.additional_latency = final_work / limit / SS_SCALE if limit > 0 else math.inf
+            request.final_seats = limit
+        self.robin_index = best.index
+        scale = SS_SCALE
+        m.dispatch_r = self.current_r / scale
+        m.latest_s = best.next_dispatch_r / scale
+        m.next_s = (s_min / scale, s_max / scale)
+        m.next_discounted_s = (d_min / scale, d_max / scale)
+        fs = request.fs_name
+        m.inqueue_requests[fs] -= 1
+        m.inqueue_seats[fs] -= request.max_seats
+        if request.queued_note is not None:
+            request.queued_note(False)
+        m.request_waiting.add(-1, now)
+        self._execute(request, best, now)
+        best.next_dispatch_r += request.total_work
+        self._bound_next_dispatch(best)
+        decided = request.decided
+        if decided is not None and not decided.done():
+            decided.set_result(True)
+        return True
+
+    def _execute(self, request: Request, queue: Queue | None, now: float) -> None:
+        request.start = now
+        request.executing = True
+        seats = request.max_seats
+        self.executing_requests += 1
+        self.seats_in_use += seats
+        if queue is not None:
+            was_active = bool(queue.waiting) or queue.executing > 0
+            queue.executing += 1
+            queue.seats_in_use += seats
+            self._seats_requested += seats
+            self._queue_state_changed(queue, was_active)
+        m, fs = self.metrics, request.fs_name
+        m.executing_requests[fs] = m.executing_requests.get(fs, 0) + 1
+        m.executing_seats[fs] = m.executing_seats.get(fs, 0) + seats
+        m.request_executing.add(1, now)
+        m.seat_utilization.add(seats, now)
+        self.dispatched += 1
+        self.demand(self.seats_in_use + self.waiting_seats, now)
+
+    # --- waiting ----------------------------------------------------------------------------------------
+
+    async def wait(self, request: Request, patience: float) -> bool:
+        """Wait up to `patience` seconds for the request's dispatch: True to execute, False when it was
+        taken out of its queue (counted as a `time-out` rejection). Cancelled (the client went away),
+        it leaves its queue; if it was dispatched in the same instant, `request.executing` says so and
+        the caller must still `finish` it."""
+        decided = request.decided
+        if decided is None:
+            return True
+        try:
+            async with asyncio.timeout(patience if patience > 0 else 0):
+                return await decided
+        except TimeoutError:
+            pass
+        finally:
+            if request.waiting:
+                self.cancel(request)
+        return request.executing
+
+    def cancel(self, request: Request) -> None:
+        """A queued request whose wait ended (its deadline, or the client went away): out of its queue."""
+        if not request.waiting or request.queue is None:
+            return
+        now = self.clock()
+        self._sync_time(now)
+        queue = request.queue
+        self._remove_waiting(request, queue)
+        self._bound_next_dispatch(queue)
+        self.rejected += 1
+        self.timed_out += 1
+        m, fs = self.metrics, request.fs_name
+        key = (fs, "time-out")
+        m.rejected[key] = m.rejected.get(key, 0) + 1
+        m.inqueue_requests[fs] -= 1
+        m.inqueue_seats[fs] -= request.max_seats
+        if request.queued_note is not None:
+            request.queued_note(False)
+        m.request_waiting.add(-1, now)
+        self.demand(self.seats_in_use + self.waiting_seats, now)
+        decided = request.decided
+        if decided is not None and not decided.done():
+            decided.set_result(False)
+        request.decided = None
+
+    # --- the end ------------------------------------------------------------------------------------------
+
+    def finish(self, request: Request) -> None:
+        """`finishRequestAndDispatchAsMuchAsPossible`: the request is done executing (its final seats,
+        if any, linger for its additional latency), and whatever fits now is dispatched."""
+        if not request.executing:
+            return
+        request.executing = False
+        now = self.clock()
+        self._sync_time(now)
+        self.executing_requests -= 1
+        m, fs = self.metrics, request.fs_name
+        m.executing_requests[fs] -= 1
+        m.request_executing.add(-1, now)
+        queue = request.queue
+        if queue is not None:
+            was_active = bool(queue.waiting) or queue.executing > 0
+            queue.executing -= 1
+            service = now - request.start
+            queue.next_dispatch_r -= seats_times_duration(
+                request.initial_seats, ESTIMATED_SERVICE_DURATION - service
+            )
+            self._bound_next_dispatch(queue)
+            self._queue_state_changed(queue, was_active)
+        if request.additional_latency <= 0 or request.final_seats == 0:
+            self._release(request, now)
+        else:
+            self.call_later(request.additional_latency, lambda: self._linger_over(request))
+        self._dispatch_as_much_as_possible(now)
+
+    def _linger_over(self, request: Request) -> None:
+        now = self.clock()
+        self._sync_time(now)
+        self._release(request, now)
+        self._dispatch_as_much_as_possible(now)
+
+    def _release(self, request: Request, now: float) -> None:
+        seats = request.max_seats
+        self.seats_in_use -= seats
+        m, fs = self.metrics, request.fs_name
+        m.executing_seats[fs] -= seats
+        m.seat_utilization.add(-seats, now)
+        queue = request.queue
+        if queue is not None:
+            queue.seats_in_use -= seats
+            self._seats_requested -= seats
+            self._remove_if_surplus(queue)
+        self.demand(self.seats_in_use + self.waiting_seats, now)
+
+    def _remove_if_surplus(self, queue: Queue) -> None:
+        """`removeQueueIfEmptyLocked`: queues beyond the desired number go once empty."""
+        if len(self.queues) <= self.config.desired_queues or queue.waiting or queue.executing:
+            return
+        if queue.seats_in_use:
+            return
+        index = queue.index
+        if index >= len(self.queues) or self.queues[index] is not queue:
+            return
+        del self.queues[index]
+        self._nonempty = {i - 1 if i > index else i for i in self._nonempty}
+        for later in self.queues[index:]:
+            later.index -= 1
+        if self.robin_index >= index:
+            self.robin_index -= 1
+        self._hands = {}

@@ -65,6 +65,11 @@ from aggregator.contracts import Availability, Component, EjectionReport, Rechec
 from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.routes import DiscoveryRoutes
+from aggregator.flowcontrol.manifests import is_flowcontrol
+from aggregator.flowcontrol.metrics import FlowControlMetrics
+from aggregator.flowcontrol.runtime import FlowControl
+from aggregator.flowcontrol.sources import CHECK_NAME as FLOWCONTROL_CHECK
+from aggregator.flowcontrol.sources import ConfigSource, FolderConfig, HeldConfig, KubeConfig, StaticConfig
 from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
 from aggregator.leaderelection import LeaderElector, elector_for_options
@@ -144,6 +149,8 @@ class Gateway:
     cluster_auth: AuthConfigMap | None = None
     # local mode: the folder's RBAC manifests being watched (worker processes get copies)
     rbac: RBACFolder | None = None
+    # API Priority and Fairness (None with --enable-priority-and-fairness=false)
+    flowcontrol: FlowControl | None = None
     shutting_down: bool = False
 
     async def start(self) -> None:
@@ -241,7 +248,9 @@ def build_gateway(options: Options) -> Gateway:
         kube_source = KubeSource(kube, store, metrics)
         components.append(("kube-source", kube_source))
     if options.source.apiservices_dir is not None:
-        folder = FolderSource(options.source.apiservices_dir, store, read_elsewhere=is_rbac)
+        folder = FolderSource(
+            options.source.apiservices_dir, store, read_elsewhere=lambda doc: is_rbac(doc) or is_flowcontrol(doc)
+        )
         components.append(("folder-source", folder))
 
     # 3. who is calling, and may they
@@ -316,7 +325,11 @@ def build_gateway(options: Options) -> Gateway:
     apiregistration = _apiregistration(options, store)
     components += [("discovery", discovery), ("openapi", openapi), ("availability", availability)]
 
-    # 7. the request path: routes, the APIService proxy, gates
+    # 7. the request path: routes, the APIService proxy, gates (API Priority and Fairness follows the
+    # cluster's or the folder's configuration)
+    flowcontrol = build_flowcontrol(options, _flowcontrol_source(options, kube), metrics)
+    if flowcontrol is not None:
+        components.append(("priority-and-fairness", flowcontrol))
     path = build_request_path(
         options,
         store=store,
@@ -332,6 +345,7 @@ def build_gateway(options: Options) -> Gateway:
         metrics_route=Route(metrics.handle, RouteKind.OWN, "metrics"),
         routes=[discovery.routes, OpenAPIRoutes(openapi), *_local_routes(apiregistration, authorizer)],
         ejections=ejections,
+        flowcontrol=flowcontrol,
     )
     components.append(("endpoint-probes", path.proxy.handling))
 
@@ -364,10 +378,13 @@ def build_gateway(options: Options) -> Gateway:
         hop=hop,
         cluster_auth=authentication.cluster,
         rbac=authorization.rbac,
+        flowcontrol=flowcontrol,
     )
     health.add("ping", lambda: None)
     health.add("shutdown", gateway.shutdown_check, livez=False)
     health.add("apiservice-registry-synced", store.synced_check, livez=False)
+    if flowcontrol is not None and isinstance(flowcontrol.source, KubeConfig):
+        health.add(FLOWCONTROL_CHECK, flowcontrol.source.ready_check, livez=False)
     _cluster_auth_check(health, authentication.cluster)
     # Ready once the first verdicts are in (a dead backend delays this by one probe timeout at
     # most; it never makes the gateway unready), and the unavailable ones listed in the notes.
@@ -480,12 +497,14 @@ def build_request_path(
     metrics_route: Route,
     routes: Sequence[RouteInstaller],
     ejections: EjectionReport | None = None,
+    flowcontrol: FlowControl | None = None,
 ) -> RequestPath:
     """The request path, the same for `build_gateway` and `build_worker_gateway`: the router (the
     gateway's own paths, the features' `routes`, then the APIService proxy's claim), and the
     pipeline in kube-apiserver's filter order (server/config.go DefaultBuildHandlerChain): the
-    request deadline around everything, then authentication, audit, impersonation, max-in-flight
-    (after impersonation: system:masters is the impersonated user's group), authorization;
+    request deadline around everything, then authentication, audit, impersonation, API Priority
+    and Fairness or max-in-flight (after impersonation: system:masters is the impersonated user's
+    group), authorization;
     before them, looped requests and paths a backend could read as another resource are refused.
     A feature that is off has no stage: no audit policy, no audit gate; no limits, no
     max-in-flight gate; no timeouts, no deadline."""
@@ -524,10 +543,18 @@ def build_request_path(
     if auditing is not None:
         gates.append(auditing.gate)
     gates.append(Impersonator(authorizer).gate)
-    if limits.enabled:
+    head_listeners = [auditing.head_going_out] if auditing is not None else []
+    last: list[Gate] = []
+    if flowcontrol is not None:  # API Priority and Fairness in place of max-in-flight
+        apf = flowcontrol.filter
+        gates.append(apf.gate)
+        finishers.append(apf.finished)
+        head_listeners.append(apf.head_going_out)
+        last.append(apf.delegated)  # a watch's seats go back as its handler starts
+    elif limits.enabled:
         gates.append(limits.gate)
         finishers.append(limits.finished)
-    gates += [authorizer.gate, upgrade_gate(metrics), instrumentation.gate]  # last: the handler runs
+    gates += [authorizer.gate, upgrade_gate(metrics), *last, instrumentation.gate]  # last: the handler runs
     finishers.append(instrumentation.finished)
     if auditing is not None:
         finishers.append(auditing.finished)
@@ -538,7 +565,7 @@ def build_request_path(
         in_flight=forwarding.in_flight,
         timeouts=timeouts if timeouts.enabled else None,
         gates=gates,
-        head_listeners=[auditing.head_going_out] if auditing is not None else [],
+        head_listeners=head_listeners,
         finishers=finishers,
     )
     return RequestPath(router, proxy, pipeline, limits, timeouts)
@@ -594,6 +621,12 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     replica.bind_discovery(discovery)
     replica.bind_metrics(lambda: list(metrics.registry.collect()))
     apiregistration = _apiregistration(options, store)
+    # API Priority and Fairness with the control's configuration and this worker's share of its limits.
+    flowcontrol = build_flowcontrol(options, HeldConfig(), metrics)
+    if flowcontrol is not None:
+        flowcontrol.in_worker(replica.channel.send)
+        replica.bind_handler(flowcontrol.receive)
+        components.append(("priority-and-fairness", flowcontrol))
     path = build_request_path(
         options,
         store=store,
@@ -609,6 +642,7 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
         metrics_route=Route(replica.serve_metrics, RouteKind.OWN, "metrics"),
         routes=[discovery, OpenAPIRoutes(replica), *_local_routes(apiregistration, authorizer)],
         ejections=replica,
+        flowcontrol=flowcontrol,
     )
     components.append(("endpoint-probes", path.proxy.handling))
 
@@ -660,6 +694,30 @@ def _apiregistration(options: Options, store: Store) -> APIRegistration | None:
     apiregistration = APIRegistration(store)
     store.add_listener(apiregistration.on_store_event)
     return apiregistration
+
+
+def build_flowcontrol(options: Options, source: ConfigSource, metrics: Metrics) -> FlowControl | None:
+    """API Priority and Fairness with `--enable-priority-and-fairness` (the default), None without."""
+    if not options.flowcontrol.enable_priority_and_fairness:
+        return None
+    server = options.server
+    return FlowControl(
+        source,
+        server_concurrency_limit=server.max_requests_inflight + server.max_mutating_requests_inflight,
+        metrics=FlowControlMetrics(metrics.registry),
+        apiserver=metrics.apiserver,
+        request_timeout=server.request_timeout,
+    )
+
+
+def _flowcontrol_source(options: Options, kube: KubeClient | None) -> ConfigSource:
+    """The cluster's FlowSchemas and priority levels (kube mode), the folder's (local mode), or the
+    bootstrap ones."""
+    if options.kube_mode and kube is not None:
+        return KubeConfig(kube)
+    if options.source.apiservices_dir is not None:
+        return FolderConfig(options.source.apiservices_dir)
+    return StaticConfig()
 
 
 def build_backends(

@@ -3,7 +3,8 @@
 
 Each feature owns its group (`XxxOptions` with `add_flags`, `validate`, and what the feature builds
 from it): where objects come from (`sources/options.py`), secure serving (`tls/options.py`), the
-request limits, timeouts and shutdown and the logging flags (`web/options.py`), the worker count
+request limits, timeouts and shutdown and the logging flags (`web/options.py`), API Priority and
+Fairness (`flowcontrol/options.py`), the worker count
 (`workers/options.py`), authentication and authorization (`auth/options.py`), the backends
 (`backends/options.py`), delegation to kube-apiserver (`proxy/options.py`), status writes
 (`availability/options.py`) and their leader election (`leaderelection.py`), and auditing
@@ -23,6 +24,7 @@ from aggregator.audit.options import AuditOptions
 from aggregator.auth.options import AuthenticationOptions, AuthorizationOptions
 from aggregator.availability.options import AvailabilityOptions
 from aggregator.backends.options import BackendOptions
+from aggregator.flowcontrol.options import FlowControlOptions
 from aggregator.leaderelection import LeaderElectionOptions
 from aggregator.proxy.delegate import FRONT_PROXY
 from aggregator.proxy.options import DelegationOptions
@@ -45,6 +47,7 @@ DELEGATION = "delegation."
 AVAILABILITY = "availability."
 LEADER_ELECTION = "leader_election."
 AUDIT = "audit."
+FLOWCONTROL = "flowcontrol."
 LOGGING = "logging."
 
 # Flags that only mean something in kube mode: given explicitly with --apiservices-dir, refused
@@ -62,6 +65,7 @@ class Options:
     source: SourceOptions = field(default_factory=SourceOptions)
     serving: SecureServingOptions = field(default_factory=SecureServingOptions)
     server: ServerRunOptions = field(default_factory=ServerRunOptions)
+    flowcontrol: FlowControlOptions = field(default_factory=FlowControlOptions)
     workers: WorkersOptions = field(default_factory=WorkersOptions)
     authentication: AuthenticationOptions = field(default_factory=AuthenticationOptions)
     authorization: AuthorizationOptions = field(default_factory=AuthorizationOptions)
@@ -105,6 +109,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     ServerRunOptions.add_shutdown_flags(parser, SERVER, section=SERVING_SECTION)
     WorkersOptions.add_flags(parser, WORKERS)
     ServerRunOptions.add_limit_flags(parser, SERVER)
+    FlowControlOptions.add_flags(parser, FLOWCONTROL)
     AuthenticationOptions.add_flags(parser, AUTHENTICATION)
     AuthorizationOptions.add_flags(parser, AUTHORIZATION)
     add_backend_flags(parser)
@@ -146,6 +151,11 @@ def validate(opts: Options) -> None:
             "only from a front-proxy certificate)",
         )
     opts.server.validate()
+    for error in opts.flowcontrol.validate(
+        max_requests_inflight=opts.server.max_requests_inflight,
+        max_mutating_requests_inflight=opts.server.max_mutating_requests_inflight,
+    ):
+        raise error
     opts.leader_election.validate()
     opts.authorization.validate(
         local_mode=opts.local_mode,

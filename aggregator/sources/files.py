@@ -208,8 +208,9 @@ class FolderSource:
         self._reported.add(seen)
         log.warning(
             "manifest skipped: the gateway reads only APIService (apiregistration.k8s.io/v1), Service (v1), "
-            "EndpointSlice (discovery.k8s.io/v1), and Role, ClusterRole, RoleBinding and ClusterRoleBinding "
-            "(rbac.authorization.k8s.io/v1)",
+            "EndpointSlice (discovery.k8s.io/v1), Role, ClusterRole, RoleBinding and ClusterRoleBinding "
+            "(rbac.authorization.k8s.io/v1), and FlowSchema and PriorityLevelConfiguration "
+            "(flowcontrol.apiserver.k8s.io/v1)",
             extra=fields(file=str(path), apiVersion=ignored.api_version, kind=ignored.kind),
         )
 

@@ -155,6 +155,7 @@ class RequestContext:
         "long_running",
         "method",
         "path",
+        "priority",
         "raw_path",
         "raw_query",
         "received",
@@ -228,6 +229,8 @@ class RequestContext:
         self.tracked = False  # counted by the shutdown tracker (`longrunning.InFlight`)
         # The request kind max-in-flight counted it under, to give its place back at the end.
         self.inflight_kind: str | None = None
+        # What API Priority and Fairness decided (its FlowSchema, level and seats: flowcontrol/filter.py).
+        self.priority: Any = None
         # How it ended.
         self.status: int | None = None  # the first status line written
         self.response: web.StreamResponse | None = None  # the response whose head went out

@@ -33,13 +33,13 @@ TOO_MANY_REQUESTS = "Too many requests, please try again later."
 _LOG_EVERY = 10.0
 
 
-def too_many_requests() -> web.Response:
+def too_many_requests(retry_after: str = RETRY_AFTER) -> web.Response:
     """`tooManyRequests`: `Retry-After`, then Go's `http.Error` (text, nosniff, a trailing newline)."""
     return web.Response(
         status=429,
         body=(TOO_MANY_REQUESTS + "\n").encode(),
         headers={
-            "Retry-After": RETRY_AFTER,
+            "Retry-After": retry_after,
             "Content-Type": "text/plain; charset=utf-8",
             "X-Content-Type-Options": "nosniff",
         },

@@ -1,0 +1,391 @@
+"""`--workers N`: N worker processes admit together what one kube-apiserver admits.
+
+Each worker runs the whole of APF for its own requests (classification, fair queuing, seats), and
+each priority level's current limit, computed once by the control process as one kube-apiserver
+computes it (from the seat demand of every worker), is split among the workers: a worker may have
+at most its *grant* of a level's seats in use, and the grants of a level never add up to more than
+its limit. Dispatching stays local, so a request that finds a free seat in its worker's share
+costs no message; only a level whose demand outgrows a worker's share moves seats:
+
+- a worker whose demand for a level (seats in use + seats waiting) exceeds its grant, or falls back
+  within it, reports the level's demand, its weight (the queues active there: fair queuing gives
+  each active queue an equal share) and the seats it has in use (`SeatDemand`); reports are
+  gathered once per turn of the event loop;
+- the control process then divides the level's limit: what every worker asks for when it all fits
+  (the rest spread evenly, so an idle worker can take a burst at once), otherwise max-min fair by
+  weight, each worker capped at its demand, with fractions of a seat carried over between
+  divisions so a limit smaller than the number of workers still alternates among them;
+- a lower grant applies at once (the worker dispatches no more until it is under it); a higher one
+  is granted only from seats no other worker still has in use, so the sum of the seats in use
+  never passes the level's limit;
+- every adjustment period each worker sends its seat-demand integrals (`SeatStats`); the control
+  adds them up (the average exactly, the deviation as of independent demands, the high watermark
+  as the sum of highs) for the borrowing adjustment.
+
+The configuration objects reach the workers the same way (`ConfigUpdate`, sent on every change), and
+a worker starts serving only once it holds them and its first grants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aggregator.flowcontrol.controller import Controller, Level
+from aggregator.flowcontrol.integrator import IntegratorResults, Moments, combine
+from aggregator.flowcontrol.manifests import ConfigObjects
+from aggregator.util.logs import fields
+
+log = logging.getLogger(__name__)
+
+FIRST_GRANTS_TIMEOUT = 10.0
+
+
+# --- the messages ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SeatDemand:
+    """Worker -> control: per level, (seats wanted, weight, seats in use); `hello` on start."""
+
+    levels: dict[str, tuple[int, int, int]]
+    hello: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SeatGrants:
+    """Control -> worker: the most seats of each level the worker may have in use."""
+
+    grants: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SeatStats:
+    """Worker -> control: each level's seat demand integrals since the last ones (moments, min, max)."""
+
+    levels: dict[str, tuple[Moments, float, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigUpdate:
+    """Control -> worker: the configuration objects, whole."""
+
+    config: ConfigObjects
+
+
+MESSAGES = (SeatDemand, SeatGrants, SeatStats, ConfigUpdate)
+
+
+# --- the control's side ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Share:
+    grant: int = 0
+    demand: int = 0
+    weight: int = 0
+    in_use: int = 0
+    credit: float = 0.0
+
+
+@dataclass
+class _Worker:
+    send: Callable[[object], None]
+    shares: dict[str, _Share] = field(default_factory=dict)
+    greeted: bool = False
+    stats: dict[str, tuple[Moments, float, float]] = field(default_factory=dict)
+    sent: dict[str, int] | None = None  # the grants last sent
+
+
+def divide(limit: int, demands: list[int], weights: list[int], credits: list[float], offset: int) -> list[int]:
+    """Split `limit` seats among workers (see the module docstring); updates `credits` in place."""
+    count = len(demands)
+    if count == 0 or limit <= 0:
+        return [0] * count
+    total = sum(demands)
+    if total <= limit:
+        spare = limit - total
+        out = list(demands)
+        for i in range(count):
+            out[(offset + i) % count] += spare // count + (1 if i < spare % count else 0)
+        return out
+    # Max-min fair by weight, capped at demand (water-filling), then whole seats by largest remainder
+    # with the fractions carried over.
+    exact = [0.0] * count
+    left = float(limit)
+    active = [i for i in range(count) if demands[i] > 0]
+    while active and left > 1e-9:
+        weight_sum = sum(max(weights[i], 1) for i in active)
+        per_weight = left / weight_sum
+        capped = [i for i in active if demands[i] - exact[i] <= per_weight * max(weights[i], 1)]
+        if not capped:
+            for i in active:
+                exact[i] += per_weight * max(weights[i], 1)
+            left = 0.0
+            break
+        for i in capped:
+            left -= demands[i] - exact[i]
+            exact[i] = float(demands[i])
+        active = [i for i in active if i not in capped]
+    whole = [math.floor(x) for x in exact]
+    remainder = limit - sum(whole)
+    order = sorted(
+        (i for i in range(count) if whole[i] < demands[i]),
+        key=lambda i: (exact[i] - whole[i] + credits[i], -((i - offset) % count)),
+        reverse=True,
+    )
+    for i in order[:remainder]:
+        whole[i] += 1
+    for i in range(count):
+        credits[i] += exact[i] - whole[i]
+    return whole
+
+
+class SeatAllocator:
+    """The control process's half: every worker's grants of every level."""
+
+    def __init__(self, controller: Controller, config: Callable[[], ConfigObjects]) -> None:
+        self.controller = controller
+        self.config = config
+        self.workers: dict[int, _Worker] = {}
+        controller.listeners.append(self.rebalance_all)
+
+    # --- the channels ---------------------------------------------------------------------------------
+
+    def connect(self, index: int, send: Callable[[object], None]) -> None:
+        self.workers[index] = _Worker(send)
+
+    def disconnect(self, index: int) -> None:
+        """A worker is gone: its seats are free."""
+        if self.workers.pop(index, None) is not None:
+            self.rebalance_all()
+
+    def receive(self, index: int, message: object) -> bool:
+        """A worker's message; True if it was one of ours."""
+        worker = self.workers.get(index)
+        if isinstance(message, SeatDemand):
+            if worker is None:
+                return True
+            if message.hello:
+                worker.greeted = True
+                worker.send(ConfigUpdate(self.config()))
+                self.rebalance_all(force=index)
+                return True
+            for name, (demand, weight, in_use) in message.levels.items():
+                share = worker.shares.setdefault(name, _Share())
+                share.demand, share.weight, share.in_use = demand, weight, in_use
+            for name in message.levels:
+                self._rebalance(name)
+            self._send()
+            return True
+        if isinstance(message, SeatStats):
+            if worker is not None:
+                for name, (moments, low, high) in message.levels.items():
+                    kept = worker.stats.get(name)
+                    worker.stats[name] = (
+                        (kept[0] + moments, min(kept[1], low), max(kept[2], high)) if kept else (moments, low, high)
+                    )
+            return True
+        return False
+
+    def config_changed(self, config: ConfigObjects) -> None:
+        for worker in self.workers.values():
+            if worker.greeted:
+                worker.send(ConfigUpdate(config))
+
+    def demand(self) -> dict[str, IntegratorResults]:
+        """Every worker's seat demand since the last adjustment, combined per level (then reset)."""
+        per_level: dict[str, list[tuple[Moments, float, float]]] = {}
+        for worker in self.workers.values():
+            for name, part in worker.stats.items():
+                per_level.setdefault(name, []).append(part)
+            worker.stats = {}
+        return {name: combine(parts) for name, parts in per_level.items()}
+
+    # --- dividing -------------------------------------------------------------------------------------
+
+    def rebalance_all(self, force: int | None = None) -> None:
+        for name in self.controller.levels:
+            self._rebalance(name)
+        self._send(force)
+
+    def _rebalance(self, name: str) -> None:
+        level: Level | None = self.controller.levels.get(name)
+        workers = [w for _, w in sorted(self.workers.items()) if w.greeted]
+        if level is None or not workers:
+            return
+        shares = [w.shares.setdefault(name, _Share()) for w in workers]
+        limit = max(level.current_cl, 0)
+        offset = zlib.crc32(name.encode()) % len(workers)
+        credits = [s.credit for s in shares]
+        targets = divide(limit, [s.demand for s in shares], [s.weight for s in shares], credits, offset)
+        for share, credit in zip(shares, credits, strict=True):
+            share.credit = credit
+        # Lower grants at once; higher ones only from seats nobody else still uses.
+        committed = 0
+        for share, target in zip(shares, targets, strict=True):
+            if target < share.grant:
+                share.grant = target
+            committed += max(share.grant, share.in_use)
+        free = limit - committed
+        for share, target in zip(shares, targets, strict=True):
+            if target > share.grant and free > 0:
+                more = min(target - share.grant, free)
+                # What it adds beyond seats it already has in use is what it takes from the pool.
+                taken = max(share.grant + more, share.in_use) - max(share.grant, share.in_use)
+                if taken > free:
+                    more -= taken - free
+                    taken = free
+                share.grant += more
+                free -= taken
+
+    def _send(self, force: int | None = None) -> None:
+        for index, worker in self.workers.items():
+            if not worker.greeted:
+                continue
+            grants = {name: share.grant for name, share in worker.shares.items() if name in self.controller.levels}
+            if grants != worker.sent or index == force:
+                worker.send(SeatGrants(grants))
+                worker.sent = grants
+
+
+# --- the worker's side ---------------------------------------------------------------------------------
+
+
+class SeatShare:
+    """A worker's half: its grants applied to its levels, its demand reported when it outgrows them."""
+
+    def __init__(self, controller: Controller, send: Callable[[object], None]) -> None:
+        self.controller = controller
+        self.send = send
+        self.grants: dict[str, int] = {}
+        self.config: ConfigObjects | None = None
+        self.ready = asyncio.Event()
+        self._granted = False
+        self._over: dict[str, bool] = {}
+        self._last: dict[str, tuple[int, int, int]] = {}
+        self._dirty: set[str] = set()
+        self._flush_scheduled = False
+        self.config_listeners: list[Callable[[ConfigObjects], None]] = []
+        controller.apply_limit = self._apply_limit  # type: ignore[method-assign]
+        controller.listeners.append(self._hook_levels)
+        self._hooked: set[int] = set()
+        self._hook_levels()
+
+    # --- from the control ---------------------------------------------------------------------------------
+
+    def receive(self, message: object) -> bool:
+        if isinstance(message, ConfigUpdate):
+            self.config = message.config
+            for listener in self.config_listeners:
+                listener(message.config)
+            self._check_ready()
+            return True
+        if isinstance(message, SeatGrants):
+            for name, grant in message.grants.items():
+                if grant < self.grants.get(name, 0):
+                    self._dirty.add(name)  # the control waits to hear these seats are free
+                    self._last.pop(name, None)
+            self.grants = dict(message.grants)
+            self._granted = True
+            for level in self.controller.levels.values():
+                self._apply_limit(level, level.current_cl, self._denominator(level))
+            if self._dirty and not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+            self._check_ready()
+            return True
+        return False
+
+    def _check_ready(self) -> None:
+        if self._granted and self.config is not None:
+            self.ready.set()
+
+    def hello(self) -> None:
+        self.send(SeatDemand({}, hello=True))
+
+    # --- applying grants ------------------------------------------------------------------------------------
+
+    def _denominator(self, level: Level) -> int:
+        current = level.current_cl
+        return current if current > 0 else max(1, round(self.controller.server_concurrency_limit / 10))
+
+    def _apply_limit(self, state: Level, limit: int, denominator: int) -> None:
+        """`Controller.apply_limit` in a worker: the grant, not the level's whole limit."""
+        level = state
+        level.queues.set_configuration(level.config, self.grants.get(level.name, 0), denominator)
+        self._noted(level)
+
+    # --- reporting demand ---------------------------------------------------------------------------------------
+
+    def _hook_levels(self) -> None:
+        """Watch every level's seat demand (levels are created on configuration changes)."""
+        for level in self.controller.levels.values():
+            if id(level) in self._hooked:
+                continue
+            self._hooked.add(id(level))
+            queues = level.queues
+            note = queues.demand
+
+            def demand(x: float, now: float, level: Level = level, note: Callable[[float, float], None] = note) -> None:
+                note(x, now)
+                self._noted(level)
+
+            queues.demand = demand
+
+    def _noted(self, level: Level) -> None:
+        queues = level.queues
+        wanted = queues.seats_in_use + queues.waiting_seats
+        grant = self.grants.get(level.name, 0)
+        over = wanted > grant
+        if over or self._over.get(level.name, False):
+            self._over[level.name] = over
+            self._dirty.add(level.name)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        report: dict[str, tuple[int, int, int]] = {}
+        for name in self._dirty:
+            level = self.controller.levels.get(name)
+            if level is None:
+                continue
+            queues = level.queues
+            wanted = queues.seats_in_use + queues.waiting_seats
+            weight = max(queues.active_queues, 1) if wanted else 0
+            entry = (wanted, weight, queues.seats_in_use)
+            if self._last.get(name) != entry:
+                self._last[name] = entry
+                report[name] = entry
+        self._dirty.clear()
+        if report:
+            self.send(SeatDemand(report))
+
+    def stats(self, now: float) -> SeatStats:
+        """Each level's seat-demand integrals since the last call (the integrators start over)."""
+        levels: dict[str, tuple[Moments, float, float]] = {}
+        for name, level in self.controller.levels.items():
+            integrator = level.integrator
+            moments = integrator.moments(now)
+            levels[name] = (moments, integrator.min, integrator.max)
+            integrator.reset(now)
+        return SeatStats(levels)
+
+
+async def wait_ready(share: SeatShare, patience: float = FIRST_GRANTS_TIMEOUT) -> None:
+    """Until the control process sent the configuration and the first grants (bounded: a worker
+    without them queues its requests until they come)."""
+    try:
+        async with asyncio.timeout(patience):
+            await share.ready.wait()
+    except TimeoutError:
+        log.warning(
+            "no API Priority and Fairness grants from the control process yet; requests wait for them",
+            extra=fields(waited_seconds=patience),
+        )

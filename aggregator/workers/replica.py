@@ -139,6 +139,9 @@ class Replica:
         self._ids = itertools.count(1)
         self.connected = True
         self.first_state = asyncio.Event()
+        # Features that talk with the control over the channel (APF's seat shares): each is offered
+        # the messages that are not the replica's and returns True for its own.
+        self._handlers: list[Callable[[object], bool]] = []
 
     # --- wiring (assembly) -------------------------------------------------------------------------
 
@@ -156,6 +159,10 @@ class Replica:
 
     def bind_metrics(self, collect: Callable[[], list[Metric]]) -> None:
         self._collect = collect
+
+    def bind_handler(self, handler: Callable[[object], bool]) -> None:
+        """A feature's messages from the control process (it returns True for those it takes)."""
+        self._handlers.append(handler)
 
     # --- the channel -------------------------------------------------------------------------------
 
@@ -183,6 +190,10 @@ class Replica:
             future = self._scrapes.get(message.id)
             if future is not None and not future.done():
                 future.set_result(message.families)
+        else:
+            for handler in self._handlers:
+                if handler(message):
+                    break
 
     def _apply_object(self, change: ObjectChange) -> None:
         store = self.store

@@ -87,3 +87,97 @@ def decode_manifest(doc: Mapping[str, Any]) -> Object:
         return level
     except DecodeError as err:
         raise Refused(f"{qualified(kind)} {fe.go_quote(name)} could not be decoded: {err}") from err
+
+
+# --- encoding (as kube-apiserver serves them) ----------------------------------------------------------
+
+
+def _meta(obj: Object) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": obj.meta.name}
+    if obj.meta.uid:
+        meta["uid"] = obj.meta.uid
+    if obj.meta.resource_version:
+        meta["resourceVersion"] = obj.meta.resource_version
+    if obj.meta.generation:
+        meta["generation"] = obj.meta.generation
+    if obj.meta.annotations:
+        meta["annotations"] = dict(obj.meta.annotations)
+    return meta
+
+
+def _subject(subject: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": subject.kind}
+    if subject.user is not None:
+        out["user"] = {"name": subject.user}
+    if subject.group is not None:
+        out["group"] = {"name": subject.group}
+    if subject.service_account is not None:
+        out["serviceAccount"] = {"namespace": subject.service_account[0], "name": subject.service_account[1]}
+    return out
+
+
+def encode(obj: Object) -> dict[str, Any]:
+    """The object in v1 JSON form, as `kubectl get -o json` shows it (no status)."""
+    if isinstance(obj, FlowSchema):
+        spec = obj.spec
+        rules = []
+        for r in spec.rules:
+            rule: dict[str, Any] = {"subjects": [_subject(s) for s in r.subjects]}
+            if r.resource_rules:
+                rule["resourceRules"] = [
+                    {
+                        "verbs": list(rr.verbs),
+                        "apiGroups": list(rr.api_groups),
+                        "resources": list(rr.resources),
+                        **({"clusterScope": True} if rr.cluster_scope else {}),
+                        **({"namespaces": list(rr.namespaces)} if rr.namespaces else {}),
+                    }
+                    for rr in r.resource_rules
+                ]
+            if r.non_resource_rules:
+                rule["nonResourceRules"] = [
+                    {"verbs": list(nr.verbs), "nonResourceURLs": list(nr.non_resource_urls)}
+                    for nr in r.non_resource_rules
+                ]
+            rules.append(rule)
+        fs_spec: dict[str, Any] = {
+            "priorityLevelConfiguration": {"name": spec.priority_level},
+            "matchingPrecedence": spec.matching_precedence,
+        }
+        if spec.distinguisher is not None:
+            fs_spec["distinguisherMethod"] = {"type": spec.distinguisher}
+        if rules:
+            fs_spec["rules"] = rules
+        return {"apiVersion": API_VERSION, "kind": FLOW_SCHEMA, "metadata": _meta(obj), "spec": fs_spec}
+    pl_spec: dict[str, Any] = {"type": obj.spec.type}
+    limited = obj.spec.limited
+    if limited is not None:
+        response: dict[str, Any] = {"type": limited.limit_response.type}
+        queuing = limited.limit_response.queuing
+        if queuing is not None:
+            response["queuing"] = {
+                "queues": queuing.queues,
+                "handSize": queuing.hand_size,
+                "queueLengthLimit": queuing.queue_length_limit,
+            }
+        pl_spec["limited"] = {
+            "nominalConcurrencyShares": limited.nominal_concurrency_shares,
+            "limitResponse": response,
+            **({"lendablePercent": limited.lendable_percent} if limited.lendable_percent is not None else {}),
+            **(
+                {"borrowingLimitPercent": limited.borrowing_limit_percent}
+                if limited.borrowing_limit_percent is not None
+                else {}
+            ),
+        }
+    exempt = obj.spec.exempt
+    if exempt is not None:
+        pl_spec["exempt"] = {
+            **(
+                {"nominalConcurrencyShares": exempt.nominal_concurrency_shares}
+                if exempt.nominal_concurrency_shares is not None
+                else {}
+            ),
+            **({"lendablePercent": exempt.lendable_percent} if exempt.lendable_percent is not None else {}),
+        }
+    return {"apiVersion": API_VERSION, "kind": PRIORITY_LEVEL, "metadata": _meta(obj), "spec": pl_spec}

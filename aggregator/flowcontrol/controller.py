@@ -31,7 +31,7 @@ from aggregator.flowcontrol import bootstrap
 from aggregator.flowcontrol.allocation import AllocationError, AllocItem, compute_allocation
 from aggregator.flowcontrol.integrator import Integrator, IntegratorResults
 from aggregator.flowcontrol.matching import RuleTest, compile_rules
-from aggregator.flowcontrol.metrics import FlowControlMetrics, LevelMetrics
+from aggregator.flowcontrol.metrics import FlowControlMetrics, Histogram, LevelMetrics
 from aggregator.flowcontrol.objects import (
     BY_NAMESPACE,
     BY_USER,
@@ -142,13 +142,9 @@ class Level:
         self.nominal = self.min_cl = self.max_cl = self.current_cl = 0
         self.max_seats = 0
         self.fresh = True  # no queues yet: the current limit starts at nominal - lendable/2
-        demand = metrics.demand
-
-        def note_demand(x: float, at: float) -> None:
-            self.integrator.set(x, at)
-            demand.set(x, at)
-
-        self.queues = QueueSet(QueuingConfig(config.name), metrics, clock=clock, call_later=call_later, demand=note_demand)
+        self.queues = QueueSet(
+            QueuingConfig(config.name), metrics, clock=clock, call_later=call_later, demand=self.integrator.set
+        )
 
     @property
     def name(self) -> str:
@@ -172,6 +168,10 @@ class Schema:
     level: Level
     rules: tuple[RuleTest, ...]
     hashes: dict[str, int] = field(default_factory=dict)
+    # This schema's histograms in its level's metrics, looked up once (the request path observes them).
+    work_seats: Histogram | None = None
+    dispatched_wait: Histogram | None = None
+    executions: dict[bool, Histogram] = field(default_factory=dict)  # watch or not -> its histogram
 
     @property
     def name(self) -> str:
@@ -300,7 +300,7 @@ class Controller:
     def _finish(self, levels: dict[str, Level], share_sum: float) -> None:
         """`finishQueueSetReconfigsLocked`: nominal, lower and upper limits, then the borrowing."""
         server = self.server_concurrency_limit
-        total = 0
+        total = waiting = 0
         for state in levels.values():
             shares, lendable_percent, borrowing_percent = state.pl.shares()
             nominal = math.ceil(server * shares / share_sum) if share_sum > 0 else 0
@@ -311,13 +311,16 @@ class Controller:
             total += nominal
             limited = state.pl.spec.limited
             if limited is not None and limited.limit_response.type == QUEUE and limited.limit_response.queuing:
-                hand_size = limited.limit_response.queuing.hand_size
+                queuing = limited.limit_response.queuing
+                waiting += queuing.queues * queuing.queue_length_limit
+                hand_size = queuing.hand_size
                 state.max_seats = int(max(1, min(math.ceil(nominal * MAX_SEATS_PERCENT), nominal // hand_size)))
             if state.fresh:
                 state.fresh = False
                 state.stats = SeatDemandStats()
                 state.current_cl = nominal - lendable // 2
         self.nominal_cl_sum = total
+        self.metrics.set_read_vs_write_denominators(waiting, total)  # maxWaiting/maxExecutingRequests
         self.update_borrowing(levels, fresh_config=True)
 
     # --- borrowing ---------------------------------------------------------------------------------------
@@ -401,7 +404,7 @@ class Controller:
                 current,
             )
             denominator = current if current > 0 else max(1, go_round(self.server_concurrency_limit / 10))
-            state.metrics.demand.set_denominator(denominator, now)
+            state.metrics.set_denominators(now, demand=denominator)
             self.apply_limit(state, current, denominator)
         if standalone:
             for listener in self.listeners:

@@ -31,8 +31,6 @@ from aggregator.flowcontrol.controller import Controller, Level, Schema
 from aggregator.flowcontrol.estimator import WatchTracker, WorkEstimator
 from aggregator.flowcontrol.metrics import (
     DURATION_BUCKETS,
-    EXECUTING,
-    WAITING,
     WATCH_COUNT_BUCKETS,
     WORK_SEATS_BUCKETS,
     FlowControlMetrics,
@@ -97,10 +95,10 @@ class PriorityAndFairness:
         self.default_wait = request_timeout / 4
         self.executing = apiserver.inflight
         self.waiting = metrics.waiting
-        read_vs_write = metrics.read_vs_write
-        self._executing_ratio = {kind: read_vs_write[(EXECUTING, kind)] for kind in (READ_ONLY_KIND, MUTATING_KIND)}
-        self._waiting_ratio = {kind: read_vs_write[(WAITING, kind)] for kind in (READ_ONLY_KIND, MUTATING_KIND)}
-        self._queued_notes = {kind: self._queued_note(kind) for kind in (READ_ONLY_KIND, MUTATING_KIND)}
+        # Requests waiting and executing, by kind (read_vs_write_current_requests): ro waiting, ro
+        # executing, mutating waiting, mutating executing.
+        self._read_vs_write = [0, 0, 0, 0]
+        self._notes = {kind: _QueueNote(self, kind) for kind in (READ_ONLY_KIND, MUTATING_KIND)}
         self._rejected = 0
         self._last_logged = float("-inf")
 
@@ -108,18 +106,11 @@ class PriorityAndFairness:
         state = self.controller.levels.get(level)
         return state.max_seats if state is not None else 0
 
-    def _queued_note(self, kind: str) -> Callable[[bool], None]:
-        ratio, waiting, clock = self._waiting_ratio[kind], self.waiting, self.clock
-
-        def note(queued: bool) -> None:
-            if queued:
-                waiting.started(kind)
-                ratio.add(1, clock())
-            else:
-                waiting.finished(kind)
-                ratio.add(-1, clock())
-
-        return note
+    def counted(self, index: int, delta: int) -> None:
+        """One of the read-vs-write counts moved."""
+        counts = self._read_vs_write
+        counts[index] += delta
+        self.metrics.read_vs_write_state.note(self.clock(), tuple(counts))
 
     # --- the gate -------------------------------------------------------------------------------------
 
@@ -137,11 +128,13 @@ class PriorityAndFairness:
         work, watch_count = self.estimator.estimate(info, ctx.query if ctx.raw_query else {}, level.name)
         m = level.metrics
         fs = schema.fs.name
-        m.observe(m.work_seats, fs, WORK_SEATS_BUCKETS, work.max_seats)
+        seats = schema.work_seats
+        if seats is None:
+            seats = schema.work_seats = m.histogram(m.work_seats, fs, WORK_SEATS_BUCKETS)
+        seats.observe(work.max_seats)
         if watch_count is not None:
             m.observe(m.watch_count, fs, WATCH_COUNT_BUCKETS, watch_count)
-        queues = level.queues
-        request = queues.start_request(work, flow, fs, self._queued_notes[admission.kind])
+        request = level.queues.start_request(work, flow, fs, self._notes[admission.kind])
         if request is None:
             if not level.exempt:
                 m.observe(m.wait, (fs, "false"), DURATION_BUCKETS, 0.0)
@@ -149,7 +142,10 @@ class PriorityAndFairness:
         admission.request = request
         if request.decided is None:
             if not level.exempt:
-                m.observe(m.wait, (fs, "true"), DURATION_BUCKETS, 0.0)
+                waited = schema.dispatched_wait
+                if waited is None:
+                    waited = schema.dispatched_wait = m.histogram(m.wait, (fs, "true"), DURATION_BUCKETS)
+                waited.observe(0.0)
             self._execute(ctx, admission)
             return None
         return self._wait(ctx, admission, request)
@@ -182,7 +178,7 @@ class PriorityAndFairness:
         admission.started = now
         kind = admission.kind
         self.executing.started(kind)
-        self._executing_ratio[kind].add(1, now)
+        self.counted(1 if kind == READ_ONLY_KIND else 3, 1)
         if admission.watch:
             info = ctx.info
             assert info is not None
@@ -220,12 +216,16 @@ class PriorityAndFairness:
             return
         level = admission.level
         now = self.clock()
-        m = level.metrics
-        key = (admission.schema.fs.name, "watch" if admission.watch else "regular")
-        m.observe(m.execution, key, DURATION_BUCKETS, now - admission.started)
+        schema, watch = admission.schema, admission.watch
+        executions = schema.executions.get(watch)
+        if executions is None:
+            m = level.metrics
+            key = (schema.fs.name, "watch" if watch else "regular")
+            executions = schema.executions[watch] = m.histogram(m.execution, key, DURATION_BUCKETS)
+        executions.observe(now - admission.started)
         kind = admission.kind
         self.executing.finished(kind)
-        self._executing_ratio[kind].add(-1, now)
+        self.counted(1 if kind == READ_ONLY_KIND else 3, -1)
         queues = level.queues
         queues.finish(request)
         if level.quiescing and queues.is_idle():
@@ -239,6 +239,10 @@ class PriorityAndFairness:
         if admission is None or response is None:
             return
         headers = response.headers
+        if PRIORITY_LEVEL_UID not in headers and FLOW_SCHEMA_UID not in headers:
+            headers[PRIORITY_LEVEL_UID] = admission.level.pl.uid
+            headers[FLOW_SCHEMA_UID] = admission.schema.fs.uid
+            return
         for name, value in ((PRIORITY_LEVEL_UID, admission.level.pl.uid), (FLOW_SCHEMA_UID, admission.schema.fs.uid)):
             backend = headers.getall(name, ())
             headers[name] = value
@@ -261,6 +265,28 @@ class PriorityAndFairness:
             ),
         )
         self._rejected = 0
+
+
+class _QueueNote:
+    """A kind's requests entering and leaving APF's queues (`queueNote`, the waiting watermark)."""
+
+    __slots__ = ("filter", "index", "kind")
+
+    def __init__(self, apf: PriorityAndFairness, kind: str) -> None:
+        self.filter = apf
+        self.kind = kind
+        self.index = 0 if kind == READ_ONLY_KIND else 2
+
+    def queued(self) -> None:
+        self.filter.waiting.started(self.kind)
+        self.filter.counted(self.index, 1)
+
+    def dequeued(self) -> None:
+        self.filter.waiting.finished(self.kind)
+        self.filter.counted(self.index, -1)
+
+    def passed(self) -> None:
+        self.filter.waiting.passed(self.kind)
 
 
 def _pinned(ctx: RequestContext, field_name: str) -> str | None:

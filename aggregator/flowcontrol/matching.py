@@ -119,11 +119,15 @@ def _non_resource_test(rule: NonResourceRule) -> _NonResourceTest:
 
 @dataclass(frozen=True, slots=True)
 class RuleTest:
-    """One `PolicyRulesWithSubjects`: its subjects, and what a request must be to match it."""
+    """One `PolicyRulesWithSubjects`: its subjects, and what a request must be to match it.
+    `every_resource` / `every_url`: a rule that matches every resource (every URL) request, as the
+    catch-all rules of most FlowSchemas do, answers without looking at the request."""
 
     subjects: tuple[Subject, ...]
     resource: tuple[_ResourceTest, ...]
     non_resource: tuple[_NonResourceTest, ...]
+    every_resource: bool = False
+    every_url: bool = False
 
     def user_matches(self, name: str, groups: tuple[str, ...]) -> bool:
         """`matchesASubject`."""
@@ -131,13 +135,28 @@ class RuleTest:
 
     def request_matches(self, info: RequestInfo) -> bool:
         """The request half of `matchesPolicyRule`."""
-        tests = self.resource if info.is_resource_request else self.non_resource
-        return any(test.matches(info) for test in tests)
+        if info.is_resource_request:
+            return self.every_resource or any(test.matches(info) for test in self.resource)
+        return self.every_url or any(test.matches(info) for test in self.non_resource)
+
+
+def _everything(test: _ResourceTest) -> bool:
+    return (
+        test.verbs is None
+        and test.resources is None
+        and test.groups is None
+        and test.namespaces is None
+        and test.cluster_scope
+    )
 
 
 def compile_rules(rules: PolicyRules) -> RuleTest:
+    resource = tuple(_resource_test(r) for r in rules.resource_rules)
+    non_resource = tuple(_non_resource_test(r) for r in rules.non_resource_rules)
     return RuleTest(
         rules.subjects,
-        tuple(_resource_test(r) for r in rules.resource_rules),
-        tuple(_non_resource_test(r) for r in rules.non_resource_rules),
+        resource,
+        non_resource,
+        every_resource=any(_everything(t) for t in resource),
+        every_url=any(t.verbs is None and t.every_url for t in non_resource),
     )

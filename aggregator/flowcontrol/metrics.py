@@ -9,7 +9,7 @@ afford several times over. Series, once there, stay (upstream's vectors keep the
 
 The four timing histograms (`priority_level_seat_utilization`, `priority_level_request_utilization`,
 `read_vs_write_current_requests`, `demand_seats`) are component-base's `TimingRatioHistogram`: each
-bucket accumulates the seconds the ratio spent in it, and `_count` is the seconds observed.
+bucket accumulates the nanoseconds the ratio spent in it, and `_count` is the nanoseconds observed.
 """
 
 from __future__ import annotations
@@ -67,61 +67,58 @@ def _le(bound: float) -> str:
 
 
 class TimingRatio:
-    """component-base's `TimingRatioHistogram`: `numerator / denominator`, observed at the end of every
-    instant, so each bucket holds the seconds the ratio spent there."""
+    """component-base's `TimingRatioHistogram`: `value / denominator` observed at the end of every
+    nanosecond, so each bucket holds the nanoseconds the ratio spent there (filled from a
+    `StateClock`'s times when scraped or when the denominator changes)."""
 
-    __slots__ = ("_bucket", "_since", "bounds", "counts", "denominator", "numerator", "total")
+    __slots__ = ("bounds", "counts", "denominator", "total")
 
-    def __init__(self, bounds: tuple[float, ...], numerator: float, denominator: float, now: float) -> None:
+    def __init__(self, bounds: tuple[float, ...], denominator: float = 1.0) -> None:
         self.bounds = bounds
         self.counts = [0.0] * (len(bounds) + 1)
-        self.total = 0.0  # the integral of the ratio over time (`_sum`)
-        self.numerator = numerator
+        self.total = 0.0  # the integral of the ratio over the nanoseconds observed (`_sum`)
         self.denominator = denominator
-        self._since = now
-        self._bucket = self._bucket_of()
 
-    def _bucket_of(self) -> int:
-        return bisect_left(self.bounds, self.ratio)
-
-    @property
-    def ratio(self) -> float:
+    def absorb(self, value: float, nanoseconds: float) -> None:
         d = self.denominator
-        if d == 0:
-            return math.nan if self.numerator == 0 else math.copysign(math.inf, self.numerator)
-        return self.numerator / d
+        ratio = (math.nan if value == 0 else math.copysign(math.inf, value)) if d == 0 else value / d
+        self.counts[bisect_left(self.bounds, ratio) if ratio == ratio else len(self.bounds)] += nanoseconds
+        if ratio == ratio and not math.isinf(ratio):
+            self.total += ratio * nanoseconds
 
-    def _advance(self, now: float) -> None:
-        elapsed = now - self._since
-        if elapsed > 0:
-            self.counts[self._bucket] += elapsed
-            ratio = self.ratio
-            if ratio == ratio:  # not NaN
-                self.total += ratio * elapsed
-            self._since = now
-
-    def add(self, delta: float, now: float) -> None:
-        self._advance(now)
-        self.numerator += delta
-        self._bucket = self._bucket_of()
-
-    def set(self, numerator: float, now: float) -> None:
-        self._advance(now)
-        self.numerator = numerator
-        self._bucket = self._bucket_of()
-
-    def set_denominator(self, denominator: float, now: float) -> None:
-        self._advance(now)
-        self.denominator = denominator
-        self._bucket = self._bucket_of()
-
-    def cumulative(self, now: float) -> tuple[list[tuple[str, float]], float, float]:
-        self._advance(now)
+    def cumulative(self) -> tuple[list[tuple[str, float]], float]:
         buckets, running = [], 0.0
         for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
             running += count
             buckets.append((_le(bound), running))
-        return buckets, running, self.total
+        return buckets, self.total
+
+
+class StateClock:
+    """How long a few counters spent in each combination of values: one dictionary update per
+    change on the request path, turned into timing histograms only when they are read."""
+
+    __slots__ = ("since", "state", "times")
+
+    def __init__(self, now: float, state: tuple[int, ...]) -> None:
+        self.since = now
+        self.state = state
+        self.times: dict[tuple[int, ...], float] = {}
+
+    def note(self, now: float, state: tuple[int, ...]) -> None:
+        elapsed = now - self.since
+        if elapsed > 0:
+            times = self.times
+            previous = self.state
+            times[previous] = times.get(previous, 0.0) + elapsed
+            self.since = now
+        self.state = state
+
+    def drain(self, now: float) -> dict[tuple[int, ...], float]:
+        """The seconds in each state up to `now`, forgotten once returned."""
+        self.note(now, self.state)
+        times, self.times = self.times, {}
+        return times
 
 
 class LevelMetrics:
@@ -149,6 +146,7 @@ class LevelMetrics:
         "request_executing",
         "request_waiting",
         "seat_utilization",
+        "state",
         "wait",
         "watch_count",
         "work_seats",
@@ -176,16 +174,45 @@ class LevelMetrics:
         # (nominal, lower, upper) seats; the last adjustment's (hwm, avg, stdev, smoothed, target, current).
         self.limits: tuple[int, int, int] | None = None
         self.adjustment: tuple[float, float, float, float, float, int] | None = None
-        self.seat_utilization = TimingRatio(SEAT_UTILIZATION_BUCKETS, 0, 1, now)
-        self.request_waiting = TimingRatio(REQUEST_UTILIZATION_BUCKETS, 0, 1, now)
-        self.request_executing = TimingRatio(REQUEST_UTILIZATION_BUCKETS, 0, 1, now)
-        self.demand = TimingRatio(DEMAND_BUCKETS, 0, 1, now)
+        self.seat_utilization = TimingRatio(SEAT_UTILIZATION_BUCKETS)
+        self.request_waiting = TimingRatio(REQUEST_UTILIZATION_BUCKETS)
+        self.request_executing = TimingRatio(REQUEST_UTILIZATION_BUCKETS)
+        self.demand = TimingRatio(DEMAND_BUCKETS)
+        # (requests waiting, requests executing, seats in use, seat demand) over time.
+        self.state = StateClock(now, (0, 0, 0, 0))
+
+    def flush(self, now: float) -> None:
+        """The time spent in each state since the last flush, into the timing histograms."""
+        for (waiting, executing, seats, demand), seconds in self.state.drain(now).items():
+            nanoseconds = seconds * 1e9
+            self.request_waiting.absorb(waiting, nanoseconds)
+            self.request_executing.absorb(executing, nanoseconds)
+            self.seat_utilization.absorb(seats, nanoseconds)
+            self.demand.absorb(demand, nanoseconds)
+
+    def set_denominators(
+        self, now: float, *, waiting: float | None = None, executing: float | None = None, demand: float | None = None
+    ) -> None:
+        """New denominators apply from now on (`SetDenominator`)."""
+        self.flush(now)
+        if waiting is not None:
+            self.request_waiting.denominator = waiting
+        if executing is not None:
+            self.request_executing.denominator = executing
+            self.seat_utilization.denominator = executing
+        if demand is not None:
+            self.demand.denominator = demand
 
     def observe(self, table: dict[Any, Histogram], key: Any, bounds: tuple[float, ...], value: float) -> None:
+        self.histogram(table, key, bounds).observe(value)
+
+    @staticmethod
+    def histogram(table: dict[Any, Histogram], key: Any, bounds: tuple[float, ...]) -> Histogram:
+        """The series `key` of `table` (made on first use)."""
         histogram = table.get(key)
         if histogram is None:
             histogram = table[key] = Histogram(bounds)
-        histogram.observe(value)
+        return histogram
 
 
 class FlowControlMetrics:
@@ -197,10 +224,10 @@ class FlowControlMetrics:
         self.fair_frac = 0.0
         now = clock()
         self.read_vs_write = {
-            (phase, kind): TimingRatio(READ_VS_WRITE_BUCKETS, 0, 1, now)
-            for phase in (WAITING, EXECUTING)
-            for kind in (READ_ONLY, MUTATING)
+            (phase, kind): TimingRatio(READ_VS_WRITE_BUCKETS) for phase in (WAITING, EXECUTING) for kind in (READ_ONLY, MUTATING)
         }
+        # (read-only waiting, read-only executing, mutating waiting, mutating executing) over time.
+        self.read_vs_write_state = StateClock(now, (0, 0, 0, 0))
         # apiserver_current_inqueue_requests: APF's waiting-phase watermark.
         self.waiting = WaitingWatermark(clock)
         if registry is not None:
@@ -216,6 +243,20 @@ class FlowControlMetrics:
     def describe(self) -> list[Metric]:
         return []
 
+    def flush_read_vs_write(self, now: float) -> None:
+        ratios = self.read_vs_write
+        order = ((WAITING, READ_ONLY), (EXECUTING, READ_ONLY), (WAITING, MUTATING), (EXECUTING, MUTATING))
+        for state, seconds in self.read_vs_write_state.drain(now).items():
+            nanoseconds = seconds * 1e9
+            for key, value in zip(order, state, strict=True):
+                ratios[key].absorb(value, nanoseconds)
+
+    def set_read_vs_write_denominators(self, waiting: float, executing: float) -> None:
+        """`maxWaitingRequests` and `maxExecutingRequests` of a new configuration."""
+        self.flush_read_vs_write(self.clock())
+        for (phase, _kind), ratio in self.read_vs_write.items():
+            ratio.denominator = waiting if phase == WAITING else executing
+
     # --- exposition ------------------------------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
@@ -230,22 +271,22 @@ class FlowControlMetrics:
     def _counters(levels: list[LevelMetrics]) -> Iterator[Metric]:
         rejected = CounterMetricFamily(
             PREFIX + "rejected_requests",
-            "Number of requests rejected by API Priority and Fairness subsystem",
+            "[BETA] Number of requests rejected by API Priority and Fairness subsystem",
             labels=["priority_level", "flow_schema", "reason"],
         )
         dispatched = CounterMetricFamily(
             PREFIX + "dispatched_requests",
-            "Number of requests executed by API Priority and Fairness subsystem",
+            "[BETA] Number of requests executed by API Priority and Fairness subsystem",
             labels=["priority_level", "flow_schema"],
         )
         no_room = CounterMetricFamily(
             PREFIX + "request_dispatch_no_accommodation",
-            "Number of times a dispatch attempt resulted in a non accommodation due to lack of available seats",
+            "[ALPHA] Number of times a dispatch attempt resulted in a non accommodation due to lack of available seats",
             labels=["priority_level", "flow_schema"],
         )
         epochs = CounterMetricFamily(
             PREFIX + "epoch_advance",
-            "Number of times the queueset's progress meter jumped backward",
+            "[ALPHA] Number of times the queueset's progress meter jumped backward",
             labels=["priority_level", "success"],
         )
         for m in levels:
@@ -261,25 +302,25 @@ class FlowControlMetrics:
         by_fs = ["priority_level", "flow_schema"]
         per_fs = {
             "current_inqueue_requests": (
-                "Number of requests currently pending in queues of the API Priority and Fairness subsystem",
+                "[BETA] Number of requests currently pending in queues of the API Priority and Fairness subsystem",
                 "inqueue_requests",
             ),
             "current_inqueue_seats": (
-                "Number of seats currently pending in queues of the API Priority and Fairness subsystem",
+                "[ALPHA] Number of seats currently pending in queues of the API Priority and Fairness subsystem",
                 "inqueue_seats",
             ),
             "current_executing_requests": (
-                "Number of requests in initial (for a WATCH) or any (for a non-WATCH) execution stage in the "
+                "[BETA] Number of requests in initial (for a WATCH) or any (for a non-WATCH) execution stage in the "
                 "API Priority and Fairness subsystem",
                 "executing_requests",
             ),
             "current_executing_seats": (
-                "Concurrency (number of seats) occupied by the currently executing (initial stage for a WATCH, "
+                "[BETA] Concurrency (number of seats) occupied by the currently executing (initial stage for a WATCH, "
                 "any stage otherwise) requests in the API Priority and Fairness subsystem",
                 "executing_seats",
             ),
             "request_concurrency_in_use": (
-                "(Deprecated since 1.31.0) Concurrency (number of seats) occupied by the currently executing "
+                "[ALPHA] Concurrency (number of seats) occupied by the currently executing "
                 "(initial stage for a WATCH, any stage otherwise) requests in the API Priority and Fairness subsystem",
                 "executing_seats",
             ),
@@ -291,41 +332,41 @@ class FlowControlMetrics:
                     family.add_metric([m.name, fs], value)
             yield family
         per_level: dict[str, tuple[str, Callable[[LevelMetrics], float | None]]] = {
-            "current_r": ("R(time of last change)", lambda m: m.r),
-            "dispatch_r": ("R(time of last dispatch)", lambda m: m.dispatch_r),
-            "latest_s": ("S(most recently dispatched request)", lambda m: m.latest_s if m.dispatch_r is not None else None),
+            "current_r": ("[ALPHA] R(time of last change)", lambda m: m.r),
+            "dispatch_r": ("[ALPHA] R(time of last dispatch)", lambda m: m.dispatch_r),
+            "latest_s": ("[ALPHA] S(most recently dispatched request)", lambda m: m.latest_s if m.dispatch_r is not None else None),
             "request_concurrency_limit": (
-                "(Deprecated since 1.30.0) Nominal number of execution seats configured for each priority level",
+                "[ALPHA] Nominal number of execution seats configured for each priority level",
                 lambda m: m.limits[0] if m.limits else None,
             ),
             "nominal_limit_seats": (
-                "Nominal number of execution seats configured for each priority level",
+                "[BETA] Nominal number of execution seats configured for each priority level",
                 lambda m: m.limits[0] if m.limits else None,
             ),
             "lower_limit_seats": (
-                "Configured lower bound on number of execution seats available to each priority level",
+                "[ALPHA] Configured lower bound on number of execution seats available to each priority level",
                 lambda m: m.limits[1] if m.limits else None,
             ),
             "upper_limit_seats": (
-                "Configured upper bound on number of execution seats available to each priority level",
+                "[ALPHA] Configured upper bound on number of execution seats available to each priority level",
                 lambda m: m.limits[2] if m.limits else None,
             ),
             "demand_seats_high_watermark": (
-                "High watermark, over last adjustment period, of demand_seats",
+                "[ALPHA] High watermark, over last adjustment period, of demand_seats",
                 lambda m: m.adjustment[0] if m.adjustment else None,
             ),
             "demand_seats_average": (
-                "Time-weighted average, over last adjustment period, of demand_seats",
+                "[ALPHA] Time-weighted average, over last adjustment period, of demand_seats",
                 lambda m: m.adjustment[1] if m.adjustment else None,
             ),
             "demand_seats_stdev": (
-                "Time-weighted standard deviation, over last adjustment period, of demand_seats",
+                "[ALPHA] Time-weighted standard deviation, over last adjustment period, of demand_seats",
                 lambda m: m.adjustment[2] if m.adjustment else None,
             ),
-            "demand_seats_smoothed": ("Smoothed seat demands", lambda m: m.adjustment[3] if m.adjustment else None),
-            "target_seats": ("Seat allocation targets", lambda m: m.adjustment[4] if m.adjustment else None),
+            "demand_seats_smoothed": ("[ALPHA] Smoothed seat demands", lambda m: m.adjustment[3] if m.adjustment else None),
+            "target_seats": ("[ALPHA] Seat allocation targets", lambda m: m.adjustment[4] if m.adjustment else None),
             "current_limit_seats": (
-                "current derived number of execution seats available to each priority level",
+                "[ALPHA] current derived number of execution seats available to each priority level",
                 lambda m: m.adjustment[5] if m.adjustment else None,
             ),
         }
@@ -337,10 +378,10 @@ class FlowControlMetrics:
                     family.add_metric([m.name], value)
             yield family
         for name, help_text, attribute in (
-            ("next_s_bounds", "min and max, over queues, of S(oldest waiting request in queue)", "next_s"),
+            ("next_s_bounds", "[ALPHA] min and max, over queues, of S(oldest waiting request in queue)", "next_s"),
             (
                 "next_discounted_s_bounds",
-                "min and max, over queues, of S(oldest waiting request in queue) - estimated work in progress",
+                "[ALPHA] min and max, over queues, of S(oldest waiting request in queue) - estimated work in progress",
                 "next_discounted_s",
             ),
         ):
@@ -353,7 +394,7 @@ class FlowControlMetrics:
             yield family
         frac = GaugeMetricFamily(
             PREFIX + "seat_fair_frac",
-            "Fair fraction of server's concurrency to allocate to each priority level that can use it",
+            "[ALPHA] Fair fraction of server's concurrency to allocate to each priority level that can use it",
         )
         frac.add_metric([], self.fair_frac)
         yield frac
@@ -363,27 +404,27 @@ class FlowControlMetrics:
         specs: list[tuple[str, str, list[str], str]] = [
             (
                 "request_queue_length_after_enqueue",
-                "Length of queue in the API Priority and Fairness subsystem, as seen by each request after it is enqueued",
+                "[ALPHA] Length of queue in the API Priority and Fairness subsystem, as seen by each request after it is enqueued",
                 ["flow_schema"],
                 "queue_length",
             ),
             (
                 "request_wait_duration_seconds",
-                "Length of time a request spent waiting in its queue",
+                "[BETA] Length of time a request spent waiting in its queue",
                 ["flow_schema", "execute"],
                 "wait",
             ),
             (
                 "request_execution_seconds",
-                "Duration of initial stage (for a WATCH) or any (for a non-WATCH) stage of request execution in "
+                "[ALPHA] Duration of initial stage (for a WATCH) or any (for a non-WATCH) stage of request execution in "
                 "the API Priority and Fairness subsystem",
                 ["flow_schema", "type"],
                 "execution",
             ),
-            ("watch_count_samples", "count of watchers for mutating requests in API Priority and Fairness", ["flow_schema"], "watch_count"),
+            ("watch_count_samples", "[ALPHA] count of watchers for mutating requests in API Priority and Fairness", ["flow_schema"], "watch_count"),
             (
                 "work_estimated_seats",
-                "Number of estimated seats (maximum of initial and final seats) associated with requests in API "
+                "[ALPHA] Number of estimated seats (maximum of initial and final seats) associated with requests in API "
                 "Priority and Fairness",
                 ["flow_schema"],
                 "work_seats",
@@ -401,38 +442,40 @@ class FlowControlMetrics:
     def _timing(self, levels: list[LevelMetrics], now: float) -> Iterator[Metric]:
         seats = HistogramMetricFamily(
             PREFIX + "priority_level_seat_utilization",
-            "Observations, at the end of every nanosecond, of utilization of seats for any stage of execution "
+            "EXPERIMENTAL: [ALPHA] Observations, at the end of every nanosecond, of utilization of seats for any stage of execution "
             "(but only initial stage for WATCHes)",
             labels=["phase", "priority_level"],
         )
         requests = HistogramMetricFamily(
             PREFIX + "priority_level_request_utilization",
-            "Observations, at the end of every nanosecond, of number of requests (as a fraction of the relevant "
+            "EXPERIMENTAL: [ALPHA] Observations, at the end of every nanosecond, of number of requests (as a fraction of the relevant "
             "limit) waiting or in any stage of execution (but only initial stage for WATCHes)",
             labels=["phase", "priority_level"],
         )
         demand = HistogramMetricFamily(
             PREFIX + "demand_seats",
-            "Observations, at the end of every nanosecond, of (the number of seats each priority level could "
+            "EXPERIMENTAL: [ALPHA] Observations, at the end of every nanosecond, of (the number of seats each priority level could "
             "use) / (nominal number of seats for that level)",
             labels=["priority_level"],
         )
         for m in levels:
-            buckets, _count, total = m.seat_utilization.cumulative(now)
+            m.flush(now)
+            buckets, total = m.seat_utilization.cumulative()
             seats.add_metric([EXECUTING, m.name], buckets, total)
             for phase, ratio in ((WAITING, m.request_waiting), (EXECUTING, m.request_executing)):
-                buckets, _count, total = ratio.cumulative(now)
+                buckets, total = ratio.cumulative()
                 requests.add_metric([phase, m.name], buckets, total)
-            buckets, _count, total = m.demand.cumulative(now)
+            buckets, total = m.demand.cumulative()
             demand.add_metric([m.name], buckets, total)
         read_vs_write = HistogramMetricFamily(
             PREFIX + "read_vs_write_current_requests",
-            "Observations, at the end of every nanosecond, of the number of requests (as a fraction of the "
-            "relevant limit) waiting or in regular stage of execution",
+            "EXPERIMENTAL: [ALPHA] Observations, at the end of every nanosecond, of the number of requests (as a "
+            "fraction of the relevant limit) waiting or in regular stage of execution",
             labels=["phase", "request_kind"],
         )
+        self.flush_read_vs_write(now)
         for (phase, kind), ratio in self.read_vs_write.items():
-            buckets, _count, total = ratio.cumulative(now)
+            buckets, total = ratio.cumulative()
             read_vs_write.add_metric([phase, kind], buckets, total)
         yield from (seats, requests, demand, read_vs_write)
 
@@ -442,6 +485,13 @@ class WaitingWatermark(InflightWatermark):
     APF's queues at once during the last completed second (the filter's `waitingMark`)."""
 
     HELP = "[ALPHA] Maximal number of queued requests in this apiserver per request kind in last second."
+
+    def passed(self, kind: str) -> None:
+        """A request entered and left its queue in the same instant (dispatched as it arrived)."""
+        self._tick(self._clock())
+        value = self._current[kind] + 1
+        if value > self._mark[kind]:
+            self._mark[kind] = value
 
     def collect(self) -> Iterator[Metric]:
         for family in super().collect():

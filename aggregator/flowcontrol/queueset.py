@@ -25,6 +25,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from aggregator.flowcontrol.metrics import QUEUE_LENGTH_BUCKETS, LevelMetrics
 from aggregator.flowcontrol.shufflesharding import Dealer
@@ -54,6 +55,17 @@ class WorkEstimate:
 
 
 ONE_SEAT = WorkEstimate()
+
+
+class QueueNote(Protocol):
+    """Told when a request enters and leaves its queue (`fq.QueueNoteFn`), or passes through it in
+    one instant (`passed`: dispatched as it arrived)."""
+
+    def queued(self) -> None: ...
+
+    def dequeued(self) -> None: ...
+
+    def passed(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +111,7 @@ class Request:
         self.decided: asyncio.Future[bool] | None = None
         self.waiting = False
         self.executing = False  # holds seats: `finish` must be called
-        self.queued_note: Callable[[bool], None] | None = None
+        self.queued_note: QueueNote | None = None
 
 
 class Queue:
@@ -149,6 +161,7 @@ class QueueSet:
         self._seats_requested = 0
         self._nonempty: set[int] = set()  # queues with requests waiting
         self._hands: dict[int, list[int]] = {}
+        self._demand = 0
         self.dispatched = 0
         self.rejected = 0
         self.timed_out = 0
@@ -182,11 +195,9 @@ class QueueSet:
         qll = max(config.queue_length_limit, 1)
         if config.desired_queues > 0:
             qll *= config.desired_queues
-        m = self.metrics
-        m.request_waiting.set_denominator(qll, now)
-        m.request_executing.set_denominator(denominator, now)
-        m.seat_utilization.set_denominator(denominator, now)
+        self.metrics.set_denominators(now, waiting=qll, executing=denominator)
         self._dispatch_as_much_as_possible(now)
+        self._settle(now)
 
     @property
     def exempt(self) -> bool:
@@ -215,6 +226,14 @@ class QueueSet:
             self.current_r += round(rate * elapsed * SS_SCALE)
         self.metrics.r = self.current_r / SS_SCALE
 
+    def _settle(self, now: float) -> None:
+        """After every change: the new state for the timing histograms, the seat demand if it moved."""
+        demand = self.seats_in_use + self.waiting_seats
+        self.metrics.state.note(now, (self.waiting_requests, self.executing_requests, self.seats_in_use, demand))
+        if demand != self._demand:
+            self._demand = demand
+            self.demand(demand, now)
+
     def _queue_state_changed(self, queue: Queue, was_active: bool) -> None:
         active = bool(queue.waiting) or queue.executing > 0
         if active != was_active:
@@ -227,7 +246,7 @@ class QueueSet:
         work: WorkEstimate,
         hash_value: int,
         fs_name: str,
-        queued_note: Callable[[bool], None] | None = None,
+        queued_note: QueueNote | None = None,
     ) -> Request | None:
         """`StartRequest`: a dispatched request (`decided` None), a queued one (await `wait`), or
         None: rejected (the reason is counted)."""
@@ -242,16 +261,23 @@ class QueueSet:
                 return None
             request = Request(fs_name, work, self._total_work(work), self.current_r)
             self._execute(request, None, now)
+            self._settle(now)
             return request
         queue = self.queues[self._shuffle_shard(hash_value)]
+        request = Request(fs_name, work, self._total_work(work), self.current_r)
+        request.queue = queue
+        if not self.waiting_requests and self.seats_in_use < self.concurrency_limit and self._can_accommodate(request.max_seats):
+            # Nothing waits and it fits: upstream enqueues it and dispatches it in the same instant;
+            # the same state results without the queue's round trip.
+            self._dispatch_at_once(request, queue, queued_note, now)
+            self._settle(now)
+            return request
         if self.seats_in_use >= self.concurrency_limit and len(queue.waiting) >= self.config.queue_length_limit:
             self._bound_next_dispatch(queue)
             self.rejected += 1
             key = (fs_name, "queue-full")
             m.rejected[key] = m.rejected.get(key, 0) + 1
             return None
-        request = Request(fs_name, work, self._total_work(work), self.current_r)
-        request.queue = queue
         request.queued_note = queued_note
         self._enqueue(request, queue, now)
         self._bound_next_dispatch(queue)
@@ -259,7 +285,48 @@ class QueueSet:
         self._dispatch_as_much_as_possible(now)
         if request.waiting:
             request.decided = asyncio.get_running_loop().create_future()
+        self._settle(now)
         return request
+
+    def _dispatch_at_once(
+        self, request: Request, queue: Queue, queued_note: QueueNote | None, now: float
+    ) -> None:
+        """Enqueue and dispatch as one step (`enqueueToBoundLocked` then `dispatchLocked` finding this
+        queue, the only one with a request waiting)."""
+        if queue.waiting or queue.executing:
+            if queue.next_dispatch_r < request.arrival_r:  # the anti-windup bound
+                queue.next_dispatch_r = request.arrival_r
+        else:
+            queue.next_dispatch_r = self.current_r
+        m = self.metrics
+        fs = request.fs_name
+        if queued_note is not None:
+            queued_note.passed()
+        histogram = m.queue_length.get(fs)
+        if histogram is None:
+            m.observe(m.queue_length, fs, QUEUE_LENGTH_BUCKETS, 1)
+        else:
+            histogram.observe(1)
+        limit = self.concurrency_limit
+        if request.final_seats > limit:
+            self._shrink_final_seats(request, limit)
+        self.robin_index = queue.index
+        start = queue.next_dispatch_r
+        scale = SS_SCALE
+        m.dispatch_r = self.current_r / scale
+        m.latest_s = start / scale
+        m.next_s = (m.latest_s, m.latest_s)
+        discounted = (start - queue.seats_in_use * _G_WORK) / scale
+        m.next_discounted_s = (discounted, discounted)
+        self._execute(request, queue, now)
+        queue.next_dispatch_r = start + request.total_work
+
+    @staticmethod
+    def _shrink_final_seats(request: Request, limit: int) -> None:
+        """Final seats beyond the limit: as many as the limit, for as long as keeps the work the same."""
+        final_work = request.total_work - _G_WORK * request.initial_seats
+        request.additional_latency = final_work / limit / SS_SCALE if limit > 0 else math.inf
+        request.final_seats = limit
 
     def _total_work(self, work: WorkEstimate) -> int:
         initial = _G_WORK * work.initial_seats
@@ -279,6 +346,8 @@ class QueueSet:
         size = len(hand)
         offset = self.enqueues % size
         self.enqueues += 1
+        if not self.waiting_requests:
+            return hand[offset]  # every queue's waiting work is 0: the first one visited
         queues = self.queues
         best = -1
         least = math.inf
@@ -307,9 +376,7 @@ class QueueSet:
         m.inqueue_requests[fs] = m.inqueue_requests.get(fs, 0) + 1
         m.inqueue_seats[fs] = m.inqueue_seats.get(fs, 0) + request.max_seats
         if request.queued_note is not None:
-            request.queued_note(True)
-        m.request_waiting.add(1, now)
-        self.demand(self.seats_in_use + self.waiting_seats, now)
+            request.queued_note.queued()
 
     def _remove_waiting(self, request: Request, queue: Queue) -> None:
         """Take a waiting request out of its queue (dispatched or timed out)."""
@@ -382,9 +449,7 @@ class QueueSet:
         self._remove_waiting(request, best)
         limit = self.concurrency_limit
         if request.final_seats > limit:
-            final_work = request.total_work - _G_WORK * request.initial_seats
-            request.additional_latency = final_work / limit / SS_SCALE if limit > 0 else math.inf
-            request.final_seats = limit
+            self._shrink_final_seats(request, limit)
         self.robin_index = best.index
         scale = SS_SCALE
         m.dispatch_r = self.current_r / scale
@@ -395,8 +460,7 @@ class QueueSet:
         m.inqueue_requests[fs] -= 1
         m.inqueue_seats[fs] -= request.max_seats
         if request.queued_note is not None:
-            request.queued_note(False)
-        m.request_waiting.add(-1, now)
+            request.queued_note.dequeued()
         self._execute(request, best, now)
         best.next_dispatch_r += request.total_work
         self._bound_next_dispatch(best)
@@ -420,10 +484,7 @@ class QueueSet:
         m, fs = self.metrics, request.fs_name
         m.executing_requests[fs] = m.executing_requests.get(fs, 0) + 1
         m.executing_seats[fs] = m.executing_seats.get(fs, 0) + seats
-        m.request_executing.add(1, now)
-        m.seat_utilization.add(seats, now)
         self.dispatched += 1
-        self.demand(self.seats_in_use + self.waiting_seats, now)
 
     # --- waiting ----------------------------------------------------------------------------------------
 
@@ -462,9 +523,8 @@ class QueueSet:
         m.inqueue_requests[fs] -= 1
         m.inqueue_seats[fs] -= request.max_seats
         if request.queued_note is not None:
-            request.queued_note(False)
-        m.request_waiting.add(-1, now)
-        self.demand(self.seats_in_use + self.waiting_seats, now)
+            request.queued_note.dequeued()
+        self._settle(now)
         decided = request.decided
         if decided is not None and not decided.done():
             decided.set_result(False)
@@ -483,7 +543,6 @@ class QueueSet:
         self.executing_requests -= 1
         m, fs = self.metrics, request.fs_name
         m.executing_requests[fs] -= 1
-        m.request_executing.add(-1, now)
         queue = request.queue
         if queue is not None:
             was_active = bool(queue.waiting) or queue.executing > 0
@@ -499,25 +558,25 @@ class QueueSet:
         else:
             self.call_later(request.additional_latency, lambda: self._linger_over(request))
         self._dispatch_as_much_as_possible(now)
+        self._settle(now)
 
     def _linger_over(self, request: Request) -> None:
         now = self.clock()
         self._sync_time(now)
         self._release(request, now)
         self._dispatch_as_much_as_possible(now)
+        self._settle(now)
 
     def _release(self, request: Request, now: float) -> None:
         seats = request.max_seats
         self.seats_in_use -= seats
         m, fs = self.metrics, request.fs_name
         m.executing_seats[fs] -= seats
-        m.seat_utilization.add(-seats, now)
         queue = request.queue
         if queue is not None:
             queue.seats_in_use -= seats
             self._seats_requested -= seats
             self._remove_if_surplus(queue)
-        self.demand(self.seats_in_use + self.waiting_seats, now)
 
     def _remove_if_surplus(self, queue: Queue) -> None:
         """`removeQueueIfEmptyLocked`: queues beyond the desired number go once empty."""

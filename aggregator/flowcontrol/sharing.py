@@ -50,17 +50,20 @@ FIRST_GRANTS_TIMEOUT = 10.0
 
 @dataclass(frozen=True, slots=True)
 class SeatDemand:
-    """Worker -> control: per level, (seats wanted, weight, seats in use); `hello` on start."""
+    """Worker -> control: per level, (seats wanted, weight, seats in use), as of the grants numbered
+    `seen` (the last the worker applied); `hello` on start."""
 
     levels: dict[str, tuple[int, int, int]]
+    seen: int = 0
     hello: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class SeatGrants:
-    """Control -> worker: the most seats of each level the worker may have in use."""
+    """Control -> worker: the most seats of each level the worker may have in use (numbered)."""
 
     grants: dict[str, int]
+    number: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,11 @@ class _Share:
     weight: int = 0
     in_use: int = 0
     credit: float = 0.0
+    # The most seats the worker may have in use as far as the control knows: after a lower grant,
+    # the old one until the worker reports from past it (`lowered`: the grants' number).
+    held: int = 0
+    lowered: int = 0
+    pulsed: bool = False  # one more seat, for one dispatch, goes out with the next grants
 
 
 @dataclass
@@ -99,22 +107,12 @@ class _Worker:
     greeted: bool = False
     stats: dict[str, tuple[Moments, float, float]] = field(default_factory=dict)
     sent: dict[str, int] | None = None  # the grants last sent
+    number: int = 0  # of the grants last sent
 
 
-def divide(limit: int, demands: list[int], weights: list[int], credits: list[float], offset: int) -> list[int]:
-    """Split `limit` seats among workers (see the module docstring); updates `credits` in place."""
+def water_fill(limit: int, demands: list[int], weights: list[int]) -> list[float]:
+    """`limit` seats shared max-min fairly by weight, no one getting more than its demand."""
     count = len(demands)
-    if count == 0 or limit <= 0:
-        return [0] * count
-    total = sum(demands)
-    if total <= limit:
-        spare = limit - total
-        out = list(demands)
-        for i in range(count):
-            out[(offset + i) % count] += spare // count + (1 if i < spare % count else 0)
-        return out
-    # Max-min fair by weight, capped at demand (water-filling), then whole seats by largest remainder
-    # with the fractions carried over.
     exact = [0.0] * count
     left = float(limit)
     active = [i for i in range(count) if demands[i] > 0]
@@ -125,24 +123,30 @@ def divide(limit: int, demands: list[int], weights: list[int], credits: list[flo
         if not capped:
             for i in active:
                 exact[i] += per_weight * max(weights[i], 1)
-            left = 0.0
             break
         for i in capped:
             left -= demands[i] - exact[i]
             exact[i] = float(demands[i])
         active = [i for i in active if i not in capped]
+    return exact
+
+
+def divide(limit: int, demands: list[int], weights: list[int], offset: int) -> tuple[list[int], list[float] | None]:
+    """Each worker's steady share of `limit` seats, and under contention the fraction of a seat each
+    one's fair share has beyond it (the seats left over are lent one dispatch at a time)."""
+    count = len(demands)
+    if count == 0 or limit <= 0:
+        return [0] * count, None
+    total = sum(demands)
+    if total <= limit:
+        spare = limit - total
+        out = list(demands)
+        for i in range(count):
+            out[(offset + i) % count] += spare // count + (1 if i < spare % count else 0)
+        return out, None
+    exact = water_fill(limit, demands, weights)
     whole = [math.floor(x) for x in exact]
-    remainder = limit - sum(whole)
-    order = sorted(
-        (i for i in range(count) if whole[i] < demands[i]),
-        key=lambda i: (exact[i] - whole[i] + credits[i], -((i - offset) % count)),
-        reverse=True,
-    )
-    for i in order[:remainder]:
-        whole[i] += 1
-    for i in range(count):
-        credits[i] += exact[i] - whole[i]
-    return whole
+    return whole, [x - w for x, w in zip(exact, whole, strict=True)]
 
 
 class SeatAllocator:
@@ -178,6 +182,8 @@ class SeatAllocator:
             for name, (demand, weight, in_use) in message.levels.items():
                 share = worker.shares.setdefault(name, _Share())
                 share.demand, share.weight, share.in_use = demand, weight, in_use
+                if message.seen >= share.lowered:
+                    share.held = in_use
             for name in message.levels:
                 self._rebalance(name)
             self._send()
@@ -221,35 +227,59 @@ class SeatAllocator:
         shares = [w.shares.setdefault(name, _Share()) for w in workers]
         limit = max(level.current_cl, 0)
         offset = zlib.crc32(name.encode()) % len(workers)
-        credits = [s.credit for s in shares]
-        targets = divide(limit, [s.demand for s in shares], [s.weight for s in shares], credits, offset)
-        for share, credit in zip(shares, credits, strict=True):
-            share.credit = credit
-        # Lower grants at once; higher ones only from seats nobody else still uses.
+        targets, fractions = divide(limit, [s.demand for s in shares], [s.weight for s in shares], offset)
+        # Lower grants at once (the seats stay counted until the worker says it is under them);
+        # higher ones only from seats no worker may still be using.
         committed = 0
-        for share, target in zip(shares, targets, strict=True):
+        for worker, share, target in zip(workers, shares, targets, strict=True):
             if target < share.grant:
+                share.held = max(share.held, share.grant)
+                share.lowered = worker.number + 1  # the next grants sent to it carry the lower one
                 share.grant = target
-            committed += max(share.grant, share.in_use)
+            committed += max(share.grant, share.held)
         free = limit - committed
         for share, target in zip(shares, targets, strict=True):
             if target > share.grant and free > 0:
-                more = min(target - share.grant, free)
-                # What it adds beyond seats it already has in use is what it takes from the pool.
-                taken = max(share.grant + more, share.in_use) - max(share.grant, share.in_use)
-                if taken > free:
-                    more -= taken - free
-                    taken = free
-                share.grant += more
-                free -= taken
+                before = max(share.grant, share.held)
+                share.grant = min(target, share.grant + free)
+                free -= max(share.grant, share.held) - before
+        if fractions is None:
+            return
+        # The seats beyond everyone's steady share, lent for one dispatch each to the worker whose
+        # fractions of a seat add up to the most (deficit round robin among those that want more).
+        while free > 0:
+            wanting = [i for i, sh in enumerate(shares) if sh.demand > max(sh.grant, sh.held) and not sh.pulsed]
+            if not wanting:
+                break
+            for i in wanting:
+                shares[i].credit += fractions[i]
+            chosen = max(wanting, key=lambda i: (shares[i].credit, -((i - offset) % len(shares))))
+            share = shares[chosen]
+            share.credit -= 1
+            share.pulsed = True
+            before = max(share.grant, share.held)
+            share.held = max(share.held, share.grant + 1)
+            free -= max(share.grant, share.held) - before
 
     def _send(self, force: int | None = None) -> None:
+        levels = self.controller.levels
         for index, worker in self.workers.items():
             if not worker.greeted:
                 continue
-            grants = {name: share.grant for name, share in worker.shares.items() if name in self.controller.levels}
+            grants = {name: share.grant for name, share in worker.shares.items() if name in levels}
+            pulsed = [name for name, share in worker.shares.items() if share.pulsed and name in levels]
+            if pulsed:
+                # One more seat, then back: the worker dispatches one request with it, and the seat
+                # counts as its own until it reports from past the second grants.
+                worker.number += 1
+                worker.send(SeatGrants({**grants, **{n: grants[n] + 1 for n in pulsed}}, worker.number))
+                for name in pulsed:
+                    worker.shares[name].pulsed = False
+                    worker.shares[name].lowered = worker.number + 1
+                worker.sent = None
             if grants != worker.sent or index == force:
-                worker.send(SeatGrants(grants))
+                worker.number += 1
+                worker.send(SeatGrants(grants, worker.number))
                 worker.sent = grants
 
 
@@ -263,6 +293,7 @@ class SeatShare:
         self.controller = controller
         self.send = send
         self.grants: dict[str, int] = {}
+        self.seen = 0  # the number of the grants applied
         self.config: ConfigObjects | None = None
         self.ready = asyncio.Event()
         self._granted = False
@@ -291,6 +322,7 @@ class SeatShare:
                     self._dirty.add(name)  # the control waits to hear these seats are free
                     self._last.pop(name, None)
             self.grants = dict(message.grants)
+            self.seen = message.number
             self._granted = True
             for level in self.controller.levels.values():
                 self._apply_limit(level, level.current_cl, self._denominator(level))
@@ -365,7 +397,7 @@ class SeatShare:
                 report[name] = entry
         self._dirty.clear()
         if report:
-            self.send(SeatDemand(report))
+            self.send(SeatDemand(report, self.seen))
 
     def stats(self, now: float) -> SeatStats:
         """Each level's seat-demand integrals since the last call (the integrators start over)."""

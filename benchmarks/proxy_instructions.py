@@ -10,7 +10,10 @@ callgrind, counts the instructions the gateway's process executes while wrk send
 one keep-alive connection, and divides by the requests: a figure that does not depend on the
 machine's load. With `--baseline-src` (another checkout, e.g. `git archive main | tar -x -C DIR`)
 the same run measures that tree too and prints the ratio; `--baseline-us` turns the ratio into
-CPU time on a machine where `proxy.py` measured the baseline. The reference: commit bf40649 (the
+CPU time on a machine where `proxy.py` measured the baseline. `--compare-apf` measures this tree with
+API Priority and Fairness on (the default) against `--enable-priority-and-fairness=false` (max-in-flight),
+as a user who is not in system:masters (whose requests APF would exempt), so the fast path measured
+is a queued priority level's: `global-default`. The reference: commit bf40649 (the
 request path before issue 25) took 155 µs per request there (`git archive bf40649`).
 Per request means net of the background work (timers, availability checks) the same process
 does over as long a time with no requests. valgrind makes everything about 50x slower, so a few
@@ -33,6 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy import DOCUMENT, PATH, Ports, backend_conf, front_conf, nginx, prepare
+
+from aggregator.tls.issue import issue_client_cert, load_pair, write_pair
+
+APF_OFF = "--enable-priority-and-fairness=false"
+BENCH_USER = "bench-user"
 from wrkbench import gateway_process, run_wrk, wait_for_http
 
 
@@ -136,6 +144,11 @@ def main() -> int:
         "--keep", type=Path, help="a folder to keep callgrind's files in (callgrind_annotate)"
     )
     parser.add_argument("--gateway-args", default="", help="extra `aggregator serve` flags, space-separated")
+    parser.add_argument(
+        "--compare-apf",
+        action="store_true",
+        help="this tree with API Priority and Fairness on and off (max-in-flight), as a user APF does not exempt",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
         work = Path(tmp)
@@ -150,15 +163,24 @@ def main() -> int:
             "--proxy-client-key-file", str(pki / "front-proxy-client.key"),
             *args.gateway_args.split(),
         ]  # fmt: skip
-        trees = [("this tree", None)] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
-        results: dict[str, list[Counted]] = {label: [] for label, _ in trees}
+        trees: list[tuple[str, str | None, list[str]]] = [("this tree", None, [])]
+        if args.baseline_src:
+            trees.append(("baseline", args.baseline_src, []))
+        client = "admin"
+        if args.compare_apf:
+            trees = [("APF on", None, []), ("APF off", None, [APF_OFF])]
+            client = BENCH_USER
+            write_pair(pki, client, issue_client_cert(load_pair(pki, "client-ca"), BENCH_USER, ()))
+        results: dict[str, list[Counted]] = {label: [] for label, _, _ in trees}
         with (
             nginx(work, "backend", backend_conf(work, ports), None),
-            nginx(work, "front", front_conf(work, ports), None),
+            nginx(work, "front", front_conf(work, ports, client), None),
         ):
             for _ in range(args.rounds):
-                for label, src in trees:
-                    counted = count(label, work, ports, folder, gateway_args, src, args.seconds, args.keep)
+                for label, src, extra in trees:
+                    counted = count(
+                        label, work, ports, folder, [*gateway_args, *extra], src, args.seconds, args.keep
+                    )
                     print(counted.line(), flush=True)
                     results[label].append(counted)
     mean = {label: sum(c.per_request for c in runs) / len(runs) for label, runs in results.items()}
@@ -167,6 +189,8 @@ def main() -> int:
     )
     for label, value in mean.items():
         print(f"{label:<12} {value / 1000:>6.0f}k instructions/request (mean of {len(results[label])})")
+    if "APF off" in mean:
+        print(f"API Priority and Fairness on: {mean['APF on'] / mean['APF off']:.3f}x the instructions per request of off")
     if "baseline" in mean:
         ratio = mean["this tree"] / mean["baseline"]
         print(f"this tree: {ratio:.2f}x the baseline's instructions per request")

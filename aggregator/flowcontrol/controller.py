@@ -25,13 +25,13 @@ import hashlib
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aggregator.flowcontrol import bootstrap
 from aggregator.flowcontrol.allocation import AllocationError, AllocItem, compute_allocation
-from aggregator.flowcontrol.integrator import Integrator, IntegratorResults
+from aggregator.flowcontrol.integrator import IntegratorResults, Moments, results_of
 from aggregator.flowcontrol.matching import RuleTest, compile_rules
-from aggregator.flowcontrol.metrics import FlowControlMetrics, Histogram, LevelMetrics
+from aggregator.flowcontrol.metrics import FlowControlMetrics, LevelMetrics
 from aggregator.flowcontrol.objects import (
     BY_NAMESPACE,
     BY_USER,
@@ -135,16 +135,12 @@ class Level:
         self.pl = pl
         self.config = config
         self.metrics = metrics
-        now = clock()
-        self.integrator = Integrator(now)
         self.stats = SeatDemandStats()
         self.quiescing = False
         self.nominal = self.min_cl = self.max_cl = self.current_cl = 0
         self.max_seats = 0
         self.fresh = True  # no queues yet: the current limit starts at nominal - lendable/2
-        self.queues = QueueSet(
-            QueuingConfig(config.name), metrics, clock=clock, call_later=call_later, demand=self.integrator.set
-        )
+        self.queues = QueueSet(QueuingConfig(config.name), metrics, clock=clock, call_later=call_later)
 
     @property
     def name(self) -> str:
@@ -154,41 +150,68 @@ class Level:
     def exempt(self) -> bool:
         return self.pl.spec.type == EXEMPT_TYPE
 
+    def demand_moments(self, now: float) -> tuple[Moments, float, float]:
+        """The seat demand since the last call: its moments and extremes (the period starts over)."""
+        seconds, integral, squares, low, high = self.metrics.take_demand(now)
+        return Moments(seconds, integral, squares), low, high
+
+    def demand_results(self, now: float) -> IntegratorResults:
+        """`integrator.Reset`."""
+        return results_of(*self.demand_moments(now))
+
     @property
     def queued(self) -> bool:
         """More than one queue: requests are hashed to flows."""
         return self.config.desired_queues > 1
 
 
-@dataclass(eq=False)
-class Schema:
-    """A FlowSchema in force, compiled, with the level it sends requests to."""
+BY_NOTHING, BY_USER_NAME, BY_REQUEST_NAMESPACE = 0, 1, 2
 
-    fs: FlowSchema
-    level: Level
-    rules: tuple[RuleTest, ...]
-    hashes: dict[str, int] = field(default_factory=dict)
-    # This schema's histograms in its level's metrics, looked up once (the request path observes them).
-    work_seats: Histogram | None = None
-    dispatched_wait: Histogram | None = None
-    executions: dict[bool, Histogram] = field(default_factory=dict)  # watch or not -> its histogram
+
+class Schema:
+    """A FlowSchema in force, compiled, with the level it sends requests to; what the request path
+    reads of it is kept in plain attributes (it runs for every request)."""
+
+    __slots__ = ("fs", "fs_name", "fs_uid", "hashes", "level", "method", "pl_uid", "queued", "rules", "stats")
+
+    def __init__(self, fs: FlowSchema, level: Level, rules: tuple[RuleTest, ...]) -> None:
+        self.fs = fs
+        self.level = level
+        self.rules = rules
+        self.fs_name = fs.name
+        self.fs_uid = fs.uid
+        self.pl_uid = level.pl.uid
+        self.queued = level.config.desired_queues > 1  # requests are hashed to flows
+        method = fs.spec.distinguisher
+        self.method = BY_USER_NAME if method == BY_USER else BY_REQUEST_NAMESPACE if method == BY_NAMESPACE else BY_NOTHING
+        self.hashes: dict[str, int] = {}
+        self.stats = level.metrics.flow(fs.name)  # its series in its level's metrics
 
     @property
     def name(self) -> str:
-        return self.fs.name
+        return self.fs_name
 
-    def flow(self, user: UserInfo, info: RequestInfo) -> tuple[str, int]:
-        """(flow distinguisher, hash) for a request of this schema (`computeFlowDistinguisher`)."""
-        if not self.level.queued:
-            return "", 0
-        method = self.fs.spec.distinguisher
-        distinguisher = user.name if method == BY_USER else info.namespace if method == BY_NAMESPACE else ""
+    def distinguisher(self, user: UserInfo, info: RequestInfo) -> str:
+        """`computeFlowDistinguisher`."""
+        method = self.method
+        return user.name if method == BY_USER_NAME else info.namespace if method == BY_REQUEST_NAMESPACE else ""
+
+    def flow(self, user: UserInfo, info: RequestInfo) -> int:
+        """The flow's hash (`hashFlowID` of the distinguisher): 0 for a level with one queue or none."""
+        if not self.queued:
+            return 0
+        distinguisher = self.distinguisher(user, info)
         value = self.hashes.get(distinguisher)
         if value is None:
             if len(self.hashes) >= _USER_CACHE:
                 self.hashes.clear()
-            value = self.hashes[distinguisher] = hash_flow(self.fs.name, distinguisher)
-        return distinguisher, value
+            value = self.hashes[distinguisher] = hash_flow(self.fs_name, distinguisher)
+        return value
+
+
+# What a user may match: the schemas in order with the rules whose subjects it passes, or the one
+# schema that matches all of its requests.
+Candidates = Schema | tuple[tuple[Schema, tuple[RuleTest, ...]], ...]
 
 
 class Controller:
@@ -210,7 +233,8 @@ class Controller:
         self.schemas: list[Schema] = []
         self.nominal_cl_sum = 0
         self._catch_all: Schema | None = None
-        self._by_user: dict[tuple[str, tuple[str, ...]], tuple[tuple[Schema, tuple[RuleTest, ...]], ...]] = {}
+        # What each (user name, groups) may match (`_candidates`): the request path reads it.
+        self.by_user: dict[tuple[str, tuple[str, ...]], Candidates] = {}
         self._objects: tuple[list[PriorityLevel], list[FlowSchema]] = ([], [])
         self._reap_scheduled = False
         # Told after every digest and borrowing adjustment (worker seat sharing follows the limits).
@@ -273,7 +297,7 @@ class Controller:
             Schema(fs, new[fs.spec.priority_level], tuple(compile_rules(r) for r in fs.spec.rules)) for fs in kept
         ]
         self._catch_all = next((s for s in self.schemas if s.name == CATCH_ALL), None)
-        self._by_user = {}
+        self.by_user = {}
         for listener in self.listeners:
             listener()
 
@@ -343,7 +367,7 @@ class Controller:
         min_cl_sum = min_current_sum = 0
         remaining = self.nominal_cl_sum
         for name, state in levels.items():
-            results = state.integrator.reset(now)
+            results = state.demand_results(now)
             if demand is not None:
                 results = demand.get(name, IntegratorResults(results.duration, 0.0, 0.0, 0.0, 0.0))
             state.stats.update(results)
@@ -418,10 +442,11 @@ class Controller:
 
     def classify(self, user: UserInfo, info: RequestInfo) -> Schema:
         """The FlowSchema a request matches (`startRequest`'s loop)."""
-        key = (user.name, user.groups)
-        candidates = self._by_user.get(key)
+        candidates = self.by_user.get((user.name, user.groups))
         if candidates is None:
             candidates = self._candidates(user)
+        if isinstance(candidates, Schema):  # the first schema that can match matches every request
+            return candidates
         for schema, tests in candidates:
             for test in tests:
                 if test.request_matches(info):
@@ -434,16 +459,21 @@ class Controller:
         )
         return catch_all
 
-    def _candidates(self, user: UserInfo) -> tuple[tuple[Schema, tuple[RuleTest, ...]], ...]:
+    def _candidates(self, user: UserInfo) -> Candidates:
+        """The schemas (in order) and rules whose subjects the user passes; just the first schema when
+        one of its rules matches every request, resource or not."""
         name, groups = user.name, user.groups
         found = []
         for schema in self.schemas:
             tests = tuple(t for t in schema.rules if t.user_matches(name, groups))
             if tests:
                 found.append((schema, tests))
-        if len(self._by_user) >= _USER_CACHE:
-            self._by_user.clear()
-        result = self._by_user[(name, groups)] = tuple(found)
+        if len(self.by_user) >= _USER_CACHE:
+            self.by_user.clear()
+        result: Candidates = tuple(found)
+        if found and any(t.every_resource and t.every_url for t in found[0][1]):
+            result = found[0][0]
+        self.by_user[(name, groups)] = result
         return result
 
     # --- quiescing levels ----------------------------------------------------------------------------------

@@ -23,25 +23,21 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from aggregator.flowcontrol.controller import Controller, Level, Schema
+from aggregator.flowcontrol.controller import BY_REQUEST_NAMESPACE, BY_USER_NAME, Controller, Level, Schema
 from aggregator.flowcontrol.estimator import WatchTracker, WorkEstimator
-from aggregator.flowcontrol.metrics import (
-    DURATION_BUCKETS,
-    WATCH_COUNT_BUCKETS,
-    WORK_SEATS_BUCKETS,
-    FlowControlMetrics,
-)
-from aggregator.flowcontrol.queueset import Request
+from aggregator.flowcontrol.metrics import FlowControlMetrics
+from aggregator.flowcontrol.queueset import ONE_SEAT, Request, WorkEstimate
 from aggregator.flowcontrol.retryafter import DroppedRequests
 from aggregator.model.selectors import SelectorError, exact_match, parse_field_selector
 from aggregator.util.logs import fields
 from aggregator.web.context import RequestContext
 from aggregator.web.inflight import too_many_requests
-from aggregator.web.requestlabels import MUTATING_KIND, READ_ONLY_KIND, request_kind
+from aggregator.web.requestlabels import MUTATING_KIND, READ_ONLY_KIND
 from aggregator.web.requestmetrics import APISERVER, RequestMetrics
 
 log = logging.getLogger(__name__)
@@ -50,24 +46,20 @@ log = logging.getLogger(__name__)
 FLOW_SCHEMA_UID = "X-Kubernetes-Pf-Flowschema-Uid"
 PRIORITY_LEVEL_UID = "X-Kubernetes-Pf-Prioritylevel-Uid"
 MAX_WAIT = 60.0
+_READ_ONLY = frozenset({"get", "list", "watch"})  # maxinflight.go nonMutatingRequestVerbs
+_SIZED = frozenset({"list", "watch", "create", "update", "patch", "delete"})  # the estimators' verbs
 _LOG_EVERY = 10.0
 
 GateAnswer = web.StreamResponse | None
 
 
-class Admission:
-    """What APF decided for one request (`RequestContext.priority`)."""
+class Refused:
+    """What APF decided for a request it refused (`RequestContext.priority`: the headers need it)."""
 
-    __slots__ = ("forget_watch", "kind", "level", "request", "schema", "started", "watch")
+    __slots__ = ("schema",)
 
-    def __init__(self, schema: Schema, level: Level, kind: str, watch: bool) -> None:
+    def __init__(self, schema: Schema) -> None:
         self.schema = schema
-        self.level = level
-        self.kind = kind
-        self.watch = watch
-        self.request: Request | None = None
-        self.started = 0.0
-        self.forget_watch: Callable[[], None] | None = None
 
 
 class PriorityAndFairness:
@@ -115,119 +107,167 @@ class PriorityAndFairness:
     # --- the gate -------------------------------------------------------------------------------------
 
     def gate(self, ctx: RequestContext) -> GateAnswer | Awaitable[GateAnswer]:
+        """Classify, estimate, then dispatch, queue or refuse (`priorityAndFairnessHandler.Handle`).
+        The common case (a one-seat request dispatched at once) is written out inline: it runs for
+        nearly every request, and each call it avoids is a measurable share of a request's cost."""
         info, user = ctx.info, ctx.user
         if info is None or user is None:
             return None  # authorization answers a request without RequestInfo with upstream's 500
-        watch = info.verb == "watch"
+        verb = info.verb
+        watch = verb == "watch"
         if ctx.long_running and not watch:
             return None
-        schema = self.controller.classify(user, info)
+        controller = self.controller
+        candidates = controller.by_user.get((user.name, user.groups))
+        schema = candidates if isinstance(candidates, Schema) else controller.classify(user, info)
         level = schema.level
-        admission = ctx.priority = Admission(schema, level, request_kind(info), watch)
-        _distinguisher, flow = schema.flow(user, info)
-        work, watch_count = self.estimator.estimate(info, ctx.query if ctx.raw_query else {}, level.name)
-        m = level.metrics
-        fs = schema.fs.name
-        seats = schema.work_seats
-        if seats is None:
-            seats = schema.work_seats = m.histogram(m.work_seats, fs, WORK_SEATS_BUCKETS)
-        seats.observe(work.max_seats)
-        if watch_count is not None:
-            m.observe(m.watch_count, fs, WATCH_COUNT_BUCKETS, watch_count)
-        request = level.queues.start_request(work, flow, fs, self._notes[admission.kind])
+        flow = 0
+        if schema.queued:
+            method = schema.method
+            distinguisher = user.name if method == BY_USER_NAME else info.namespace if method == BY_REQUEST_NAMESPACE else ""
+            flow = schema.hashes.get(distinguisher) or schema.flow(user, info)
+        kind = READ_ONLY_KIND if verb in _READ_ONLY else MUTATING_KIND
+        stats = schema.stats
+        if verb in _SIZED:
+            work, watch_count = self.estimator.estimate(info, ctx.query if ctx.raw_query else {}, level.name)
+            if watch_count is not None:
+                stats.watch_count.observe(watch_count)
+            if work is not ONE_SEAT:
+                stats.work_seats.observe(work.max_seats)
+                return self._start(ctx, schema, kind, watch, work, flow)
+        stats.one_seat += 1  # estimated: one seat
+        request = level.queues.start_one(flow, stats, self._notes[kind])
         if request is None:
+            return self._start(ctx, schema, kind, watch, ONE_SEAT, flow)
+        request.schema = schema
+        request.kind = kind
+        request.watch = watch
+        ctx.priority = request
+        if request.queue is not None:  # not exempt: it waited 0 s in its queue
+            stats.waited_none += 1
+        # _execute, inlined
+        stats.dispatched += 1
+        self.executing.started(kind)
+        counts = self._read_vs_write
+        counts[1 if kind == READ_ONLY_KIND else 3] += 1
+        self._note_read_vs_write(request.start, counts)
+        if watch:
+            request.forget_watch = self.watches.register(info, lambda name: _pinned(ctx, name))
+        return None
+
+    def _note_read_vs_write(self, now: float, counts: list[int]) -> None:
+        """`StateClock.note` of the read-vs-write counts."""
+        clock = self.metrics.read_vs_write_state
+        elapsed = now - clock.since
+        if elapsed > 0:
+            times = clock.times
+            previous = clock.state
+            times[previous] = times.get(previous, 0.0) + elapsed
+            clock.since = now
+        clock.state = (counts[0], counts[1], counts[2], counts[3])
+
+    def _start(
+        self, ctx: RequestContext, schema: Schema, kind: str, watch: bool, work: WorkEstimate, flow: int
+    ) -> GateAnswer | Awaitable[GateAnswer]:
+        """The general case: queued, refused, wider than a seat, or a Reject level."""
+        level = schema.level
+        stats = schema.stats
+        request = level.queues.start_request(work, flow, stats, self._notes[kind])
+        if request is None:
+            ctx.priority = Refused(schema)
             if not level.exempt:
-                m.observe(m.wait, (fs, "false"), DURATION_BUCKETS, 0.0)
-            return self._reject(ctx, admission)
-        admission.request = request
+                stats.waited("false").observe(0.0)
+            return self._reject(ctx, level)
+        request.schema = schema
+        request.kind = kind
+        request.watch = watch
+        ctx.priority = request
         if request.decided is None:
             if not level.exempt:
-                waited = schema.dispatched_wait
-                if waited is None:
-                    waited = schema.dispatched_wait = m.histogram(m.wait, (fs, "true"), DURATION_BUCKETS)
-                waited.observe(0.0)
-            self._execute(ctx, admission)
+                stats.waited_none += 1
+            self._execute(ctx, request)
             return None
-        return self._wait(ctx, admission, request)
+        return self._wait(ctx, request)
 
-    async def _wait(self, ctx: RequestContext, admission: Admission, request: Request) -> GateAnswer:
+    async def _wait(self, ctx: RequestContext, request: Request) -> GateAnswer:
         arrived = self.clock()
         deadline = ctx.deadline
         limit = (deadline - ctx.received) / 4 if deadline is not None else self.default_wait
         timeout = ctx.received + min(limit, MAX_WAIT) - arrived
-        queues = admission.level.queues
+        schema = request.schema
+        queues = schema.level.queues
         try:
             dispatched = await queues.wait(request, timeout)
         except BaseException:
             if request.executing:  # dispatched as the client went away: give the seats back
                 queues.finish(request)
             raise
-        m = admission.level.metrics
-        m.observe(m.wait, (admission.schema.fs.name, "true"), DURATION_BUCKETS, self.clock() - arrived)
+        schema.stats.waited("true").observe(self.clock() - arrived)
         if not dispatched:
-            return self._reject(ctx, admission)
-        self._execute(ctx, admission)
+            ctx.priority = Refused(schema)
+            return self._reject(ctx, schema.level)
+        self._execute(ctx, request)
         return None
 
-    def _execute(self, ctx: RequestContext, admission: Admission) -> None:
+    def _execute(self, ctx: RequestContext, request: Request) -> None:
         """The request takes its seats: counted as dispatched and executing."""
-        m = admission.level.metrics
-        fs = admission.schema.fs.name
-        m.dispatched[fs] = m.dispatched.get(fs, 0) + 1
-        now = self.clock()
-        admission.started = now
-        kind = admission.kind
+        request.stats.dispatched += 1
+        kind = request.kind
         self.executing.started(kind)
-        self.counted(1 if kind == READ_ONLY_KIND else 3, 1)
-        if admission.watch:
+        counts = self._read_vs_write
+        counts[1 if kind == READ_ONLY_KIND else 3] += 1
+        self._note_read_vs_write(request.start, counts)
+        if request.watch:
             info = ctx.info
             assert info is not None
-            admission.forget_watch = self.watches.register(info, lambda name: _pinned(ctx, name))
+            request.forget_watch = self.watches.register(info, lambda name: _pinned(ctx, name))
 
-    def _reject(self, ctx: RequestContext, admission: Admission) -> web.Response:
-        level = admission.level
+    def _reject(self, ctx: RequestContext, level: Level) -> web.Response:
         self.apiserver.dropped(ctx, component=APISERVER)
         self.apiserver.terminated(ctx, 429, component=APISERVER)
         self.dropped.record(level.name)
-        self._log(admission)
+        self._log(level, ctx.priority.schema)
         return too_many_requests(str(self.dropped.retry_after(level.name)))
 
     # --- the end of a request's seats --------------------------------------------------------------------
 
     def delegated(self, ctx: RequestContext) -> None:
         """The last gate: a watch's handler starts, so its seats go back (`RequestDelegated`)."""
-        admission = ctx.priority
-        if admission is not None and admission.watch:
-            self._release(admission)
+        request = ctx.priority
+        if request is not None and request.__class__ is Request and request.watch:
+            self._release(request)
 
     def finished(self, ctx: RequestContext, _response: web.StreamResponse | None, _error: BaseException | None) -> None:
         """Finisher: the request is over; its seats (if still held) go back, its watch is forgotten."""
-        admission = ctx.priority
-        if admission is None:
+        request = ctx.priority
+        if request is None or request.__class__ is not Request:
             return
-        self._release(admission)
-        if admission.forget_watch is not None:
-            admission.forget_watch()
-            admission.forget_watch = None
+        if request.executing:
+            self._release(request)
+        forget = request.forget_watch
+        if forget is not None:
+            request.forget_watch = None
+            forget()
 
-    def _release(self, admission: Admission) -> None:
-        request = admission.request
-        if request is None or not request.executing:
+    def _release(self, request: Request) -> None:
+        if not request.executing:
             return
-        level = admission.level
-        now = self.clock()
-        schema, watch = admission.schema, admission.watch
-        executions = schema.executions.get(watch)
+        schema = request.schema
+        executions = request.stats.executions.get("watch" if request.watch else "regular")
         if executions is None:
-            m = level.metrics
-            key = (schema.fs.name, "watch" if watch else "regular")
-            executions = schema.executions[watch] = m.histogram(m.execution, key, DURATION_BUCKETS)
-        executions.observe(now - admission.started)
-        kind = admission.kind
+            executions = request.stats.execution("watch" if request.watch else "regular")
+        now = self.clock()
+        took = now - request.start
+        executions.counts[bisect_left(executions.bounds, took)] += 1
+        executions.total += took
+        kind = request.kind
         self.executing.finished(kind)
-        self.counted(1 if kind == READ_ONLY_KIND else 3, -1)
+        counts = self._read_vs_write
+        counts[1 if kind == READ_ONLY_KIND else 3] -= 1
+        self._note_read_vs_write(now, counts)
+        level = schema.level
         queues = level.queues
-        queues.finish(request)
+        queues.finish(request, now)
         if level.quiescing and queues.is_idle():
             self.controller.level_idle(level)
 
@@ -235,21 +275,22 @@ class PriorityAndFairness:
 
     def head_going_out(self, ctx: RequestContext, status: int, response: web.StreamResponse | None) -> None:
         """`setResponseHeaders` on every classified request's answer (a head listener)."""
-        admission = ctx.priority
-        if admission is None or response is None:
+        priority = ctx.priority
+        if priority is None or response is None:
             return
+        schema = priority.schema
         headers = response.headers
         if PRIORITY_LEVEL_UID not in headers and FLOW_SCHEMA_UID not in headers:
-            headers[PRIORITY_LEVEL_UID] = admission.level.pl.uid
-            headers[FLOW_SCHEMA_UID] = admission.schema.fs.uid
+            headers[PRIORITY_LEVEL_UID] = schema.pl_uid
+            headers[FLOW_SCHEMA_UID] = schema.fs_uid
             return
-        for name, value in ((PRIORITY_LEVEL_UID, admission.level.pl.uid), (FLOW_SCHEMA_UID, admission.schema.fs.uid)):
+        for name, value in ((PRIORITY_LEVEL_UID, schema.pl_uid), (FLOW_SCHEMA_UID, schema.fs_uid)):
             backend = headers.getall(name, ())
             headers[name] = value
             for other in backend:
                 headers.add(name, other)
 
-    def _log(self, admission: Admission) -> None:
+    def _log(self, level: Level, schema: Schema) -> None:
         """One line per 10 s however many are refused."""
         self._rejected += 1
         now = time.monotonic()
@@ -258,11 +299,7 @@ class PriorityAndFairness:
         self._last_logged = now
         log.warning(
             "API Priority and Fairness refused requests with 429",
-            extra=fields(
-                priority_level=admission.level.name,
-                flow_schema=admission.schema.fs.name,
-                refused=self._rejected,
-            ),
+            extra=fields(priority_level=level.name, flow_schema=schema.fs_name, refused=self._rejected),
         )
         self._rejected = 0
 
@@ -285,8 +322,8 @@ class _QueueNote:
         self.filter.waiting.finished(self.kind)
         self.filter.counted(self.index, -1)
 
-    def passed(self) -> None:
-        self.filter.waiting.passed(self.kind)
+    def passed(self, now: float) -> None:
+        self.filter.waiting.passed(self.kind, now)
 
 
 def _pinned(ctx: RequestContext, field_name: str) -> str | None:

@@ -1,6 +1,7 @@
-"""A time integral of a piecewise-constant value: `fairqueuing/integrator.go`.
+"""The time integral of a piecewise-constant value: `fairqueuing/integrator.go`'s moments and results.
 
-Each priority level integrates its seat demand (seats in use plus seats waiting); every borrowing
+Each priority level integrates its seat demand (seats in use plus seats waiting: the time spent at
+each value comes from its metrics' `StateClock`, `LevelMetrics.take_demand`); every borrowing
 adjustment reads the period's average, standard deviation and high watermark and starts over.
 The moments add up, which is how worker processes' demands are combined (`sharing.py`).
 """
@@ -39,43 +40,10 @@ class IntegratorResults:
     max: float
 
 
-class Integrator:
-    __slots__ = ("_elapsed", "_ix", "_ixx", "last", "max", "min", "x")
-
-    def __init__(self, now: float) -> None:
-        self.last = now
-        self.x = 0.0
-        self._elapsed = self._ix = self._ixx = 0.0
-        self.min = self.max = 0.0
-
-    def set(self, x: float, now: float) -> None:
-        dt = now - self.last
-        self.last = now
-        cur = self.x
-        self._elapsed += dt
-        self._ix += cur * dt
-        self._ixx += cur * cur * dt
-        self.x = x
-        if x < self.min:
-            self.min = x
-        if x > self.max:
-            self.max = x
-
-    def moments(self, now: float) -> Moments:
-        self.set(self.x, now)
-        return Moments(self._elapsed, self._ix, self._ixx)
-
-    def results(self, now: float) -> IntegratorResults:
-        moments = self.moments(now)
-        avg, dev = moments.avg_and_stddev()
-        return IntegratorResults(moments.elapsed, avg, dev, self.min, self.max)
-
-    def reset(self, now: float) -> IntegratorResults:
-        """`Reset`: the period's results, then a new period starting at the current value."""
-        results = self.results(now)
-        self._elapsed = self._ix = self._ixx = 0.0
-        self.min = self.max = self.x
-        return results
+def results_of(moments: Moments, low: float, high: float) -> IntegratorResults:
+    """`GetResults`: the period's duration, average, deviation and extremes."""
+    avg, dev = moments.avg_and_stddev()
+    return IntegratorResults(moments.elapsed, avg, dev, low, high)
 
 
 def combine(parts: list[tuple[Moments, float, float]]) -> IntegratorResults:

@@ -18,7 +18,6 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -35,6 +34,7 @@ REQUEST_UTILIZATION_BUCKETS = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.25, 0.5, 0.
 READ_VS_WRITE_BUCKETS = (0.0, 0.001, 0.01, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 DEMAND_BUCKETS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.7, 2.0, 2.8, 4.0, 6.0)
 WAITING, EXECUTING = "waiting", "executing"
+SS_SCALE = 100_000_000  # the queueset's fixed point: 1e-8 seat-seconds (upstream's SeatSeconds)
 READ_ONLY, MUTATING = "readOnly", "mutating"
 
 
@@ -52,10 +52,12 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.total += value
 
-    def cumulative(self) -> tuple[list[tuple[str, float]], float]:
+    def cumulative(self, index: int = 0, extra: float = 0.0) -> tuple[list[tuple[str, float]], float]:
+        """Cumulative buckets, with `extra` more observations counted in bucket `index` (a request
+        path's plain counter of one frequent value)."""
         buckets, running = [], 0.0
-        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
-            running += count
+        for i, (bound, count) in enumerate(zip((*self.bounds, math.inf), self.counts, strict=True)):
+            running += count + (extra if i == index else 0.0)
             buckets.append((_le(bound), running))
         return buckets, running
 
@@ -121,56 +123,93 @@ class StateClock:
         return times
 
 
+class FlowStats:
+    """One (priority level, FlowSchema)'s series. The request path moves plain counters; the most
+    frequent observations are counted, not observed (`one_seat`: a seat estimated; `waited_none`:
+    dispatched as it arrived; `passed`: a queue's length after enqueue, 1), and folded into their
+    histograms when scraped."""
+
+    __slots__ = (
+        "dispatched",
+        "executed",
+        "executing_requests",
+        "executing_seats",
+        "executions",
+        "inqueue_requests",
+        "inqueue_seats",
+        "no_accommodation",
+        "one_seat",
+        "passed",
+        "queue_length",
+        "queued",
+        "rejected",
+        "wait",
+        "waited_none",
+        "watch_count",
+        "work_seats",
+    )
+
+    def __init__(self) -> None:
+        self.inqueue_requests = self.inqueue_seats = 0
+        self.executing_requests = self.executing_seats = 0
+        self.dispatched = self.no_accommodation = 0
+        self.one_seat = self.waited_none = self.passed = 0
+        self.queued = self.executed = False  # the series upstream creates at the first enqueue, dispatch
+        self.rejected: dict[str, int] = {}
+        self.work_seats = Histogram(WORK_SEATS_BUCKETS)
+        self.queue_length = Histogram(QUEUE_LENGTH_BUCKETS)
+        self.watch_count = Histogram(WATCH_COUNT_BUCKETS)
+        self.wait: dict[str, Histogram] = {}  # execute ("true"/"false") -> histogram
+        self.executions: dict[str, Histogram] = {}  # type ("regular"/"watch") -> histogram
+
+    def waited(self, execute: str) -> Histogram:
+        histogram = self.wait.get(execute)
+        if histogram is None:
+            histogram = self.wait[execute] = Histogram(DURATION_BUCKETS)
+        return histogram
+
+    def execution(self, kind: str) -> Histogram:
+        histogram = self.executions.get(kind)
+        if histogram is None:
+            histogram = self.executions[kind] = Histogram(DURATION_BUCKETS)
+        return histogram
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+
 class LevelMetrics:
     """One priority level's figures, by FlowSchema where upstream labels them so."""
 
     __slots__ = (
         "adjustment",
         "demand",
-        "dispatch_no_accommodation",
-        "dispatch_r",
-        "dispatched",
-        "executing_requests",
-        "executing_seats",
-        "execution",
-        "inqueue_requests",
-        "inqueue_seats",
-        "latest_s",
+        "demand_max",
+        "demand_min",
+        "dispatch",
+        "flows",
         "limits",
         "name",
-        "next_discounted_s",
-        "next_s",
-        "queue_length",
+        "period",
         "r",
-        "rejected",
         "request_executing",
         "request_waiting",
         "seat_utilization",
         "state",
-        "wait",
-        "watch_count",
-        "work_seats",
     )
 
     def __init__(self, name: str, now: float) -> None:
         self.name = name
-        self.inqueue_requests: dict[str, int] = {}
-        self.inqueue_seats: dict[str, int] = {}
-        self.executing_requests: dict[str, int] = {}
-        self.executing_seats: dict[str, int] = {}
-        self.dispatched: dict[str, int] = {}
-        self.rejected: dict[tuple[str, str], int] = {}
-        self.dispatch_no_accommodation: dict[str, int] = {}
-        self.queue_length: dict[str, Histogram] = {}
-        self.wait: dict[tuple[str, str], Histogram] = {}
-        self.execution: dict[tuple[str, str], Histogram] = {}
-        self.work_seats: dict[str, Histogram] = {}
-        self.watch_count: dict[str, Histogram] = {}
-        self.r: float | None = None
-        self.dispatch_r: float | None = None
-        self.latest_s = 0.0
-        self.next_s: tuple[float, float] | None = None
-        self.next_discounted_s: tuple[float, float] = (0.0, 0.0)
+        self.flows: dict[str, FlowStats] = {}  # by FlowSchema name
+        # Virtual time in the queueset's fixed point (1e-8 seat-seconds): R at the last change, and at
+        # the last dispatch (R, S, min S, max S, min discounted S, max discounted S).
+        self.r: int | None = None
+        self.dispatch: tuple[int, int, int, int, int, int] | None = None
+        # The seat demand over the adjustment period: its integrals (from `state`), and its extremes
+        # as the queueset saw them change.
+        self.period = [0.0, 0.0, 0.0]  # seconds, the integral of demand, of demand squared
+        self.demand_min = 0
+        self.demand_max = 0
         # (nominal, lower, upper) seats; the last adjustment's (hwm, avg, stdev, smoothed, target, current).
         self.limits: tuple[int, int, int] | None = None
         self.adjustment: tuple[float, float, float, float, float, int] | None = None
@@ -182,13 +221,29 @@ class LevelMetrics:
         self.state = StateClock(now, (0, 0, 0, 0))
 
     def flush(self, now: float) -> None:
-        """The time spent in each state since the last flush, into the timing histograms."""
+        """The time spent in each state since the last flush, into the timing histograms and the seat
+        demand's integrals."""
+        period = self.period
         for (waiting, executing, seats, demand), seconds in self.state.drain(now).items():
             nanoseconds = seconds * 1e9
             self.request_waiting.absorb(waiting, nanoseconds)
             self.request_executing.absorb(executing, nanoseconds)
             self.seat_utilization.absorb(seats, nanoseconds)
             self.demand.absorb(demand, nanoseconds)
+            period[0] += seconds
+            period[1] += demand * seconds
+            period[2] += demand * demand * seconds
+
+    def take_demand(self, now: float) -> tuple[float, float, float, float, float]:
+        """The seat demand since the last call (`Integrator.Reset`): (seconds, integral, integral of
+        the square, min, max); the next period starts at the current demand."""
+        self.flush(now)
+        seconds, integral, squares = self.period
+        low, high = self.demand_min, self.demand_max
+        self.period = [0.0, 0.0, 0.0]
+        current = self.state.state[3]
+        self.demand_min = self.demand_max = current
+        return seconds, integral, squares, float(low), float(high)
 
     def set_denominators(
         self, now: float, *, waiting: float | None = None, executing: float | None = None, demand: float | None = None
@@ -203,16 +258,12 @@ class LevelMetrics:
         if demand is not None:
             self.demand.denominator = demand
 
-    def observe(self, table: dict[Any, Histogram], key: Any, bounds: tuple[float, ...], value: float) -> None:
-        self.histogram(table, key, bounds).observe(value)
-
-    @staticmethod
-    def histogram(table: dict[Any, Histogram], key: Any, bounds: tuple[float, ...]) -> Histogram:
-        """The series `key` of `table` (made on first use)."""
-        histogram = table.get(key)
-        if histogram is None:
-            histogram = table[key] = Histogram(bounds)
-        return histogram
+    def flow(self, fs_name: str) -> FlowStats:
+        """The series of the FlowSchema `fs_name` in this level (made on first use)."""
+        stats = self.flows.get(fs_name)
+        if stats is None:
+            stats = self.flows[fs_name] = FlowStats()
+        return stats
 
 
 class FlowControlMetrics:
@@ -290,12 +341,13 @@ class FlowControlMetrics:
             labels=["priority_level", "success"],
         )
         for m in levels:
-            for (fs, reason), n in m.rejected.items():
-                rejected.add_metric([m.name, fs, reason], n)
-            for fs, n in m.dispatched.items():
-                dispatched.add_metric([m.name, fs], n)
-            for fs, n in m.dispatch_no_accommodation.items():
-                no_room.add_metric([m.name, fs], n)
+            for fs, stats in sorted(m.flows.items()):
+                for reason, n in stats.rejected.items():
+                    rejected.add_metric([m.name, fs, reason], n)
+                if stats.executed:
+                    dispatched.add_metric([m.name, fs], stats.dispatched)
+                if stats.no_accommodation:
+                    no_room.add_metric([m.name, fs], stats.no_accommodation)
         yield from (rejected, dispatched, no_room, epochs)
 
     def _gauges(self, levels: list[LevelMetrics]) -> Iterator[Metric]:
@@ -304,37 +356,43 @@ class FlowControlMetrics:
             "current_inqueue_requests": (
                 "[BETA] Number of requests currently pending in queues of the API Priority and Fairness subsystem",
                 "inqueue_requests",
+                "queued",
             ),
             "current_inqueue_seats": (
                 "[ALPHA] Number of seats currently pending in queues of the API Priority and Fairness subsystem",
                 "inqueue_seats",
+                "queued",
             ),
             "current_executing_requests": (
                 "[BETA] Number of requests in initial (for a WATCH) or any (for a non-WATCH) execution stage in the "
                 "API Priority and Fairness subsystem",
                 "executing_requests",
+                "executed",
             ),
             "current_executing_seats": (
                 "[BETA] Concurrency (number of seats) occupied by the currently executing (initial stage for a WATCH, "
                 "any stage otherwise) requests in the API Priority and Fairness subsystem",
                 "executing_seats",
+                "executed",
             ),
             "request_concurrency_in_use": (
                 "[ALPHA] Concurrency (number of seats) occupied by the currently executing "
                 "(initial stage for a WATCH, any stage otherwise) requests in the API Priority and Fairness subsystem",
                 "executing_seats",
+                "executed",
             ),
         }
-        for name, (help_text, attribute) in per_fs.items():
+        for name, (help_text, attribute, shown) in per_fs.items():
             family = GaugeMetricFamily(PREFIX + name, help_text, labels=by_fs)
             for m in levels:
-                for fs, value in getattr(m, attribute).items():
-                    family.add_metric([m.name, fs], value)
+                for fs, stats in sorted(m.flows.items()):
+                    if getattr(stats, shown):
+                        family.add_metric([m.name, fs], getattr(stats, attribute))
             yield family
         per_level: dict[str, tuple[str, Callable[[LevelMetrics], float | None]]] = {
-            "current_r": ("[ALPHA] R(time of last change)", lambda m: m.r),
-            "dispatch_r": ("[ALPHA] R(time of last dispatch)", lambda m: m.dispatch_r),
-            "latest_s": ("[ALPHA] S(most recently dispatched request)", lambda m: m.latest_s if m.dispatch_r is not None else None),
+            "current_r": ("[ALPHA] R(time of last change)", lambda m: m.r / SS_SCALE if m.r is not None else None),
+            "dispatch_r": ("[ALPHA] R(time of last dispatch)", lambda m: _dispatch(m, 0)),
+            "latest_s": ("[ALPHA] S(most recently dispatched request)", lambda m: _dispatch(m, 1)),
             "request_concurrency_limit": (
                 "[ALPHA] Nominal number of execution seats configured for each priority level",
                 lambda m: m.limits[0] if m.limits else None,
@@ -377,20 +435,19 @@ class FlowControlMetrics:
                 if value is not None:
                     family.add_metric([m.name], value)
             yield family
-        for name, help_text, attribute in (
-            ("next_s_bounds", "[ALPHA] min and max, over queues, of S(oldest waiting request in queue)", "next_s"),
+        for name, help_text, first in (
+            ("next_s_bounds", "[ALPHA] min and max, over queues, of S(oldest waiting request in queue)", 2),
             (
                 "next_discounted_s_bounds",
                 "[ALPHA] min and max, over queues, of S(oldest waiting request in queue) - estimated work in progress",
-                "next_discounted_s",
+                4,
             ),
         ):
             family = GaugeMetricFamily(PREFIX + name, help_text, labels=["priority_level", "bound"])
             for m in levels:
-                bounds = getattr(m, attribute)
-                if m.next_s is not None:
-                    family.add_metric([m.name, "min"], bounds[0])
-                    family.add_metric([m.name, "max"], bounds[1])
+                if m.dispatch is not None:
+                    family.add_metric([m.name, "min"], m.dispatch[first] / SS_SCALE)
+                    family.add_metric([m.name, "max"], m.dispatch[first + 1] / SS_SCALE)
             yield family
         frac = GaugeMetricFamily(
             PREFIX + "seat_fair_frac",
@@ -401,43 +458,55 @@ class FlowControlMetrics:
 
     @staticmethod
     def _histograms(levels: list[LevelMetrics]) -> Iterator[Metric]:
-        specs: list[tuple[str, str, list[str], str]] = [
-            (
-                "request_queue_length_after_enqueue",
-                "[ALPHA] Length of queue in the API Priority and Fairness subsystem, as seen by each request after it is enqueued",
-                ["flow_schema"],
-                "queue_length",
-            ),
-            (
-                "request_wait_duration_seconds",
-                "[BETA] Length of time a request spent waiting in its queue",
-                ["flow_schema", "execute"],
-                "wait",
-            ),
-            (
-                "request_execution_seconds",
-                "[ALPHA] Duration of initial stage (for a WATCH) or any (for a non-WATCH) stage of request execution in "
-                "the API Priority and Fairness subsystem",
-                ["flow_schema", "type"],
-                "execution",
-            ),
-            ("watch_count_samples", "[ALPHA] count of watchers for mutating requests in API Priority and Fairness", ["flow_schema"], "watch_count"),
-            (
-                "work_estimated_seats",
-                "[ALPHA] Number of estimated seats (maximum of initial and final seats) associated with requests in API "
-                "Priority and Fairness",
-                ["flow_schema"],
-                "work_seats",
-            ),
-        ]
-        for name, help_text, labels, attribute in specs:
-            family = HistogramMetricFamily(PREFIX + name, help_text, labels=["priority_level", *labels])
-            for m in levels:
-                for key, histogram in getattr(m, attribute).items():
-                    values = list(key) if isinstance(key, tuple) else [key]
+        def family(name: str, help_text: str, *labels: str) -> HistogramMetricFamily:
+            return HistogramMetricFamily(PREFIX + name, help_text, labels=["priority_level", "flow_schema", *labels])
+
+        queue_length = family(
+            "request_queue_length_after_enqueue",
+            "[ALPHA] Length of queue in the API Priority and Fairness subsystem, as seen by each request after it is enqueued",
+        )
+        wait = family("request_wait_duration_seconds", "[BETA] Length of time a request spent waiting in its queue", "execute")
+        execution = family(
+            "request_execution_seconds",
+            "[ALPHA] Duration of initial stage (for a WATCH) or any (for a non-WATCH) stage of request execution in "
+            "the API Priority and Fairness subsystem",
+            "type",
+        )
+        watch_count = family(
+            "watch_count_samples", "[ALPHA] count of watchers for mutating requests in API Priority and Fairness"
+        )
+        work_seats = family(
+            "work_estimated_seats",
+            "[ALPHA] Number of estimated seats (maximum of initial and final seats) associated with requests in API "
+            "Priority and Fairness",
+        )
+        for m in levels:
+            for fs, stats in sorted(m.flows.items()):
+                labels = [m.name, fs]
+                # the counted observations: a queue length of 1 (bucket le=10), a wait of 0 s (le=0),
+                # one seat (le=1)
+                buckets, count = stats.queue_length.cumulative(1, stats.passed)
+                if count:
+                    queue_length.add_metric(labels, buckets, stats.queue_length.total + stats.passed)
+                waited = stats.wait.get("true")
+                if waited is not None or stats.waited_none:
+                    histogram = waited or Histogram(DURATION_BUCKETS)
+                    buckets, _count = histogram.cumulative(0, stats.waited_none)
+                    wait.add_metric([*labels, "true"], buckets, histogram.total)
+                refused = stats.wait.get("false")
+                if refused is not None:
+                    buckets, _count = refused.cumulative()
+                    wait.add_metric([*labels, "false"], buckets, refused.total)
+                for kind, histogram in sorted(stats.executions.items()):
                     buckets, _count = histogram.cumulative()
-                    family.add_metric([m.name, *values], buckets, histogram.total)
-            yield family
+                    execution.add_metric([*labels, kind], buckets, histogram.total)
+                buckets, count = stats.watch_count.cumulative()
+                if count:
+                    watch_count.add_metric(labels, buckets, stats.watch_count.total)
+                buckets, count = stats.work_seats.cumulative(0, stats.one_seat)
+                if count:
+                    work_seats.add_metric(labels, buckets, stats.work_seats.total + stats.one_seat)
+        yield from (queue_length, wait, execution, watch_count, work_seats)
 
     def _timing(self, levels: list[LevelMetrics], now: float) -> Iterator[Metric]:
         seats = HistogramMetricFamily(
@@ -480,18 +549,28 @@ class FlowControlMetrics:
         yield from (seats, requests, demand, read_vs_write)
 
 
+def _dispatch(m: LevelMetrics, index: int) -> float | None:
+    return m.dispatch[index] / SS_SCALE if m.dispatch is not None else None
+
+
 class WaitingWatermark(InflightWatermark):
     """`apiserver_current_inqueue_requests{request_kind}`: the most requests of each kind waiting in
     APF's queues at once during the last completed second (the filter's `waitingMark`)."""
 
     HELP = "[ALPHA] Maximal number of queued requests in this apiserver per request kind in last second."
 
-    def passed(self, kind: str) -> None:
-        """A request entered and left its queue in the same instant (dispatched as it arrived)."""
-        self._tick(self._clock())
-        value = self._current[kind] + 1
-        if value > self._mark[kind]:
-            self._mark[kind] = value
+    def passed(self, kind: str, now: float) -> None:
+        """A request entered and left its queue at `now` (dispatched as it arrived): the queue held one
+        more request for an instant. With none waiting and the window still open (the common case)
+        that is a mark of 1, set without the window's bookkeeping."""
+        current = self._current[kind]
+        if current or now >= self._window_end:
+            self._tick(now)
+            current += 1
+            if current > self._mark[kind]:
+                self._mark[kind] = current
+        elif not self._mark[kind]:
+            self._mark[kind] = 1
 
     def collect(self) -> Iterator[Metric]:
         for family in super().collect():

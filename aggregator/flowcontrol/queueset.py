@@ -25,15 +25,15 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from aggregator.flowcontrol.metrics import QUEUE_LENGTH_BUCKETS, LevelMetrics
+from aggregator.flowcontrol.metrics import SS_SCALE, FlowStats, LevelMetrics
 from aggregator.flowcontrol.shufflesharding import Dealer
 
-SS_SCALE = 100_000_000  # fixed point of SeatSeconds
 ESTIMATED_SERVICE_DURATION = 0.003
 _G_WORK = round(ESTIMATED_SERVICE_DURATION * SS_SCALE)  # one seat for G
 _HAND_CACHE = 4096
+_new_request = object.__new__
 
 
 def seats_times_duration(seats: float, seconds: float) -> int:
@@ -65,7 +65,7 @@ class QueueNote(Protocol):
 
     def dequeued(self) -> None: ...
 
-    def passed(self) -> None: ...
+    def passed(self, now: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,8 @@ class QueuingConfig:
 
 
 class Request:
-    """A request in a queueset, from arrival to the release of its last seat."""
+    """A request in a queueset, from arrival to the release of its last seat; the filter keeps what
+    it decided about the request on it too (`schema`, `kind`, `watch`, `forget_watch`)."""
 
     __slots__ = (
         "additional_latency",
@@ -87,18 +88,22 @@ class Request:
         "decided",
         "executing",
         "final_seats",
-        "fs_name",
+        "forget_watch",
         "initial_seats",
+        "kind",
         "max_seats",
         "queue",
         "queued_note",
+        "schema",
         "start",
+        "stats",
         "total_work",
         "waiting",
+        "watch",
     )
 
-    def __init__(self, fs_name: str, work: WorkEstimate, total_work: int, arrival_r: int) -> None:
-        self.fs_name = fs_name
+    def __init__(self, stats: FlowStats, work: WorkEstimate, total_work: int, arrival_r: int) -> None:
+        self.stats = stats  # its FlowSchema's series in its level
         self.initial_seats = work.initial_seats
         self.final_seats = work.final_seats
         self.additional_latency = work.additional_latency
@@ -112,6 +117,10 @@ class Request:
         self.waiting = False
         self.executing = False  # holds seats: `finish` must be called
         self.queued_note: QueueNote | None = None
+        self.schema: Any = None
+        self.kind = ""
+        self.watch = False
+        self.forget_watch: Callable[[], None] | None = None
 
 
 class Queue:
@@ -137,13 +146,15 @@ class QueueSet:
         *,
         clock: Callable[[], float],
         call_later: Callable[[float, Callable[[], None]], object],
-        demand: Callable[[float, float], None] = lambda _x, _now: None,
+        shortcuts: bool = True,
     ) -> None:
         self.clock = clock
+        # False: every request goes through its queue as upstream's code does (tests compare the two).
+        self.shortcuts = shortcuts
         self.call_later = call_later
         self.metrics = metrics
-        # The seat demand (seats in use + seats waiting) each time it changes (the level's integrator).
-        self.demand = demand
+        # Told of the seat demand (seats in use + seats waiting) when it changes (--workers' shares).
+        self.on_demand: Callable[[int], None] | None = None
         self.config = QueuingConfig(config.name)
         self.concurrency_limit = 0
         self.dealer: Dealer | None = None
@@ -224,15 +235,30 @@ class QueueSet:
             limit = self.concurrency_limit
             rate = (requested if requested < limit else limit) / active
             self.current_r += round(rate * elapsed * SS_SCALE)
-        self.metrics.r = self.current_r / SS_SCALE
+        self.metrics.r = self.current_r
 
     def _settle(self, now: float) -> None:
-        """After every change: the new state for the timing histograms, the seat demand if it moved."""
-        demand = self.seats_in_use + self.waiting_seats
-        self.metrics.state.note(now, (self.waiting_requests, self.executing_requests, self.seats_in_use, demand))
+        """After every change: the new state for the timing histograms and the seat demand's
+        integrals (`StateClock.note`, inlined: this runs twice per request), its extremes."""
+        seats = self.seats_in_use
+        demand = seats + self.waiting_seats
+        m = self.metrics
+        clock = m.state
+        elapsed = now - clock.since
+        if elapsed > 0:
+            times = clock.times
+            previous = clock.state
+            times[previous] = times.get(previous, 0.0) + elapsed
+            clock.since = now
+        clock.state = (self.waiting_requests, self.executing_requests, seats, demand)
         if demand != self._demand:
             self._demand = demand
-            self.demand(demand, now)
+            if demand > m.demand_max:
+                m.demand_max = demand
+            elif demand < m.demand_min:
+                m.demand_min = demand
+            if self.on_demand is not None:
+                self.on_demand(demand)
 
     def _queue_state_changed(self, queue: Queue, was_active: bool) -> None:
         active = bool(queue.waiting) or queue.executing > 0
@@ -245,28 +271,31 @@ class QueueSet:
         self,
         work: WorkEstimate,
         hash_value: int,
-        fs_name: str,
+        stats: FlowStats,
         queued_note: QueueNote | None = None,
     ) -> Request | None:
         """`StartRequest`: a dispatched request (`decided` None), a queued one (await `wait`), or
         None: rejected (the reason is counted)."""
         now = self.clock()
         self._sync_time(now)
-        m = self.metrics
         if self.config.desired_queues < 1:
             if not self._can_accommodate(work.max_seats):
                 self.rejected += 1
-                key = (fs_name, "concurrency-limit")
-                m.rejected[key] = m.rejected.get(key, 0) + 1
+                stats.reject("concurrency-limit")
                 return None
-            request = Request(fs_name, work, self._total_work(work), self.current_r)
+            request = Request(stats, work, self._total_work(work), self.current_r)
             self._execute(request, None, now)
             self._settle(now)
             return request
         queue = self.queues[self._shuffle_shard(hash_value)]
-        request = Request(fs_name, work, self._total_work(work), self.current_r)
+        request = Request(stats, work, self._total_work(work), self.current_r)
         request.queue = queue
-        if not self.waiting_requests and self.seats_in_use < self.concurrency_limit and self._can_accommodate(request.max_seats):
+        if (
+            self.shortcuts
+            and not self.waiting_requests
+            and self.seats_in_use < self.concurrency_limit
+            and self._can_accommodate(request.max_seats)
+        ):
             # Nothing waits and it fits: upstream enqueues it and dispatches it in the same instant;
             # the same state results without the queue's round trip.
             self._dispatch_at_once(request, queue, queued_note, now)
@@ -275,18 +304,106 @@ class QueueSet:
         if self.seats_in_use >= self.concurrency_limit and len(queue.waiting) >= self.config.queue_length_limit:
             self._bound_next_dispatch(queue)
             self.rejected += 1
-            key = (fs_name, "queue-full")
-            m.rejected[key] = m.rejected.get(key, 0) + 1
+            stats.reject("queue-full")
             return None
         request.queued_note = queued_note
         self._enqueue(request, queue, now)
         self._bound_next_dispatch(queue)
-        m.observe(m.queue_length, fs_name, QUEUE_LENGTH_BUCKETS, len(queue.waiting))
+        stats.queue_length.observe(len(queue.waiting))
         self._dispatch_as_much_as_possible(now)
         if request.waiting:
             request.decided = asyncio.get_running_loop().create_future()
         self._settle(now)
         return request
+
+    def start_one(self, hash_value: int, stats: FlowStats, queued_note: QueueNote | None) -> Request | None:
+        """`start_request` for the common case, in one step: a one-seat request of an exempt level, or
+        of a queuing level where nothing waits and a seat is free (what `_dispatch_at_once` does,
+        inlined: this runs for nearly every request). None when it is not that case."""
+        desired = self.config.desired_queues
+        waiting = self.waiting_requests
+        seats = self.seats_in_use
+        if desired == 0 or (desired > 0 and (waiting or seats >= self.concurrency_limit)) or not self.shortcuts:
+            return None
+        now = self.clock()
+        elapsed = now - self.last_real
+        self.last_real = now
+        active = self._active_queues
+        r = self.current_r
+        if active and elapsed > 0:
+            requested = self._seats_requested
+            limit = self.concurrency_limit
+            r = self.current_r = r + round((requested if requested < limit else limit) / active * elapsed * SS_SCALE)
+        m = self.metrics
+        m.r = r
+        request = _new_request(Request)
+        request.stats = stats
+        request.initial_seats = request.max_seats = 1
+        request.final_seats = 0
+        request.additional_latency = 0.0
+        request.total_work = _G_WORK
+        request.arrival_r = r
+        request.start = now
+        request.decided = request.queued_note = request.forget_watch = None
+        request.waiting = request.watch = False
+        request.executing = True
+        stats.executing_requests += 1
+        stats.executing_seats += 1
+        stats.executed = True
+        self.executing_requests += 1
+        self.seats_in_use = seats = seats + 1
+        self.dispatched += 1
+        if desired < 0:  # exempt: no queue
+            request.queue = None
+        else:
+            hand = self._hands.get(hash_value)
+            if hand is None:
+                hand = self._deal(hash_value)
+            queue = request.queue = self.queues[hand[self.enqueues % len(hand)]]
+            self.enqueues += 1
+            before = queue.executing
+            if before:
+                start = queue.next_dispatch_r
+                if start < r:  # the anti-windup bound
+                    start = r
+            else:
+                start = r
+                self._active_queues = active + 1
+            stats.queued = True  # upstream's +1 and -1 leave the in-queue series at 0
+            if queued_note is not None:
+                queued_note.passed(now)
+            stats.passed += 1  # the queue's length after enqueue: 1
+            self.robin_index = queue.index
+            discounted = start - queue.seats_in_use * _G_WORK
+            m.dispatch = (r, start, start, start, discounted, discounted)
+            queue.executing = before + 1
+            queue.seats_in_use += 1
+            self._seats_requested += 1
+            queue.next_dispatch_r = start + _G_WORK
+        # _settle, inlined
+        demand = seats + waiting
+        clock = m.state
+        elapsed = now - clock.since
+        if elapsed > 0:
+            times = clock.times
+            previous = clock.state
+            times[previous] = times.get(previous, 0.0) + elapsed
+            clock.since = now
+        clock.state = (waiting, self.executing_requests, seats, demand)
+        if demand != self._demand:
+            self._demand = demand
+            if demand > m.demand_max:
+                m.demand_max = demand
+            if self.on_demand is not None:
+                self.on_demand(demand)
+        return request
+
+    def _deal(self, hash_value: int) -> list[int]:
+        assert self.dealer is not None
+        if len(self._hands) >= _HAND_CACHE:
+            self._hands.clear()
+        hand = self._hands[hash_value] = self.dealer.deal(hash_value)
+        return hand
 
     def _dispatch_at_once(
         self, request: Request, queue: Queue, queued_note: QueueNote | None, now: float
@@ -299,25 +416,18 @@ class QueueSet:
         else:
             queue.next_dispatch_r = self.current_r
         m = self.metrics
-        fs = request.fs_name
+        stats = request.stats
+        stats.queued = True  # upstream's +1 and -1 leave the in-queue series at 0
         if queued_note is not None:
-            queued_note.passed()
-        histogram = m.queue_length.get(fs)
-        if histogram is None:
-            m.observe(m.queue_length, fs, QUEUE_LENGTH_BUCKETS, 1)
-        else:
-            histogram.observe(1)
+            queued_note.passed(now)
+        stats.passed += 1  # the queue's length after enqueue: 1
         limit = self.concurrency_limit
         if request.final_seats > limit:
             self._shrink_final_seats(request, limit)
         self.robin_index = queue.index
         start = queue.next_dispatch_r
-        scale = SS_SCALE
-        m.dispatch_r = self.current_r / scale
-        m.latest_s = start / scale
-        m.next_s = (m.latest_s, m.latest_s)
-        discounted = (start - queue.seats_in_use * _G_WORK) / scale
-        m.next_discounted_s = (discounted, discounted)
+        discounted = start - queue.seats_in_use * _G_WORK
+        m.dispatch = (self.current_r, start, start, start, discounted, discounted)
         self._execute(request, queue, now)
         queue.next_dispatch_r = start + request.total_work
 
@@ -339,10 +449,7 @@ class QueueSet:
         from a rotating offset."""
         hand = self._hands.get(hash_value)
         if hand is None:
-            assert self.dealer is not None
-            if len(self._hands) >= _HAND_CACHE:
-                self._hands.clear()
-            hand = self._hands[hash_value] = self.dealer.deal(hash_value)
+            hand = self._deal(hash_value)
         size = len(hand)
         offset = self.enqueues % size
         self.enqueues += 1
@@ -372,9 +479,10 @@ class QueueSet:
         self._queue_state_changed(queue, was_active)
         self.waiting_requests += 1
         self.waiting_seats += request.max_seats
-        m, fs = self.metrics, request.fs_name
-        m.inqueue_requests[fs] = m.inqueue_requests.get(fs, 0) + 1
-        m.inqueue_seats[fs] = m.inqueue_seats.get(fs, 0) + request.max_seats
+        stats = request.stats
+        stats.inqueue_requests += 1
+        stats.inqueue_seats += request.max_seats
+        stats.queued = True
         if request.queued_note is not None:
             request.queued_note.queued()
 
@@ -443,22 +551,17 @@ class QueueSet:
         request = best.waiting[0]
         m = self.metrics
         if not self._can_accommodate(request.max_seats):
-            key2 = request.fs_name
-            m.dispatch_no_accommodation[key2] = m.dispatch_no_accommodation.get(key2, 0) + 1
+            request.stats.no_accommodation += 1
             return False
         self._remove_waiting(request, best)
         limit = self.concurrency_limit
         if request.final_seats > limit:
             self._shrink_final_seats(request, limit)
         self.robin_index = best.index
-        scale = SS_SCALE
-        m.dispatch_r = self.current_r / scale
-        m.latest_s = best.next_dispatch_r / scale
-        m.next_s = (s_min / scale, s_max / scale)
-        m.next_discounted_s = (d_min / scale, d_max / scale)
-        fs = request.fs_name
-        m.inqueue_requests[fs] -= 1
-        m.inqueue_seats[fs] -= request.max_seats
+        m.dispatch = (self.current_r, best.next_dispatch_r, int(s_min), int(s_max), int(d_min), int(d_max))
+        stats = request.stats
+        stats.inqueue_requests -= 1
+        stats.inqueue_seats -= request.max_seats
         if request.queued_note is not None:
             request.queued_note.dequeued()
         self._execute(request, best, now)
@@ -481,9 +584,10 @@ class QueueSet:
             queue.seats_in_use += seats
             self._seats_requested += seats
             self._queue_state_changed(queue, was_active)
-        m, fs = self.metrics, request.fs_name
-        m.executing_requests[fs] = m.executing_requests.get(fs, 0) + 1
-        m.executing_seats[fs] = m.executing_seats.get(fs, 0) + seats
+        stats = request.stats
+        stats.executing_requests += 1
+        stats.executing_seats += seats
+        stats.executed = True
         self.dispatched += 1
 
     # --- waiting ----------------------------------------------------------------------------------------
@@ -517,11 +621,10 @@ class QueueSet:
         self._bound_next_dispatch(queue)
         self.rejected += 1
         self.timed_out += 1
-        m, fs = self.metrics, request.fs_name
-        key = (fs, "time-out")
-        m.rejected[key] = m.rejected.get(key, 0) + 1
-        m.inqueue_requests[fs] -= 1
-        m.inqueue_seats[fs] -= request.max_seats
+        stats = request.stats
+        stats.reject("time-out")
+        stats.inqueue_requests -= 1
+        stats.inqueue_seats -= request.max_seats
         if request.queued_note is not None:
             request.queued_note.dequeued()
         self._settle(now)
@@ -532,17 +635,27 @@ class QueueSet:
 
     # --- the end ------------------------------------------------------------------------------------------
 
-    def finish(self, request: Request) -> None:
+    def finish(self, request: Request, now: float | None = None) -> None:
         """`finishRequestAndDispatchAsMuchAsPossible`: the request is done executing (its final seats,
         if any, linger for its additional latency), and whatever fits now is dispatched."""
         if not request.executing:
             return
         request.executing = False
-        now = self.clock()
+        if now is None:
+            now = self.clock()
+        queue = request.queue
+        if (
+            queue is not None
+            and self.shortcuts
+            and request.final_seats == 0
+            and not self.waiting_requests
+            and len(self.queues) <= self.config.desired_queues
+        ):
+            self._finish_alone(request, queue, now)
+            return
         self._sync_time(now)
         self.executing_requests -= 1
-        m, fs = self.metrics, request.fs_name
-        m.executing_requests[fs] -= 1
+        request.stats.executing_requests -= 1
         queue = request.queue
         if queue is not None:
             was_active = bool(queue.waiting) or queue.executing > 0
@@ -560,6 +673,45 @@ class QueueSet:
         self._dispatch_as_much_as_possible(now)
         self._settle(now)
 
+    def _finish_alone(self, request: Request, queue: Queue, now: float) -> None:
+        """`finish` where nothing waits and no seat lingers: the common case, inlined."""
+        elapsed = now - self.last_real
+        self.last_real = now
+        active = self._active_queues
+        if active and elapsed > 0:
+            requested = self._seats_requested
+            limit = self.concurrency_limit
+            self.current_r += round((requested if requested < limit else limit) / active * elapsed * SS_SCALE)
+        m = self.metrics
+        m.r = self.current_r
+        seats = request.max_seats
+        stats = request.stats
+        stats.executing_requests -= 1
+        stats.executing_seats -= seats
+        self.executing_requests -= 1
+        self.seats_in_use = in_use = self.seats_in_use - seats
+        executing = queue.executing = queue.executing - 1
+        # the queue's dispatch R corrected by the real service time (no request waits: no bound)
+        queue.next_dispatch_r -= round(request.initial_seats * (ESTIMATED_SERVICE_DURATION - (now - request.start)) * SS_SCALE)
+        queue.seats_in_use -= seats
+        self._seats_requested -= seats
+        if not executing:
+            self._active_queues = active - 1
+        clock = m.state
+        elapsed = now - clock.since
+        if elapsed > 0:
+            times = clock.times
+            previous = clock.state
+            times[previous] = times.get(previous, 0.0) + elapsed
+            clock.since = now
+        clock.state = (0, self.executing_requests, in_use, in_use)
+        if in_use != self._demand:
+            self._demand = in_use
+            if in_use < m.demand_min:
+                m.demand_min = in_use
+            if self.on_demand is not None:
+                self.on_demand(in_use)
+
     def _linger_over(self, request: Request) -> None:
         now = self.clock()
         self._sync_time(now)
@@ -570,8 +722,7 @@ class QueueSet:
     def _release(self, request: Request, now: float) -> None:
         seats = request.max_seats
         self.seats_in_use -= seats
-        m, fs = self.metrics, request.fs_name
-        m.executing_seats[fs] -= seats
+        request.stats.executing_seats -= seats
         queue = request.queue
         if queue is not None:
             queue.seats_in_use -= seats

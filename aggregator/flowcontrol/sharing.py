@@ -304,7 +304,6 @@ class SeatShare:
         self.config_listeners: list[Callable[[ConfigObjects], None]] = []
         controller.apply_limit = self._apply_limit  # type: ignore[method-assign]
         controller.listeners.append(self._hook_levels)
-        self._hooked: set[int] = set()
         self._hook_levels()
 
     # --- from the control ---------------------------------------------------------------------------------
@@ -357,17 +356,8 @@ class SeatShare:
     def _hook_levels(self) -> None:
         """Watch every level's seat demand (levels are created on configuration changes)."""
         for level in self.controller.levels.values():
-            if id(level) in self._hooked:
-                continue
-            self._hooked.add(id(level))
-            queues = level.queues
-            note = queues.demand
-
-            def demand(x: float, now: float, level: Level = level, note: Callable[[float, float], None] = note) -> None:
-                note(x, now)
-                self._noted(level)
-
-            queues.demand = demand
+            if level.queues.on_demand is None:
+                level.queues.on_demand = lambda _demand, level=level: self._noted(level)
 
     def _noted(self, level: Level) -> None:
         queues = level.queues
@@ -400,14 +390,8 @@ class SeatShare:
             self.send(SeatDemand(report, self.seen))
 
     def stats(self, now: float) -> SeatStats:
-        """Each level's seat-demand integrals since the last call (the integrators start over)."""
-        levels: dict[str, tuple[Moments, float, float]] = {}
-        for name, level in self.controller.levels.items():
-            integrator = level.integrator
-            moments = integrator.moments(now)
-            levels[name] = (moments, integrator.min, integrator.max)
-            integrator.reset(now)
-        return SeatStats(levels)
+        """Each level's seat-demand integrals since the last call (the periods start over)."""
+        return SeatStats({name: level.demand_moments(now) for name, level in self.controller.levels.items()})
 
 
 async def wait_ready(share: SeatShare, patience: float = FIRST_GRANTS_TIMEOUT) -> None:

@@ -144,15 +144,19 @@ def test_flows_are_distinguished_by_user_or_namespace_with_upstreams_hash() -> N
     c = controller(600)
     alice = UserInfo("alice", groups=AUTHENTICATED)
     schema = c.classify(alice, info("GET", "/apis/x.io/v1/namespaces/a/things"))
-    assert schema.flow(alice, info("GET", "/")) == ("alice", hash_flow("global-default", "alice"))
+    assert schema.distinguisher(alice, info("GET", "/")) == "alice"
+    assert schema.flow(alice, info("GET", "/")) == hash_flow("global-default", "alice")
     # sha256("global-default\x00alice")'s first eight bytes, little-endian (hashFlowID)
     digest = hashlib.sha256(b"global-default\x00alice").digest()
     assert hash_flow("global-default", "alice") == int.from_bytes(digest[:8], "little")
     controller_manager = UserInfo("system:kube-controller-manager", groups=AUTHENTICATED)
     kcm = c.classify(controller_manager, info("GET", "/api/v1/namespaces/team/pods"))
     assert kcm.name == "kube-controller-manager"
-    assert kcm.flow(controller_manager, info("GET", "/api/v1/namespaces/team/pods"))[0] == "team"
-    assert kcm.flow(controller_manager, info("GET", "/api/v1/pods"))[0] == ""
+    assert kcm.distinguisher(controller_manager, info("GET", "/api/v1/namespaces/team/pods")) == "team"
+    assert kcm.flow(controller_manager, info("GET", "/api/v1/namespaces/team/pods")) == hash_flow(
+        "kube-controller-manager", "team"
+    )
+    assert kcm.distinguisher(controller_manager, info("GET", "/api/v1/pods")) == ""
 
 
 def test_a_schema_whose_level_is_missing_is_ignored_and_the_mandatory_ones_are_always_there() -> None:

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from aggregator.flowcontrol.controller import hash_flow
-from aggregator.flowcontrol.metrics import FlowControlMetrics
-from aggregator.flowcontrol.queueset import SS_SCALE, QueueSet, QueuingConfig, Request, WorkEstimate
+from aggregator.flowcontrol.metrics import SS_SCALE, FlowControlMetrics
+from aggregator.flowcontrol.queueset import QueueSet, QueuingConfig, Request, WorkEstimate
 
 ONE = WorkEstimate()
 
@@ -41,7 +41,7 @@ def queueset(clock: Clock, *, queues: int = 8, hand: int = 2, qll: int = 5, limi
 
 
 def started(qs: QueueSet, flow: str, work: WorkEstimate = ONE) -> Request:
-    request = qs.start_request(work, hash_flow("fs", flow), "fs")
+    request = qs.start_request(work, hash_flow("fs", flow), qs.metrics.flow("fs"))
     assert request is not None
     return request
 
@@ -53,11 +53,12 @@ async def test_a_request_that_finds_a_free_seat_runs_at_once_and_one_that_does_n
     assert first.decided is None and first.executing
     second = started(qs, "alice")
     assert second.decided is not None and second.waiting
-    assert qs.metrics.inqueue_requests == {"fs": 1} and qs.metrics.executing_requests == {"fs": 1}
+    stats = qs.metrics.flow("fs")
+    assert (stats.inqueue_requests, stats.executing_requests) == (1, 1)
     clock.advance(0.01)
     qs.finish(first)
     assert await qs.wait(second, 1.0) and second.executing
-    assert qs.metrics.inqueue_requests == {"fs": 0}
+    assert stats.inqueue_requests == 0
 
 
 async def test_a_light_flow_overtakes_a_heavy_one_that_arrived_first() -> None:
@@ -86,13 +87,14 @@ async def test_a_full_queue_at_the_limit_refuses_and_a_reject_level_refuses_at_i
     started(qs, "alice")
     started(qs, "alice")
     started(qs, "alice")
-    assert qs.start_request(ONE, hash_flow("fs", "alice"), "fs") is None
-    assert qs.metrics.rejected == {("fs", "queue-full"): 1}
+    assert qs.start_request(ONE, hash_flow("fs", "alice"), qs.metrics.flow("fs")) is None
+    assert qs.metrics.flow("fs").rejected == {"queue-full": 1}
     reject = QueueSet(QueuingConfig("r"), FlowControlMetrics(None).level("r"), clock=clock, call_later=clock.call_later)
     reject.set_configuration(QueuingConfig("r"), 2, 2)
-    assert reject.start_request(ONE, 0, "fs") is not None and reject.start_request(ONE, 0, "fs") is not None
-    assert reject.start_request(ONE, 0, "fs") is None
-    assert reject.metrics.rejected == {("fs", "concurrency-limit"): 1}
+    stats = reject.metrics.flow("fs")
+    assert reject.start_request(ONE, 0, stats) is not None and reject.start_request(ONE, 0, stats) is not None
+    assert reject.start_request(ONE, 0, stats) is None
+    assert stats.rejected == {"concurrency-limit": 1}
 
 
 async def test_a_request_wider_than_the_limit_runs_alone() -> None:
@@ -113,7 +115,8 @@ async def test_waiting_too_long_takes_the_request_out_of_its_queue() -> None:
     waiting = started(qs, "alice")
     assert not await qs.wait(waiting, 0.01)
     assert not waiting.waiting and not waiting.executing
-    assert qs.metrics.rejected == {("fs", "time-out"): 1} and qs.metrics.inqueue_requests == {"fs": 0}
+    stats = qs.metrics.flow("fs")
+    assert stats.rejected == {"time-out": 1} and stats.inqueue_requests == 0
 
 
 async def test_final_seats_are_held_for_the_additional_latency() -> None:
@@ -134,7 +137,7 @@ async def test_virtual_time_advances_by_the_seats_in_use_over_the_active_queues(
     started(qs, "bob")
     r0 = qs.current_r
     clock.advance(1.0)
-    qs.start_request(ONE, hash_flow("fs", "carol"), "fs")
+    qs.start_request(ONE, hash_flow("fs", "carol"), qs.metrics.flow("fs"))
     # two seats in use, two active queues: one seat-second per second (in 1e-8 units)
     assert qs.current_r - r0 == SS_SCALE
 

@@ -47,10 +47,14 @@ class Group:
         for index in range(count):
             worker = new_controller(limit)
             share = SeatShare(worker, self._to_control(index))
-            share.config_listeners.append(lambda c, w=worker: w.digest(c.levels, c.schemas))
+            share.config_listeners.append(self._digests(worker))
             self.allocator.connect(index, self._to_worker(share, loop))
             self.workers.append(worker)
             self.shares.append(share)
+
+    @staticmethod
+    def _digests(worker: Controller) -> Callable[[ConfigObjects], None]:
+        return lambda config: worker.digest(config.levels, config.schemas)
 
     def _to_control(self, index: int) -> Callable[[object], None]:
         loop = asyncio.get_running_loop()
@@ -98,7 +102,7 @@ async def test_two_workers_never_run_more_than_the_levels_seats_and_the_light_fl
     async def one(worker: Controller, user: str) -> bool:
         nonlocal most
         queues = worker.levels["tenants"].queues
-        request = queues.start_request(ONE_SEAT, hash_flow("tenants", user), "tenants")
+        request = queues.start_request(ONE_SEAT, hash_flow("tenants", user), queues.metrics.flow("tenants"))
         assert request is not None
         if not await queues.wait(request, 5.0):
             return False
@@ -129,10 +133,10 @@ async def test_a_worker_that_goes_away_frees_its_seats() -> None:
     group = Group(4, 2, config())
     await group.start()
     queues = group.workers[0].levels["tenants"].queues
-    held = queues.start_request(ONE_SEAT, hash_flow("tenants", "alice"), "tenants")
+    held = queues.start_request(ONE_SEAT, hash_flow("tenants", "alice"), queues.metrics.flow("tenants"))
     assert held is not None and await queues.wait(held, 1.0)
     other = group.workers[1].levels["tenants"].queues
-    waiting = other.start_request(ONE_SEAT, hash_flow("tenants", "bob"), "tenants")
+    waiting = other.start_request(ONE_SEAT, hash_flow("tenants", "bob"), other.metrics.flow("tenants"))
     assert waiting is not None and waiting.waiting
     group.allocator.disconnect(0)  # worker 0 died with its request
     assert await other.wait(waiting, 2.0)

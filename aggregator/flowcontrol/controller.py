@@ -209,9 +209,15 @@ class Schema:
         return value
 
 
-# What a user may match: the schemas in order with the rules whose subjects it passes, or the one
-# schema that matches all of its requests.
+# What a user's requests of one sort (resource or not) may match: the schemas in order with the
+# rules whose subjects it passes, or the one schema that matches all of them.
 Candidates = Schema | tuple[tuple[Schema, tuple[RuleTest, ...]], ...]
+
+
+def _shortest(found: list[tuple[Schema, tuple[RuleTest, ...]]], everything: Callable[[RuleTest], bool]) -> Candidates:
+    if found and any(everything(t) for t in found[0][1]):
+        return found[0][0]
+    return tuple(found)
 
 
 class Controller:
@@ -234,7 +240,7 @@ class Controller:
         self.nominal_cl_sum = 0
         self._catch_all: Schema | None = None
         # What each (user name, groups) may match (`_candidates`): the request path reads it.
-        self.by_user: dict[tuple[str, tuple[str, ...]], Candidates] = {}
+        self.by_user: dict[tuple[str, tuple[str, ...]], tuple[Candidates, Candidates]] = {}
         self._objects: tuple[list[PriorityLevel], list[FlowSchema]] = ([], [])
         self._reap_scheduled = False
         # Told after every digest and borrowing adjustment (worker seat sharing follows the limits).
@@ -442,10 +448,11 @@ class Controller:
 
     def classify(self, user: UserInfo, info: RequestInfo) -> Schema:
         """The FlowSchema a request matches (`startRequest`'s loop)."""
-        candidates = self.by_user.get((user.name, user.groups))
-        if candidates is None:
-            candidates = self._candidates(user)
-        if isinstance(candidates, Schema):  # the first schema that can match matches every request
+        both = self.by_user.get((user.name, user.groups))
+        if both is None:
+            both = self._candidates(user)
+        candidates = both[0] if info.is_resource_request else both[1]
+        if isinstance(candidates, Schema):  # the first schema that can match matches every such request
             return candidates
         for schema, tests in candidates:
             for test in tests:
@@ -459,22 +466,27 @@ class Controller:
         )
         return catch_all
 
-    def _candidates(self, user: UserInfo) -> Candidates:
-        """The schemas (in order) and rules whose subjects the user passes; just the first schema when
-        one of its rules matches every request, resource or not."""
+    def _candidates(self, user: UserInfo) -> tuple[Candidates, Candidates]:
+        """For resource requests, then for the others: the schemas (in order) and rules whose subjects
+        the user passes and that can match such a request; just the first schema when one of its rules
+        matches every such request."""
         name, groups = user.name, user.groups
-        found = []
+        resource: list[tuple[Schema, tuple[RuleTest, ...]]] = []
+        urls: list[tuple[Schema, tuple[RuleTest, ...]]] = []
         for schema in self.schemas:
-            tests = tuple(t for t in schema.rules if t.user_matches(name, groups))
-            if tests:
-                found.append((schema, tests))
+            tests = [t for t in schema.rules if t.user_matches(name, groups)]
+            for found, kind in ((resource, "resource"), (urls, "non_resource")):
+                usable = tuple(t for t in tests if getattr(t, kind))
+                if usable:
+                    found.append((schema, usable))
         if len(self.by_user) >= _USER_CACHE:
             self.by_user.clear()
-        result: Candidates = tuple(found)
-        if found and any(t.every_resource and t.every_url for t in found[0][1]):
-            result = found[0][0]
-        self.by_user[(name, groups)] = result
-        return result
+        both = (
+            _shortest(resource, lambda t: t.every_resource),
+            _shortest(urls, lambda t: t.every_url),
+        )
+        self.by_user[(name, groups)] = both
+        return both
 
     # --- quiescing levels ----------------------------------------------------------------------------------
 

@@ -27,10 +27,11 @@ from bisect import bisect_left
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from multidict import istr
 
 from aggregator.flowcontrol.controller import BY_REQUEST_NAMESPACE, BY_USER_NAME, Controller, Level, Schema
 from aggregator.flowcontrol.estimator import WatchTracker, WorkEstimator
-from aggregator.flowcontrol.metrics import FlowControlMetrics
+from aggregator.flowcontrol.metrics import EXECUTING, MUTATING, READ_ONLY, WAITING, FlowControlMetrics
 from aggregator.flowcontrol.queueset import ONE_SEAT, Request, WorkEstimate
 from aggregator.flowcontrol.retryafter import DroppedRequests
 from aggregator.model.selectors import SelectorError, exact_match, parse_field_selector
@@ -43,12 +44,14 @@ from aggregator.web.requestmetrics import APISERVER, RequestMetrics
 log = logging.getLogger(__name__)
 
 # Go's canonical spelling of upstream's names (`Header.Set`), as they appear on the wire.
-FLOW_SCHEMA_UID = "X-Kubernetes-Pf-Flowschema-Uid"
-PRIORITY_LEVEL_UID = "X-Kubernetes-Pf-Prioritylevel-Uid"
+# (istr: multidict looks them up without folding their case again.)
+FLOW_SCHEMA_UID = istr("X-Kubernetes-Pf-Flowschema-Uid")
+PRIORITY_LEVEL_UID = istr("X-Kubernetes-Pf-Prioritylevel-Uid")
 MAX_WAIT = 60.0
 _READ_ONLY = frozenset({"get", "list", "watch"})  # maxinflight.go nonMutatingRequestVerbs
 _SIZED = frozenset({"list", "watch", "create", "update", "patch", "delete"})  # the estimators' verbs
 _LOG_EVERY = 10.0
+_METRIC_KIND = {READ_ONLY_KIND: READ_ONLY, MUTATING_KIND: MUTATING}
 
 GateAnswer = web.StreamResponse | None
 
@@ -87,9 +90,10 @@ class PriorityAndFairness:
         self.default_wait = request_timeout / 4
         self.executing = apiserver.inflight
         self.waiting = metrics.waiting
-        # Requests waiting and executing, by kind (read_vs_write_current_requests): ro waiting, ro
-        # executing, mutating waiting, mutating executing.
-        self._read_vs_write = [0, 0, 0, 0]
+        # Requests waiting and executing, by kind, over time (read_vs_write_current_requests).
+        counts = metrics.read_vs_write_counts
+        self._executing_counts = {kind: counts[EXECUTING, _METRIC_KIND[kind]] for kind in _METRIC_KIND}
+        self._waiting_counts = {kind: counts[WAITING, _METRIC_KIND[kind]] for kind in _METRIC_KIND}
         self._notes = {kind: _QueueNote(self, kind) for kind in (READ_ONLY_KIND, MUTATING_KIND)}
         self._rejected = 0
         self._last_logged = float("-inf")
@@ -98,11 +102,10 @@ class PriorityAndFairness:
         state = self.controller.levels.get(level)
         return state.max_seats if state is not None else 0
 
-    def counted(self, index: int, delta: int) -> None:
-        """One of the read-vs-write counts moved."""
-        counts = self._read_vs_write
-        counts[index] += delta
-        self.metrics.read_vs_write_state.note(self.clock(), tuple(counts))
+    def queued(self, kind: str, delta: int) -> None:
+        """A request of `kind` entered (1) or left (-1) its queue."""
+        self.waiting.moved(kind, delta)
+        self._waiting_counts[kind].move(self.clock(), delta)
 
     # --- the gate -------------------------------------------------------------------------------------
 
@@ -118,8 +121,9 @@ class PriorityAndFairness:
         if ctx.long_running and not watch:
             return None
         controller = self.controller
-        candidates = controller.by_user.get((user.name, user.groups))
-        schema = candidates if isinstance(candidates, Schema) else controller.classify(user, info)
+        both = controller.by_user.get((user.name, user.groups))
+        found = None if both is None else both[0] if info.is_resource_request else both[1]
+        schema = found if isinstance(found, Schema) else controller.classify(user, info)
         level = schema.level
         flow = 0
         if schema.queued:
@@ -135,36 +139,32 @@ class PriorityAndFairness:
             if work is not ONE_SEAT:
                 stats.work_seats.observe(work.max_seats)
                 return self._start(ctx, schema, kind, watch, work, flow)
-        stats.one_seat += 1  # estimated: one seat
-        request = level.queues.start_one(flow, stats, self._notes[kind])
+        request = level.queues.start_one(flow, stats)
         if request is None:
+            stats.one_seat += 1  # estimated: one seat
             return self._start(ctx, schema, kind, watch, ONE_SEAT, flow)
+        # (start_one counted it: dispatched, one seat, waited 0 s, passed its queue)
         request.schema = schema
         request.kind = kind
         request.watch = watch
         ctx.priority = request
-        if request.queue is not None:  # not exempt: it waited 0 s in its queue
-            stats.waited_none += 1
-        # _execute, inlined
-        stats.dispatched += 1
-        self.executing.started(kind)
-        counts = self._read_vs_write
-        counts[1 if kind == READ_ONLY_KIND else 3] += 1
-        self._note_read_vs_write(request.start, counts)
+        now = request.start
+        if request.queue is not None:  # it passed through its queue in an instant
+            self.waiting.passed(kind, now)
+        # _execute, inlined: apiserver_current_inflight_requests' watermark and the executing
+        # count's occupancy (`Occupancy.move`, written out)
+        self.executing.moved(kind, 1, now)
+        occupancy = self._executing_counts[kind]
+        try:
+            occupancy.times[occupancy.value] += now - occupancy.since
+        except IndexError:
+            occupancy.move(now, 1)
+        else:
+            occupancy.since = now
+            occupancy.value += 1
         if watch:
             request.forget_watch = self.watches.register(info, lambda name: _pinned(ctx, name))
         return None
-
-    def _note_read_vs_write(self, now: float, counts: list[int]) -> None:
-        """`StateClock.note` of the read-vs-write counts."""
-        clock = self.metrics.read_vs_write_state
-        elapsed = now - clock.since
-        if elapsed > 0:
-            times = clock.times
-            previous = clock.state
-            times[previous] = times.get(previous, 0.0) + elapsed
-            clock.since = now
-        clock.state = (counts[0], counts[1], counts[2], counts[3])
 
     def _start(
         self, ctx: RequestContext, schema: Schema, kind: str, watch: bool, work: WorkEstimate, flow: int
@@ -213,10 +213,8 @@ class PriorityAndFairness:
         """The request takes its seats: counted as dispatched and executing."""
         request.stats.dispatched += 1
         kind = request.kind
-        self.executing.started(kind)
-        counts = self._read_vs_write
-        counts[1 if kind == READ_ONLY_KIND else 3] += 1
-        self._note_read_vs_write(request.start, counts)
+        self.executing.moved(kind, 1, request.start)
+        self._executing_counts[kind].move(request.start, 1)
         if request.watch:
             info = ctx.info
             assert info is not None
@@ -252,20 +250,24 @@ class PriorityAndFairness:
     def _release(self, request: Request) -> None:
         if not request.executing:
             return
-        schema = request.schema
-        executions = request.stats.executions.get("watch" if request.watch else "regular")
-        if executions is None:
-            executions = request.stats.execution("watch" if request.watch else "regular")
+        stats = request.stats
+        executions = stats.execution("watch") if request.watch else stats.regular
         now = self.clock()
         took = now - request.start
         executions.counts[bisect_left(executions.bounds, took)] += 1
         executions.total += took
         kind = request.kind
-        self.executing.finished(kind)
-        counts = self._read_vs_write
-        counts[1 if kind == READ_ONLY_KIND else 3] -= 1
-        self._note_read_vs_write(now, counts)
-        level = schema.level
+        # the watermark, and `Occupancy.move` written out (as in the gate)
+        self.executing.moved(kind, -1, now)
+        occupancy = self._executing_counts[kind]
+        try:
+            occupancy.times[occupancy.value] += now - occupancy.since
+        except IndexError:
+            occupancy.move(now, -1)
+        else:
+            occupancy.since = now
+            occupancy.value -= 1
+        level = request.schema.level
         queues = level.queues
         queues.finish(request, now)
         if level.quiescing and queues.is_idle():
@@ -307,20 +309,17 @@ class PriorityAndFairness:
 class _QueueNote:
     """A kind's requests entering and leaving APF's queues (`queueNote`, the waiting watermark)."""
 
-    __slots__ = ("filter", "index", "kind")
+    __slots__ = ("filter", "kind")
 
     def __init__(self, apf: PriorityAndFairness, kind: str) -> None:
         self.filter = apf
         self.kind = kind
-        self.index = 0 if kind == READ_ONLY_KIND else 2
 
     def queued(self) -> None:
-        self.filter.waiting.started(self.kind)
-        self.filter.counted(self.index, 1)
+        self.filter.queued(self.kind, 1)
 
     def dequeued(self) -> None:
-        self.filter.waiting.finished(self.kind)
-        self.filter.counted(self.index, -1)
+        self.filter.queued(self.kind, -1)
 
     def passed(self, now: float) -> None:
         self.filter.waiting.passed(self.kind, now)

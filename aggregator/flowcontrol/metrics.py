@@ -18,6 +18,7 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -96,18 +97,34 @@ class TimingRatio:
         return buckets, self.total
 
 
+# A level's state (requests waiting, requests executing, seats in use, seat demand), as a `StateClock`
+# keys it: the commonest state, nothing waiting and every executing request holding one seat
+# (w = 0, e = s = d), is the number of seats itself (a small int: the cheapest key there is).
+LevelState = int | tuple[int, int, int, int]
+
+
+def level_state(waiting: int, executing: int, seats: int, demand: int) -> LevelState:
+    if waiting == 0 and executing == seats == demand:
+        return seats
+    return (waiting, executing, seats, demand)
+
+
+def _unfold(state: LevelState) -> tuple[int, int, int, int]:
+    return (0, state, state, state) if isinstance(state, int) else state
+
+
 class StateClock:
-    """How long a few counters spent in each combination of values: one dictionary update per
-    change on the request path, turned into timing histograms only when they are read."""
+    """How long a level spent in each state (`level_state`): one dictionary update per change on the
+    request path, turned into timing histograms only when they are read."""
 
     __slots__ = ("since", "state", "times")
 
-    def __init__(self, now: float, state: tuple[int, ...]) -> None:
+    def __init__(self, now: float) -> None:
         self.since = now
-        self.state = state
-        self.times: dict[tuple[int, ...], float] = {}
+        self.state: LevelState = 0
+        self.times: dict[LevelState, float] = {}
 
-    def note(self, now: float, state: tuple[int, ...]) -> None:
+    def note(self, now: float, state: LevelState) -> None:
         elapsed = now - self.since
         if elapsed > 0:
             times = self.times
@@ -116,18 +133,56 @@ class StateClock:
             self.since = now
         self.state = state
 
-    def drain(self, now: float) -> dict[tuple[int, ...], float]:
+    def drain(self, now: float) -> dict[tuple[int, int, int, int], float]:
         """The seconds in each state up to `now`, forgotten once returned."""
         self.note(now, self.state)
         times, self.times = self.times, {}
-        return times
+        found: dict[tuple[int, int, int, int], float] = {}
+        for state, seconds in times.items():
+            key = _unfold(state)
+            found[key] = found.get(key, 0.0) + seconds
+        return found
+
+
+class Occupancy:
+    """How long one counter spent at each of its values (a list indexed by the value: the request
+    path's cheapest update), for a timing histogram."""
+
+    __slots__ = ("since", "times", "value")
+
+    def __init__(self, now: float) -> None:
+        self.since = now
+        self.value = 0
+        self.times = [0.0] * 256
+
+    def move(self, now: float, delta: int) -> None:
+        value = self.value
+        self.grow(value)
+        self.times[value] += now - self.since
+        self.since = now
+        self.value = value + delta
+
+    def grow(self, value: int) -> None:
+        times = self.times
+        if value >= len(times):
+            times.extend([0.0] * (value + 1 - len(times)))
+
+    def drain(self, now: float) -> list[tuple[int, float]]:
+        """The seconds at each value up to `now`, forgotten once returned."""
+        self.move(now, 0)
+        times = self.times
+        found = [(value, seconds) for value, seconds in enumerate(times) if seconds]
+        self.times = [0.0] * len(times)
+        return found
 
 
 class FlowStats:
     """One (priority level, FlowSchema)'s series. The request path moves plain counters; the most
     frequent observations are counted, not observed (`one_seat`: a seat estimated; `waited_none`:
     dispatched as it arrived; `passed`: a queue's length after enqueue, 1), and folded into their
-    histograms when scraped."""
+    histograms when scraped. `fast` counts the commonest request of all at once (one seat,
+    dispatched as it arrived through its queue: dispatched, one seat, waited 0 s, passed a queue),
+    `fast_exempt` the same at an exempt level (dispatched, one seat)."""
 
     __slots__ = (
         "dispatched",
@@ -135,6 +190,8 @@ class FlowStats:
         "executing_requests",
         "executing_seats",
         "executions",
+        "fast",
+        "fast_exempt",
         "inqueue_requests",
         "inqueue_seats",
         "no_accommodation",
@@ -142,6 +199,7 @@ class FlowStats:
         "passed",
         "queue_length",
         "queued",
+        "regular",
         "rejected",
         "wait",
         "waited_none",
@@ -154,13 +212,15 @@ class FlowStats:
         self.executing_requests = self.executing_seats = 0
         self.dispatched = self.no_accommodation = 0
         self.one_seat = self.waited_none = self.passed = 0
+        self.fast = self.fast_exempt = 0
         self.queued = self.executed = False  # the series upstream creates at the first enqueue, dispatch
         self.rejected: dict[str, int] = {}
         self.work_seats = Histogram(WORK_SEATS_BUCKETS)
         self.queue_length = Histogram(QUEUE_LENGTH_BUCKETS)
         self.watch_count = Histogram(WATCH_COUNT_BUCKETS)
         self.wait: dict[str, Histogram] = {}  # execute ("true"/"false") -> histogram
-        self.executions: dict[str, Histogram] = {}  # type ("regular"/"watch") -> histogram
+        self.executions: dict[str, Histogram] = {}  # type ("watch") -> histogram
+        self.regular = Histogram(DURATION_BUCKETS)  # type "regular" (shown once observed)
 
     def waited(self, execute: str) -> Histogram:
         histogram = self.wait.get(execute)
@@ -169,6 +229,8 @@ class FlowStats:
         return histogram
 
     def execution(self, kind: str) -> Histogram:
+        if kind == "regular":
+            return self.regular
         histogram = self.executions.get(kind)
         if histogram is None:
             histogram = self.executions[kind] = Histogram(DURATION_BUCKETS)
@@ -176,6 +238,25 @@ class FlowStats:
 
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    # what the counters add up to, with the fast ones folded in
+    @property
+    def all_dispatched(self) -> int:
+        return self.dispatched + self.fast + self.fast_exempt
+
+    @property
+    def shown_executing(self) -> bool:
+        return self.executed or self.fast > 0 or self.fast_exempt > 0
+
+    @property
+    def shown_inqueue(self) -> bool:
+        return self.queued or self.fast > 0
+
+    def all_executions(self) -> dict[str, Histogram]:
+        found = dict(self.executions)
+        if self.regular.total or any(self.regular.counts):
+            found["regular"] = self.regular
+        return found
 
 
 class LevelMetrics:
@@ -191,7 +272,7 @@ class LevelMetrics:
         "limits",
         "name",
         "period",
-        "r",
+        "queues",
         "request_executing",
         "request_waiting",
         "seat_utilization",
@@ -201,9 +282,10 @@ class LevelMetrics:
     def __init__(self, name: str, now: float) -> None:
         self.name = name
         self.flows: dict[str, FlowStats] = {}  # by FlowSchema name
-        # Virtual time in the queueset's fixed point (1e-8 seat-seconds): R at the last change, and at
-        # the last dispatch (R, S, min S, max S, min discounted S, max discounted S).
-        self.r: int | None = None
+        # Virtual time in the queueset's fixed point (1e-8 seat-seconds): R at the last change (the
+        # queueset's own), and at the last dispatch (R, S, min S, max S, min discounted S, max
+        # discounted S).
+        self.queues: Any = None
         self.dispatch: tuple[int, int, int, int, int, int] | None = None
         # The seat demand over the adjustment period: its integrals (from `state`), and its extremes
         # as the queueset saw them change.
@@ -218,7 +300,12 @@ class LevelMetrics:
         self.request_executing = TimingRatio(REQUEST_UTILIZATION_BUCKETS)
         self.demand = TimingRatio(DEMAND_BUCKETS)
         # (requests waiting, requests executing, seats in use, seat demand) over time.
-        self.state = StateClock(now, (0, 0, 0, 0))
+        self.state = StateClock(now)
+
+    @property
+    def r(self) -> int | None:
+        """R at the last change (`SetCurrentR` as each `syncTimeLocked` ends)."""
+        return self.queues.current_r if self.queues is not None else None
 
     def flush(self, now: float) -> None:
         """The time spent in each state since the last flush, into the timing histograms and the seat
@@ -241,7 +328,7 @@ class LevelMetrics:
         seconds, integral, squares = self.period
         low, high = self.demand_min, self.demand_max
         self.period = [0.0, 0.0, 0.0]
-        current = self.state.state[3]
+        current = _unfold(self.state.state)[3]
         self.demand_min = self.demand_max = current
         return seconds, integral, squares, float(low), float(high)
 
@@ -277,8 +364,8 @@ class FlowControlMetrics:
         self.read_vs_write = {
             (phase, kind): TimingRatio(READ_VS_WRITE_BUCKETS) for phase in (WAITING, EXECUTING) for kind in (READ_ONLY, MUTATING)
         }
-        # (read-only waiting, read-only executing, mutating waiting, mutating executing) over time.
-        self.read_vs_write_state = StateClock(now, (0, 0, 0, 0))
+        # Requests waiting and executing, by kind, over time.
+        self.read_vs_write_counts = {key: Occupancy(now) for key in self.read_vs_write}
         # apiserver_current_inqueue_requests: APF's waiting-phase watermark.
         self.waiting = WaitingWatermark(clock)
         if registry is not None:
@@ -295,12 +382,10 @@ class FlowControlMetrics:
         return []
 
     def flush_read_vs_write(self, now: float) -> None:
-        ratios = self.read_vs_write
-        order = ((WAITING, READ_ONLY), (EXECUTING, READ_ONLY), (WAITING, MUTATING), (EXECUTING, MUTATING))
-        for state, seconds in self.read_vs_write_state.drain(now).items():
-            nanoseconds = seconds * 1e9
-            for key, value in zip(order, state, strict=True):
-                ratios[key].absorb(value, nanoseconds)
+        for key, counts in self.read_vs_write_counts.items():
+            ratio = self.read_vs_write[key]
+            for value, seconds in counts.drain(now):
+                ratio.absorb(value, seconds * 1e9)
 
     def set_read_vs_write_denominators(self, waiting: float, executing: float) -> None:
         """`maxWaitingRequests` and `maxExecutingRequests` of a new configuration."""
@@ -344,8 +429,8 @@ class FlowControlMetrics:
             for fs, stats in sorted(m.flows.items()):
                 for reason, n in stats.rejected.items():
                     rejected.add_metric([m.name, fs, reason], n)
-                if stats.executed:
-                    dispatched.add_metric([m.name, fs], stats.dispatched)
+                if stats.shown_executing:
+                    dispatched.add_metric([m.name, fs], stats.all_dispatched)
                 if stats.no_accommodation:
                     no_room.add_metric([m.name, fs], stats.no_accommodation)
         yield from (rejected, dispatched, no_room, epochs)
@@ -356,30 +441,30 @@ class FlowControlMetrics:
             "current_inqueue_requests": (
                 "[BETA] Number of requests currently pending in queues of the API Priority and Fairness subsystem",
                 "inqueue_requests",
-                "queued",
+                "shown_inqueue",
             ),
             "current_inqueue_seats": (
                 "[ALPHA] Number of seats currently pending in queues of the API Priority and Fairness subsystem",
                 "inqueue_seats",
-                "queued",
+                "shown_inqueue",
             ),
             "current_executing_requests": (
                 "[BETA] Number of requests in initial (for a WATCH) or any (for a non-WATCH) execution stage in the "
                 "API Priority and Fairness subsystem",
                 "executing_requests",
-                "executed",
+                "shown_executing",
             ),
             "current_executing_seats": (
                 "[BETA] Concurrency (number of seats) occupied by the currently executing (initial stage for a WATCH, "
                 "any stage otherwise) requests in the API Priority and Fairness subsystem",
                 "executing_seats",
-                "executed",
+                "shown_executing",
             ),
             "request_concurrency_in_use": (
                 "[ALPHA] Concurrency (number of seats) occupied by the currently executing "
                 "(initial stage for a WATCH, any stage otherwise) requests in the API Priority and Fairness subsystem",
                 "executing_seats",
-                "executed",
+                "shown_executing",
             ),
         }
         for name, (help_text, attribute, shown) in per_fs.items():
@@ -485,27 +570,30 @@ class FlowControlMetrics:
                 labels = [m.name, fs]
                 # the counted observations: a queue length of 1 (bucket le=10), a wait of 0 s (le=0),
                 # one seat (le=1)
-                buckets, count = stats.queue_length.cumulative(1, stats.passed)
+                passed = stats.passed + stats.fast
+                buckets, count = stats.queue_length.cumulative(1, passed)
                 if count:
-                    queue_length.add_metric(labels, buckets, stats.queue_length.total + stats.passed)
+                    queue_length.add_metric(labels, buckets, stats.queue_length.total + passed)
                 waited = stats.wait.get("true")
-                if waited is not None or stats.waited_none:
+                waited_none = stats.waited_none + stats.fast
+                if waited is not None or waited_none:
                     histogram = waited or Histogram(DURATION_BUCKETS)
-                    buckets, _count = histogram.cumulative(0, stats.waited_none)
+                    buckets, _count = histogram.cumulative(0, waited_none)
                     wait.add_metric([*labels, "true"], buckets, histogram.total)
                 refused = stats.wait.get("false")
                 if refused is not None:
                     buckets, _count = refused.cumulative()
                     wait.add_metric([*labels, "false"], buckets, refused.total)
-                for kind, histogram in sorted(stats.executions.items()):
+                for kind, histogram in sorted(stats.all_executions().items()):
                     buckets, _count = histogram.cumulative()
                     execution.add_metric([*labels, kind], buckets, histogram.total)
                 buckets, count = stats.watch_count.cumulative()
                 if count:
                     watch_count.add_metric(labels, buckets, stats.watch_count.total)
-                buckets, count = stats.work_seats.cumulative(0, stats.one_seat)
+                one_seat = stats.one_seat + stats.fast + stats.fast_exempt
+                buckets, count = stats.work_seats.cumulative(0, one_seat)
                 if count:
-                    work_seats.add_metric(labels, buckets, stats.work_seats.total + stats.one_seat)
+                    work_seats.add_metric(labels, buckets, stats.work_seats.total + one_seat)
         yield from (queue_length, wait, execution, watch_count, work_seats)
 
     def _timing(self, levels: list[LevelMetrics], now: float) -> Iterator[Metric]:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aggregator.flowcontrol.metrics import SS_SCALE, FlowStats, LevelMetrics
+from aggregator.flowcontrol.metrics import SS_SCALE, FlowStats, LevelMetrics, level_state
 from aggregator.flowcontrol.shufflesharding import Dealer
 
 ESTIMATED_SERVICE_DURATION = 0.003
@@ -153,6 +153,7 @@ class QueueSet:
         self.shortcuts = shortcuts
         self.call_later = call_later
         self.metrics = metrics
+        metrics.queues = self  # R is read from here when scraped
         # Told of the seat demand (seats in use + seats waiting) when it changes (--workers' shares).
         self.on_demand: Callable[[int], None] | None = None
         self.config = QueuingConfig(config.name)
@@ -173,7 +174,8 @@ class QueueSet:
         self._nonempty: set[int] = set()  # queues with requests waiting
         self._hands: dict[int, list[int]] = {}
         self._demand = 0
-        self.dispatched = 0
+        # Finishing skips the dispatch pass when nothing waits (not while surplus queues drain).
+        self._plain = False
         self.rejected = 0
         self.timed_out = 0
         self.set_configuration(config, 0, 1)
@@ -207,6 +209,7 @@ class QueueSet:
         if config.desired_queues > 0:
             qll *= config.desired_queues
         self.metrics.set_denominators(now, waiting=qll, executing=denominator)
+        self._plain = self.shortcuts and len(self.queues) <= config.desired_queues
         self._dispatch_as_much_as_possible(now)
         self._settle(now)
 
@@ -235,7 +238,6 @@ class QueueSet:
             limit = self.concurrency_limit
             rate = (requested if requested < limit else limit) / active
             self.current_r += round(rate * elapsed * SS_SCALE)
-        self.metrics.r = self.current_r
 
     def _settle(self, now: float) -> None:
         """After every change: the new state for the timing histograms and the seat demand's
@@ -250,7 +252,7 @@ class QueueSet:
             previous = clock.state
             times[previous] = times.get(previous, 0.0) + elapsed
             clock.since = now
-        clock.state = (self.waiting_requests, self.executing_requests, seats, demand)
+        clock.state = level_state(self.waiting_requests, self.executing_requests, seats, demand)
         if demand != self._demand:
             self._demand = demand
             if demand > m.demand_max:
@@ -316,14 +318,14 @@ class QueueSet:
         self._settle(now)
         return request
 
-    def start_one(self, hash_value: int, stats: FlowStats, queued_note: QueueNote | None) -> Request | None:
+    def start_one(self, hash_value: int, stats: FlowStats) -> Request | None:
         """`start_request` for the common case, in one step: a one-seat request of an exempt level, or
         of a queuing level where nothing waits and a seat is free (what `_dispatch_at_once` does,
-        inlined: this runs for nearly every request). None when it is not that case."""
+        inlined: this runs for nearly every request). None when it is not that case. The caller
+        tells the waiting watermark that a queued level's request passed through its queue."""
         desired = self.config.desired_queues
-        waiting = self.waiting_requests
         seats = self.seats_in_use
-        if desired == 0 or (desired > 0 and (waiting or seats >= self.concurrency_limit)) or not self.shortcuts:
+        if desired == 0 or (desired > 0 and (self.waiting_requests or seats >= self.concurrency_limit)) or not self.shortcuts:
             return None
         now = self.clock()
         elapsed = now - self.last_real
@@ -334,8 +336,6 @@ class QueueSet:
             requested = self._seats_requested
             limit = self.concurrency_limit
             r = self.current_r = r + round((requested if requested < limit else limit) / active * elapsed * SS_SCALE)
-        m = self.metrics
-        m.r = r
         request = _new_request(Request)
         request.stats = stats
         request.initial_seats = request.max_seats = 1
@@ -349,18 +349,19 @@ class QueueSet:
         request.executing = True
         stats.executing_requests += 1
         stats.executing_seats += 1
-        stats.executed = True
-        self.executing_requests += 1
+        executing = self.executing_requests = self.executing_requests + 1
         self.seats_in_use = seats = seats + 1
-        self.dispatched += 1
         if desired < 0:  # exempt: no queue
             request.queue = None
+            stats.fast_exempt += 1
         else:
+            stats.fast += 1
             hand = self._hands.get(hash_value)
             if hand is None:
                 hand = self._deal(hash_value)
-            queue = request.queue = self.queues[hand[self.enqueues % len(hand)]]
-            self.enqueues += 1
+            enqueues = self.enqueues
+            queue = request.queue = self.queues[hand[enqueues % len(hand)]]
+            self.enqueues = enqueues + 1
             before = queue.executing
             if before:
                 start = queue.next_dispatch_r
@@ -369,19 +370,15 @@ class QueueSet:
             else:
                 start = r
                 self._active_queues = active + 1
-            stats.queued = True  # upstream's +1 and -1 leave the in-queue series at 0
-            if queued_note is not None:
-                queued_note.passed(now)
-            stats.passed += 1  # the queue's length after enqueue: 1
             self.robin_index = queue.index
             discounted = start - queue.seats_in_use * _G_WORK
-            m.dispatch = (r, start, start, start, discounted, discounted)
+            self.metrics.dispatch = (r, start, start, start, discounted, discounted)
             queue.executing = before + 1
             queue.seats_in_use += 1
             self._seats_requested += 1
             queue.next_dispatch_r = start + _G_WORK
-        # _settle, inlined
-        demand = seats + waiting
+        # _settle, inlined (nothing waits: the demand is the seats in use)
+        m = self.metrics
         clock = m.state
         elapsed = now - clock.since
         if elapsed > 0:
@@ -389,13 +386,13 @@ class QueueSet:
             previous = clock.state
             times[previous] = times.get(previous, 0.0) + elapsed
             clock.since = now
-        clock.state = (waiting, self.executing_requests, seats, demand)
-        if demand != self._demand:
-            self._demand = demand
-            if demand > m.demand_max:
-                m.demand_max = demand
+        clock.state = seats if executing == seats else (0, executing, seats, seats)  # level_state
+        if seats != self._demand:
+            self._demand = seats
+            if seats > m.demand_max:
+                m.demand_max = seats
             if self.on_demand is not None:
-                self.on_demand(demand)
+                self.on_demand(seats)
         return request
 
     def _deal(self, hash_value: int) -> list[int]:
@@ -588,7 +585,6 @@ class QueueSet:
         stats.executing_requests += 1
         stats.executing_seats += seats
         stats.executed = True
-        self.dispatched += 1
 
     # --- waiting ----------------------------------------------------------------------------------------
 
@@ -637,22 +633,54 @@ class QueueSet:
 
     def finish(self, request: Request, now: float | None = None) -> None:
         """`finishRequestAndDispatchAsMuchAsPossible`: the request is done executing (its final seats,
-        if any, linger for its additional latency), and whatever fits now is dispatched."""
+        if any, linger for its additional latency), and whatever fits now is dispatched. Where nothing
+        waits and no seat lingers (the common case) that is written out inline."""
         if not request.executing:
             return
         request.executing = False
         if now is None:
             now = self.clock()
         queue = request.queue
-        if (
-            queue is not None
-            and self.shortcuts
-            and request.final_seats == 0
-            and not self.waiting_requests
-            and len(self.queues) <= self.config.desired_queues
-        ):
-            self._finish_alone(request, queue, now)
+        if queue is None or not self._plain or request.final_seats or self.waiting_requests:
+            self._finish(request, now)
             return
+        elapsed = now - self.last_real
+        self.last_real = now
+        active = self._active_queues
+        if active and elapsed > 0:
+            requested = self._seats_requested
+            limit = self.concurrency_limit
+            self.current_r += round((requested if requested < limit else limit) / active * elapsed * SS_SCALE)
+        seats = request.max_seats
+        stats = request.stats
+        stats.executing_requests -= 1
+        stats.executing_seats -= seats
+        executing_requests = self.executing_requests = self.executing_requests - 1
+        self.seats_in_use = in_use = self.seats_in_use - seats
+        executing = queue.executing = queue.executing - 1
+        # the queue's dispatch R corrected by the real service time (no request waits: no bound)
+        queue.next_dispatch_r -= round(request.initial_seats * (ESTIMATED_SERVICE_DURATION - (now - request.start)) * SS_SCALE)
+        queue.seats_in_use -= seats
+        self._seats_requested -= seats
+        if not executing:
+            self._active_queues = active - 1
+        m = self.metrics
+        clock = m.state
+        elapsed = now - clock.since
+        if elapsed > 0:
+            times = clock.times
+            previous = clock.state
+            times[previous] = times.get(previous, 0.0) + elapsed
+            clock.since = now
+        clock.state = in_use if executing_requests == in_use else (0, executing_requests, in_use, in_use)
+        if in_use != self._demand:
+            self._demand = in_use
+            if in_use < m.demand_min:
+                m.demand_min = in_use
+            if self.on_demand is not None:
+                self.on_demand(in_use)
+
+    def _finish(self, request: Request, now: float) -> None:
         self._sync_time(now)
         self.executing_requests -= 1
         request.stats.executing_requests -= 1
@@ -672,45 +700,6 @@ class QueueSet:
             self.call_later(request.additional_latency, lambda: self._linger_over(request))
         self._dispatch_as_much_as_possible(now)
         self._settle(now)
-
-    def _finish_alone(self, request: Request, queue: Queue, now: float) -> None:
-        """`finish` where nothing waits and no seat lingers: the common case, inlined."""
-        elapsed = now - self.last_real
-        self.last_real = now
-        active = self._active_queues
-        if active and elapsed > 0:
-            requested = self._seats_requested
-            limit = self.concurrency_limit
-            self.current_r += round((requested if requested < limit else limit) / active * elapsed * SS_SCALE)
-        m = self.metrics
-        m.r = self.current_r
-        seats = request.max_seats
-        stats = request.stats
-        stats.executing_requests -= 1
-        stats.executing_seats -= seats
-        self.executing_requests -= 1
-        self.seats_in_use = in_use = self.seats_in_use - seats
-        executing = queue.executing = queue.executing - 1
-        # the queue's dispatch R corrected by the real service time (no request waits: no bound)
-        queue.next_dispatch_r -= round(request.initial_seats * (ESTIMATED_SERVICE_DURATION - (now - request.start)) * SS_SCALE)
-        queue.seats_in_use -= seats
-        self._seats_requested -= seats
-        if not executing:
-            self._active_queues = active - 1
-        clock = m.state
-        elapsed = now - clock.since
-        if elapsed > 0:
-            times = clock.times
-            previous = clock.state
-            times[previous] = times.get(previous, 0.0) + elapsed
-            clock.since = now
-        clock.state = (0, self.executing_requests, in_use, in_use)
-        if in_use != self._demand:
-            self._demand = in_use
-            if in_use < m.demand_min:
-                m.demand_min = in_use
-            if self.on_demand is not None:
-                self.on_demand(in_use)
 
     def _linger_over(self, request: Request) -> None:
         now = self.clock()
@@ -739,6 +728,7 @@ class QueueSet:
         if index >= len(self.queues) or self.queues[index] is not queue:
             return
         del self.queues[index]
+        self._plain = self.shortcuts and len(self.queues) <= self.config.desired_queues
         self._nonempty = {i - 1 if i > index else i for i in self._nonempty}
         for later in self.queues[index:]:
             later.index -= 1

@@ -78,7 +78,7 @@ def run(shortcuts: bool, limit: int, queues: int, exempt: bool, plan: list[Step]
         for what, which, amount in plan:
             if what == "arrive":
                 flow = hash_flow("fs", FLOWS[which])
-                request = qs.start_one(flow, stats, None) if amount == 1 else None
+                request = qs.start_one(flow, stats) if amount == 1 else None
                 if request is None:
                     request = qs.start_request(WorkEstimate(amount), flow, stats)
                 if request is not None:

@@ -13,9 +13,16 @@ WORKDIR /src
 # Only what the package build needs (.dockerignore keeps everything else out of the context).
 COPY pyproject.toml README.md LICENSE ./
 COPY aggregator/ ./aggregator/
-RUN /opt/aggregator/bin/pip install .
+# The kube extra: the image runs in a cluster, where kube mode needs the kubernetes client; the
+# tracing extra: --tracing-config-file works there too (about 25 MB: grpcio, protobuf).
+RUN /opt/aggregator/bin/pip install '.[kube,tracing]'
 
 FROM ${PYTHON_IMAGE}
+# libnghttp2 serves HTTP/2 (aggregator/web/http2/nghttp2.py loads it; without it the gateway
+# offers HTTP/1.1 only). Debian's package carries the security fixes.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnghttp2-14 \
+ && rm -rf /var/lib/apt/lists/*
 # A fixed, unprivileged UID/GID: the Deployment's runAsUser/runAsGroup/fsGroup name the same ids.
 RUN groupadd --system --gid 65532 aggregator \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \

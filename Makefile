@@ -1,7 +1,9 @@
 # The two commands a newcomer runs: `make demo` and `make test`. Each sets itself up.
 #
 # `make demo` installs only what the demo runs (the gateway, the sample extension API server in
-# samples/wardle, and their dependencies); `make test` adds the test and development extras. pip reads PIP_FIND_LINKS and PIP_NO_INDEX from the environment:
+# samples/wardle, and their dependencies: not the kubernetes client, the `kube` extra that only kube
+# mode imports); `make test` adds the test extra (which takes the kube extra: the tests run kube
+# mode too) and the development extra. pip reads PIP_FIND_LINKS and PIP_NO_INDEX from the environment:
 # .ci/run points both installs at one wheelhouse, so CI downloads each package once.
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,9 +19,8 @@ $(BIN)/python:
 	@echo "make: creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 
-# --no-compile: Python compiles what the demo imports when it first imports it; compiling every
-# installed module up front (the kubernetes client alone is 126 MB, and local mode never imports it)
-# made the install three times slower.
+# --no-compile: Python compiles what the demo imports when it first imports it, not every installed
+# module up front.
 $(DEMO_STAMP): pyproject.toml $(SAMPLE)/pyproject.toml | $(BIN)/python
 	@echo "make demo: installing the gateway, the sample server and the packages they run into $(VENV) (the first time only)"
 	$(BIN)/python -m pip install --disable-pip-version-check --no-compile -e . -e $(SAMPLE)
@@ -34,8 +35,15 @@ $(STAMP): pyproject.toml $(SAMPLE)/pyproject.toml | $(BIN)/python
 demo: $(DEMO_STAMP)
 	$(BIN)/aggregator demo $(DEMO_ARGS)
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist), whole modules at a time, the longest
+# first (tests/conftest.py). Most tests wait on sockets and subprocesses, so more workers than
+# cores pays: see docs/development.md for the measurements behind the default.
+# PYTHONDONTWRITEBYTECODE is dropped for the run: every worker and every gateway subprocess would
+# otherwise compile (and assert-rewrite) the same modules again, about 5 s of CPU per worker.
+TEST_WORKERS ?= 4
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check aggregator $(SAMPLE) tests benchmarks

@@ -1,16 +1,19 @@
 """The options of `aggregator serve`: one group per feature, as kube-apiserver's options are
-(`k8s.io/apiserver/pkg/server/options`), and the checks that span groups.
+(`k8s.io/apiserver/pkg/server/options`), the checks that span groups, and the `Config` the groups
+complete.
 
-Each feature owns its group (`XxxOptions` with `add_flags`, `validate`, and what the feature builds
-from it): where objects come from (`sources/options.py`), secure serving (`tls/options.py`), the
-request limits, timeouts and shutdown and the logging flags (`web/options.py`), API Priority and
-Fairness (`flowcontrol/options.py`), the worker count
-(`workers/options.py`), authentication and authorization (`auth/options.py`), the backends
-(`backends/options.py`), delegation to kube-apiserver (`proxy/options.py`), status writes
-(`availability/options.py`) and their leader election (`leaderelection.py`), and auditing
-(`audit/options.py`). This module only puts the groups together (each flag's destination names its
-group and field: `util/flags.py`) and checks what no one group can: flags that mean nothing in
-local mode, and the front-proxy certificate kube mode requires.
+Each feature owns its group (`XxxOptions` with `add_flags`, `validate` returning every problem,
+and `apply_to(config)` writing the feature's own part of `Config`): where objects come from
+(`sources/options.py`), secure serving (`tls/options.py`), the request limits, timeouts and
+shutdown and the logging flags (`web/options.py`), API Priority and Fairness
+(`flowcontrol/options.py`), the worker count (`workers/options.py`),
+authentication and authorization (`auth/options.py`), the backends (`backends/options.py`),
+delegation to kube-apiserver (`proxy/options.py`), status writes (`availability/options.py`) and
+their leader election (`leaderelection.py`), auditing (`audit/options.py`) and tracing
+(`tracing/options.py`). This module only puts the groups together (each flag's destination names
+its group and field: `util/flags.py`), applies them in order (`complete`) and checks what no one
+group can: flags that mean nothing in local mode, and the front-proxy certificate kube mode
+requires.
 
 Flag names follow kube-apiserver's so operators can carry their knowledge over.
 """
@@ -21,24 +24,34 @@ import argparse
 from dataclasses import dataclass, field
 
 from aggregator.audit.options import AuditOptions
-from aggregator.auth.options import AuthenticationOptions, AuthorizationOptions
+from aggregator.auth.options import AuthenticationOptions, AuthorizationConfig, AuthorizationOptions
 from aggregator.availability.options import AvailabilityOptions
-from aggregator.backends.options import BackendOptions
-from aggregator.flowcontrol.options import FlowControlOptions
-from aggregator.leaderelection import LeaderElectionOptions
+from aggregator.backends.options import BackendConfig, BackendOptions
+from aggregator.flowcontrol.options import FlowControlConfig, FlowControlOptions, concurrency_problems
+from aggregator.kube.client import missing_kube_client
+from aggregator.leaderelection import LeaderElectionConfig, LeaderElectionOptions
 from aggregator.proxy.delegate import FRONT_PROXY
 from aggregator.proxy.options import DelegationOptions
-from aggregator.sources.options import SourceOptions
+from aggregator.sources.options import SourceConfig, SourceOptions
 from aggregator.tls.options import SECTION as SERVING_SECTION
-from aggregator.tls.options import SecureServingOptions
-from aggregator.util.flags import ConfigError, assign
-from aggregator.web.options import LoggingOptions, ServerRunOptions
+from aggregator.tls.options import SecureServingOptions, ServingConfig
+from aggregator.tracing.config import TracingConfiguration
+from aggregator.tracing.options import TracingOptions
+from aggregator.util.flags import ConfigError, InvalidOptions, assign
+from aggregator.web.options import (
+    LoggingConfig,
+    LoggingOptions,
+    RequestLimits,
+    ServerRunOptions,
+    ShutdownConfig,
+)
 from aggregator.workers.options import WorkersOptions
 
 # Where each group's flags land: its field in `Options`, the prefix of its flags' destinations.
 SOURCE = "source."
 SERVING = "serving."
 SERVER = "server."
+FLOWCONTROL = "flowcontrol."
 WORKERS = "workers."
 AUTHENTICATION = "authentication."
 AUTHORIZATION = "authorization."
@@ -47,8 +60,8 @@ DELEGATION = "delegation."
 AVAILABILITY = "availability."
 LEADER_ELECTION = "leader_election."
 AUDIT = "audit."
-FLOWCONTROL = "flowcontrol."
 LOGGING = "logging."
+TRACING = "tracing."
 
 # Flags that only mean something in kube mode: given explicitly with --apiservices-dir, refused
 # (destination -> flag). Their defaults are not registered, so a parsed namespace has them only
@@ -75,6 +88,7 @@ class Options:
     leader_election: LeaderElectionOptions = field(default_factory=LeaderElectionOptions)
     audit: AuditOptions = field(default_factory=AuditOptions)
     logging: LoggingOptions = field(default_factory=LoggingOptions)
+    tracing: TracingOptions = field(default_factory=TracingOptions)
     # The KUBE_MODE_FLAGS given on the command line (their defaults cannot tell).
     explicit_flags: frozenset[str] = frozenset()
 
@@ -86,15 +100,67 @@ class Options:
     def kube_mode(self) -> bool:
         return self.source.kube_mode
 
+
+@dataclass
+class Config:
+    """What a gateway is built and run from (kube-apiserver's `server.Config`): each options group's
+    `apply_to` writes its part, resolved and parsed once (the mode's defaults, the in-cluster
+    account, the CPU count, the Lease's namespace, the TLS and access-log policies, the tracing
+    file), and each component is handed its own part. The control process sends it to its workers
+    as it is, so every process of a group runs from the same resolution."""
+
+    source: SourceConfig = field(default_factory=SourceConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    requests: RequestLimits = field(default_factory=RequestLimits)
+    # API Priority and Fairness; None with --enable-priority-and-fairness=false (max-in-flight).
+    flowcontrol: FlowControlConfig | None = None
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    workers: int = 1
+    authentication: AuthenticationOptions = field(default_factory=AuthenticationOptions)
+    authorization: AuthorizationConfig = field(default_factory=lambda: AuthorizationConfig(modes=()))
+    backends: BackendConfig = field(default_factory=BackendConfig)
+    delegate_auth: str = FRONT_PROXY
+    write_apiservice_status: bool = False
+    leader_election: LeaderElectionConfig | None = None
+    audit: AuditOptions = field(default_factory=AuditOptions)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    tracing: TracingConfiguration | None = None
+
     @property
-    def deny_cidrs(self) -> list[str]:
-        """`--backend-deny-cidrs`, or this mode's default."""
-        return self.backends.deny_cidrs(kube_mode=self.kube_mode)
+    def local_mode(self) -> bool:
+        return self.source.local_mode
+
+    @property
+    def kube_mode(self) -> bool:
+        return self.source.kube_mode
 
 
-def add_source_flags(parser: argparse.ArgumentParser) -> None:
-    """Where APIService, Service and EndpointSlice objects come from (shared by serve and check)."""
-    SourceOptions.add_flags(parser, SOURCE)
+def complete(opts: Options) -> Config:
+    """Every group applied to a new `Config` (validated options: `validate` first), in order: the
+    source before the groups whose defaults depend on the mode, availability before leader
+    election (only status writes elect)."""
+    config = Config()
+    opts.source.apply_to(config)
+    opts.serving.apply_to(config)
+    opts.server.apply_to(config)
+    opts.flowcontrol.apply_to(config)  # after the server's limits: it shares them out
+    opts.workers.apply_to(config)
+    opts.authentication.apply_to(config)
+    opts.authorization.apply_to(config)
+    opts.backends.apply_to(config)
+    opts.delegation.apply_to(config)
+    opts.availability.apply_to(config)
+    opts.leader_election.apply_to(config)
+    opts.audit.apply_to(config)
+    opts.logging.apply_to(config)
+    opts.tracing.apply_to(config)
+    return config
+
+
+def add_source_flags(parser: argparse.ArgumentParser, *, command: str = "serve") -> None:
+    """Where APIService, Service and EndpointSlice objects come from (shared by serve and check,
+    each with its own words for what the flags do)."""
+    SourceOptions.add_flags(parser, SOURCE, command=command)
 
 
 def add_backend_flags(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +183,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     AvailabilityOptions.add_flags(parser, AVAILABILITY)
     LeaderElectionOptions.add_flags(parser, LEADER_ELECTION)
     AuditOptions.add_flags(parser, AUDIT)
+    TracingOptions.add_flags(parser, TRACING)
     LoggingOptions.add_flags(parser, LOGGING)
 
 
@@ -129,36 +196,70 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return opts
 
 
-def validate(opts: Options) -> None:
-    """Raise ConfigError for the first wrong flag or combination, naming the flag."""
-    opts.serving.validate()
-    opts.workers.validate()
-    opts.logging.validate()
-    opts.backends.validate(kube_mode=opts.kube_mode)
-    opts.authentication.validate()
-    opts.source.validate()
-    kube_only = sorted(KUBE_MODE_FLAGS[dest] for dest in opts.explicit_flags) if opts.local_mode else []
-    if kube_only:
-        raise ConfigError(
-            kube_only[0],
-            "only applies in kube mode; it means nothing with --apiservices-dir",
-        )
-    if opts.delegation.delegate_auth == FRONT_PROXY and opts.kube_mode and not opts.backends.proxy_client_cert_file:
-        # Without a front-proxy certificate kube-apiserver cannot trust the caller's identity headers.
-        raise ConfigError(
-            "--proxy-client-cert-file",
-            "is required in kube mode with --delegate-auth=front-proxy (kube-apiserver trusts X-Remote-* "
-            "only from a front-proxy certificate)",
-        )
-    opts.server.validate()
-    for error in opts.flowcontrol.validate(
-        max_requests_inflight=opts.server.max_requests_inflight,
-        max_mutating_requests_inflight=opts.server.max_mutating_requests_inflight,
+def problems(opts: Options) -> list[ConfigError]:
+    """Every problem of the flags: each group's own (`validate`), then what spans groups."""
+    found = [
+        *opts.serving.validate(),
+        *opts.workers.validate(),
+        *opts.logging.validate(),
+        *opts.backends.validate(),
+        *opts.authentication.validate(),
+        *opts.source.validate(),
+        *opts.server.validate(),
+        *opts.flowcontrol.validate(),
+        *opts.leader_election.validate(),
+        *opts.authorization.validate(),
+        *opts.delegation.validate(),
+        *opts.availability.validate(),
+        *opts.audit.validate(),
+        *opts.tracing.validate(),
+    ]
+    found += concurrency_problems(opts.flowcontrol, opts.server)
+    if opts.local_mode:
+        found += [
+            ConfigError(flag, "only applies in kube mode; it means nothing with --apiservices-dir")
+            for flag in sorted(KUBE_MODE_FLAGS[dest] for dest in opts.explicit_flags)
+        ]
+    kube_source = opts.source.kubeconfig or opts.source.in_cluster  # kube mode with somewhere to watch
+    if opts.delegation.delegate_auth == FRONT_PROXY and opts.kube_mode and kube_source and not (
+        opts.backends.proxy_client_cert_file
     ):
-        raise error
-    opts.leader_election.validate()
-    opts.authorization.validate(
+        # Without a front-proxy certificate kube-apiserver cannot trust the caller's identity headers.
+        found.append(
+            ConfigError(
+                "--proxy-client-cert-file",
+                "is required in kube mode with --delegate-auth=front-proxy (kube-apiserver trusts X-Remote-* "
+                "only from a front-proxy certificate)",
+            )
+        )
+    modes = opts.authorization.modes_problem(
         local_mode=opts.local_mode,
         has_kubeconfig=bool(opts.source.kubeconfig or opts.authorization.kubeconfig or opts.kube_mode),
     )
-    opts.audit.validate()
+    if modes is not None:
+        found.append(modes)
+    needs_client = _kube_client_needed_by(opts)
+    missing = missing_kube_client() if needs_client else None
+    if needs_client and missing:
+        found.append(ConfigError(needs_client, missing))
+    return found
+
+
+def validate(opts: Options) -> None:
+    """Raise InvalidOptions naming every wrong flag or combination (one line each), as
+    kube-apiserver reports them all at once."""
+    found = problems(opts)
+    if found:
+        raise InvalidOptions(found)
+
+
+def _kube_client_needed_by(opts: Options) -> str | None:
+    """What makes the gateway talk to kube-apiserver (so it needs the `kube` extra), as named in
+    the one line that says it is missing."""
+    if opts.kube_mode:
+        return "kube mode"
+    if opts.source.kubeconfig:
+        return "--kubeconfig"
+    if opts.authorization.kubeconfig:
+        return "--authorization-kubeconfig"
+    return None

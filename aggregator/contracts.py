@@ -8,7 +8,7 @@ This module imports nothing from the gateway but plain models, so anything may i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +33,11 @@ class Availability(Protocol):
 
     def reason(self, name: str) -> str:
         """The `Available` condition's reason (`ProxyLoop`...), "" when there is none."""
+        ...
+
+    def add_listener(self, listener: Callable[[str], None]) -> None:
+        """Called with an APIService's name whenever what `is_available` or `reason` answer for
+        it may have changed."""
         ...
 
 
@@ -60,6 +65,14 @@ class EjectionReport(Protocol):
     empty): where availability hears of it, to name it in the condition and `/readyz?verbose`."""
 
     def ejection(self, name: str, endpoint: str, reason: str) -> None: ...
+
+
+class Quarantined(Protocol):
+    """The APIServices left out of discovery and OpenAPI now (`availability/quarantine.py`): the
+    control's book, or a worker's copy of it. Immutable: a change is a new set."""
+
+    @property
+    def quarantined(self) -> frozenset[str]: ...
 
 
 class Recheck(Protocol):

@@ -50,7 +50,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 
 from aggregator.kube import calls
-from aggregator.util.flags import ConfigError, FlagSet, GoDuration, go_bool
+from aggregator.sources.options import SourceConfig
+from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration, Problems
 from aggregator.util.logs import fields
 
 if TYPE_CHECKING:
@@ -101,9 +102,7 @@ class LeaderElectionOptions:
         flags.add(
             "--leader-elect",
             field="leader_elect",
-            type=go_bool,
-            nargs="?",
-            const=True,
+            action=GoBool,
             default=argparse.SUPPRESS,  # true; absent unless given (a kube-mode-only flag)
             help="with --write-apiservice-status, elect one replica through a coordination.k8s.io Lease and "
             "write status only from it, so every replica can run with the flag (default true). With "
@@ -155,22 +154,61 @@ class LeaderElectionOptions:
             "service account, else default).",
         )
 
-    def validate(self) -> None:
+    def validate(self) -> list[ConfigError]:
         """Upstream's refusals, in the order kube-controller-manager meets them: the configuration
         (component-base), the lock type (client-go `resourcelock.New`), the durations
         (`NewLeaderElector`). Nothing to check when the election is off."""
+        problems = Problems()
         if not self.leader_elect:
-            return
+            return problems.errors
         problem = timing_problem(self.lease_duration, self.renew_deadline, self.retry_period)
         if problem is not None and problem[1] == "must be greater than zero":
-            raise ConfigError(f"--leader-elect-{problem[0]}", problem[1])
+            problems.add(f"--leader-elect-{problem[0]}", problem[1])
         if not self.resource_name:
-            raise ConfigError("--leader-elect-resource-name", "Required value")
+            problems.add("--leader-elect-resource-name", "Required value")
         lock = lock_problem(self.resource_lock)
         if lock is not None:
-            raise ConfigError("--leader-elect-resource-lock", lock)
-        if problem is not None:
-            raise ConfigError(f"--leader-elect-{problem[0]}", problem[1])
+            problems.add("--leader-elect-resource-lock", lock)
+        if problem is not None and problem[1] != "must be greater than zero":
+            problems.add(f"--leader-elect-{problem[0]}", problem[1])
+        return problems.errors
+
+    def apply_to(self, config: LeaderElectionTarget) -> None:
+        """After the source's and the availability group's: only kube mode's status writes elect a
+        writer. The Lease's namespace is resolved here, once."""
+        elect = self.leader_elect and config.source.kube_mode and config.write_apiservice_status
+        config.leader_election = (
+            LeaderElectionConfig(
+                namespace=lease_namespace(self.resource_namespace),
+                name=self.resource_name,
+                lease_duration=self.lease_duration,
+                renew_deadline=self.renew_deadline,
+                retry_period=self.retry_period,
+            )
+            if elect
+            else None
+        )
+
+
+@dataclass(frozen=True)
+class LeaderElectionConfig:
+    """The Lease that elects the one replica writing APIService status."""
+
+    namespace: str
+    name: str = "aggregator"
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+
+class LeaderElectionTarget(Protocol):
+    @property
+    def source(self) -> SourceConfig: ...
+
+    @property
+    def write_apiservice_status(self) -> bool: ...
+
+    leader_election: LeaderElectionConfig | None
 
 
 def _ns(seconds: float) -> int:
@@ -239,16 +277,16 @@ def lease_namespace(
     return "default"
 
 
-def elector_for_options(options: LeaderElectionOptions, api: LeaseAPI, metrics: Metrics) -> LeaderElector:
+def elector_for(config: LeaderElectionConfig, api: LeaseAPI, metrics: Metrics) -> LeaderElector:
     """The `--leader-elect-*` flags as an elector (validated already by `LeaderElectionOptions.validate`)."""
     return LeaderElector(
         api,
         metrics,
-        namespace=lease_namespace(options.resource_namespace),
-        name=options.resource_name,
-        lease_duration=options.lease_duration,
-        renew_deadline=options.renew_deadline,
-        retry_period=options.retry_period,
+        namespace=config.namespace,
+        name=config.name,
+        lease_duration=config.lease_duration,
+        renew_deadline=config.renew_deadline,
+        retry_period=config.retry_period,
     )
 
 

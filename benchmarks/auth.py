@@ -28,17 +28,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from aiohttp.test_utils import make_mocked_request
+
 from wrkbench import WrkResult, parse_wrk
 
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.modes import PolicyHolder, RBACMode
 from aggregator.auth.rbacobjects import compile_policy, decode
 from aggregator.auth.verdict import Decision
+from aggregator.config import complete
 from aggregator.model.userinfo import UserInfo
-from aggregator.server import GatewayServer
-from aggregator.web.context import Connection, RequestContext
+from aggregator.runners.server import GatewayServer
+from aggregator.web.context import RequestContext
 from aggregator.web.requestinfo import RequestInfo
+from tests.support.contexts import RecordedRequest
 from tests.support.fakekube import running_fake_kube
 from tests.support.fakereviews import FakeReviews
 from tests.support.options import flag_options
@@ -106,28 +108,16 @@ def rbac_cost(bindings: int, rounds: int = 20000) -> float:
 def gate_cost(authorizer: Authorizer, server: GatewayServer, rounds: int = 20000) -> float:
     """Microseconds per authorization gate call on a cache hit (no event loop involved), with the
     request's context built each time as the pipeline builds it (RequestInfo included)."""
-    request = make_mocked_request("GET", "/version")
+    request = RecordedRequest("GET", "/version")
     user = server.gateway.authenticator.tokens[0].authenticate_token(TOKEN)
     assert isinstance(user, UserInfo)  # a static token: answered without awaiting
     user = user.with_authenticated_group()
-    route = server.gateway.router.match("/version")
-    connection = Connection("127.0.0.1", None)
     samples = []
     for _ in range(5):
         started = time.perf_counter()
         for _ in range(rounds):
             # A context per request, as the pipeline builds one (RequestInfo included).
-            ctx = RequestContext(
-                method="GET",
-                target="/version",
-                raw_path="/version",
-                raw_query="",
-                headers=request.headers,
-                connection=connection,
-                route=route,
-                received=0.0,
-                request=request,
-            )
+            ctx = RequestContext(request, server.gateway.router.match, 0.0)
             ctx.user = user
             if authorizer.gate(ctx) is not None:
                 raise AssertionError("a warm-cache authorization did not answer at once")
@@ -156,7 +146,7 @@ async def run(args: argparse.Namespace) -> int:
                 # "warm cache": the one review stays valid for the whole run (default TTL is 10 s)
                 authorization_webhook_cache_authorized_ttl=3600.0,
             )
-            server = GatewayServer(options)
+            server = GatewayServer(complete(options))
             await server.start()
             try:
                 gates = list(server.gateway.pipeline.gates)
@@ -173,9 +163,9 @@ async def run(args: argparse.Namespace) -> int:
                 baseline: list[WrkResult] = []
                 authorized: list[WrkResult] = []
                 for _ in range(args.rounds):
-                    server.gateway.pipeline.gates[:] = authn_only
+                    server.gateway.pipeline.gates = tuple(authn_only)
                     baseline.append(await wrk("authn only", url, **opts))
-                    server.gateway.pipeline.gates[:] = gates
+                    server.gateway.pipeline.gates = tuple(gates)
                     authorized.append(await wrk("authn + authz (warm)", url, **opts))
                 reviewed = len(reviews.access_reviews)
                 per_call = gate_cost(authorizer, server)

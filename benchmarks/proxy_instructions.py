@@ -10,13 +10,16 @@ callgrind, counts the instructions the gateway's process executes while wrk send
 one keep-alive connection, and divides by the requests: a figure that does not depend on the
 machine's load. With `--baseline-src` (another checkout, e.g. `git archive main | tar -x -C DIR`)
 the same run measures that tree too and prints the ratio; `--baseline-us` turns the ratio into
-CPU time on a machine where `proxy.py` measured the baseline. `--compare-apf` measures this tree with
-API Priority and Fairness on (the default) against `--enable-priority-and-fairness=false` (max-in-flight),
-as a user who is not in system:masters (whose requests APF would exempt), so the fast path measured
-is a queued priority level's: `global-default`. The reference: commit bf40649 (the
+CPU time on a machine where `proxy.py` measured the baseline. The reference: commit bf40649 (the
 request path before issue 25) took 155 µs per request there (`git archive bf40649`).
 Per request means net of the background work (timers, availability checks) the same process
-does over as long a time with no requests. valgrind makes everything about 50x slower, so a few
+does over as long a time with no requests. `--tracing-rate N` also measures this tree with
+`--tracing-config-file` at `samplingRatePerMillion: N` in every round (0: configured, nothing
+sampled; the requests carry no `traceparent`), so the cost of tracing that samples nothing is
+read against the same tree without it, and against the baseline. `--compare-apf` also measures
+this tree with `--enable-priority-and-fairness=false` (max-in-flight), and sends every request as a
+user who is not in system:masters (whose requests APF would exempt), so the fast path measured is a
+queued priority level's, `global-default` (`apf_instructions.py` counts APF's own part exactly). valgrind makes everything about 50x slower, so a few
 dozen requests per second are counted; wrk's latencies mean nothing here.
 """
 
@@ -36,12 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy import DOCUMENT, PATH, Ports, backend_conf, front_conf, nginx, prepare
+from wrkbench import gateway_process, run_wrk, wait_for_http
 
 from aggregator.tls.issue import issue_client_cert, load_pair, write_pair
 
 APF_OFF = "--enable-priority-and-fairness=false"
 BENCH_USER = "bench-user"
-from wrkbench import gateway_process, run_wrk, wait_for_http
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,17 @@ def count(
     return Counted(label, busy, idle, requests)
 
 
+def tracing_args(work: Path, rate: int) -> list[str]:
+    """`--tracing-config-file` for a configuration at `rate` per million. Its endpoint is a port
+    nothing listens on: at rate 0 no span is made, and any export would only fail."""
+    config = work / f"tracing-{rate}.yaml"
+    config.write_text(
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\n"
+        f"endpoint: 127.0.0.1:9\nsamplingRatePerMillion: {rate}\n"
+    )
+    return ["--tracing-config-file", str(config)]
+
+
 def _totals(dump: Path) -> int:
     totals = [line for line in dump.read_text(errors="replace").splitlines() if line.startswith("totals:")]
     if not totals:
@@ -145,9 +159,14 @@ def main() -> int:
     )
     parser.add_argument("--gateway-args", default="", help="extra `aggregator serve` flags, space-separated")
     parser.add_argument(
+        "--tracing-rate",
+        type=int,
+        help="also measure this tree with --tracing-config-file at this samplingRatePerMillion",
+    )
+    parser.add_argument(
         "--compare-apf",
         action="store_true",
-        help="this tree with API Priority and Fairness on and off (max-in-flight), as a user APF does not exempt",
+        help="also measure this tree with API Priority and Fairness off (max-in-flight), as a user APF does not exempt",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
@@ -163,12 +182,15 @@ def main() -> int:
             "--proxy-client-key-file", str(pki / "front-proxy-client.key"),
             *args.gateway_args.split(),
         ]  # fmt: skip
-        trees: list[tuple[str, str | None, list[str]]] = [("this tree", None, [])]
+        trees: list[tuple[str, str | None, list[str]]] = [("this tree", None, gateway_args)]
+        if args.tracing_rate is not None:
+            trees.append((f"tracing {args.tracing_rate}", None, [*gateway_args, *tracing_args(work, args.tracing_rate)]))
+        if args.compare_apf:
+            trees.append(("APF off", None, [*gateway_args, APF_OFF]))
         if args.baseline_src:
-            trees.append(("baseline", args.baseline_src, []))
+            trees.append(("baseline", args.baseline_src, gateway_args))
         client = "admin"
         if args.compare_apf:
-            trees = [("APF on", None, []), ("APF off", None, [APF_OFF])]
             client = BENCH_USER
             write_pair(pki, client, issue_client_cert(load_pair(pki, "client-ca"), BENCH_USER, ()))
         results: dict[str, list[Counted]] = {label: [] for label, _, _ in trees}
@@ -177,10 +199,8 @@ def main() -> int:
             nginx(work, "front", front_conf(work, ports, client), None),
         ):
             for _ in range(args.rounds):
-                for label, src, extra in trees:
-                    counted = count(
-                        label, work, ports, folder, [*gateway_args, *extra], src, args.seconds, args.keep
-                    )
+                for label, src, flags in trees:
+                    counted = count(label, work, ports, folder, flags, src, args.seconds, args.keep)
                     print(counted.line(), flush=True)
                     results[label].append(counted)
     mean = {label: sum(c.per_request for c in runs) / len(runs) for label, runs in results.items()}
@@ -189,8 +209,13 @@ def main() -> int:
     )
     for label, value in mean.items():
         print(f"{label:<12} {value / 1000:>6.0f}k instructions/request (mean of {len(results[label])})")
+    for label in mean:
+        if label.startswith("tracing"):
+            print(f"{label}: {mean[label] / mean['this tree']:.4f}x this tree's instructions without tracing")
+            if "baseline" in mean:
+                print(f"{label}: {mean[label] / mean['baseline']:.4f}x the baseline's")
     if "APF off" in mean:
-        print(f"API Priority and Fairness on: {mean['APF on'] / mean['APF off']:.3f}x the instructions per request of off")
+        print(f"API Priority and Fairness on: {mean['this tree'] / mean['APF off']:.3f}x the instructions per request of off")
     if "baseline" in mean:
         ratio = mean["this tree"] / mean["baseline"]
         print(f"this tree: {ratio:.2f}x the baseline's instructions per request")

@@ -1,18 +1,21 @@
 """Benchmark: the gateway against a real kube-apiserver's aggregator, same backend, same Go client.
 
 Run from the repository root, with a realk8s folder whose processes are up (its README: `./up.sh`):
-    .venv/bin/python benchmarks/realk8s.py /work/realk8s [--seconds 10] [--connections 2,4]
+    .venv/bin/python benchmarks/realk8s.py /work/realk8s [--seconds 10] [--connections 1,4,16]
+        [--protocols h1,h2]
 
 kube-apiserver (127.0.0.1:6443) proxies `wardle.example.com` to the real sample-apiserver through
 its built-in kube-aggregator. This script starts the gateway in kube mode against that
 kube-apiserver (`--kubeconfig pki/admin.kubeconfig`, the front-proxy client certificate from
 `pki/`, the cluster's own APIServices and ExternalName Service), so both proxy the same GET to the
-same sample-apiserver. The client is the folder's `bin/loadgen` (Go's net/http, keep-alive
-HTTP/1.1, the admin client certificate) in both cases, pointed at one server and then the other,
-in alternating rounds. Per round it reads the CPU time (utime+stime, /proc/<pid>/stat) the server
-spent, all its processes summed (the gateway's control process and its workers), and divides by
-the requests answered. It prints req/s, p99 and CPU µs per request for both and the ratios. The
-target (issue 25): at most half kube-apiserver's CPU per proxied request, at least 1.5x its req/s.
+same sample-apiserver. The client is the folder's `bin/loadgen` (Go's net/http, the admin client
+certificate) in both cases, pointed at one server and then the other, in alternating rounds, over
+keep-alive HTTP/1.1 (`h1`) and over HTTP/2 (`h2`: loadgen's `-h2`, what kubectl and client-go
+negotiate). Per round it reads the CPU time (utime+stime, /proc/<pid>/stat) the server spent, all
+its processes summed (the gateway's control process and its workers), and divides by the requests
+answered. It prints req/s, p50, p99 and CPU µs per request for both and the ratios. Targets (issue
+33, over HTTP/2): at most 0.8x kube-apiserver's CPU per request, at least 1.0x its req/s, and at
+one request at a time a p50 within 0.2 ms of the gateway's own over HTTP/1.1.
 
 The folder is shared and is only read: the script never starts, stops or changes its processes,
 and writes nothing into it. Not for CI: it needs the real binaries.
@@ -48,6 +51,8 @@ class Round:
     user: float
     system: float
     p99_ms: float
+    p50_ms: float = 0.0
+    protocol: str = "h1"
 
     @property
     def cpu(self) -> float:
@@ -63,7 +68,8 @@ class Round:
 
     def line(self) -> str:
         return (
-            f"c={self.connections} {self.server:<16} {self.rps:>8.0f} req/s  p99 {self.p99_ms:>6.2f} ms  "
+            f"{self.protocol} c={self.connections} {self.server:<16} {self.rps:>8.0f} req/s  "
+            f"p50 {self.p50_ms:>6.2f} ms  p99 {self.p99_ms:>6.2f} ms  "
             f"{self.cpu_us:>6.0f} µs CPU/request ({self.system / self.cpu:.0%} in the kernel; {self.requests} requests)"
         )
 
@@ -96,13 +102,16 @@ def tree_cpu(pid: int) -> tuple[float, float]:
     return user, system
 
 
-def loadgen(folder: Path, url: str, connections: int, seconds: int) -> tuple[int, float]:
-    """Requests answered 200 and the p99 in ms; any other answer is an error of the setup."""
+def loadgen(
+    folder: Path, url: str, connections: int, seconds: int, *, http2: bool = False
+) -> tuple[int, float, float]:
+    """Requests answered 200, the p50 and the p99 in ms; any other answer is an error of the setup."""
     pki = folder / "pki"
     out = subprocess.run(
         [
             str(folder / "bin" / "loadgen"), "-url", url, "-c", str(connections), "-d", f"{seconds}s",
             "-cacert", str(pki / "ca.crt"), "-cert", str(pki / "admin.crt"), "-key", str(pki / "admin.key"),
+            *(["-h2"] if http2 else []),
         ],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
@@ -110,12 +119,14 @@ def loadgen(folder: Path, url: str, connections: int, seconds: int) -> tuple[int
     codes = dict(pair.split(":", 1) for pair in values.get("codes", "").split(",") if ":" in pair)
     if set(codes) != {"200"} or values.get("errors") != "0":
         raise RuntimeError(f"unexpected loadgen output against {url}:\n{out}")
-    return int(codes["200"]), float(values["p99"].removesuffix("ms"))
+    return int(codes["200"]), float(values["p50"].removesuffix("ms")), float(values["p99"].removesuffix("ms"))
 
 
-def measure(folder: Path, server: str, base: str, pid: int, connections: int, seconds: int) -> Round:
+def measure(
+    folder: Path, server: str, base: str, pid: int, connections: int, seconds: int, protocol: str
+) -> Round:
     (user, system), started = tree_cpu(pid), time.monotonic()
-    requests, p99 = loadgen(folder, base + PATH, connections, seconds)
+    requests, p50, p99 = loadgen(folder, base + PATH, connections, seconds, http2=protocol == "h2")
     elapsed, (user_after, system_after) = time.monotonic() - started, tree_cpu(pid)
     return Round(
         server,
@@ -125,6 +136,8 @@ def measure(folder: Path, server: str, base: str, pid: int, connections: int, se
         user_after - user,
         system_after - system,
         p99,
+        p50,
+        protocol,
     )
 
 
@@ -178,7 +191,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="the realk8s folder (its processes up)")
     parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--connections", default="2,4", help="loadgen -c values, comma-separated")
+    parser.add_argument("--connections", default="1,4,16", help="loadgen -c values, comma-separated")
+    parser.add_argument("--protocols", default="h1,h2", help="h1 and/or h2, comma-separated")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per -c value")
     parser.add_argument("--workers", type=int, help="the gateway's --workers (default: its own default)")
     args = parser.parse_args()
@@ -199,25 +213,35 @@ def main() -> int:
         ]
         for _, url, _ in servers:  # warm-up: connections, caches (SubjectAccessReview, discovery)
             loadgen(folder, url + PATH, 2, 2)
+            loadgen(folder, url + PATH, 2, 2, http2=True)
+        protocols = args.protocols.split(",")
+        gateway_p50: dict[tuple[str, int], float] = {}
         for connections in (int(c) for c in args.connections.split(",")):
-            rounds: dict[str, list[Round]] = {name: [] for name, _, _ in servers}
-            for _ in range(args.rounds):
-                for name, url, pid in servers:
-                    result = measure(folder, name, url, pid, connections, args.seconds)
-                    print(result.line(), flush=True)
-                    rounds[name].append(result)
-            kas, gw = (summed(rounds[name]) for name, _, _ in servers)
-            print(
-                f"c={connections} gateway/kube-apiserver: {gw.cpu_us / kas.cpu_us:.2f}x the CPU per request "
-                f"(target <= 0.5), {gw.rps / kas.rps:.2f}x the req/s (target >= 1.5), "
-                f"p99 {gw.p99_ms:.2f} ms vs {kas.p99_ms:.2f} ms\n",
-                flush=True,
-            )
+            for protocol in protocols:
+                rounds: dict[str, list[Round]] = {name: [] for name, _, _ in servers}
+                for _ in range(args.rounds):
+                    for name, url, pid in servers:
+                        result = measure(folder, name, url, pid, connections, args.seconds, protocol)
+                        print(result.line(), flush=True)
+                        rounds[name].append(result)
+                kas, gw = (summed(rounds[name]) for name, _, _ in servers)
+                gateway_p50[protocol, connections] = gw.p50_ms
+                print(
+                    f"{protocol} c={connections} gateway/kube-apiserver: {gw.cpu_us / kas.cpu_us:.2f}x the CPU "
+                    f"per request (target <= 0.8 over h2), {gw.rps / kas.rps:.2f}x the req/s (target >= 1.0 "
+                    f"over h2); p50 {gw.p50_ms:.2f} ms vs {kas.p50_ms:.2f} ms, p99 {gw.p99_ms:.2f} ms vs "
+                    f"{kas.p99_ms:.2f} ms\n",
+                    flush=True,
+                )
+            if ("h1", connections) in gateway_p50 and ("h2", connections) in gateway_p50:
+                gap = gateway_p50["h2", connections] - gateway_p50["h1", connections]
+                print(f"c={connections} the gateway's p50 over h2 minus over h1: {gap:+.2f} ms (target <= 0.2 at c=1)\n")
     return 0
 
 
 def summed(rounds: list[Round]) -> Round:
-    """All rounds of one server as one (p99: the worst round's)."""
+    """All rounds of one server as one (p99: the worst round's; p50: the rounds' median)."""
+    p50s = sorted(r.p50_ms for r in rounds)
     return Round(
         rounds[0].server,
         rounds[0].connections,
@@ -226,6 +250,8 @@ def summed(rounds: list[Round]) -> Round:
         sum(r.user for r in rounds),
         sum(r.system for r in rounds),
         max(r.p99_ms for r in rounds),
+        p50s[len(p50s) // 2],
+        rounds[0].protocol,
     )
 
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy import DOCUMENT, PATH, backend_conf, front_conf, nginx, prepare
-from scale import Client, verdict_counts, write_folder
+from scale import Client, Scenario, gateway_command, verdict_counts, write_folder
 from scale import nginx as scale_nginx
 from wrkbench import WrkResult, cpu_seconds, free_port, gateway_process, run_wrk, wait_for_http
 
@@ -146,25 +146,17 @@ def group_memory(workers: int, count: int) -> tuple[int, list[int]]:
         folder = work / "apiservices"
         folder.mkdir()
         backend_port, port = free_port(), free_port()
-        write_folder(folder, count, backend_port, base64.b64encode(ca.cert_pem).decode(), "healthy")
-        cmd = [
-            sys.executable, "-m", "aggregator", "serve", "--workers", str(workers),
-            "--apiservices-dir", str(folder), "--bind-address", "127.0.0.1", "--secure-port", str(port),
-            "--cert-dir", str(work / "certs"),
-            "--client-ca-file", str(pki / "client-ca.crt"),
-            "--requestheader-client-ca-file", str(pki / "front-proxy-ca.crt"),
-            "--requestheader-allowed-names", "front-proxy-client",
-            "--proxy-client-cert-file", str(pki / "front-proxy-client.crt"),
-            "--proxy-client-key-file", str(pki / "front-proxy-client.key"),
-        ]  # fmt: skip
-        with scale_nginx(work, backend_port, None), (work / "gateway.log").open("w") as log:
+        scenario = Scenario("healthy", "one", str(workers), count)
+        write_folder(folder, scenario, backend_port, base64.b64encode(ca.cert_pem).decode())
+        cmd = gateway_command(work, pki, folder, port, str(workers))
+        with scale_nginx(work, f"127.0.0.1:{backend_port}", None), (work / "gateway.log").open("w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             client = Client(f"https://127.0.0.1:{port}", pki)
             try:
                 deadline = time.monotonic() + 600
                 while True:
                     with contextlib.suppress(OSError, ValueError, KeyError):
-                        if verdict_counts(client)[0] == count:  # every APIService Available
+                        if verdict_counts(work / "gateway.log")[0] == count:  # every APIService Available
                             break
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"never settled; see {work / 'gateway.log'}")

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from multidict import CIMultiDict
 
 from aggregator.apiregistration.documents import (
     API_GROUP,
@@ -46,8 +46,10 @@ from aggregator.apiregistration.selectors import matches
 from aggregator.model import apiservice as model
 from aggregator.model.apiservice import APIService
 from aggregator.sources.store import ADDED, Event, Kind, Store
+from aggregator.web.context import RequestContext
 from aggregator.web.rendering import respond
 from aggregator.web.routing import Route, RouteKind, Router
+from aggregator.web.serverrequest import Answer, Response
 from aggregator.wire.jsonenc import encode_object
 from aggregator.wire.negotiation import JSON, MediaType, Negotiator, not_acceptable_body
 from aggregator.wire.rendered import Rendered
@@ -115,79 +117,79 @@ class APIRegistration:
 
     # --- handlers ---------------------------------------------------------------------------------
 
-    async def serve_group(self, request: web.Request) -> web.StreamResponse:
-        return self._serve_static(request, self._group)
+    async def serve_group(self, ctx: RequestContext) -> Answer:
+        return self._serve_static(ctx, self._group)
 
-    async def serve_resource_list(self, request: web.Request) -> web.StreamResponse:
-        return self._serve_static(request, self._resources)
+    async def serve_resource_list(self, ctx: RequestContext) -> Answer:
+        return self._serve_static(ctx, self._resources)
 
-    def _serve_static(self, request: web.Request, rendered: Rendered) -> web.StreamResponse:
-        media = self._negotiate_plain(request.headers.get("Accept", ""))
+    def _serve_static(self, ctx: RequestContext, rendered: Rendered) -> Answer:
+        media = self._negotiate_plain(ctx.headers.get("Accept", ""))
         if media is None:
-            return web.Response(status=406, body=not_acceptable_body(), headers={"Content-Type": JSON})
-        return respond(request, rendered, media, headers=HEADERS)
+            return Response(406, not_acceptable_body(), content_type=JSON)
+        return respond(ctx, rendered, media, headers=HEADERS)
 
-    async def serve_apiservices(self, request: web.Request) -> web.StreamResponse:
-        parts = request.path[len(PREFIX) :].rstrip("/").split("/")
+    async def serve_apiservices(self, ctx: RequestContext) -> Answer:
+        parts = ctx.path[len(PREFIX) :].rstrip("/").split("/")
         if len(parts) < 2 or parts[0] != VERSION or parts[1] != RESOURCE or len(parts) > 4:
-            return error_response(request, 404, "the server could not find the requested resource", {})
+            return error_response(ctx, 404, "the server could not find the requested resource", {})
         name = parts[2] if len(parts) >= 3 else None
         sub = parts[3] if len(parts) == 4 else None
         if sub is not None and sub != "status":
-            return error_response(request, 404, "the server could not find the requested resource", {})
-        if request.method not in ("GET", "HEAD"):
-            return self._method_not_allowed(request, name)
-        media = self._negotiate_resource(request.headers.get("Accept", ""))
+            return error_response(ctx, 404, "the server could not find the requested resource", {})
+        if ctx.method not in ("GET", "HEAD"):
+            return self._method_not_allowed(ctx, name)
+        media = self._negotiate_resource(ctx.headers.get("Accept", ""))
         if media is None:
-            return web.Response(status=406, body=not_acceptable_body(), headers={"Content-Type": JSON})
+            return Response(406, not_acceptable_body(), content_type=JSON)
         if name is None:
-            if request.query.get("watch") in ("1", "true", "True", "t", "T", "TRUE"):
-                return await self._watch(request, media)
-            return self._list(request, media)
-        return self._get(request, media, name)
+            if ctx.query_value("watch") in ("1", "true", "True", "t", "T", "TRUE"):
+                return await self._watch(ctx, media)
+            return self._list(ctx, media)
+        return self._get(ctx, media, name)
 
-    def _method_not_allowed(self, request: web.Request, name: str | None) -> web.Response:
-        verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(request.method, "")
-        if request.method == "DELETE":
+    def _method_not_allowed(self, ctx: RequestContext, name: str | None) -> Response:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(ctx.method, "")
+        if ctx.method == "DELETE":
             verb = "delete" if name else "deletecollection"
-        verb = verb or request.method.lower()
+        verb = verb or ctx.method.lower()
         message = (
             f'{verb} is not supported on resources of kind "{QUALIFIED}": this gateway serves APIServices '
             "read-only from its --apiservices-dir"
         )
         log.info(
-            "refused a write to apiservices", extra={"fields": {"method": request.method, "name": name or ""}}
+            "refused a write to apiservices", extra={"fields": {"method": ctx.method, "name": name or ""}}
         )
-        return error_response(request, 405, message, {"group": GROUP, "kind": RESOURCE})
+        return error_response(ctx, 405, message, {"group": GROUP, "kind": RESOURCE})
 
-    def _selected(self, request: web.Request) -> list[APIService] | web.Response:
+    def _selected(self, ctx: RequestContext) -> list[APIService] | Response:
         items = sorted(self.store.apiservices(), key=lambda s: s.name)
         try:
             return [
                 s
                 for s in items
-                if matches(s, request.query.get("labelSelector", ""), request.query.get("fieldSelector", ""))
+                if matches(s, ctx.query_value("labelSelector"), ctx.query_value("fieldSelector"))
             ]
         except ValueError as err:
-            return error_response(request, 400, str(err))
+            return error_response(ctx, 400, str(err))
 
-    def _list(self, request: web.Request, media: MediaType) -> web.Response:
-        selected = self._selected(request)
-        if isinstance(selected, web.Response):
+    def _list(self, ctx: RequestContext, media: MediaType) -> Response:
+        selected = self._selected(ctx)
+        if isinstance(selected, Response):
             return selected
         revision = str(self.store.revision)
         objects = [(self.encode(s), s) for s in selected]
         kind = media.convert.kind if media.convert is not None else None
         if kind == "PartialObjectMetadata":
             return error_response(
-                request,
+                ctx,
                 406,
                 "you requested PartialObjectMetadata, but the requested object is a list (*v1.APIServiceList)",
             )
         doc: dict[str, Any]
         if kind == "Table":
             assert media.convert is not None
-            doc = self._table(request, media.convert.version, objects, revision)
+            doc = self._table(ctx, media.convert.version, objects, revision)
         elif kind == "PartialObjectMetadataList":
             assert media.convert is not None
             version = media.convert.version
@@ -204,15 +206,13 @@ class APIRegistration:
                 "metadata": {"resourceVersion": revision},
                 "items": [obj for obj, _ in objects],
             }
-        return web.Response(
-            body=encode(doc, media, request), headers={"Content-Type": content_type(media), **HEADERS}
-        )
+        return Response(200, encode(doc, media, ctx), {"Content-Type": content_type(media), **HEADERS})
 
-    def _get(self, request: web.Request, media: MediaType, name: str) -> web.Response:
+    def _get(self, ctx: RequestContext, media: MediaType, name: str) -> Response:
         svc = self.store.apiservice(name)
         if svc is None:
             return error_response(
-                request,
+                ctx,
                 404,
                 f'{QUALIFIED} "{name}" not found',
                 {"name": name, "group": GROUP, "kind": RESOURCE},
@@ -221,30 +221,28 @@ class APIRegistration:
         kind = media.convert.kind if media.convert is not None else None
         if kind == "PartialObjectMetadataList":
             return error_response(
-                request,
+                ctx,
                 406,
                 "you requested PartialObjectMetadataList, but the requested object is not a list (*v1.APIService)",
             )
         if kind == "Table":
             assert media.convert is not None
-            doc = self._table(request, media.convert.version, [(obj, svc)], svc.resource_version)
+            doc = self._table(ctx, media.convert.version, [(obj, svc)], svc.resource_version)
         elif kind == "PartialObjectMetadata":
             assert media.convert is not None
             doc = partial_metadata(obj, media.convert.version)
         else:
             doc = obj
-        return web.Response(
-            body=encode(doc, media, request), headers={"Content-Type": content_type(media), **HEADERS}
-        )
+        return Response(200, encode(doc, media, ctx), {"Content-Type": content_type(media), **HEADERS})
 
     def _table(
         self,
-        request: web.Request,
+        ctx: RequestContext,
         meta_version: str,
         objects: Iterable[tuple[dict[str, Any], APIService]],
         revision: str,
     ) -> dict[str, Any]:
-        include = request.query.get("includeObject", "Metadata") or "Metadata"
+        include = ctx.query_value("includeObject") or "Metadata"
         now = dt.datetime.now(dt.UTC)
         metadata = {"resourceVersion": revision} if revision else {}
         return {
@@ -257,16 +255,16 @@ class APIRegistration:
 
     # --- watch ------------------------------------------------------------------------------------
 
-    async def _watch(self, request: web.Request, media: MediaType) -> web.StreamResponse:
-        label, field = request.query.get("labelSelector", ""), request.query.get("fieldSelector", "")
+    async def _watch(self, ctx: RequestContext, media: MediaType) -> Answer:
+        label, field = ctx.query_value("labelSelector"), ctx.query_value("fieldSelector")
         try:
             matches(None, label, field)
         except ValueError as err:
-            return error_response(request, 400, str(err))
-        since = request.query.get("resourceVersion", "")
+            return error_response(ctx, 400, str(err))
+        since = ctx.query_value("resourceVersion")
         timeout = DEFAULT_WATCH_SECONDS
         with contextlib.suppress(ValueError):
-            timeout = float(request.query.get("timeoutSeconds", "")) or timeout
+            timeout = float(ctx.query_value("timeoutSeconds")) or timeout
         # Subscribe and snapshot in the same tick: nothing can slip between the two.
         subscription = self.store.subscribe()
         initial: list[tuple[str, APIService]] = []
@@ -278,26 +276,25 @@ class APIRegistration:
             except ValueError:
                 subscription.close()
                 return error_response(
-                    request, 400, f'resourceVersion: Invalid value: "{since}": must be an integer'
+                    ctx, 400, f'resourceVersion: Invalid value: "{since}": must be an integer'
                 )
             if start < self._compacted_through:
                 subscription.close()
                 oldest = self._history[0].revision if self._history else self.store.revision
-                return error_response(request, 410, f"too old resource version: {start} ({oldest})")
+                return error_response(ctx, 410, f"too old resource version: {start} ({oldest})")
             for event in self._history:
                 if event.revision > start and isinstance(event.obj, APIService):
                     initial.append((event.type, event.obj))
-        response = web.StreamResponse(headers={"Content-Type": content_type(media), **HEADERS})
-        await response.prepare(request)
+        response = await ctx.request.stream(200, CIMultiDict({"Content-Type": content_type(media), **HEADERS}))
         try:
             async with asyncio.timeout(timeout):
                 for kind, svc in initial:
                     if matches(svc, label, field):
-                        await response.write(self._watch_line(kind, svc, media, request))
+                        await response.write(self._watch_line(kind, svc, media, ctx))
                 async for event in subscription:
                     obj = event.obj
                     if isinstance(obj, APIService) and matches(obj, label, field):
-                        await response.write(self._watch_line(event.type, obj, media, request))
+                        await response.write(self._watch_line(event.type, obj, media, ctx))
         except TimeoutError:
             pass
         except (ConnectionResetError, asyncio.CancelledError):
@@ -306,14 +303,14 @@ class APIRegistration:
         finally:
             subscription.close()
         with contextlib.suppress(ConnectionResetError):
-            await response.write_eof()
+            await response.finish()
         return response
 
-    def _watch_line(self, kind: str, svc: APIService, media: MediaType, request: web.Request) -> bytes:
+    def _watch_line(self, kind: str, svc: APIService, media: MediaType, ctx: RequestContext) -> bytes:
         obj: dict[str, Any] = self.encode(svc)
         convert = media.convert
         if convert is not None and convert.kind == "Table":
-            obj = self._table(request, convert.version, [(obj, svc)], svc.resource_version)
+            obj = self._table(ctx, convert.version, [(obj, svc)], svc.resource_version)
         elif convert is not None and convert.kind.startswith("PartialObjectMetadata"):
             obj = partial_metadata(obj, convert.version)
         return encode_object({"type": kind, "object": obj})

@@ -13,13 +13,12 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from aiohttp import web
-
 from aggregator.model import apiservice as model
 from aggregator.model.apiservice import APIService
 from aggregator.model.meta import human_duration, ordered_metadata
 from aggregator.model.status import status_body
-from aggregator.web.responses import wants_pretty
+from aggregator.web.context import RequestContext
+from aggregator.web.serverrequest import Response
 from aggregator.wire.jsonenc import encode_object, go_marshal_indent
 from aggregator.wire.negotiation import GVK, JSON, MediaType
 from aggregator.wire.yamlenc import go_yaml
@@ -194,19 +193,19 @@ def resource_restriction(media_type: str, convert: GVK | None) -> bool:
 
 
 def error_response(
-    request: web.Request | None, code: int, message: str, details: dict[str, Any] | None = None
-) -> web.Response:
+    ctx: RequestContext | None, code: int, message: str, details: dict[str, Any] | None = None
+) -> Response:
     body = status_body(code, message, details=details)
-    pretty = request is not None and wants_pretty(request)
-    return web.Response(
-        status=code, body=encode_object(body, pretty=pretty), headers={"Content-Type": JSON, **HEADERS}
-    )
+    pretty = ctx is not None and ctx.pretty
+    response = Response(code, encode_object(body, pretty=pretty), {"Content-Type": JSON, **HEADERS})
+    response.status_object = body
+    return response
 
 
-def encode(doc: Mapping[str, Any], media: MediaType, request: web.Request) -> bytes:
+def encode(doc: Mapping[str, Any], media: MediaType, ctx: RequestContext) -> bytes:
     if media.media_type == "application/yaml":
         return go_yaml(doc)
-    if media.pretty or wants_pretty(request):
+    if media.pretty or ctx.pretty:
         return go_marshal_indent(doc)
     return encode_object(doc)
 

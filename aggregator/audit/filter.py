@@ -19,12 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
-from aiohttp import web
+from multidict import CIMultiDict
 
-from aggregator.audit.recorder import AUDIT_ID_RESPONSE_HEADER, Auditor, AuditRequest, audit_id
+from aggregator.audit.recorder import (
+    AUDIT,
+    AUDIT_ID_RESPONSE_HEADER,
+    AUTHORIZATION_DECISION,
+    Auditor,
+    AuditRequest,
+    audit_id,
+)
 from aggregator.web.context import RequestContext
-from aggregator.web.responses import STATUS
+from aggregator.web.serverrequest import Answer, Response
 
 log = logging.getLogger(__name__)
 
@@ -38,49 +46,45 @@ class RequestAuditing:
         info = ctx.info
         if info is None:
             return  # authorization answers it with upstream's 500
-        ctx.audit = self.auditor.begin(ctx, ctx.user, info)
+        record = self.auditor.begin(ctx, ctx.user, info)
+        if record is not None:
+            AUDIT.set(ctx, record)
 
-    def head_going_out(self, ctx: RequestContext, status: int, response: web.StreamResponse | None) -> None:
-        if response is not None and AUDIT_ID_RESPONSE_HEADER not in response.headers:
-            response.headers[AUDIT_ID_RESPONSE_HEADER] = audit_id(ctx)
-        record = _record(ctx)
+    def head_going_out(self, ctx: RequestContext, status: int, headers: CIMultiDict[str]) -> None:
+        if AUDIT_ID_RESPONSE_HEADER not in headers:
+            headers[AUDIT_ID_RESPONSE_HEADER] = audit_id(ctx)
+        record = AUDIT.get(ctx)
         if record is not None:
             _learn(ctx, record)
             record.response_started(status)
 
-    def finished(
-        self, ctx: RequestContext, response: web.StreamResponse | None, error: BaseException | None
-    ) -> None:
-        record = _record(ctx)
+    def finished(self, ctx: RequestContext, answer: Answer | None, error: BaseException | None) -> None:
+        record = AUDIT.get(ctx)
+        status = answer.status_object if isinstance(answer, Response) else None
         if record is None:
-            if response is not None and ctx.user is None and response.status in (400, 401):
-                self._failed_before_authentication(ctx, response)
+            if answer is not None and ctx.user is None and answer.status in (400, 401):
+                self._failed_before_authentication(ctx, answer.status, status)
             return
         _learn(ctx, record)
         if error is not None:
             record.panic(str(error) or type(error).__name__)
-        elif response is None:
+        elif answer is None:
             record.complete(ctx.status)
         else:
-            record.complete(response.status, response.get(STATUS))
+            record.complete(answer.status, status)
 
-    def _failed_before_authentication(self, ctx: RequestContext, response: web.StreamResponse) -> None:
+    def _failed_before_authentication(self, ctx: RequestContext, code: int, status: dict[str, Any] | None) -> None:
         """401 from authentication, or 400 from the request deadline: one ResponseStarted event."""
         if ctx.info is None:
             return
-        self.auditor.failed_authentication(ctx, ctx.info, code=response.status, status=response.get(STATUS))
-
-
-def _record(ctx: RequestContext) -> AuditRequest | None:
-    record = ctx.audit
-    return record if isinstance(record, AuditRequest) else None
+        self.auditor.failed_authentication(ctx, ctx.info, code=code, status=status)
 
 
 def _learn(ctx: RequestContext, record: AuditRequest) -> None:
     """What the gates after the audit found out: who is impersonated, what authorization said."""
     if ctx.requester is not None and ctx.user is not None:
         record.impersonated(ctx.user)
-    decision = ctx.authorization
+    decision = AUTHORIZATION_DECISION.get(ctx)
     if decision is not None:
         record.authorized(*decision)
 

@@ -4,10 +4,12 @@ mode; docs/audit.md), with its defaults and refusals."""
 from __future__ import annotations
 
 import argparse
+import copy
 from dataclasses import dataclass
+from typing import Protocol
 
 from aggregator.audit.policy import PolicyError, load_policy_file
-from aggregator.util.flags import ConfigError, FlagSet
+from aggregator.util.flags import ConfigError, FlagSet, Problems
 
 # kube-apiserver's audit log defaults since 1.36 (k8s.io/apiserver pkg/server/options/audit.go).
 DEFAULT_AUDIT_LOG_MAXAGE = 366
@@ -72,18 +74,28 @@ class AuditOptions:
             f'in apiserver_audit_error_total{{plugin="buffered"}} (default {DEFAULT_AUDIT_LOG_BUFFER_SIZE}).',
         )
 
-    def validate(self) -> None:
+    def validate(self) -> list[ConfigError]:
+        problems = Problems()
         for flag, value in (
             ("--audit-log-maxage", self.log_maxage),
             ("--audit-log-maxbackup", self.log_maxbackup),
             ("--audit-log-maxsize", self.log_maxsize),
         ):
             if value < 0:
-                raise ConfigError(flag, f"{value} can't be a negative number")
+                problems.add(flag, f"{value} can't be a negative number")
         if self.log_batch_buffer_size <= 0:
-            raise ConfigError("--audit-log-batch-buffer-size", "must be a positive number")
+            problems.add("--audit-log-batch-buffer-size", "must be a positive number")
         if self.policy_file is not None:
             try:
                 load_policy_file(self.policy_file)
             except PolicyError as err:
-                raise ConfigError("--audit-policy-file", str(err)) from err
+                problems.add("--audit-policy-file", str(err))
+        return problems.errors
+
+    def apply_to(self, config: AuditTarget) -> None:
+        """The auditor reads the flags as they are (`factory.build_auditor`): a copy."""
+        config.audit = copy.copy(self)
+
+
+class AuditTarget(Protocol):
+    audit: AuditOptions

@@ -33,7 +33,7 @@ from aggregator.audit.event import (
 from aggregator.audit.policy import Level, Policy, Stage
 from aggregator.audit.sinks import utc_now
 from aggregator.model.userinfo import UserInfo
-from aggregator.web.context import RequestContext
+from aggregator.web.context import ContextKey, RequestContext
 from aggregator.web.requestinfo import RequestInfo
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,11 @@ AUDIT_ID_RESPONSE_HEADER = "Audit-Id"
 # `filters/authorization.go`: the annotations kube-apiserver adds to every authorized request.
 DECISION_ANNOTATION = "authorization.k8s.io/decision"
 REASON_ANNOTATION = "authorization.k8s.io/reason"
+
+# The request's audit ID (`WithAuditInit`), fixed once read.
+AUDIT_ID = ContextKey[str]("audit-id")
+# What authorization decided and why (`filters/authorization.go` adds them as audit annotations).
+AUTHORIZATION_DECISION = ContextKey[tuple[bool, str]]("authorization-decision")
 
 _FINAL_STAGES = frozenset({Stage.RESPONSE_COMPLETE, Stage.PANIC})
 # (group, resource, subresource) whose bodies carry credentials: never captured, at any level.
@@ -81,10 +86,11 @@ def new_audit_id() -> str:
 
 def audit_id(ctx: RequestContext, new_id: Callable[[], str] = new_audit_id) -> str:
     """`WithAuditInit`: the caller's `Audit-ID` header as sent (no truncation), else a new UUIDv4;
-    fixed for the request's lifetime (`RequestContext.audit_id`)."""
-    value = ctx.audit_id
+    fixed for the request's lifetime (`AUDIT_ID`)."""
+    value = AUDIT_ID.get(ctx)
     if value is None:
-        value = ctx.audit_id = ctx.headers.get(AUDIT_ID_HEADER) or new_id()
+        value = ctx.headers.get(AUDIT_ID_HEADER) or new_id()
+        AUDIT_ID.set(ctx, value)
     return value
 
 
@@ -454,3 +460,8 @@ class AuditRequest:
             omit_managed_fields=base.omit_managed_fields,
             annotations=self._annotations,
         )
+
+
+# The request's audit record, once the policy chose to audit it (`filter.RequestAuditing.gate`);
+# the proxy reads it to capture the bodies it streams.
+AUDIT = ContextKey[AuditRequest]("audit")

@@ -18,16 +18,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from aiohttp import web
-from multidict import CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from aggregator.auth.requestheader import RequestHeaderConfig, user_from_headers
-from aggregator.model.userinfo import ANONYMOUS, UserInfo
+from aggregator.model.userinfo import ANONYMOUS, ANONYMOUS_USER, UNAUTHENTICATED_GROUP, UserInfo
 from aggregator.tls.peerchain import IntermediatesReader, PeerChainReader
 from aggregator.tls.verify import CAPool, ClientCertificate, Rejection, chain_key
 from aggregator.util.logs import fields
-from aggregator.web.context import Connection, RequestContext
+from aggregator.web.context import HTTP2, Connection, RequestContext
 from aggregator.web.responses import status_response
+from aggregator.web.serverrequest import Response
 from aggregator.wire.wsprotocol import ProtocolTokenError, protocol_token
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,27 @@ def bearer_token(headers: CIMultiDictProxy[str]) -> str | None:
     return token or None
 
 
-def unauthorized(ctx: RequestContext) -> web.Response:
+def is_anonymous(user: UserInfo) -> bool:
+    """filters/authentication.go `isAnonymousUser`."""
+    return user.name == ANONYMOUS_USER or UNAUTHENTICATED_GROUP in user.groups
+
+
+def limit_unauthenticated_http2(ctx: RequestContext, status: int, _headers: CIMultiDict[str]) -> None:
+    """UnauthenticatedHTTP2DOSMitigation (filters/authentication.go, on by default;
+    CVE-2023-44487, CVE-2023-39325): an HTTP/2 connection ends after an answer to a caller whose
+    credentials the gateway refused (its own 401), or that it served as anonymous (the
+    authenticated user, before any impersonation): "limit this connection to just this request".
+    Upstream sets `Connection: close`, which Go's HTTP/2 server turns into a GOAWAY; a head
+    listener does the same here. A 401 relayed from a backend is the backend's answer, not the
+    gateway's refusal: the connection stays open, as upstream's proxy leaves it."""
+    if ctx.connection.protocol != HTTP2:
+        return
+    user = ctx.requester or ctx.user
+    if (status == 401 and not ctx.handled) or (user is not None and is_anonymous(user)):
+        ctx.request.close_connection("unauthenticated")
+
+
+def unauthorized(ctx: RequestContext) -> Response:
     return status_response(ctx, 401, "Unauthorized")
 
 
@@ -105,7 +125,7 @@ class Authenticator:
         self.requestheader = requestheader
         self.tokens: list[TokenAuthenticator] = tokens or []
 
-    def gate(self, ctx: RequestContext) -> web.StreamResponse | Awaitable[web.StreamResponse | None] | None:
+    def gate(self, ctx: RequestContext) -> Response | Awaitable[Response | None] | None:
         """The user, from the certificate without an await; a token's review is awaited."""
         errors: list[str] = []
         user = self._from_certificate(ctx, errors)
@@ -120,7 +140,7 @@ class Authenticator:
             return None
         return self._from_tokens(ctx, errors)
 
-    async def _from_tokens(self, ctx: RequestContext, errors: list[str]) -> web.StreamResponse | None:
+    async def _from_tokens(self, ctx: RequestContext, errors: list[str]) -> Response | None:
         """A bearer token, or one offered as a WebSocket subprotocol; else anonymous or a 401."""
         found: UserInfo | None = None
         token = bearer_token(ctx.headers)

@@ -25,8 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aiohttp import web
-
+from aggregator.audit.recorder import AUTHORIZATION_DECISION
 from aggregator.auth.cache import MISSING, CoalescingCache
 from aggregator.auth.rbac import RuleSet, aggregate
 from aggregator.auth.verdict import ALLOWED, NO_OPINION, Decision, Verdict
@@ -50,8 +49,9 @@ from aggregator.util.logs import fields
 from aggregator.web.context import RequestContext
 from aggregator.web.metrics import Metrics
 from aggregator.web.requestinfo import RequestInfo
-from aggregator.web.responses import Asker, status_response
+from aggregator.web.responses import status_response
 from aggregator.web.routing import RouteKind
+from aggregator.web.serverrequest import Response
 
 log = logging.getLogger(__name__)
 
@@ -289,12 +289,12 @@ class AlwaysAllowPaths:
         return path in self.exact or any(path.startswith(p) for p in self.prefixes)
 
 
-def internal_error(ctx: RequestContext, err: str) -> web.Response:
+def internal_error(ctx: RequestContext, err: str) -> Response:
     """`responsewriters.InternalError`'s text, as a Status (every gateway error is a Status)."""
     return status_response(ctx, 500, f"Internal Server Error: {go_quote(ctx.target)}: {err}")
 
 
-def forbidden(request: Asker, user: UserInfo, info: RequestInfo, reason: str) -> web.Response:
+def forbidden(ctx: RequestContext | None, user: UserInfo, info: RequestInfo, reason: str) -> Response:
     if info.is_resource_request:
         message = forbidden_message(
             user.name,
@@ -310,7 +310,7 @@ def forbidden(request: Asker, user: UserInfo, info: RequestInfo, reason: str) ->
     else:
         message = forbidden_message(user.name, info.verb, path=info.path, reason=reason)
         details = forbidden_details("", "", "")
-    return status_response(request, 403, message, details=details)
+    return status_response(ctx, 403, message, details=details)
 
 
 class Mode(Protocol):
@@ -422,7 +422,7 @@ class Authorizer:
             error=aggregate(errors) if errors else "",
         )
 
-    def gate(self, ctx: RequestContext) -> web.StreamResponse | Awaitable[web.StreamResponse | None] | None:
+    def gate(self, ctx: RequestContext) -> Response | Awaitable[Response | None] | None:
         """Allowed or refused without an await when nothing needs a review (a cache hit)."""
         if ctx.route.kind is RouteKind.DELEGATE:
             return None  # kube-apiserver authorizes what it serves
@@ -432,7 +432,7 @@ class Authorizer:
         if self._first.allows_everything or not self.always_allow_groups.isdisjoint(user.groups):
             # Allowed whatever the request is (the hot path of system:masters callers and of
             # AlwaysAllow).
-            ctx.authorization = (True, "")
+            AUTHORIZATION_DECISION.set(ctx, (True, ""))
             return None
         info = ctx.info
         if info is None:
@@ -442,7 +442,7 @@ class Authorizer:
             return self._reviewed(ctx, user, info)
         return self._apply(ctx, user, info, verdict)
 
-    async def _reviewed(self, ctx: RequestContext, user: UserInfo, info: RequestInfo) -> web.StreamResponse | None:
+    async def _reviewed(self, ctx: RequestContext, user: UserInfo, info: RequestInfo) -> Response | None:
         try:
             verdict = await self.review(user, info)
         except ReviewFailed as err:
@@ -454,13 +454,13 @@ class Authorizer:
         return self._apply(ctx, user, info, verdict)
 
     @staticmethod
-    def _apply(ctx: RequestContext, user: UserInfo, info: RequestInfo, verdict: Verdict) -> web.StreamResponse | None:
+    def _apply(ctx: RequestContext, user: UserInfo, info: RequestInfo, verdict: Verdict) -> Response | None:
         if verdict.decision is Decision.ALLOW:
-            ctx.authorization = (True, verdict.reason)
+            AUTHORIZATION_DECISION.set(ctx, (True, verdict.reason))
             return None
         if verdict.error:
             return internal_error(ctx, verdict.error)
-        ctx.authorization = (False, verdict.reason)
+        AUTHORIZATION_DECISION.set(ctx, (False, verdict.reason))
         log.debug(
             "Forbidden",
             extra=fields(method=ctx.method, path=ctx.path, user=user.name, reason=verdict.reason),

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aggregator.auth.authconfigmap import SOURCE as CLUSTER_SOURCE
-from aggregator.auth.authconfigmap import AuthConfigMap
+from aggregator.auth.authconfigmap import AuthConfigMap, ClusterAuthentication
 from aggregator.auth.authn import Authenticator, TokenAuthenticator
 from aggregator.auth.authz import Authorizer, Mode, SubjectAccessReviewer, WebhookMode
 from aggregator.auth.cafiles import CAFiles
@@ -30,7 +30,7 @@ from aggregator.auth.modes import (
     RBACMode,
     WithoutManifests,
 )
-from aggregator.auth.options import AuthenticationOptions, AuthorizationOptions
+from aggregator.auth.options import AuthenticationOptions, AuthorizationConfig
 from aggregator.auth.rbac import RBACPolicy
 from aggregator.auth.rbacfolder import RBACFolder
 from aggregator.auth.requestheader import RequestHeaderConfig
@@ -40,8 +40,9 @@ from aggregator.auth.webhook import WebhookClient
 from aggregator.contracts import Component
 from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
-from aggregator.sources.options import SourceOptions
+from aggregator.sources.options import SourceConfig
 from aggregator.tls.verify import CAPool
+from aggregator.util.latest import Latest
 from aggregator.util.logs import fields
 from aggregator.web.metrics import Metrics
 
@@ -68,22 +69,24 @@ class Authorization:
 
 def build_authentication(
     options: AuthenticationOptions,
-    source: SourceOptions,
+    source: SourceConfig,
     *,
     kube: KubeClient | None,
     metrics: Metrics,
-    watch_cluster: bool = True,
+    cluster_copies: Latest[ClusterAuthentication] | None = None,
 ) -> Authentication:
-    """`watch_cluster=False` (a worker process): the ConfigMap is not watched here but fed with
-    the control process's copy (`AuthConfigMap.use`)."""
+    """With `cluster_copies` (a worker process) the cluster's ConfigMap is not watched here: it
+    follows the control process's copies (`AuthConfigMap.use`)."""
     files = CAFiles(options)
     components: list[tuple[str, Component]] = [("ca-files", files)]
     client_ca: Callable[[], CAPool | None] = files.client_ca_pool
     requestheader: Callable[[], RequestHeaderConfig | None] = files.requestheader_config
     cluster = _cluster_configmap(options, source, kube, files)
     if cluster is not None:
-        if watch_cluster:
+        if cluster_copies is None:
             components.append(("authentication-configmap", cluster))
+        else:
+            cluster_copies.follow(cluster.use)
         if cluster.want_client_ca:
             client_ca = cluster.client_ca_pool
         if cluster.want_requestheader:
@@ -144,7 +147,7 @@ def _warn_no_authenticator(options: AuthenticationOptions) -> None:
 
 
 def _cluster_configmap(
-    options: AuthenticationOptions, source: SourceOptions, kube: KubeClient | None, files: CAFiles
+    options: AuthenticationOptions, source: SourceConfig, kube: KubeClient | None, files: CAFiles
 ) -> AuthConfigMap | None:
     """Kube mode reads the CA settings the flags left unset from the cluster, as upstream does."""
     if not source.kube_mode or options.skip_lookup or kube is None:
@@ -157,8 +160,8 @@ def _cluster_configmap(
 
 
 def build_authorization(
-    options: AuthorizationOptions,
-    source: SourceOptions,
+    options: AuthorizationConfig,
+    source: SourceConfig,
     *,
     anonymous: bool,
     kube: KubeClient | None,
@@ -172,10 +175,10 @@ def build_authorization(
     if options.kubeconfig:
         client = KubeClient.from_kubeconfig(options.kubeconfig)
         components.append(("authorization-client", client))
-    names = authorization_modes(options, source)
+    names = options.modes
     without = WithoutManifests.EVALUATE
-    if options.modes is None:
-        without = WithoutManifests.ALLOW_AUTHENTICATED if names == [RBAC] else WithoutManifests.DEFER
+    if options.defaulted:
+        without = WithoutManifests.ALLOW_AUTHENTICATED if names == (RBAC,) else WithoutManifests.DEFER
     folder: RBACFolder | None = None
     modes: list[Mode] = []
     summary: list[str] = []
@@ -223,12 +226,6 @@ _WITHOUT = {
     WithoutManifests.DEFER: " (while it holds RBAC manifests)",
     WithoutManifests.ALLOW_AUTHENTICATED: "; without RBAC manifests: every authenticated caller, never impersonation",
 }
-
-
-def authorization_modes(options: AuthorizationOptions, source: SourceOptions) -> list[str]:
-    """`--authorization-mode`, or the default for where the gateway runs (`modes.default_modes`)."""
-    has_kubeconfig = bool(source.kubeconfig or options.kubeconfig)
-    return options.modes_for(local_mode=source.local_mode, has_kubeconfig=has_kubeconfig)
 
 
 def _warn_always_allow(anonymous: bool) -> None:

@@ -35,8 +35,6 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from aiohttp import web
-
 from aggregator.auth.authz import forbidden, internal_error
 from aggregator.auth.verdict import Decision, Verdict
 from aggregator.auth.webhook import ReviewFailed
@@ -46,6 +44,7 @@ from aggregator.util.logs import fields
 from aggregator.web.context import RequestContext
 from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.routing import RouteKind
+from aggregator.web.serverrequest import Response
 from aggregator.wire.gourl import EscapeError, path_unescape
 
 log = logging.getLogger(__name__)
@@ -242,7 +241,7 @@ class Impersonator:
     def __init__(self, decider: AccessDecider) -> None:
         self.decider = decider
 
-    def gate(self, ctx: RequestContext) -> web.StreamResponse | Awaitable[web.StreamResponse | None] | None:
+    def gate(self, ctx: RequestContext) -> Response | Awaitable[Response | None] | None:
         if ctx.route.kind is RouteKind.DELEGATE:
             return None  # kube-apiserver applies the headers to what it serves
         try:
@@ -253,7 +252,7 @@ class Impersonator:
             return None
         return self._impersonate(ctx, wanted)
 
-    async def _impersonate(self, ctx: RequestContext, wanted: Impersonation) -> web.StreamResponse | None:
+    async def _impersonate(self, ctx: RequestContext, wanted: Impersonation) -> Response | None:
         requester = ctx.user
         if requester is None:
             return internal_error(ctx, "no user found for request")

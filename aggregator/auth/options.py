@@ -5,13 +5,16 @@ with kube-apiserver's names, defaults and refusals."""
 from __future__ import annotations
 
 import argparse
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from aggregator.auth.modes import ModeError, check_modes, default_modes
 from aggregator.auth.requestheader import RequestHeaderConfig
+from aggregator.sources.options import SourceConfig
 from aggregator.tls.verify import CAPool
-from aggregator.util.flags import ConfigError, FlagSet, GoDuration, check_readable, csv_list, go_bool
+from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration, Problems, check_readable, csv_list
 
 DEFAULT_ALWAYS_ALLOW_PATHS = ("/healthz", "/readyz", "/livez")
 
@@ -110,9 +113,7 @@ class AuthenticationOptions:
         flags.add(
             "--anonymous-auth",
             field="anonymous",
-            type=go_bool,
-            nargs="?",
-            const=True,
+            action=GoBool,
             default=False,
             help="serve requests without credentials as system:anonymous (default false: they get a 401, "
             "except on the always-allowed health paths).",
@@ -141,27 +142,42 @@ class AuthenticationOptions:
         flags.add(
             "--authentication-skip-lookup",
             field="skip_lookup",
-            action="store_true",
+            action=GoBool,
             help="do not read kube-system/extension-apiserver-authentication for missing CA settings.",
         )
 
-    def validate(self) -> None:
-        check_readable("--client-ca-file", self.client_ca_file)
-        check_readable("--requestheader-client-ca-file", self.requestheader.client_ca_file)
-        check_readable("--token-auth-file", self.token_auth_file)
+    def validate(self) -> list[ConfigError]:
+        problems = Problems()
+        problems.check(check_readable, "--client-ca-file", self.client_ca_file)
+        problems.check(check_readable, "--requestheader-client-ca-file", self.requestheader.client_ca_file)
+        problems.check(check_readable, "--token-auth-file", self.token_auth_file)
         if (
             self.client_ca_file
             and self.requestheader.client_ca_file
             and not self.requestheader.allowed_names
             and _same_file_content(self.client_ca_file, self.requestheader.client_ca_file)
         ):
-            raise ConfigError(
+            problems.add(
                 "--requestheader-client-ca-file",
                 "is the same CA as --client-ca-file and --requestheader-allowed-names is empty, so any client "
                 "certificate could assert any identity; use a separate front-proxy CA or set allowed names",
             )
         if self.token_webhook_cache_ttl < 0:
-            raise ConfigError("--authentication-token-webhook-cache-ttl", "must not be negative")
+            problems.add("--authentication-token-webhook-cache-ttl", "must not be negative")
+        return problems.errors
+
+    def apply_to(self, config: AuthenticationTarget) -> None:
+        """Authentication reads its flags as they are (`build.build_authentication`): a copy, so
+        nothing done to the options later reaches a running gateway."""
+        config.authentication = copy.deepcopy(self)
+
+    def client_ca_files(self) -> list[str]:
+        """The CAs whose clients the serving TLS asks for a certificate."""
+        return [f for f in (self.client_ca_file, self.requestheader.client_ca_file) if f]
+
+
+class AuthenticationTarget(Protocol):
+    authentication: AuthenticationOptions
 
 
 def _same_file_content(a: str, b: str) -> bool:
@@ -233,20 +249,64 @@ class AuthorizationOptions:
             return list(self.modes)
         return default_modes(local_mode=local_mode, has_kubeconfig=has_kubeconfig)
 
-    def validate(self, *, local_mode: bool, has_kubeconfig: bool) -> None:
-        """`has_kubeconfig`: SubjectAccessReviews can be sent (a kubeconfig, or kube mode's account)."""
-        check_readable("--authorization-kubeconfig", self.kubeconfig)
+    def validate(self) -> list[ConfigError]:
+        """The group's own refusals; whether its modes fit where the gateway runs is checked across
+        groups (`modes_problem`)."""
+        problems = Problems()
+        problems.check(check_readable, "--authorization-kubeconfig", self.kubeconfig)
         for flag, ttl in (
             ("--authorization-webhook-cache-authorized-ttl", self.webhook_cache_authorized_ttl),
             ("--authorization-webhook-cache-unauthorized-ttl", self.webhook_cache_unauthorized_ttl),
         ):
             if ttl < 0:
-                raise ConfigError(flag, "must not be negative")
+                problems.add(flag, "must not be negative")
         for entry in self.always_allow_paths:
             if "*" in entry[:-1]:
-                raise ConfigError("--authorization-always-allow-paths", f"{entry!r}: '*' is only allowed at the end")
-        if self.modes is not None:
-            try:
-                check_modes(self.modes, local_mode=local_mode, has_kubeconfig=has_kubeconfig)
-            except ModeError as err:
-                raise ConfigError("--authorization-mode", str(err)) from err
+                problems.add("--authorization-always-allow-paths", f"{entry!r}: '*' is only allowed at the end")
+        return problems.errors
+
+    def apply_to(self, config: AuthorizationTarget) -> None:
+        """After the source's: the default modes depend on the mode and on a kubeconfig."""
+        source = config.source
+        has_kubeconfig = bool(source.kubeconfig or self.kubeconfig)
+        config.authorization = AuthorizationConfig(
+            modes=tuple(self.modes_for(local_mode=source.local_mode, has_kubeconfig=has_kubeconfig)),
+            defaulted=self.modes is None,
+            kubeconfig=self.kubeconfig,
+            always_allow_paths=tuple(self.always_allow_paths),
+            always_allow_groups=tuple(self.always_allow_groups),
+            webhook_cache_authorized_ttl=self.webhook_cache_authorized_ttl,
+            webhook_cache_unauthorized_ttl=self.webhook_cache_unauthorized_ttl,
+        )
+
+    def modes_problem(self, *, local_mode: bool, has_kubeconfig: bool) -> ConfigError | None:
+        """`--authorization-mode` against where the gateway runs (`has_kubeconfig`: reviews can be
+        sent: a kubeconfig, or kube mode's account)."""
+        if self.modes is None:
+            return None
+        try:
+            check_modes(self.modes, local_mode=local_mode, has_kubeconfig=has_kubeconfig)
+        except ModeError as err:
+            return ConfigError("--authorization-mode", str(err))
+        return None
+
+
+@dataclass(frozen=True)
+class AuthorizationConfig:
+    """The authorizers to build (`build.build_authorization`), the modes resolved for the mode."""
+
+    modes: tuple[str, ...]
+    # `--authorization-mode` not given: RBAC without manifests then defers or allows (`modes.py`)
+    defaulted: bool = True
+    kubeconfig: str | None = None
+    always_allow_paths: tuple[str, ...] = DEFAULT_ALWAYS_ALLOW_PATHS
+    always_allow_groups: tuple[str, ...] = ("system:masters",)
+    webhook_cache_authorized_ttl: float = 10.0
+    webhook_cache_unauthorized_ttl: float = 10.0
+
+
+class AuthorizationTarget(Protocol):
+    @property
+    def source(self) -> SourceConfig: ...
+
+    authorization: AuthorizationConfig

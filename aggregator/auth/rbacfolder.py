@@ -34,6 +34,7 @@ from aggregator.auth.rbacobjects import (
 )
 from aggregator.sources.files import ParseError, manifest_files, read_documents
 from aggregator.sources.manifests import flatten
+from aggregator.sources.problems import REFUSED, ManifestProblem
 from aggregator.util.dirwatch import DirectoryWatcher
 from aggregator.util.logs import fields
 
@@ -48,6 +49,8 @@ class _FileState:
     objects: dict[ObjectKey, RBACObject] = field(default_factory=dict)
     # The file holds RBAC manifests (valid or not), or fails to parse and mentions the group.
     holds_rbac: bool = False
+    # Objects refused (a file that does not parse is the folder source's problem to report).
+    problems: tuple[ManifestProblem, ...] = ()
 
 
 def _doc_key(doc: Mapping[str, Any]) -> ObjectKey:
@@ -67,6 +70,7 @@ class RBACFolder:
         self.current: RBACPolicy = compile_policy((), present=False)
         self._files: dict[Path, _FileState] = {}
         self._listeners: list[Listener] = []
+        self._problems: dict[Path, tuple[ManifestProblem, ...]] = {}  # only files with problems
         self._watcher = DirectoryWatcher(
             self.directory,
             lambda: tuple(sorted(manifest_files(self.directory).items())),
@@ -75,6 +79,10 @@ class RBACFolder:
             name="rbac-manifests",
             use_inotify=use_inotify,
         )
+
+    def problems(self) -> list[ManifestProblem]:
+        """RBAC objects refused now, file by file (`sources/problems.py`)."""
+        return [problem for path in sorted(self._problems) for problem in self._problems[path]]
 
     def add_listener(self, listener: Listener) -> None:
         """Called after each change with the new and the previous policy."""
@@ -92,12 +100,17 @@ class RBACFolder:
         current = manifest_files(self.directory)
         changed = initial
         for path in set(self._files) - set(current):
+            self._problems.pop(path, None)
             changed |= self._files.pop(path).holds_rbac
         for path, fingerprint in current.items():
             state = self._files.get(path)
             if state is None or state.fingerprint != fingerprint:
                 new = self._read(path, fingerprint, state)
                 self._files[path] = new
+                if new.problems:
+                    self._problems[path] = new.problems
+                else:
+                    self._problems.pop(path, None)
                 changed |= new.holds_rbac or (state is not None and state.holds_rbac)
         if changed:
             self._publish()
@@ -118,6 +131,7 @@ class RBACFolder:
             reason = str(err) if isinstance(err, ParseError) else f"{path}: {err}"
             return self._unreadable(path, fingerprint, previous, reason, mentions=True)
         objects: dict[ObjectKey, RBACObject] = {}
+        problems: list[ManifestProblem] = []
         holds_rbac = False
         for index, doc in enumerate(d for raw in docs for d in flatten(raw)):
             if not isinstance(doc, Mapping) or not is_rbac(doc):
@@ -137,9 +151,10 @@ class RBACFolder:
                 )
                 if previous_obj is not None:
                     objects[key] = previous_obj
+                problems.append(ManifestProblem(path, REFUSED, str(err), int(previous_obj is not None)))
                 continue
             objects[key_of(obj)] = obj
-        return _FileState(fingerprint, objects, holds_rbac)
+        return _FileState(fingerprint, objects, holds_rbac, tuple(problems))
 
     @staticmethod
     def _unreadable(

@@ -24,17 +24,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-from aiohttp import web
 
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.rbac import PolicyRule, RuleSet
 from aggregator.auth.verdict import Decision, Verdict
 from aggregator.auth.webhook import ReviewFailed
 from aggregator.model import fielderrors as fe
-from aggregator.web.context import user_of
+from aggregator.web.context import RequestContext
 from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.responses import json_response, status_response
 from aggregator.web.routing import Route, RouteKind, Router
+from aggregator.web.serverrequest import Response
 from aggregator.wire import protobuf as pb
 
 GROUP = "authorization.k8s.io"
@@ -262,26 +262,28 @@ class SelfReviews:
         )
         router.add_exact(RULES_PATH, Route(self.serve_rules_review, RouteKind.OWN, "selfsubjectrulesreviews"))
 
-    async def _document(self, request: web.Request, kind: str) -> Mapping[str, Any]:
-        if request.method != "POST":
+    async def _document(self, ctx: RequestContext, kind: str) -> Mapping[str, Any]:
+        if ctx.method != "POST":
             raise BadReview(405, "the server does not allow this method on the requested resource")
-        if request.content_length is not None and request.content_length > MAX_BODY:
+        length = ctx.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > MAX_BODY:
             raise BadReview(413, "the request body is too large")
         body = bytearray()
-        async for chunk in request.content.iter_any():
+        source = ctx.request.body
+        while source is not None and (chunk := await source.readany()):
             body += chunk
             if len(body) > MAX_BODY:
                 raise BadReview(413, "the request body is too large")
-        return _decode(bytes(body), request.headers.get("Content-Type", ""), kind)
+        return _decode(bytes(body), ctx.headers.get("Content-Type", ""), kind)
 
-    async def serve_access_review(self, request: web.Request) -> web.StreamResponse:
-        user = user_of(request)
+    async def serve_access_review(self, ctx: RequestContext) -> Response:
+        user = ctx.user
         if user is None:
-            return status_response(request, 400, "no user present on request")
+            return status_response(ctx, 400, "no user present on request")
         try:
-            info, spec = access_attributes(await self._document(request, ACCESS_KIND))
+            info, spec = access_attributes(await self._document(ctx, ACCESS_KIND))
         except BadReview as err:
-            return status_response(request, err.code, str(err))
+            return status_response(ctx, err.code, str(err))
         verdict = self.authorizer.decide_now(user, info)
         error = ""
         if verdict is None:
@@ -289,22 +291,22 @@ class SelfReviews:
                 verdict = await self.authorizer.review(user, info)
             except ReviewFailed as err:
                 verdict, error = Verdict(Decision.NO_OPINION), str(err)
-        return json_response(request, self._review(ACCESS_KIND, spec, _status(verdict, error)), status=201)
+        return json_response(ctx, self._review(ACCESS_KIND, spec, _status(verdict, error)), status=201)
 
-    async def serve_rules_review(self, request: web.Request) -> web.StreamResponse:
-        user = user_of(request)
+    async def serve_rules_review(self, ctx: RequestContext) -> Response:
+        user = ctx.user
         if user is None:
-            return status_response(request, 400, "no user present on request")
+            return status_response(ctx, 400, "no user present on request")
         try:
-            doc = await self._document(request, RULES_KIND)
+            doc = await self._document(ctx, RULES_KIND)
         except BadReview as err:
-            return status_response(request, err.code, str(err))
+            return status_response(ctx, err.code, str(err))
         spec = doc.get("spec")
         namespace = spec.get("namespace") if isinstance(spec, Mapping) else None
         if not isinstance(namespace, str) or not namespace:
-            return status_response(request, 400, "no namespace on request")
+            return status_response(ctx, 400, "no namespace on request")
         rule_set = self.authorizer.rules_for(user, namespace)
-        return json_response(request, self._review(RULES_KIND, {}, _rules(rule_set)), status=201)
+        return json_response(ctx, self._review(RULES_KIND, {}, _rules(rule_set)), status=201)
 
     @staticmethod
     def _review(kind: str, spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:

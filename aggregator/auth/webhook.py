@@ -22,11 +22,14 @@ import aiohttp
 
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeError, KubeResponse, KubeUnreachable, describe_error
+from aggregator.tracing.api import active_phase
 from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 10.0
+# The span of each kind of review, inside its traced phase.
+REVIEW_SPANS = {"tokenreview": "TokenReview", "subjectaccessreview": "SubjectAccessReview"}
 
 
 class ReviewFailed(Exception):
@@ -41,6 +44,7 @@ class ReviewPoster(Protocol):
         call: ApiCall,
         *,
         json_body: Any = None,
+        headers: Mapping[str, str] | None = None,
         client_timeout: aiohttp.ClientTimeout | None = None,
     ) -> KubeResponse: ...
 
@@ -146,18 +150,38 @@ class WebhookClient:
 
     async def _attempt(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         started = time.monotonic()
+        # Tracing hook: inside a traced authentication or authorization phase, the review is its
+        # client span, and kube-apiserver gets its traceparent (upstream wraps the webhook's
+        # transport with `tracing.WrapperFor`).
+        phase = active_phase()
+        span = (
+            phase.client(REVIEW_SPANS.get(self.kind, self.kind), method="POST", url=self.call.url_path())
+            if phase is not None
+            else None
+        )
         try:
             response = await self.poster.request(
-                self.call, json_body=body, client_timeout=aiohttp.ClientTimeout(total=self.timeout)
+                self.call,
+                json_body=body,
+                headers=span.headers() if span is not None else None,
+                client_timeout=aiohttp.ClientTimeout(total=self.timeout),
             )
         except KubeUnreachable as err:
+            if span is not None:
+                span.end(error=str(err))
             raise _Attempt(str(err), retry=_connection_reset(err)) from err
         except KubeError as err:
+            if span is not None:
+                span.end(error=str(err))
             raise _Attempt(str(err), retry=False) from err
         except Exception as err:  # credentials that cannot be loaded (bad kubeconfig, exec plugin...)
+            if span is not None:
+                span.end(error=describe_error(err))
             raise _Attempt(f"{self.call}: {describe_error(err)}", retry=False) from err
         finally:
             self.metrics.review_duration.labels(self.kind).observe(time.monotonic() - started)
+        if span is not None:
+            span.end(response.status)
         if not 200 <= response.status < 300:
             status = _status_of(response.body) or {}
             reason = str(status.get("reason", ""))

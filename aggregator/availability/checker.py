@@ -1,4 +1,4 @@
-"""`gateway.availability`: every APIService re-checked on a timer and on change; the proxy asks it.
+"""`gateway.control.availability`: every APIService re-checked on a timer and on change; the proxy asks it.
 
 One loop per APIService on the shared engine (`util/loops.py`), at most `workers` checks at a time
 (upstream runs 5 workers): a check at
@@ -25,6 +25,11 @@ OpenAPI downloads go by: they do not dial it until a check reaches it again, and
 once. Its own next check makes one GET instead of hedging with five: the backend was just found
 down, and a dead one then costs one dial per retry (at most every `interval`, jittered).
 
+`/readyz?verbose` names every unavailable APIService and every endpoint the proxy holds ejected:
+those lines (`notes`, a `NoteBoard`) are set as each verdict or ejection comes in, never rebuilt
+from every APIService, and verdict listeners hear of every changed verdict (a worker process
+mirrors both through `workers/publisher.py`).
+
 Readiness (`/readyz` check `apiservice-availability-synced`) waits for the first round: every
 APIService present when the store synced has a first verdict, whatever it is. Until then the
 proxy would answer from the objects' own (possibly stale, or absent) conditions, so a freshly
@@ -36,15 +41,17 @@ many hanging backends must not keep the gateway out of its Service). It never fa
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from aggregator.availability import conditions as cond
 from aggregator.availability.conditions import Verdict
 from aggregator.availability.ejections import EjectionBook
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
+from aggregator.availability.quarantine import DiscoveryQuarantine
 from aggregator.availability.status import Change, StatusSink
 from aggregator.backends.bounds import read_bounds
 from aggregator.model.apiservice import APIService, Condition
@@ -52,6 +59,7 @@ from aggregator.sources.store import DELETED, MODIFIED, Event, Store
 from aggregator.util.logs import fields
 from aggregator.util.loops import KeyedLoops
 from aggregator.util.tasks import TaskSet
+from aggregator.web.health import NoteBoard
 from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -65,6 +73,8 @@ FIRST_ROUND_CHECK = "apiservice-availability-synced"
 FIRST_ROUND_GRACE = 1.0
 # At most one check per APIService this often on the proxy's say-so (`suspect`).
 SUSPECT_INTERVAL = 1.0
+# Sections of `notes`: the unavailable APIServices, then the ejected endpoints.
+UNAVAILABLE_NOTES, EJECTED_NOTES = 0, 1
 
 
 def _available(conditions: tuple[Condition, ...]) -> bool:
@@ -98,12 +108,18 @@ class AvailabilityChecker:
         suspect_interval: float = SUSPECT_INTERVAL,
         timer: Callable[[], float] = time.monotonic,
         ejections: EjectionBook | None = None,
+        quarantine: DiscoveryQuarantine | None = None,
     ) -> None:
         self.store = store
+        # Told every verdict; says in the condition message whether discovery leaves it out.
+        self.quarantine = quarantine
+        # Extra `/readyz?verbose` lines: backends being down never fails readiness, but is shown.
+        self.notes = NoteBoard()
         # The endpoints the proxy holds ejected: named in the condition message, checked again on change.
         self.ejections = ejections
         if ejections is not None:
             ejections.add_listener(self.suspect)
+            ejections.add_description_listener(self._note_ejections)
         self.probe = probe
         self.metrics = metrics
         self.sink = sink
@@ -123,6 +139,7 @@ class AvailabilityChecker:
         # APIServices whose backend the last check could not reach, with that check's message.
         self._unreachable: dict[str, str] = {}
         self._listeners: list[Callable[[str], None]] = []
+        self._verdict_listeners: list[Callable[[str], None]] = []
         # When each APIService was last re-checked on the proxy's say-so.
         self.suspect_interval = suspect_interval
         self._timer = timer
@@ -135,6 +152,7 @@ class AvailabilityChecker:
         # the wait ends.
         self.first_round_limit = first_round_limit
         self._awaiting: set[str] | None = None
+        self._awaiting_sorted: list[str] = []  # the same names in order, for the check's message
         self._first_round_deadline = 0.0
         self._first_round_done = False
 
@@ -178,22 +196,22 @@ class AvailabilityChecker:
     def verdict(self, name: str) -> Verdict | None:
         return self._verdicts.get(name)
 
+    def verdicts(self) -> Iterator[tuple[str, Verdict]]:
+        """Every APIService's latest verdict (for a new reader's first copy; then `add_verdict_listener`)."""
+        return iter(list(self._verdicts.items()))
+
     def unreachable(self, name: str) -> str | None:
         """`contracts.Reachability`: the last check's message when it could not reach the backend."""
         return self._unreachable.get(name)
 
-    def unavailable(self) -> list[tuple[str, Verdict]]:
-        return [(name, v) for name, v in sorted(self._verdicts.items()) if not v.available]
+    def _note_verdict(self, name: str, verdict: Verdict | None) -> None:
+        line = None
+        if verdict is not None and not verdict.available:
+            line = f"warn: APIService {name} is unavailable: {verdict.reason}: {verdict.message}"
+        self.notes.set((UNAVAILABLE_NOTES, name), line)
 
-    def notes(self) -> list[str]:
-        """Extra `/readyz?verbose` lines: backends being down never fails readiness, but is shown."""
-        notes = [
-            f"warn: APIService {name} is unavailable: {v.reason}: {v.message}"
-            for name, v in self.unavailable()
-        ]
-        if self.ejections is not None:
-            notes += self.ejections.notes()
-        return notes
+    def _note_ejections(self, name: str, description: str | None) -> None:
+        self.notes.set((EJECTED_NOTES, name), f"warn: APIService {name}: {description}" if description else None)
 
     def first_round_check(self) -> str | None:
         """readyz `apiservice-availability-synced`: None once the first round of checks has landed.
@@ -206,23 +224,30 @@ class AvailabilityChecker:
         awaiting = self._awaiting
         if awaiting is None:
             return "the APIServices are not listed yet"
+        # (Cheap while it fails: every worker's readiness mirrors it, polled every 100 ms.)
         if awaiting and time.monotonic() < self._first_round_deadline:
-            names = sorted(awaiting)
+            names = self._awaiting_sorted
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             return f"no availability verdict yet for {', '.join(names[:3])}{more}"
         if awaiting:
             log.warning(
                 "ready without a first availability verdict for some APIServices; their checks go on",
-                extra=fields(apiservices=",".join(sorted(awaiting))),
+                extra=fields(apiservices=",".join(self._awaiting_sorted)),
             )
         self._first_round_done = True
         self._awaiting = set()
+        self._awaiting_sorted = []
         return None
 
     def add_listener(self, listener: Callable[[str], None]) -> None:
         """Called with an APIService name whenever its availability flips (or is first known), and
         whenever its backend becomes reachable or unreachable."""
         self._listeners.append(listener)
+
+    def add_verdict_listener(self, listener: Callable[[str], None]) -> None:
+        """Called with an APIService name whenever its verdict changes in any way (its reason or
+        message too), or is forgotten; before the status write the verdict causes."""
+        self._verdict_listeners.append(listener)
 
     def poke(self, name: str) -> None:
         """Check this APIService again now."""
@@ -282,6 +307,7 @@ class AvailabilityChecker:
             limit = self.probe.timeout + FIRST_ROUND_GRACE
         self._first_round_deadline = time.monotonic() + limit
         self._awaiting = set(names)
+        self._awaiting_sorted = sorted(self._awaiting)
         for name in names:
             self._track(name)
 
@@ -324,8 +350,12 @@ class AvailabilityChecker:
         self.metrics.unavailable_apiservice.forget(name)
         self.sink.forget(name)
         self.probe.forget(name)
+        if self.quarantine is not None:
+            self.quarantine.forget(name)
         self._unreachable.pop(name, None)
         if had is not None:
+            self._note_verdict(name, None)
+            self._verdict_changed(name)
             self._notify(name)
 
     # --- the loop ----------------------------------------------------------------------------------
@@ -354,6 +384,10 @@ class AvailabilityChecker:
         ejected = self.ejections.describe(name) if self.ejections is not None else None
         if ejected is not None:
             extra.append(ejected)
+        quarantine = self.quarantine
+        quarantined = quarantine.describe(name, report.verdict.available) if quarantine is not None else None
+        if quarantined is not None:
+            extra.append(quarantined)
         if extra:
             report.verdict = replace(report.verdict, message="; ".join((report.verdict.message, *extra)))
         current = self.store.apiservice(name)
@@ -370,8 +404,12 @@ class AvailabilityChecker:
 
     def _settled(self, name: str) -> None:
         """`name` has had its first check (or is gone): readiness no longer waits for it."""
-        if self._awaiting:
+        if self._awaiting and name in self._awaiting:
             self._awaiting.discard(name)
+            names = self._awaiting_sorted
+            index = bisect.bisect_left(names, name)
+            if index < len(names) and names[index] == name:
+                del names[index]
 
     async def record(self, report: Report) -> None:
         """Make `report.verdict` the APIService's availability: view, gauge, sink, counter."""
@@ -383,6 +421,8 @@ class AvailabilityChecker:
         previous = self._verdicts.get(name)
         self._verdicts[name] = verdict
         self._settled(name)
+        if self.quarantine is not None:
+            self.quarantine.observe(name, verdict.available)
         self.metrics.unavailable_apiservice.set(name, not verdict.available)
         unreachable = report.unreachable and not verdict.available
         reach_changed = unreachable != (name in self._unreachable)
@@ -390,6 +430,9 @@ class AvailabilityChecker:
             self._unreachable[name] = verdict.message
         else:
             self._unreachable.pop(name, None)
+        if verdict != previous:
+            self._note_verdict(name, verdict)
+            self._verdict_changed(name)
         if previous is None or was != verdict.available or reach_changed:
             self._notify(name)
         if verdict != previous:  # a repeated verdict (a dead backend, every retry) logs nothing
@@ -442,9 +485,12 @@ class AvailabilityChecker:
                 ),
             )
 
-    def _notify(self, name: str) -> None:
-        for listener in self._listeners:
+    def _notify(self, name: str, listeners: list[Callable[[str], None]] | None = None) -> None:
+        for listener in self._listeners if listeners is None else listeners:
             try:
                 listener(name)
             except Exception:
                 log.exception("availability listener failed", extra=fields(apiservice=name))
+
+    def _verdict_changed(self, name: str) -> None:
+        self._notify(name, self._verdict_listeners)

@@ -20,13 +20,19 @@ class EjectionBook:
         # APIService -> endpoint -> source (a worker's index, or "" for this process) -> reason
         self._ejected: dict[str, dict[str, dict[str, str]]] = {}
         self._listeners: list[Callable[[str], None]] = []
+        self._described: list[Callable[[str, str | None], None]] = []
 
     def add_listener(self, listener: Callable[[str], None]) -> None:
         """Told the APIService's name whenever its set of ejected endpoints changes."""
         self._listeners.append(listener)
 
+    def add_description_listener(self, listener: Callable[[str, str | None], None]) -> None:
+        """Told (name, `describe(name)`) whenever that description changes (a reason too)."""
+        self._described.append(listener)
+
     def ejection(self, name: str, endpoint: str, reason: str, source: str = "") -> None:
         """`contracts.EjectionReport`: ejected for `reason`, or back when `reason` is empty."""
+        before = self.describe(name) if self._described else None
         endpoints = self._ejected.setdefault(name, {})
         sources = endpoints.setdefault(endpoint, {})
         if reason:
@@ -42,6 +48,11 @@ class EjectionBook:
         if changed:
             for listener in self._listeners:
                 listener(name)
+        if self._described:
+            after = self.describe(name)
+            if after != before:
+                for described in self._described:
+                    described(name, after)
 
     def forget_source(self, source: str) -> None:
         """A worker is gone: what it held ejected no longer counts."""
@@ -59,7 +70,3 @@ class EjectionBook:
             f"{endpoint} ({next(iter(sources.values()))})" for endpoint, sources in sorted(endpoints.items())
         )
         return f"{EJECTED}{listed}"
-
-    def notes(self) -> list[str]:
-        """`/readyz?verbose` lines: an ejected endpoint never fails readiness, but is shown."""
-        return [f"warn: APIService {name}: {self.describe(name)}" for name in sorted(self._ejected)]

@@ -19,16 +19,15 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import aiohttp
-from aiohttp.http_exceptions import HttpProcessingError
 from cryptography import x509
 
 from aggregator.backends import tlsdiag
+from aggregator.backends._aiohttp import HttpProcessingError, ResponseHandler, response_protocol
 from aggregator.backends.errors import BackendError, Hop, classify
-from aggregator.backends.h1 import KEEPALIVE, DialTimes, H1Pool, serialize_head
+from aggregator.backends.h1 import KEEPALIVE, DialTimes, H1Pool, IdleConnections, serialize_head
 from aggregator.backends.tls import client_context
 from aggregator.contracts import FetchedResponse
 from aggregator.tls.pem import CertKeyPair
-from aggregator.util._aiohttp import ResponseHandler, response_protocol
 
 CONNECT_TIMEOUT = 5.0
 # A backend that refused the client certificate is asked why at most this often per address.
@@ -76,13 +75,15 @@ class Backend:
         error: str | None = None,
         client_pair: CertKeyPair | None = None,
         keepalive: float = KEEPALIVE,
+        idle: IdleConnections | None = None,
     ) -> None:
         self.name = name
         self.context = context
         # Why the context could not be built (upstream's transportBuildingError): requests get a 500.
         self.error = error
         self._client_pair = client_pair
-        self.pool = H1Pool(self._dial_http, keepalive=keepalive)
+        # `idle`: the bound on idle connections this backend shares with the others (the registry's).
+        self.pool = H1Pool(self._dial_http, keepalive=keepalive, idle=idle)
         self._diag_context: ssl.SSLContext | None = None
         # (host, port, server name) -> (expiry, the look in progress or done): see `diagnose`.
         self._alerts: dict[tuple[str, int, str], tuple[float, asyncio.Future[str | None]]] = {}

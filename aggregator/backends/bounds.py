@@ -26,6 +26,10 @@ MAX_CONCURRENT_REQUESTS = PREFIX + "max-concurrent-requests"
 OUTLIER_CONSECUTIVE_ERRORS = PREFIX + "outlier-consecutive-errors"
 OUTLIER_EJECTION_TIME = PREFIX + "outlier-ejection-time"
 OUTLIER_MAX_EJECTION_TIME = PREFIX + "outlier-max-ejection-time"
+# Not a bound of the proxy: how long the APIService may be unavailable before its group-version
+# leaves discovery and OpenAPI (`availability/quarantine.py`). Read here with the others, so a bad
+# value is named in the same problems.
+DISCOVERY_QUARANTINE_AFTER = PREFIX + "discovery-quarantine-after"
 
 DEFAULT_CONNECT_TIMEOUT = 5.0  # Go's dialer in upstream's proxy transport (and `backend.CONNECT_TIMEOUT`)
 DEFAULT_CONSECUTIVE_ERRORS = 5
@@ -51,6 +55,8 @@ class Bounds:
     consecutive_errors: int = DEFAULT_CONSECUTIVE_ERRORS  # 0: answers never eject
     ejection_time: float = DEFAULT_EJECTION_TIME
     max_ejection_time: float = DEFAULT_MAX_EJECTION_TIME
+    # None: never left out of discovery, whatever its availability (the default, as upstream).
+    discovery_quarantine_after: float | None = None
     # One line per annotation that was ignored, naming it and why.
     problems: tuple[str, ...] = ()
 
@@ -104,6 +110,7 @@ _READERS: dict[str, tuple[str, Callable[[str], object], str]] = {
     OUTLIER_CONSECUTIVE_ERRORS: ("consecutive_errors", _count, str(DEFAULT_CONSECUTIVE_ERRORS)),
     OUTLIER_EJECTION_TIME: ("ejection_time", _duration, f"{DEFAULT_EJECTION_TIME:g}s"),
     OUTLIER_MAX_EJECTION_TIME: ("max_ejection_time", _duration, f"{DEFAULT_MAX_EJECTION_TIME:g}s"),
+    DISCOVERY_QUARANTINE_AFTER: ("discovery_quarantine_after", _duration, "no quarantine"),
 }
 
 

@@ -8,8 +8,11 @@ Measured on loopback against nginx: ~25 µs per exchange instead of ~200 µs.
 
 There is no cap on connections in use: like Go's transport (client-go sets no MaxConnsPerHost),
 a thousand watches on one backend take a thousand connections and a plain GET beside them still
-gets its own at once. Only idle connections are bounded (`max_idle`, like MaxIdleConnsPerHost):
-extras are closed when released, never waited for.
+gets its own at once. Only idle connections are bounded: per address (`max_idle`, like
+MaxIdleConnsPerHost: extras are closed when released, never waited for), and across every pool
+of the gateway (`IdleConnections`, like MaxIdleConns: beyond its limit the connection idle
+longest closes). An idle connection closes when its keep-alive ends, whether or not its address
+is asked for again: a backend nobody calls any more holds no connection.
 
 What it does not do, on purpose: follow redirects, decompress, add headers, use HTTP proxies,
 speak HTTP/2.
@@ -20,17 +23,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
+import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
-from aggregator.util._aiohttp import (
+from aggregator.backends._aiohttp import (
     RawResponseMessage,
     ResponseHandler,
     StreamReader,
     drain,
     prepare_response,
 )
+from aggregator.web.serverrequest import RequestBody
 
 Key = tuple[str, int, str | None]
 
@@ -59,15 +65,39 @@ KEEPALIVE = 90.0
 # (an idle TLS connection costs about 55 KiB; 5000 backends with three spares each is 800 MiB).
 SPARE_KEEPALIVE = 5.0
 MAX_IDLE_PER_KEY = 64
+# Idle connections across every pool of the gateway (Go's MaxIdleConns is 100 in http.DefaultTransport;
+# this one serves every backend at once, so more): the ones idle longest close beyond it.
+MAX_IDLE = 1024
+
+
+class UnsafeHead(ValueError):
+    """A request head that would not reach the backend as the gateway read it."""
 
 
 def serialize_head(method: str, target: str, headers: Iterable[tuple[str, str]]) -> bytes:
-    """The request line and header block. Names and values come from aiohttp's request parser
-    (which refuses CR, LF and NUL) or from the gateway's own sanitized identity headers."""
+    """The request line and header block.
+
+    Names and values come from a protocol module that refused CR, LF and NUL in them, and
+    whitespace in the method and target (`web/http1/`, `web/http2/`), or from the gateway's own
+    sanitized identity headers. Checked once more here, where bytes become a request: a stray line
+    break or space would let the backend read a request other than the one the gateway authorized
+    (UnsafeHead: the request fails, nothing is sent).
+    """
     parts = [f"{method} {target} HTTP/1.1\r\n"]
     parts.extend(f"{name}: {value}\r\n" for name, value in headers)
     parts.append("\r\n")
-    return "".join(parts).encode("utf-8", "surrogateescape")
+    text = "".join(parts)
+    lines = len(parts)
+    if (
+        text.count("\n") != lines
+        or text.count("\r") != lines
+        or "\0" in text
+        or not (method.isprintable() and target.isprintable())
+        or " " in method
+        or " " in target
+    ):
+        raise UnsafeHead(f"refusing to forward a request head with line breaks or whitespace: {method} {target!r}")
+    return text.encode("utf-8", "surrogateescape")
 
 
 class NotWritten(ConnectionError):
@@ -99,7 +129,7 @@ class Exchange:
     def send(
         self,
         head: bytes,
-        body: StreamReader | None,
+        body: RequestBody | None,
         *,
         chunked: bool,
         head_only: bool,
@@ -115,10 +145,10 @@ class Exchange:
             # Kept on the exchange and cancelled by `finish`: the body never outlives the exchange.
             self._writer = asyncio.get_running_loop().create_task(self._send_body(body, chunked, tap))
 
-    async def _send_body(self, body: StreamReader, chunked: bool, tap: BodyTap | None) -> None:
+    async def _send_body(self, body: RequestBody, chunked: bool, tap: BodyTap | None) -> None:
         protocol = self.protocol
         try:
-            async for chunk in body.iter_any():
+            while chunk := await body.readany():
                 transport = protocol.transport
                 if transport is None:
                     return
@@ -163,6 +193,84 @@ class Exchange:
         self.pool.release(self.key, self.protocol, reusable)
 
 
+class IdleConnections:
+    """The idle keep-alive connections of every pool that shares it, oldest first.
+
+    Beyond `limit` the connection idle longest closes, whichever backend it leads to; each closes
+    at its deadline (the pool's keep-alive, or the spare keep-alive once a newer connection to
+    the same address went idle) by one timer for all of them, so a connection nobody asks for
+    again does not stay open until the backend drops it.
+    """
+
+    def __init__(self, limit: int = MAX_IDLE, *, timer: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self._timer = timer
+        # connection -> (its pool, address key), in the order they went idle
+        self._order: collections.OrderedDict[ResponseHandler, tuple[H1Pool, Key]] = collections.OrderedDict()
+        # each connection's deadline, and a heap of (deadline, n, connection) with stale entries
+        self._deadline: dict[ResponseHandler, float] = {}
+        self._heap: list[tuple[float, int, ResponseHandler]] = []
+        self._seq = itertools.count()
+        self._wakeup: asyncio.TimerHandle | None = None
+        self._wakeup_at = float("inf")
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def add(self, pool: H1Pool, key: Key, protocol: ResponseHandler, deadline: float) -> None:
+        """`protocol` just went idle in `pool`; the oldest beyond the limit close."""
+        self._order[protocol] = (pool, key)
+        self.expire_at(protocol, deadline)
+        while len(self._order) > self.limit:
+            oldest, (owner, owner_key) = next(iter(self._order.items()))
+            owner.drop(owner_key, oldest)  # calls `taken`
+
+    def expire_at(self, protocol: ResponseHandler, deadline: float) -> None:
+        """Close `protocol` at `deadline` (monotonic seconds) unless it is taken before."""
+        if protocol not in self._order:
+            return
+        self._deadline[protocol] = deadline
+        heapq.heappush(self._heap, (deadline, next(self._seq), protocol))
+        if len(self._heap) > 64 and len(self._heap) > 2 * len(self._deadline):
+            # Stale entries (connections taken since) outnumber live ones: rebuild.
+            self._heap = [(d, next(self._seq), p) for p, d in self._deadline.items()]
+            heapq.heapify(self._heap)
+        if deadline < self._wakeup_at:
+            self._schedule(deadline)
+
+    def taken(self, protocol: ResponseHandler) -> None:
+        """`protocol` is idle no more (reused or closed)."""
+        if self._order.pop(protocol, None) is not None:
+            del self._deadline[protocol]
+
+    def _schedule(self, deadline: float) -> None:
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # released outside a loop (a test's teardown): swept on the next add
+            self._wakeup, self._wakeup_at = None, float("inf")
+            return
+        self._wakeup_at = deadline
+        self._wakeup = loop.call_later(max(0.0, deadline - self._timer()), self._sweep)
+
+    def _sweep(self) -> None:
+        self._wakeup, self._wakeup_at = None, float("inf")
+        now = self._timer()
+        heap = self._heap
+        while heap:
+            deadline, _, protocol = heap[0]
+            if self._deadline.get(protocol) != deadline:
+                heapq.heappop(heap)  # taken since, or given a new deadline
+                continue
+            if deadline > now:
+                self._schedule(deadline)
+                return
+            heapq.heappop(heap)
+            pool, key = self._order[protocol]
+            pool.drop(key, protocol)
+
+
 class H1Pool:
     """Idle keep-alive connections per (address, port, TLS name); new ones come from `dial`."""
 
@@ -173,11 +281,14 @@ class H1Pool:
         keepalive: float = KEEPALIVE,
         spare_keepalive: float = SPARE_KEEPALIVE,
         max_idle: int = MAX_IDLE_PER_KEY,
+        idle: IdleConnections | None = None,
     ) -> None:
         self._dial = dial
         self.keepalive = keepalive
         self.spare_keepalive = spare_keepalive
         self.max_idle = max_idle
+        # The bound and the clock of idle connections, shared with every other backend's pool.
+        self.everyone_idle = idle if idle is not None else IdleConnections()
         self._idle: dict[Key, collections.deque[tuple[ResponseHandler, float]]] = {}
         self.in_use = 0
         self.closed = False
@@ -195,12 +306,17 @@ class H1Pool:
         idle = self._idle.get(key)
         if idle:
             now = time.monotonic()
+            everyone = self.everyone_idle
             while idle:
                 protocol, since = idle.pop()
+                everyone.taken(protocol)
                 if now - since < self.keepalive and protocol.is_connected():
+                    if not idle:
+                        del self._idle[key]
                     self.in_use += 1
                     return Exchange(self, key, protocol, True)
                 protocol.close()
+            del self._idle[key]
         return None
 
     async def new_exchange(
@@ -226,14 +342,34 @@ class H1Pool:
         if idle is None:
             idle = self._idle[key] = collections.deque()
         now = time.monotonic()
+        everyone = self.everyone_idle
         # Whatever idled past the keep-alive goes; so do spares unused for the spare keep-alive,
         # since the connection released now stays warm.
         while idle and now - idle[0][1] >= self.spare_keepalive:
-            idle.popleft()[0].close()
+            spare = idle.popleft()[0]
+            everyone.taken(spare)
+            spare.close()
         if len(idle) >= self.max_idle:
             protocol.close()
             return
+        for spare, since in idle:  # a newer one is warm now: these are spares
+            everyone.expire_at(spare, since + self.spare_keepalive)
         idle.append((protocol, now))
+        everyone.add(self, key, protocol, now + self.keepalive)
+
+    def drop(self, key: Key, protocol: ResponseHandler) -> None:
+        """Close an idle connection (its keep-alive ended, or the gateway holds too many)."""
+        self.everyone_idle.taken(protocol)
+        idle = self._idle.get(key)
+        if idle is not None:
+            for entry in idle:
+                if entry[0] is protocol:
+                    idle.remove(entry)
+                    break
+            if not idle:
+                del self._idle[key]
+        with contextlib.suppress(Exception):
+            protocol.close()
 
     def idle_count(self) -> int:
         return sum(len(idle) for idle in self._idle.values())
@@ -243,6 +379,7 @@ class H1Pool:
         self.closed = True
         for idle in self._idle.values():
             for protocol, _since in idle:
+                self.everyone_idle.taken(protocol)
                 with contextlib.suppress(Exception):
                     protocol.close()
         self._idle.clear()

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import ipaddress
 from dataclasses import dataclass
+from typing import Protocol
 
-from aggregator.util.flags import ConfigError, FlagSet, check_pair, check_readable, csv_list
+from aggregator.sources.options import SourceConfig
+from aggregator.util.flags import ConfigError, FlagSet, GoBool, Problems, check_pair, check_readable, csv_list
 
 SECTION = "proxy"
 # --backend-deny-cidrs when unset. Both modes: link-local, where cloud metadata services live.
@@ -42,13 +44,13 @@ class BackendOptions:
         flags.add(
             "--enable-aggregator-routing",
             field="enable_aggregator_routing",
-            action="store_true",
+            action=GoBool,
             help="route to a ready EndpointSlice endpoint instead of the Service's cluster IP.",
         )
         flags.add(
             "--allow-external-name-services",
             field="allow_external_name_services",
-            action="store_true",
+            action=GoBool,
             help="allow APIServices backed by ExternalName Services (off: they are a server-side request "
             "forgery risk).",
         )
@@ -68,17 +70,48 @@ class BackendOptions:
             return self.backend_deny_cidrs
         return list(KUBE_DEFAULT_DENY_CIDRS if kube_mode else DEFAULT_DENY_CIDRS)
 
-    def validate(self, *, kube_mode: bool) -> None:
-        check_pair(
+    def validate(self) -> list[ConfigError]:
+        problems = Problems()
+        problems.check(
+            check_pair,
             "--proxy-client-cert-file",
             self.proxy_client_cert_file,
             "--proxy-client-key-file",
             self.proxy_client_key_file,
         )
-        check_readable("--proxy-client-cert-file", self.proxy_client_cert_file)
-        check_readable("--proxy-client-key-file", self.proxy_client_key_file)
-        for cidr in self.deny_cidrs(kube_mode=kube_mode):
+        problems.check(check_readable, "--proxy-client-cert-file", self.proxy_client_cert_file)
+        problems.check(check_readable, "--proxy-client-key-file", self.proxy_client_key_file)
+        for cidr in self.backend_deny_cidrs or ():  # the defaults are CIDRs
             try:
                 ipaddress.ip_network(cidr, strict=False)
-            except ValueError as err:
-                raise ConfigError("--backend-deny-cidrs", f"{cidr!r} is not a CIDR") from err
+            except ValueError:
+                problems.add("--backend-deny-cidrs", f"{cidr!r} is not a CIDR")
+        return problems.errors
+
+    def apply_to(self, config: BackendTarget) -> None:
+        """After the source's: the deny list's default depends on the mode."""
+        config.backends = BackendConfig(
+            proxy_client_cert_file=self.proxy_client_cert_file,
+            proxy_client_key_file=self.proxy_client_key_file,
+            enable_aggregator_routing=self.enable_aggregator_routing,
+            allow_external_name_services=self.allow_external_name_services,
+            deny_cidrs=tuple(self.deny_cidrs(kube_mode=config.source.kube_mode)),
+        )
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """How backends are reached (`build_backends`), the deny list resolved for the mode."""
+
+    proxy_client_cert_file: str | None = None
+    proxy_client_key_file: str | None = None
+    enable_aggregator_routing: bool = False
+    allow_external_name_services: bool = False
+    deny_cidrs: tuple[str, ...] = DEFAULT_DENY_CIDRS
+
+
+class BackendTarget(Protocol):
+    @property
+    def source(self) -> SourceConfig: ...
+
+    backends: BackendConfig

@@ -25,6 +25,7 @@ from aggregator.backends.addresses import AddressResolver, Target
 from aggregator.backends.backend import Address, Backend
 from aggregator.backends.client_cert import ProxyClientCertificate
 from aggregator.backends.errors import BackendError, Hop
+from aggregator.backends.h1 import IdleConnections
 from aggregator.backends.headers import IdentityHeaderPolicy, LiveIdentityPolicy, request_headers
 from aggregator.backends.tls import TLSSettings, client_context
 from aggregator.contracts import FetchedResponse
@@ -71,6 +72,9 @@ class BackendRegistry:
         self._backends: dict[TLSSettings, Backend] = {}
         self._users: dict[TLSSettings, set[str]] = {}
         self._warned_insecure: set[str] = set()
+        # Idle connections to every backend, bounded together: thousands of Services hold at most
+        # this many between their requests (the rest close, oldest first).
+        self.idle = IdleConnections()
 
     @property
     def policy(self) -> IdentityHeaderPolicy:
@@ -138,7 +142,7 @@ class BackendRegistry:
                 extra=fields(apiservice=apiservice.name, reason=str(err)),
             )
             return Backend(apiservice.name, context=None, error=str(err))
-        return Backend(apiservice.name, context=context, client_pair=pair)
+        return Backend(apiservice.name, context=context, client_pair=pair, idle=self.idle)
 
     def _release(self, name: str, settings: TLSSettings) -> None:
         users = self._users.get(settings)

@@ -14,8 +14,14 @@ loading rules; the files of a `$KUBECONFIG` list are not merged). With `--apiser
 one of its two parents, which is where `aggregator certs init` and `aggregator demo` put it, so
 `aggregator check --all --apiservices-dir certs/demo/apiservices` works as the demo prints it.
 
-Exit status: 0 when every hop of every APIService checked passes, 1 when one fails (or the
-APIService does not exist), 2 when the flags or the object source are unusable.
+With `--apiservices-dir`, `--all` also names every file of the folder the gateway would not
+load, or not wholly (a file that does not parse, an object refused, a document of a kind it does
+not read: `sources/problems.py`), and fails for it: `kubectl get apiservices` cannot show what
+never loaded.
+
+Exit status: 0 when every hop of every APIService checked passes (and, for `--all`, the folder
+loads whole), 1 when one fails (or the APIService does not exist), 2 when the flags or the object
+source are unusable.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from aggregator.assembly import build_backends
+from aggregator.assembly import build_backends, flag_identity_policy
 from aggregator.availability.ejections import EJECTED
 from aggregator.availability.probe import (
     DISCOVERY_HOP,
@@ -47,14 +53,22 @@ from aggregator.availability.probe import (
 )
 from aggregator.backends.addresses import Target
 from aggregator.backends.errors import BackendError
-from aggregator.config import Options, add_backend_flags, add_source_flags, options_from_args
-from aggregator.kube.client import KubeAPIError, KubeClient, KubeError
+from aggregator.config import (
+    Config,
+    Options,
+    add_backend_flags,
+    add_source_flags,
+    complete,
+    options_from_args,
+)
+from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, missing_kube_client
 from aggregator.model.apiservice import APIService, service_column
 from aggregator.model.decode import DecodeError
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.sources.kube import WATCHED, WatchedResource
+from aggregator.sources.problems import ManifestProblem
 from aggregator.sources.store import Kind, Obj, Store
-from aggregator.util.flags import ConfigError, check_readable
+from aggregator.util.flags import ConfigError, GoBool, InvalidOptions, check_readable
 from aggregator.util.logs import configure_logging
 from aggregator.web.metrics import Metrics
 
@@ -71,14 +85,15 @@ def add_check_parser(commands: Any) -> argparse.ArgumentParser:
     """The `check` subcommand, with serve's object-source and backend flags."""
     parser: argparse.ArgumentParser = commands.add_parser(
         "check",
+        usage="%(prog)s (NAME | --all) [flags]",
         help="check an APIService hop by hop and name the one that fails",
         description="Check an APIService (or --all of them) the way the gateway does: Service, port, "
         "ready endpoints, the address dialed, TLS, then GET /apis/<group>/<version> as "
         "system:kube-aggregator. Prints each hop with its detail; exits 0 only when every hop passes.",
     )
     parser.add_argument("name", nargs="?", help="APIService name, e.g. v1beta1.metrics.k8s.io")
-    parser.add_argument("--all", action="store_true", help="check every APIService and print a table")
-    add_source_flags(parser)
+    parser.add_argument("--all", action=GoBool, help="check every APIService and print a table")
+    add_source_flags(parser, command="check")
     add_backend_flags(parser)
     parser.add_argument(
         "-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (4 and above: debug lines)."
@@ -142,7 +157,9 @@ def check_options(
         if pair is not None:
             backends.proxy_client_cert_file, backends.proxy_client_key_file = pair
             notes.append(f"using the front-proxy client certificate {pair[0]} (--proxy-client-cert-file overrides)")
-    backends.validate(kube_mode=source.kube_mode)
+    errors = backends.validate()
+    if errors:
+        raise InvalidOptions(errors)
     check_readable("--kubeconfig", source.kubeconfig)
     if source.apiservices_dir is not None and not os.path.isdir(source.apiservices_dir):
         raise ConfigError("--apiservices-dir", f"{source.apiservices_dir} is not a readable directory")
@@ -152,6 +169,9 @@ def check_options(
             "neither --apiservices-dir nor --kubeconfig is set, $KUBECONFIG and ~/.kube/config name no "
             "file, and no in-cluster service account was found",
         )
+    problem = missing_kube_client() if source.kube_mode or source.kubeconfig else None
+    if problem:
+        raise ConfigError("--kubeconfig", problem)
     return opts
 
 
@@ -165,21 +185,27 @@ class Loaded:
     store: Store
     access_errors: dict[Kind, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # What the folder holds that the gateway would not load (--apiservices-dir).
+    problems: list[ManifestProblem] = field(default_factory=list)
 
     def access(self, kind: Kind) -> str | None:
         return self.access_errors.get(kind)
 
 
 def load_folder(directory: str) -> Loaded:
+    from aggregator.auth.rbacfolder import RBACFolder
     from aggregator.auth.rbacobjects import is_rbac
+    from aggregator.flowcontrol.manifests import is_flowcontrol
     from aggregator.sources.files import FolderSource
+    from aggregator.sources.problems import merged_problems
 
     store = Store()
-    source = FolderSource(directory, store, read_elsewhere=is_rbac)
+    # RBAC and API Priority and Fairness objects are read by their own features: not "skipped"
+    source = FolderSource(directory, store, read_elsewhere=lambda doc: is_rbac(doc) or is_flowcontrol(doc))
     source.reload()
-    loaded = Loaded(store)
-    loaded.warnings = [f"{path}: not loaded: {error}" for path, error in sorted(source.errors.items())]
-    return loaded
+    rbac = RBACFolder(directory)
+    rbac.reload(initial=True)
+    return Loaded(store, problems=list(merged_problems(source.problems, rbac.problems)()))
 
 
 async def _list(client: KubeClient, spec: WatchedResource, loaded: Loaded) -> list[Obj]:
@@ -314,6 +340,13 @@ class Printer:
                 f"  (the gateway would mark it available; the {report.failed_step.hop} hop fails for clients)"
             )
 
+    def problems(self, problems: Sequence[ManifestProblem]) -> None:
+        """The folder's files the gateway would not load, each with its cause."""
+        self.line()
+        self.line(f"Manifests the gateway does not load ({len(problems)}):")
+        for problem in problems:
+            self.line(f"{self.paint(self.marks[FAIL], FAIL)} {problem.describe()}")
+
     def endpoints(self, results: Sequence[tuple[str, str | None]]) -> None:
         """Each ready endpoint's own answer (--enable-aggregator-routing)."""
         self.line()
@@ -355,9 +388,9 @@ def _port(svc: APIService) -> str:
 # --- running -----------------------------------------------------------------------------------------
 
 
-async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO) -> int:
+async def run_check(config: Config, name: str | None, out: TextIO, err: TextIO) -> int:
     printer = Printer(out)
-    client = options.source.kube_client() if options.kube_mode else None
+    client = config.source.kube_client() if config.kube_mode else None
     metrics = Metrics()
     try:
         if client is not None:
@@ -368,23 +401,30 @@ async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO
                 print(f"aggregator check: cannot list APIServices: {problem}", file=err)
                 return EXIT_USAGE
         else:
-            assert options.source.apiservices_dir is not None
-            loaded = load_folder(options.source.apiservices_dir)
+            assert config.source.apiservices_dir is not None
+            loaded = load_folder(config.source.apiservices_dir)
         for warning in loaded.warnings:
             print(f"warning: {warning}", file=err)
-        if options.backends.proxy_client_cert_file is None:
+        if config.backends.proxy_client_cert_file is None:
             print(
                 "warning: no --proxy-client-cert-file: backends that require a front-proxy client "
                 "certificate will refuse the check",
                 file=err,
             )
-        backends = build_backends(options, loaded.store, metrics)
+        identity = flag_identity_policy(config.authentication.requestheader)
+        backends = build_backends(config.backends, loaded.store, metrics, identity=identity)
         await backends.start()
         try:
             probe = DiscoveryProbe(backends)
             if name is not None:
+                for manifest in loaded.problems:
+                    print(f"warning: {manifest.describe()}", file=err)
                 return await _check_named(name, loaded, probe, printer, err)
-            return await _check_all(loaded, probe, printer)
+            code = await _check_all(loaded, probe, printer)
+            if loaded.problems:
+                printer.problems(loaded.problems)
+                return EXIT_FAILED
+            return code
         finally:
             await backends.stop()
     finally:
@@ -463,7 +503,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         options = check_options(args, notes)
     except ConfigError as problem:
-        print(f"aggregator check: {problem}", file=sys.stderr)
+        for line in str(problem).splitlines():
+            print(f"aggregator check: {line}", file=sys.stderr)
         return EXIT_USAGE
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
@@ -471,4 +512,4 @@ def main(args: argparse.Namespace) -> int:
     if args.verbosity < 4:
         # The printed hops say it all; library chatter only with -v.
         logging.getLogger().setLevel(logging.INFO if args.verbosity >= 1 else logging.ERROR)
-    return asyncio.run(run_check(options, args.name, sys.stdout, sys.stderr))
+    return asyncio.run(run_check(complete(options), args.name, sys.stdout, sys.stderr))

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from aggregator import __version__
-from aggregator.config import add_serve_flags, options_from_args, validate
-from aggregator.util.flags import ConfigError, csv_list
+from aggregator.config import add_serve_flags, complete, options_from_args, validate
+from aggregator.util.flags import ConfigError, FlagParser, GoBool, csv_list, nearest_flag
 from aggregator.util.logs import configure_logging
 
 EXIT_USAGE = 2
 
 
-class OneLineErrors(argparse.ArgumentParser):
-    """A usage error is one line and a hint, not the whole usage (30 lines for `serve`)."""
+class OneLineErrors(FlagParser):
+    """A usage error is one line and a hint, not the whole usage (30 lines for `serve`); flags are
+    read as pflag reads them (`util/flags.FlagParser`)."""
 
     def error(self, message: str) -> NoReturn:
         usage_error(self.prog, message)
@@ -39,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve",
+        # kube-apiserver's `Usage:` line; every flag follows, by section.
+        usage="%(prog)s [flags]",
         help="run the gateway",
         description="Serve merged discovery and proxy aggregated API groups, from a folder of manifests "
         "(--apiservices-dir, local mode) or from kube-apiserver (--kubeconfig or in-cluster).",
@@ -70,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument(
         "--server", default="https://127.0.0.1:8443", help="server URL written into admin.kubeconfig."
     )
-    init.add_argument("--force", action="store_true", help="overwrite existing files.")
+    init.add_argument("--force", action=GoBool, help="overwrite existing files.")
 
     demo = commands.add_parser(
         "demo",
@@ -97,6 +101,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_parser(parser: argparse.ArgumentParser, names: Sequence[str | None]) -> argparse.ArgumentParser:
+    """The parser of the (sub)command `names` (`serve`; `certs`, `init`)."""
+    for name in names:
+        if name is None:
+            break
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = commands.choices[name]
+    return parser
+
+
+def unknown_arguments(parser: argparse.ArgumentParser, unknown: Sequence[str], given: Sequence[str]) -> str:
+    """pflag's words for the first unknown flag (`unknown flag: --tls-cert`), with the flag that
+    was probably meant; words that are not flags are listed as argparse lists them, with a hint
+    when one follows a boolean flag (`--anonymous-auth false`: pflag takes no value there)."""
+    flag = next((word for word in unknown if word.startswith("-")), None)
+    if flag is None:
+        message = f"unrecognized arguments: {' '.join(unknown)}"
+        booleans = {n for a in parser._actions if isinstance(a, GoBool) for n in a.option_strings}
+        for before, word in itertools.pairwise(given):
+            if word == unknown[0] and before in booleans:
+                return f'{message} ({before} takes a value only after "=": {before}={word})'
+        return message
+    message = f"unknown flag: {flag.split('=', 1)[0]}"
+    names = parser.flag_names() if isinstance(parser, FlagParser) else []
+    suggestion = nearest_flag(flag, names)
+    return f"{message} (did you mean {suggestion}?)" if suggestion else message
+
+
 def _certs_init(args: argparse.Namespace) -> int:
     from aggregator.commands.certs import init_pki
 
@@ -112,23 +144,25 @@ def _certs_init(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from aggregator.server import run
-    from aggregator.workers.supervisor import run as run_workers
+    from aggregator.runners.server import run
+    from aggregator.runners.supervisor import run as run_workers
 
     options = options_from_args(args)
     stop_logging = None
     try:
         validate(options)
-        stop_logging = configure_logging(options.logging.format, options.logging.verbosity)
-        workers = options.workers.processes()
-        if workers > 1:
-            return run_workers(options, workers)
-        return run(options)
+        config = complete(options)
+        stop_logging = configure_logging(config.logging.format, config.logging.verbosity)
+        if config.workers > 1:
+            return run_workers(config)
+        return run(config)
     except ConfigError as err:
         if stop_logging is not None:
             stop_logging()  # whatever was logged before the failure goes out before the one line
-        # Start-up problems (bad flags, unreadable certificates or kubeconfig, a busy port): one line.
-        print(f"aggregator serve: {err}", file=sys.stderr)
+        # Start-up problems (bad flags, unreadable certificates or kubeconfig, a busy port): one line
+        # each, every one of them at once (InvalidOptions).
+        for line in str(err).splitlines():
+            print(f"aggregator serve: {line}", file=sys.stderr)
         return EXIT_USAGE
     finally:
         if stop_logging is not None:
@@ -148,11 +182,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, unknown = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
     if unknown:
         # Reported by the command they were given to (argparse names only the top-level program).
         words = ["aggregator", getattr(args, "command", None), getattr(args, "certs_command", None)]
-        usage_error(" ".join(w for w in words if w), f"unrecognized arguments: {' '.join(unknown)}")
+        given = list(sys.argv[1:] if argv is None else argv)
+        command = command_parser(parser, words[1:])
+        usage_error(" ".join(w for w in words if w), unknown_arguments(command, unknown, given))
     if args.command == "serve":
         return _serve(args)
     if args.command == "demo":

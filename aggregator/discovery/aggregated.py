@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from importlib import resources as package_resources
 from typing import Any
 
-from aiohttp import web
-
 from aggregator.model.versions import version_sort_key
 from aggregator.util.coalesce import Throttled
+from aggregator.web.context import RequestContext
 from aggregator.web.rendering import respond
+from aggregator.web.serverrequest import Response
 from aggregator.wire.jsonenc import go_marshal
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, MediaType
 from aggregator.wire.rendered import Rendered, quoted_sha512
@@ -291,6 +291,13 @@ class AggregatedDiscovery:
         if self._rendered is None:
             self.document()
 
+    def document_if_rendered(self, version: str = "v2") -> Rendered | None:
+        """The document, or None while a throttled render is due: a reader that polls for changes
+        (`workers/publisher.py`) renders nothing of its own, so a burst costs one render per interval."""
+        if self._rendered is None and self._render.pending:
+            return None
+        return self.document(version)
+
     def document(self, version: str = "v2") -> Rendered:
         if self._rendered is None:
             items: list[dict[str, Any]] = []
@@ -318,7 +325,7 @@ class AggregatedDiscovery:
                     self._on_render()
         return self._rendered[version]
 
-    def serve(self, request: web.Request, media: MediaType) -> web.StreamResponse:
+    def serve(self, ctx: RequestContext, media: MediaType) -> Response:
         version = media.aggregated_version or "v2"
         content_type = f"{media.media_type};g={DISCOVERY_GROUP};v={version};as={DISCOVERY_KIND}"
-        return respond(request, self.document(version), media, content_type=content_type, headers=HEADERS)
+        return respond(ctx, self.document(version), media, content_type=content_type, headers=HEADERS)

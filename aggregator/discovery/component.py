@@ -1,11 +1,12 @@
-"""Discovery as the gateway serves it: the documents, the routes, the backend fetcher and, in kube
-mode, kube-apiserver's own aggregated discovery (`delegated.py`)."""
+"""Discovery as the gateway derives it: the documents, the backend fetcher and, in kube mode,
+kube-apiserver's own aggregated discovery (`delegated.py`). `routes.py` serves them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from aggregator.contracts import BackendFetcher, Reachability
+from aggregator.contracts import BackendFetcher, Quarantined, Reachability
 from aggregator.discovery.aggregated import (
     AggregatedDiscovery,
     VersionEntry,
@@ -13,24 +14,25 @@ from aggregator.discovery.aggregated import (
     registration_entry,
 )
 from aggregator.discovery.delegated import DelegateDiscovery
-from aggregator.discovery.fetcher import DiscoveryFetcher
+from aggregator.discovery.fetcher import DiscoveryFetcher, FetchState
 from aggregator.discovery.legacy import LegacyDiscovery
-from aggregator.discovery.routes import DiscoveryRoutes
 from aggregator.kube.client import KubeClient
 from aggregator.sources.store import Event, Store
+from aggregator.web.context import RequestContext
 from aggregator.web.metrics import Metrics
-from aggregator.web.routing import Handler
+from aggregator.web.serverrequest import Response
+from aggregator.wire.negotiation import MediaType
 
 # The /readyz check that waits for kube-apiserver's discovery (kube mode).
 KUBE_DISCOVERY_CHECK = "kube-apiserver-discovery"
 
 
 class Discovery:
-    """Serves `/apis` (legacy and aggregated) and `/apis/<group>`.
+    """The documents of `/apis` (legacy and aggregated) and `/apis/<group>`, kept up to date.
 
     `kube` is kube-apiserver in kube mode (its own groups, built-ins and CRDs, come from its
     aggregated `/apis`), None in local mode (the gateway lists `apiregistration.k8s.io` itself).
-    `fallback` answers `/apis/<group>` for a group that vanished while the request was in flight.
+    `quarantine` names the APIServices left out of every document (`availability/quarantine.py`).
     """
 
     def __init__(
@@ -40,10 +42,11 @@ class Discovery:
         backends: BackendFetcher,
         kube: KubeClient | None,
         metrics: Metrics,
-        fallback: Handler,
         reachability: Reachability | None = None,
+        quarantine: Quarantined | None = None,
     ) -> None:
-        self.legacy = LegacyDiscovery(store)
+        self.quarantine = quarantine
+        self.legacy = LegacyDiscovery(store, quarantine=quarantine)
         self.aggregated = AggregatedDiscovery(
             self.entries, on_render=metrics.discovery_aggregations.inc, metadata=self.group_metadata
         )
@@ -53,7 +56,6 @@ class Discovery:
         self.fetcher = DiscoveryFetcher(
             store, backends, self.aggregated.invalidate, metrics=metrics, reachability=reachability
         )
-        self.routes = DiscoveryRoutes(self.legacy, self.aggregated, fallback)
 
     def on_store_event(self, event: Event) -> None:
         """Subscribe to the store (the composition root does): the legacy documents, kube-apiserver's
@@ -64,18 +66,37 @@ class Discovery:
         self.fetcher.on_store_event(event)
 
     def entries(self) -> list[VersionEntry]:
+        states: Iterable[FetchState] = self.fetcher.states.values()
+        hidden = self.quarantine.quarantined if self.quarantine is not None else frozenset()
+        gone: set[tuple[str, str]] = set()
+        if hidden:
+            gone = {(s.apiservice.group, s.apiservice.version) for s in states if s.apiservice.name in hidden}
+            states = [s for s in states if s.apiservice.name not in hidden]
         if self.delegate is not None:
-            # apiregistration.k8s.io is kube-apiserver's there, listed in its document like any group.
-            return self.delegate.entries(self.fetcher.states.values())
-        return [registration_entry(), *self.fetcher.entries()]
+            # apiregistration.k8s.io is kube-apiserver's there, listed in its document like any group;
+            # a quarantined group-version leaves kube-apiserver's copy too.
+            entries = self.delegate.entries(states)
+            return [e for e in entries if (e.group, e.version) not in gone] if gone else entries
+        return [registration_entry(), *(state.entry() for state in states)]
+
+    def quarantine_changed(self, name: str) -> None:
+        """An APIService entered or left discovery quarantine (a listener of the quarantine)."""
+        self.legacy.quarantine_changed(name)
+        self.aggregated.invalidate()
 
     def group_metadata(self, name: str) -> dict[str, Any]:
         return self.delegate.group_metadata(name) if self.delegate is not None else group_metadata(name)
 
+    @property
+    def legacy_only(self) -> bool:
+        """A kube-apiserver without aggregated discovery: `/apis` answers as it does, legacy only."""
+        return self.delegate is not None and self.delegate.legacy_only
+
+    def serve_aggregated(self, ctx: RequestContext, media: MediaType) -> Response | None:
+        """`routes.AggregatedEndpoint`: the aggregated document, unless kube-apiserver serves none."""
+        return None if self.legacy_only else self.aggregated.serve(ctx, media)
+
     def _delegate_changed(self) -> None:
-        assert self.delegate is not None
-        # A kube-apiserver without aggregated discovery: `/apis` answers as it does, legacy only.
-        self.routes.aggregated = None if self.delegate.legacy_only else self.aggregated
         self.aggregated.invalidate()
 
     def kube_ready(self) -> str | None:

@@ -2,7 +2,9 @@
 
 `apiregistration.k8s.io` always comes first (hard-coded upstream, never from an APIService), then
 every APIService group except the core group, available or not, local or remote, in
-`SortedByGroupAndVersion` order. The documents are rebuilt when the store changes (a burst of events
+`SortedByGroupAndVersion` order, except those in discovery quarantine (`availability/quarantine.py`:
+opt-in, for groups that store nothing; a group whose every version is quarantined answers 404 at
+`/apis/<group>`). The documents are rebuilt when the store changes (a burst of events
 is coalesced into one rebuild) and served from pre-rendered bytes.
 """
 
@@ -12,8 +14,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from aiohttp import web
-
+from aggregator.contracts import Quarantined
 from aggregator.discovery.ordering import sort_group_versions, sorted_by_group_and_version
 from aggregator.model.apiservice import API_VERSION as REGISTRATION_GROUP_VERSION
 from aggregator.model.apiservice import GROUP as REGISTRATION_GROUP
@@ -21,7 +22,10 @@ from aggregator.model.apiservice import VERSION as REGISTRATION_VERSION
 from aggregator.model.apiservice import APIService
 from aggregator.sources.store import ADDED, DELETED, Event, Kind, Store
 from aggregator.util.coalesce import Throttled
+from aggregator.web.context import RequestContext
 from aggregator.web.rendering import not_acceptable, respond
+from aggregator.web.responses import not_found
+from aggregator.web.serverrequest import Response
 from aggregator.wire.negotiation import Negotiator, default_restriction
 from aggregator.wire.rendered import Rendered
 
@@ -75,11 +79,15 @@ class LegacyDiscovery:
     the next read if that comes first. Status-only changes (availability verdicts) touch neither.
     """
 
-    def __init__(self, store: Store, *, interval: float = RENDER_INTERVAL) -> None:
+    def __init__(
+        self, store: Store, *, interval: float = RENDER_INTERVAL, quarantine: Quarantined | None = None
+    ) -> None:
         self.store = store
+        self.quarantine = quarantine
         self.negotiate = Negotiator(default_restriction)
         self._members: dict[str, dict[str, APIService]] = {}
-        self._groups: dict[str, Rendered] = {}
+        # None: every version of the group is quarantined (registered, but not listed).
+        self._groups: dict[str, Rendered | None] = {}
         self._group_list: Rendered | None = None
         self.rebuilds = 0
         self._render = Throttled(self._render_group_list, interval=interval, name="legacy-discovery")
@@ -115,16 +123,33 @@ class LegacyDiscovery:
                 del self._members[svc.group]
         return svc.group
 
+    def quarantine_changed(self, name: str) -> None:
+        """An APIService entered or left discovery quarantine: its group and the list change."""
+        svc = self.store.apiservice(name)
+        if svc is not None and svc.group:
+            self._render_group(svc.group)
+        self._group_list = None
+        self._render.request()
+
+    def _hidden(self) -> frozenset[str]:
+        return self.quarantine.quarantined if self.quarantine is not None else frozenset()
+
     def _render_group(self, group: str) -> None:
         members = self._members.get(group)
         if members:
-            self._groups[group] = Rendered.of(group_document(members.values()))
+            hidden = self._hidden()
+            shown = [svc for svc in members.values() if svc.name not in hidden]
+            self._groups[group] = Rendered.of(group_document(shown)) if shown else None
         else:
             self._groups.pop(group, None)
 
     def _render_group_list(self) -> None:
         if self._group_list is None:
-            self._group_list = Rendered.of(group_list_document(self.store.apiservices()))
+            hidden = self._hidden()
+            apiservices = self.store.apiservices()
+            if hidden:
+                apiservices = [svc for svc in apiservices if svc.name not in hidden]
+            self._group_list = Rendered.of(group_list_document(apiservices))
             self.rebuilds += 1
             log.debug("legacy discovery rebuilt", extra={"fields": {"groups": len(self._members)}})
 
@@ -139,24 +164,26 @@ class LegacyDiscovery:
         return self._group_list
 
     def group(self, name: str) -> Rendered | None:
+        """The group's APIGroup; None when it is not registered or all of it is quarantined."""
         if name in self._members and name not in self._groups:
             self._render_group(name)
         return self._groups.get(name)
 
     # --- HTTP -----------------------------------------------------------------------------------
 
-    def serve_group_list(self, request: web.Request) -> web.Response:
-        media = self.negotiate(request.headers.get("Accept", ""))
+    def serve_group_list(self, ctx: RequestContext) -> Response:
+        media = self.negotiate(ctx.headers.get("Accept", ""))
         if media is None:
             return not_acceptable()
-        return respond(request, self.group_list(), media, headers=LEGACY_HEADERS)
+        return respond(ctx, self.group_list(), media, headers=LEGACY_HEADERS)
 
-    def serve_group(self, request: web.Request, name: str) -> web.Response | None:
-        """The APIGroup, a 406, or None when the group is not registered (the caller falls back)."""
+    def serve_group(self, ctx: RequestContext, name: str) -> Response | None:
+        """The APIGroup, a 406, a 404 when every version of it is quarantined (kube-apiserver behind
+        would list it), or None when the group is not registered (the caller falls back)."""
         rendered = self.group(name)
         if rendered is None:
-            return None
-        media = self.negotiate(request.headers.get("Accept", ""))
+            return not_found(ctx) if name in self._members else None
+        media = self.negotiate(ctx.headers.get("Accept", ""))
         if media is None:
             return not_acceptable()
-        return respond(request, rendered, media, headers=LEGACY_HEADERS)
+        return respond(ctx, rendered, media, headers=LEGACY_HEADERS)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from aiohttp import web
-
 from aggregator.discovery.legacy import LegacyDiscovery
-from aggregator.web.context import instrument_as
+from aggregator.web.context import RequestContext
+from aggregator.web.instrumentation import instrument_as
 from aggregator.web.requestmetrics import APISERVER
 from aggregator.web.routing import Handler, Route, RouteKind, Router
+from aggregator.web.serverrequest import Answer, Response
 from aggregator.wire.negotiation import MediaType, Negotiator, discovery_restriction
 
 ROUTE_NAME = "discovery"
@@ -24,7 +24,10 @@ ROUTE_NAME = "discovery"
 class AggregatedEndpoint(Protocol):
     """What `/apis` needs from the aggregated document."""
 
-    def serve(self, request: web.Request, media: MediaType) -> web.StreamResponse: ...
+    def serve_aggregated(self, ctx: RequestContext, media: MediaType) -> Response | None:
+        """The aggregated document in `media`; None while `/apis` serves the legacy document only
+        (a kube-apiserver without aggregated discovery)."""
+        ...
 
 
 class DiscoveryRoutes:
@@ -32,7 +35,7 @@ class DiscoveryRoutes:
         self, legacy: LegacyDiscovery, aggregated: AggregatedEndpoint | None, fallback: Handler
     ) -> None:
         self.legacy = legacy
-        # None: `/apis` serves the legacy document only (a kube-apiserver without aggregated discovery).
+        # None: `/apis` serves the legacy document only.
         self.aggregated = aggregated
         self.fallback = fallback
         self._aggregated_negotiator = Negotiator(discovery_restriction)
@@ -52,24 +55,26 @@ class DiscoveryRoutes:
             return self.group_route
         return None
 
-    async def serve_apis(self, request: web.Request) -> web.StreamResponse:
+    async def serve_apis(self, ctx: RequestContext) -> Response:
         if self.aggregated is not None:
-            media = self._aggregated_negotiator(request.headers.get("Accept", ""))
+            media = self._aggregated_negotiator(ctx.headers.get("Accept", ""))
             if media is not None and media.aggregated_version is not None:
-                # aggregated.NewResourceManager("apis") instruments only the aggregated document
-                instrument_as(request, "apis", APISERVER)
-                return self.aggregated.serve(request, media)
-        return self.legacy.serve_group_list(request)
+                response = self.aggregated.serve_aggregated(ctx, media)
+                if response is not None:
+                    # aggregated.NewResourceManager("apis") instruments only the aggregated document
+                    instrument_as(ctx, "apis", APISERVER)
+                    return response
+        return self.legacy.serve_group_list(ctx)
 
-    async def serve_legacy_apis(self, request: web.Request) -> web.StreamResponse:
-        return self.legacy.serve_group_list(request)
+    async def serve_legacy_apis(self, ctx: RequestContext) -> Response:
+        return self.legacy.serve_group_list(ctx)
 
-    async def serve_group(self, request: web.Request) -> web.StreamResponse:
-        group = group_of_path(request.path)
-        response = self.legacy.serve_group(request, group) if group is not None else None
+    async def serve_group(self, ctx: RequestContext) -> Answer:
+        group = group_of_path(ctx.path)
+        response = self.legacy.serve_group(ctx, group) if group is not None else None
         if response is None:
             # The group went away while the request was being authorized: answer as for any unknown path.
-            return await self.fallback(request)
+            return await self.fallback(ctx)
         return response
 
 

@@ -26,8 +26,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
-from multidict import istr
+from multidict import CIMultiDict, istr
 
 from aggregator.flowcontrol.controller import BY_REQUEST_NAMESPACE, BY_USER_NAME, Controller, Level, Schema
 from aggregator.flowcontrol.estimator import WatchTracker, WorkEstimator
@@ -40,6 +39,7 @@ from aggregator.web.context import RequestContext
 from aggregator.web.inflight import too_many_requests
 from aggregator.web.requestlabels import MUTATING_KIND, READ_ONLY_KIND
 from aggregator.web.requestmetrics import APISERVER, RequestMetrics
+from aggregator.web.serverrequest import Answer, Response
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ _SIZED = frozenset({"list", "watch", "create", "update", "patch", "delete"})  # 
 _LOG_EVERY = 10.0
 _METRIC_KIND = {READ_ONLY_KIND: READ_ONLY, MUTATING_KIND: MUTATING}
 
-GateAnswer = web.StreamResponse | None
+GateAnswer = Response | None
 
 
 class Refused:
@@ -220,7 +220,7 @@ class PriorityAndFairness:
             assert info is not None
             request.forget_watch = self.watches.register(info, lambda name: _pinned(ctx, name))
 
-    def _reject(self, ctx: RequestContext, level: Level) -> web.Response:
+    def _reject(self, ctx: RequestContext, level: Level) -> Response:
         self.apiserver.dropped(ctx, component=APISERVER)
         self.apiserver.terminated(ctx, 429, component=APISERVER)
         self.dropped.record(level.name)
@@ -235,7 +235,7 @@ class PriorityAndFairness:
         if request is not None and request.__class__ is Request and request.watch:
             self._release(request)
 
-    def finished(self, ctx: RequestContext, _response: web.StreamResponse | None, _error: BaseException | None) -> None:
+    def finished(self, ctx: RequestContext, _answer: Answer | None, _error: BaseException | None) -> None:
         """Finisher: the request is over; its seats (if still held) go back, its watch is forgotten."""
         request = ctx.priority
         if request is None or request.__class__ is not Request:
@@ -275,13 +275,12 @@ class PriorityAndFairness:
 
     # --- the answer's headers ------------------------------------------------------------------------------
 
-    def head_going_out(self, ctx: RequestContext, status: int, response: web.StreamResponse | None) -> None:
+    def head_going_out(self, ctx: RequestContext, status: int, headers: CIMultiDict[str]) -> None:
         """`setResponseHeaders` on every classified request's answer (a head listener)."""
         priority = ctx.priority
-        if priority is None or response is None:
+        if priority is None:
             return
         schema = priority.schema
-        headers = response.headers
         if PRIORITY_LEVEL_UID not in headers and FLOW_SCHEMA_UID not in headers:
             headers[PRIORITY_LEVEL_UID] = schema.pl_uid
             headers[FLOW_SCHEMA_UID] = schema.fs_uid

@@ -2,15 +2,34 @@
 
 On (the default, as in kube-apiserver) the request path has API Priority and Fairness in place of
 max-in-flight, with `--max-requests-inflight + --max-mutating-requests-inflight` as the server's
-concurrency limit; off, max-in-flight limits each kind on its own (`web/inflight.py`).
+concurrency limit (`FlowControlConfig`, what `assembly.build_flowcontrol` builds the gate from);
+off, max-in-flight limits each kind on its own (`web/inflight.py`).
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Protocol
 
 from aggregator.util.flags import ConfigError, FlagSet, go_bool
+from aggregator.web.options import RequestLimits, ServerRunOptions
+
+FLAG = "--enable-priority-and-fairness"
+
+
+@dataclass(frozen=True)
+class FlowControlConfig:
+    """What API Priority and Fairness is built from: the seats the priority levels share, and the
+    request timeout whose quarter bounds a watch's wait in a queue."""
+
+    server_concurrency_limit: int
+    request_timeout: float
+
+
+class FlowControlTarget(Protocol):
+    requests: RequestLimits
+    flowcontrol: FlowControlConfig | None
 
 
 @dataclass
@@ -21,7 +40,7 @@ class FlowControlOptions:
     def add_flags(cls, parser: argparse.ArgumentParser, prefix: str) -> None:
         flags = FlagSet(parser, "limits and timeouts", prefix)
         flags.add(
-            "--enable-priority-and-fairness",
+            FLAG,
             field="enable_priority_and_fairness",
             type=go_bool,
             nargs="?",
@@ -33,21 +52,32 @@ class FlowControlOptions:
             "level's queues (default true).",
         )
 
-    def validate(self, *, max_requests_inflight: int, max_mutating_requests_inflight: int) -> list[ConfigError]:
-        """`FeatureOptions.ApplyTo`'s refusal, in its words."""
-        errors: list[ConfigError] = []
-        if self.enable_priority_and_fairness and max_requests_inflight + max_mutating_requests_inflight <= 0:
-            errors.append(
-                ConfigError(
-                    "--enable-priority-and-fairness",
-                    f"invalid configuration: MaxRequestsInFlight={max_requests_inflight} and "
-                    f"MaxMutatingRequestsInFlight={max_mutating_requests_inflight}; they must add up to "
-                    "something positive",
-                )
-            )
-        return errors
+    def validate(self) -> list[ConfigError]:
+        """The flag alone is a boolean its parser already checked; what it requires of the limits
+        spans groups (`concurrency_problems`)."""
+        return []
 
-    @staticmethod
-    def server_concurrency_limit(max_requests_inflight: int, max_mutating_requests_inflight: int) -> int:
-        """The limit the priority levels share (`FeatureOptions.ApplyTo`)."""
-        return max_requests_inflight + max_mutating_requests_inflight
+    def apply_to(self, config: FlowControlTarget) -> None:
+        """`FeatureOptions.ApplyTo`: the server's concurrency limit from the limits applied before."""
+        if not self.enable_priority_and_fairness:
+            config.flowcontrol = None
+            return
+        requests = config.requests
+        config.flowcontrol = FlowControlConfig(
+            server_concurrency_limit=requests.max_requests_inflight + requests.max_mutating_requests_inflight,
+            request_timeout=requests.request_timeout,
+        )
+
+
+def concurrency_problems(options: FlowControlOptions, server: ServerRunOptions) -> list[ConfigError]:
+    """`FeatureOptions.ApplyTo`'s refusal, in its words: with APF the limits must leave some seats."""
+    read_only, mutating = server.max_requests_inflight, server.max_mutating_requests_inflight
+    if options.enable_priority_and_fairness and read_only + mutating <= 0:
+        return [
+            ConfigError(
+                FLAG,
+                f"invalid configuration: MaxRequestsInFlight={read_only} and "
+                f"MaxMutatingRequestsInFlight={mutating}; they must add up to something positive",
+            )
+        ]
+    return []

@@ -19,7 +19,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -68,6 +68,26 @@ class NotLoaded(RuntimeError):
 def _import(module: str) -> Any:
     """The kubernetes package is untyped and slow to import: load it only when a client is used."""
     return importlib.import_module(module)
+
+
+# The extra that installs the kubernetes package (pyproject.toml): local mode does without it.
+KUBE_EXTRA = "aggregator[kube]"
+
+
+def missing_kube_client() -> str | None:
+    """Why no KubeClient can load credentials here (the `kube` extra is not installed), or None.
+
+    Asked at start by whatever will build a client (kube mode, a kubeconfig for reviews), so a
+    gateway without the extra stops with one line naming it instead of failing at its first call.
+    """
+    try:
+        _import("kubernetes.aio.config")
+    except ImportError as err:
+        return (
+            f"needs the kubernetes client, which is not installed ({err}): it is the package's kube extra, "
+            f"pip install '{KUBE_EXTRA}'"
+        )
+    return None
 
 
 # --- where credentials come from -------------------------------------------------------------------
@@ -235,6 +255,8 @@ class KubeClient:
         self._next_refresh = 0.0
         # Bumped whenever the server's CA / address changes, so users of `trust` can rebuild.
         self.trust_generation = 0
+        # Told when the TLS settings (server, CA, our client certificate) change after loading.
+        self._listeners: list[Callable[[], None]] = []
 
     @classmethod
     def from_kubeconfig(cls, path: str, *, context: str | None = None, **kwargs: Any) -> KubeClient:
@@ -316,6 +338,10 @@ class KubeClient:
         token = await self._state().cfg.get_api_key_with_prefix("BearerToken")
         token = token.strip() if isinstance(token, str) else ""
         return {"Authorization": token} if token else {}
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Called whenever a reload changed kube-apiserver's address, CA or our client certificate."""
+        self._listeners.append(listener)
 
     def invalidate_credentials(self) -> None:
         """Reload credentials before the next request (called on every 401)."""
@@ -481,7 +507,8 @@ class KubeClient:
             server_name=cfg.tls_server_name or None,
         )
         previous = self._loaded
-        if previous is None or previous.tls_material != material or previous.trust != trust:
+        changed = previous is not None and (previous.tls_material != material or previous.trust != trust)
+        if previous is None or changed:
             ctx = trust.new_context()
             if cert_file and key_file:
                 ctx.load_cert_chain(cert_file, key_file)
@@ -495,6 +522,9 @@ class KubeClient:
             self.trust_generation += 1
         self._loaded = _Loaded(cfg, trust, material, cfg.proxy or None)
         self._next_refresh = time.monotonic() + self.refresh_interval
+        if changed:
+            for listener in self._listeners:
+                listener()
         if not initial:
             log.debug(
                 "kube-apiserver credentials reloaded", extra=fields(credentials=self.credentials.description)

@@ -20,7 +20,8 @@ APIServices); in local mode the gateway's own `apiregistration.k8s.io/v1` (`loca
 Published `/openapi/v2`: kube-apiserver's document without the remote group-versions' paths (kube
 mode; in local mode the gateway's own, with the `apiregistration.k8s.io/v1` paths) first, then
 each remote APIService's paths under `/apis/<group>/<version>/`, in merge order (`merge_order`),
-merged as kube-openapi merges (`merge.py`). The merge, JSON, protobuf and gzip renderings run in a worker thread, debounced,
+merged as kube-openapi merges (`merge.py`). An APIService in discovery quarantine
+(`availability/quarantine.py`) is left out of both, kube-apiserver's copy included. The merge, JSON, protobuf and gzip renderings run in a worker thread, debounced,
 and only when an input changed.
 """
 
@@ -39,7 +40,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from aggregator import __version__
-from aggregator.contracts import UNREACHABLE_RECHECK, BackendFetcher, Reachability
+from aggregator.contracts import UNREACHABLE_RECHECK, BackendFetcher, Quarantined, Reachability
 from aggregator.kube.calls import GET_OPENAPI_V2, GET_OPENAPI_V3, GET_OPENAPI_V3_GROUP_VERSION
 from aggregator.kube.client import KubeClient
 from aggregator.model.apiservice import APIService
@@ -245,9 +246,11 @@ class OpenAPIAggregation:
         concurrency: int = 4,
         first_download: FirstDownload | None = None,
         reachability: Reachability | None = None,
+        quarantine: Quarantined | None = None,
     ) -> None:
         self.store = store
         self.backends = backends
+        self.quarantine = quarantine
         self.reachability = reachability
         self.kube = kube
         self.metrics = metrics
@@ -330,6 +333,14 @@ class OpenAPIAggregation:
             self._parked.discard(key)
             self.refresher.poke(key)
 
+    def quarantine_changed(self, _name: str) -> None:
+        """An APIService entered or left discovery quarantine: publish without (or with) it again."""
+        self._publish_v3()
+        self._schedule_v2()
+
+    def _hidden(self) -> frozenset[str]:
+        return self.quarantine.quarantined if self.quarantine is not None else frozenset()
+
     def _unreachable(self, key: SourceKey) -> bool:
         """Every APIService of this backend was found unreachable by the last check."""
         reachability = self.reachability
@@ -353,6 +364,13 @@ class OpenAPIAggregation:
         if self._sync_pending or self._v3_pending:
             self._flush()
         return self._v3
+
+    def v3_if_published(self) -> V3Published | None:
+        """`v3`, or None while a coalesced publish is due: a reader that polls for changes
+        (`workers/publisher.py`) publishes nothing of its own, so a burst costs one publish."""
+        if (self._sync_pending or self._v3_pending) and self._coalesced.pending:
+            return None
+        return self.v3
 
     def _flush(self) -> None:
         if self._sync_pending:
@@ -486,11 +504,14 @@ class OpenAPIAggregation:
         kube = self.sources.get(KUBE_APISERVER)
         if kube is not None:
             documents.update((k, d) for k, d in kube.v3.items() if k not in self._remote_keys)
+        hidden = self._hidden()
         for key, group in self.members.items():
             source = self.sources.get(key)
             if source is None:
                 continue
             for svc in group:
+                if svc.name in hidden:
+                    continue
                 doc = source.v3.get(gv_key(svc))
                 if doc is not None:
                     documents[gv_key(svc)] = doc
@@ -509,7 +530,10 @@ class OpenAPIAggregation:
             inputs.append(V2Input(KUBE_APISERVER, kube.v2, drop=drop, revision=(kube.name, kube.v2_revision)))
         else:
             inputs.append(V2Input("gateway", self._own_v2))
+        hidden = self._hidden()
         for svc in remote:
+            if svc.name in hidden:
+                continue  # kube-apiserver's copy is dropped above with every remote group-version
             source = self.sources.get(backend_key(svc))
             if source is not None and source.v2 is not None:
                 revision = (source.name, source.v2_revision)

@@ -20,16 +20,16 @@ from email.utils import parsedate_to_datetime
 from typing import Protocol
 from urllib.parse import urlencode
 
-from aiohttp import web
-
 from aggregator.openapi.component import V2Published, V3Published
 from aggregator.openapi.documents import Document, http_date
 from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from aggregator.openapi.gnostic import MEDIA_TYPE as PROTOBUF_MEDIA_TYPE
 from aggregator.openapi.sources import V2_PATH, V3_ROOT
-from aggregator.web.context import instrument_as
+from aggregator.web.context import RequestContext
+from aggregator.web.instrumentation import instrument_as
 from aggregator.web.rendering import if_none_match
 from aggregator.web.routing import Route, RouteKind, Router
+from aggregator.web.serverrequest import Response
 from aggregator.wire.negotiation import parse_accept
 
 ROUTE_NAME = "openapi"
@@ -56,10 +56,10 @@ def negotiate(accept: str, offered: tuple[tuple[str, str, str], ...]) -> str | N
     return None
 
 
-def _not_modified(request: web.Request, document: Document) -> bool:
-    if request.headers.get("If-None-Match"):
-        return if_none_match(request, document.quoted_etag)
-    since = request.headers.get("If-Modified-Since")
+def _not_modified(ctx: RequestContext, document: Document) -> bool:
+    if ctx.headers.get("If-None-Match"):
+        return if_none_match(ctx, document.quoted_etag)
+    since = ctx.headers.get("If-Modified-Since")
     if not since:
         return False
     try:
@@ -70,8 +70,8 @@ def _not_modified(request: web.Request, document: Document) -> bool:
     return modified <= threshold
 
 
-def _accepts_gzip(request: web.Request) -> bool:
-    for part in request.headers.get("Accept-Encoding", "").split(","):
+def _accepts_gzip(ctx: RequestContext) -> bool:
+    for part in ctx.headers.get("Accept-Encoding", "").split(","):
         coding, _, params = part.strip().partition(";")
         if coding.strip().lower() == "gzip" and params.replace(" ", "") not in (
             "q=0",
@@ -84,23 +84,23 @@ def _accepts_gzip(request: web.Request) -> bool:
 
 
 def write(
-    request: web.Request, document: Document, headers: dict[str, str], *, gzip_vary: bool = False
-) -> web.Response:
+    ctx: RequestContext, document: Document, headers: dict[str, str], *, gzip_vary: bool = False
+) -> Response:
     """200 with the document (gzip-encoded when it has that rendering and the client accepts it), or 304."""
     headers["Etag"] = document.quoted_etag
     if gzip_vary:
         headers["Vary"] = "Accept, Accept-Encoding"
-    if _not_modified(request, document):
-        return web.Response(status=304, headers=headers)
+    if _not_modified(ctx, document):
+        return Response(304, headers=headers)
     headers["Content-Type"] = document.content_type
     headers["Last-Modified"] = document.last_modified
     body = document.body
-    if document.gzipped is not None and _accepts_gzip(request):
+    if document.gzipped is not None and _accepts_gzip(ctx):
         headers["Content-Encoding"] = "gzip"
         if not gzip_vary:  # a large v3 document: caches must key on the encoding too
             headers["Vary"] = ", ".join(v for v in (headers.get("Vary"), "Accept-Encoding") if v)
         body = document.gzipped
-    return web.Response(body=body, headers=headers)
+    return Response(200, body, headers)
 
 
 class PublishedOpenAPI(Protocol):
@@ -123,41 +123,41 @@ class OpenAPIRoutes:
         router.add_exact(V3_ROOT, self.route)
         router.add_prefix(V3_ROOT + "/", self.route)
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        path = request.path
+    async def handle(self, ctx: RequestContext) -> Response:
+        path = ctx.path
         if path == V2_PATH:
-            return self.serve_v2(request)
+            return self.serve_v2(ctx)
         # kube-aggregator's openapiv3 handlers are instrumented with fixed labels, no component
         if path == V3_ROOT:
-            instrument_as(request, "openapi/v3", "")
-            return self.serve_v3_index(request)
-        instrument_as(request, "openapi/v3/", "")
-        return self.serve_v3_document(request, path[len(V3_ROOT) + 1 :])
+            instrument_as(ctx, "openapi/v3", "")
+            return self.serve_v3_index(ctx)
+        instrument_as(ctx, "openapi/v3/", "")
+        return self.serve_v3_document(ctx, path[len(V3_ROOT) + 1 :])
 
-    def serve_v2(self, request: web.Request) -> web.Response:
-        choice = negotiate(request.headers.get("Accept", ""), _V2_TYPES)
+    def serve_v2(self, ctx: RequestContext) -> Response:
+        choice = negotiate(ctx.headers.get("Accept", ""), _V2_TYPES)
         if choice is None:
-            return web.Response(status=406, headers={"Vary": "Accept"})
+            return Response(406, headers={"Vary": "Accept"})
         published = self.aggregation.v2
         document = published.json if choice == "json" else published.protobuf
-        return write(request, document, {}, gzip_vary=True)
+        return write(ctx, document, {}, gzip_vary=True)
 
-    def serve_v3_index(self, request: web.Request) -> web.Response:
-        return write(request, self.aggregation.v3.index, {})
+    def serve_v3_index(self, ctx: RequestContext) -> Response:
+        return write(ctx, self.aggregation.v3.index, {})
 
-    def serve_v3_document(self, request: web.Request, key: str) -> web.Response:
+    def serve_v3_document(self, ctx: RequestContext, key: str) -> Response:
         document = self.aggregation.v3.documents.get(key)
         if document is None:
-            return web.Response(status=404)
+            return Response(404)
         headers = {"Vary": "Accept"}
-        if negotiate(request.headers.get("Accept", ""), _V3_TYPES) is None:
-            return web.Response(status=406, headers=headers)
-        requested = request.query.get("hash", "")
+        if negotiate(ctx.headers.get("Accept", ""), _V3_TYPES) is None:
+            return Response(406, headers=headers)
+        requested = ctx.query_value("hash")
         if requested:
             if requested != document.etag:
                 current = f"{V3_ROOT}/{key}?{urlencode({'hash': document.etag})}"
                 headers.update({"Location": current, "Content-Type": JSON, "Etag": document.quoted_etag})
-                return web.Response(status=301, headers=headers)
+                return Response(301, headers=headers)
             headers["Cache-Control"] = "public, immutable"
             headers["Expires"] = http_date(time.time() + ONE_YEAR)
-        return write(request, document, headers)
+        return write(ctx, document, headers)

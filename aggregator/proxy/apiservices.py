@@ -2,21 +2,26 @@
 
 Routes exist only for registered remote APIServices; local ones (no `spec.service`) and unknown
 group-versions fall to the router's fallback (kube-apiserver in kube mode, a 404 in local mode).
-Decision order is upstream's `proxyHandler.ServeHTTP` (handler_proxy.go): vanished or local -> fallback; not
-Available -> 503 `service unavailable` (and availability is asked to re-check it, rate-limited, so a
-backend that is back is noticed at the pace of its clients rather than the 30 s resync); TLS settings that cannot be built -> 500 with the reason;
-no authenticated user -> 500 `missing user`; no address -> 503 `service unavailable` (the log line
-names the hop); then forward. Discovery requests (`/apis/<g>/<v>` itself) are bounded to 5 s.
+
+Each remote APIService is one `ServedAPIService`, kube-aggregator's `proxyHandler` with its
+`proxyHandlingInfo`: its two routes (the discovery path and everything below it), its handling
+info (`handling.py`: backend, addresses, endpoints, bounds), its availability and its requests in
+flight, kept together. It is rebuilt when an event arrives (the APIService, its Service or an
+EndpointSlice of that Service changed; a new front-proxy client certificate) and told of every
+availability flip, so a request reaches it through its route and reads it, nothing more.
+
+Decision order is upstream's `proxyHandler.ServeHTTP` (handler_proxy.go): vanished or local ->
+fallback; not Available -> 503 `service unavailable` (and availability is asked to re-check it,
+rate-limited, so a backend that is back is noticed at the pace of its clients rather than the
+30 s resync); TLS settings that cannot be built -> 500 with the reason; no authenticated user ->
+500 `missing user`; no address -> 503 `service unavailable` (the log line names the hop); then
+forward. Discovery requests (`/apis/<g>/<v>` itself) are bounded to 5 s.
 
 Impersonation is applied before this handler, as upstream does (`auth/impersonation.py`): the
 user here is the impersonated one, and no `Impersonate-*` header reaches the backend (`headers.py`).
 """
 
 from __future__ import annotations
-
-from functools import partial
-
-from aiohttp import web
 
 from aggregator.backends.addresses import PendingLookup
 from aggregator.backends.bounds import read_bounds
@@ -28,9 +33,10 @@ from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.forward import Forwarder, verb_of
 from aggregator.proxy.handling import HandlingInfo, HandlingTable
 from aggregator.sources.store import DELETED, Event, Kind, Store
-from aggregator.web.context import RequestContext, context_of
+from aggregator.web.context import RequestContext
 from aggregator.web.responses import status_response
 from aggregator.web.routing import Handler, Route, RouteKind
+from aggregator.web.serverrequest import Answer, Response
 from aggregator.web.timeout import RequestTimeouts
 
 # Group served by the gateway itself; an APIService for it never takes its paths (upstream's
@@ -40,11 +46,54 @@ OWN_GROUP = "apiregistration.k8s.io"
 RETRY_AFTER_SECONDS = 1
 
 
+class ServedAPIService:
+    """One remote APIService as the proxy serves it (see the module docstring)."""
+
+    __slots__ = (
+        "active",
+        "annotations",
+        "available",
+        "discovery_route",
+        "info",
+        "name",
+        "proxy",
+        "reason",
+        "resource_route",
+    )
+
+    def __init__(self, proxy: APIServiceProxy, svc: APIService) -> None:
+        self.proxy = proxy
+        self.name = svc.name
+        self.annotations = svc.annotations
+        self.info: HandlingInfo | None = None
+        self.available = False
+        self.reason = ""
+        # Requests in flight, counted when the APIService has a max-concurrent-requests bound.
+        self.active = 0
+        # Upgrades are never tunnelled on the discovery path (k/k#72113, CVE-2018-1002105); the
+        # extra long-running paths of its annotation are the route's, so the context knows at once.
+        self.discovery_route = Route(self.serve_discovery, RouteKind.BACKEND, self.name, upgradable=False)
+        self.resource_route = Route(
+            self.serve_resource,
+            RouteKind.BACKEND,
+            self.name,
+            upgradable=True,
+            long_running=read_bounds(svc.annotations).long_running,
+        )
+
+    async def serve_discovery(self, ctx: RequestContext) -> Answer:
+        return await self.proxy.serve(self, ctx, discovery=True)
+
+    async def serve_resource(self, ctx: RequestContext) -> Answer:
+        return await self.proxy.serve(self, ctx, discovery=False)
+
+
 class APIServiceProxy:
     """Serves the routes of remote APIServices (upstream's `proxyHandler`, one per group-version).
 
-    Subscribe `on_store_event` to the store (the composition root does): it keeps the routing table
-    and the handling table (`handling.py`) in step with the objects.
+    Subscribe `on_store_event` to the store, `availability_changed` to availability, and
+    `client_certificate_changed` to the front-proxy client certificate (the composition root
+    does): they keep every `ServedAPIService` current.
     """
 
     def __init__(
@@ -65,14 +114,16 @@ class APIServiceProxy:
         self.forwarder = forwarder
         self.fallback = fallback
         self.timeouts = timeouts
-        # (group, version) -> (APIService name, its annotations, discovery route, other paths' route)
-        self._routes: dict[tuple[str, str], tuple[str, tuple[tuple[str, str], ...], Route, Route]] = {}
-        # Requests in flight per APIService with a max-concurrent-requests bound.
-        self._active: dict[str, int] = {}
+        # The routing table: (group, version) -> the APIService serving it.
+        self._routes: dict[tuple[str, str], ServedAPIService] = {}
+        self._served: dict[str, ServedAPIService] = {}
         for svc in store.apiservices():
             self._register(svc)
 
-    # --- routing table -----------------------------------------------------------------------------
+    # --- keeping each APIService current -------------------------------------------------------------
+
+    def served(self, name: str) -> ServedAPIService | None:
+        return self._served.get(name)
 
     def claim(self, path: str) -> Route | None:
         """Router resolver: claims `/apis/<g>/<v>` and below for registered remote APIServices."""
@@ -81,66 +132,89 @@ class APIServiceProxy:
         parts = path.split("/", 4)
         if len(parts) < 4:
             return None
-        entry = self._routes.get((parts[2], parts[3]))
-        if entry is None:
+        served = self._routes.get((parts[2], parts[3]))
+        if served is None:
             return None
         if len(parts) == 4 or not parts[4]:
-            return entry[2]
-        return entry[3]
+            return served.discovery_route
+        return served.resource_route
 
     def _register(self, svc: APIService) -> None:
         key = (svc.group, svc.version)
-        if svc.local or not svc.group or svc.group == OWN_GROUP:
-            self._routes.pop(key, None)
-            return
-        entry = self._routes.get(key)
-        if entry is not None and entry[0] == svc.name and entry[1] == svc.annotations:
-            return
         name = svc.name
-        # The extra long-running paths are the route's, so the request's context knows at once.
-        long_running = read_bounds(svc.annotations).long_running
-        # Upgrades are never tunnelled on the discovery path (k/k#72113, CVE-2018-1002105).
-        self._routes[key] = (
-            name,
-            svc.annotations,
-            Route(partial(self.serve, name=name, discovery=True), RouteKind.BACKEND, name, upgradable=False),
-            Route(
-                partial(self.serve, name=name, discovery=False),
-                RouteKind.BACKEND,
-                name,
-                upgradable=True,
-                long_running=long_running,
-            ),
-        )
+        if svc.local or not svc.group or svc.group == OWN_GROUP:
+            self._forget(name)
+            return
+        served = self._served.get(name)
+        if served is None or served.annotations != svc.annotations:
+            if served is not None:
+                self._unroute(served)
+            served = ServedAPIService(self, svc)
+            self._served[name] = served
+        self._routes[key] = served
+        served.info = self.handling.build(svc)
+        self._refresh_availability(served)
+
+    def _unroute(self, served: ServedAPIService) -> None:
+        for key, routed in list(self._routes.items()):
+            if routed is served:
+                del self._routes[key]
+
+    def _forget(self, name: str) -> None:
+        served = self._served.pop(name, None)
+        if served is not None:
+            served.info = None
+            self._unroute(served)
+        self.handling.forget(name)
+
+    def _refresh_availability(self, served: ServedAPIService) -> None:
+        served.available = self.availability.is_available(served.name)
+        served.reason = "" if served.available else self.availability.reason(served.name)
 
     def on_store_event(self, event: Event) -> None:
-        self.handling.on_store_event(event)
-        if event.kind is not Kind.APISERVICE or not isinstance(event.obj, APIService):
+        if event.kind is Kind.APISERVICE:
+            svc = event.obj
+            if not isinstance(svc, APIService):
+                return
+            if event.type == DELETED:
+                self._forget(svc.name)
+                return
+            old = event.old
+            if isinstance(old, APIService) and (old.group, old.version) != (svc.group, svc.version):
+                served = self._served.get(svc.name)
+                if served is not None:
+                    self._unroute(served)
+            self._register(svc)
             return
-        svc = event.obj
-        if event.type == DELETED:
-            entry = self._routes.get((svc.group, svc.version))
-            if entry is not None and entry[0] == svc.name:
-                del self._routes[(svc.group, svc.version)]
-            return
-        old = event.old
-        if isinstance(old, APIService) and (old.group, old.version) != (svc.group, svc.version):
-            self._routes.pop((old.group, old.version), None)
-        self._register(svc)
+        for svc in self.handling.affected(event):
+            served = self._served.get(svc.name)
+            if served is not None:
+                served.info = self.handling.build(svc)
+
+    def availability_changed(self, name: str) -> None:
+        served = self._served.get(name)
+        if served is not None:
+            self._refresh_availability(served)
+
+    def client_certificate_changed(self) -> None:
+        """Every backend was retired with the old certificate: rebuild what each APIService uses."""
+        for name, served in self._served.items():
+            svc = self.store.apiservice(name)
+            if svc is not None:
+                served.info = self.handling.build(svc)
 
     # --- serving -----------------------------------------------------------------------------------
 
-    async def serve(self, request: web.Request, *, name: str, discovery: bool) -> web.StreamResponse:
-        info = self.handling.get(name)
+    async def serve(self, served: ServedAPIService, ctx: RequestContext, *, discovery: bool) -> Answer:
+        info = served.info
         if info is None:
-            return await self.fallback(request)
-        ctx = context_of(request)
-        assert ctx is not None, "the pipeline builds every request's context"
+            return await self.fallback(ctx)  # gone (or turned local) while the request was authorized
+        name = served.name
         forwarder = self.forwarder
-        if not self.availability.is_available(name):
+        if not served.available:
             if self.recheck is not None:
                 self.recheck.suspect(name)
-            if self.availability.reason(name) == PROXY_LOOP:
+            if served.reason == PROXY_LOOP:
                 # Named, not upstream's bare 503: nothing the backend does will ever fix it.
                 message = f"proxy loop detected: the backend of APIService {name} is an aggregator gateway"
                 return forwarder.answer(ctx, name, LOOP_STATUS, message)
@@ -157,22 +231,15 @@ class APIServiceProxy:
         limit = bounds.max_concurrent_requests
         if not limit:
             return await self._forward(ctx, info, user, discovery)
-        active = self._active.get(name, 0)
-        if active >= limit:
+        if served.active >= limit:
             return self._too_many(ctx, name, limit)
-        self._active[name] = active + 1
+        served.active += 1
         try:
             return await self._forward(ctx, info, user, discovery)
         finally:
-            left = self._active[name] - 1
-            if left:
-                self._active[name] = left
-            else:
-                del self._active[name]
+            served.active -= 1
 
-    async def _forward(
-        self, ctx: RequestContext, info: HandlingInfo, user: UserInfo, discovery: bool
-    ) -> web.StreamResponse:
+    async def _forward(self, ctx: RequestContext, info: HandlingInfo, user: UserInfo, discovery: bool) -> Answer:
         forwarder = self.forwarder
         try:
             endpoint = info.pick()
@@ -192,7 +259,7 @@ class APIServiceProxy:
             bounds=info.bounds,
         )
 
-    def _too_many(self, ctx: RequestContext, name: str, limit: int) -> web.Response:
+    def _too_many(self, ctx: RequestContext, name: str, limit: int) -> Response:
         """At the APIService's max-concurrent-requests: a 429 at once, as kube-apiserver's
         max-in-flight answers, but as a Status naming the APIService (apierrors.NewTooManyRequests)."""
         self.forwarder.metrics.apiservice_rejected.labels(name).inc()

@@ -17,6 +17,10 @@ The caller's identity reaches kube-apiserver in one of two ways (`--delegate-aut
 kube-apiserver authorizes what it serves, so the route is of kind DELEGATE (the authorization gate
 leaves it alone). Its redirects are passed on: it is trusted, and its service and pod proxy paths
 redirect legitimately.
+
+Where requests go (kube-apiserver's address, the TLS context with the CA and our client
+certificate or credentials) is built once when the delegate starts, and again when kube-apiserver's
+TLS settings or the front-proxy client certificate change: a request reads it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from aiohttp import web
 from yarl import URL
 
 from aggregator.backends.backend import Backend
@@ -37,8 +40,9 @@ from aggregator.proxy.destination import Destination
 from aggregator.proxy.forward import Forwarder, has_impersonation
 from aggregator.tls.pem import load_pair_into
 from aggregator.util.logs import fields
-from aggregator.web.context import context_of
+from aggregator.web.context import RequestContext
 from aggregator.web.routing import Route, RouteKind
+from aggregator.web.serverrequest import Answer
 
 log = logging.getLogger(__name__)
 
@@ -74,28 +78,28 @@ class Delegate:
         self.hop = hop
         self.route = Route(self.serve, RouteKind.DELEGATE, NAME, upgradable=True)
         self._backend: Backend | None = None
-        self._key: tuple[object, ...] | None = None
-        self._destination: Destination | None = None
+        # Where requests go now, or why they cannot go anywhere.
+        self._destination: Destination | DelegateUnusable = DelegateUnusable("not started")
+        client_certificate.add_listener(self.rebuild)
+        kube.add_listener(self.rebuild)
 
     async def start(self) -> None:
-        pass
+        await self.kube.load()
+        self.rebuild()
 
     async def stop(self) -> None:
         if self._backend is not None:
             await self._backend.close()
             self._backend = None
 
-    async def serve(self, request: web.Request) -> web.StreamResponse:
+    async def serve(self, ctx: RequestContext) -> Answer:
         forwarder = self.forwarder
-        ctx = context_of(request)
-        assert ctx is not None, "the pipeline builds every request's context"
         user = ctx.user
         if user is None:
             return forwarder.answer(ctx, NAME, 500, "missing user")
-        try:
-            dest = await self.destination()
-        except DelegateUnusable as err:
-            forwarder.log_limited(NAME, str(err), "cannot forward to kube-apiserver", reason=str(err))
+        dest = self._destination
+        if isinstance(dest, DelegateUnusable):
+            forwarder.log_limited(NAME, str(dest), "cannot forward to kube-apiserver", reason=str(dest))
             return forwarder.answer(ctx, NAME, 503, "service unavailable")
         if dest.impersonate:
             header = has_impersonation(ctx)
@@ -111,24 +115,18 @@ class Delegate:
             user = _for_impersonation(user)
         return await forwarder.send(ctx, dest, user)
 
-    async def destination(self) -> Destination:
-        """The kube-apiserver destination, rebuilt when its address, CA or our credentials change."""
-        await self.kube.load()
+    def rebuild(self) -> None:
+        """Build the kube-apiserver destination for kube-apiserver's address and CA and our
+        credentials as they are now (at start, and whenever one of them changes)."""
+        try:
+            self._destination = self._build()
+        except DelegateUnusable as err:
+            self._destination = err
+            log.warning("cannot forward to kube-apiserver", extra=fields(reason=str(err)))
+
+    def _build(self) -> Destination:
         trust = self.kube.trust
         pair = self.client_certificate.pair
-        if self.mode == FRONT_PROXY:
-            key: tuple[object, ...] = (
-                FRONT_PROXY,
-                self.kube.trust_generation,
-                self.client_certificate.generation,
-            )
-        else:
-            key = (IMPERSONATE, self.kube.trust_generation, id(self.kube.ssl_context))
-        policy = self.identity.current()
-        if key == self._key and self._destination is not None:
-            if self._destination.policy is not policy:  # the front-proxy header names changed
-                self._destination = replace(self._destination, policy=policy)
-            return self._destination
         url = URL(trust.base_url)
         if url.scheme != "https" or not url.host:
             raise DelegateUnusable(
@@ -153,24 +151,22 @@ class Delegate:
         if self._backend is not None:
             self._backend.retire()
         self._backend = backend
-        self._key = key
-        self._destination = Destination(
+        log.info(
+            "delegating unserved paths to kube-apiserver",
+            extra=fields(server=trust.base_url, identity=self.mode),
+        )
+        return Destination(
             NAME,
             backend,
             url.host,
             url.port or 443,
             trust.server_name,
-            policy,
+            self.identity,
             base_path=url.raw_path.rstrip("/"),
             impersonate=self.mode == IMPERSONATE,
             pass_redirects=True,
             hop=self.hop,
         )
-        log.info(
-            "delegating unserved paths to kube-apiserver",
-            extra=fields(server=trust.base_url, identity=self.mode),
-        )
-        return self._destination
 
 
 def _for_impersonation(user: UserInfo) -> UserInfo:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aggregator.backends.backend import Address, Backend
-from aggregator.backends.headers import IdentityHeaderPolicy
+from aggregator.backends.headers import LiveIdentityPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +18,8 @@ class Destination:
     host: str  # what is dialed: a pinned IP for APIServices
     port: int
     server_name: str | None  # TLS verification name (None: the host)
-    policy: IdentityHeaderPolicy
+    # Which inbound headers carry identity, read per request (front-proxy names may change live).
+    identity: LiveIdentityPolicy
     base_path: str = ""  # the server URL's path (a kubeconfig server may have one)
     impersonate: bool = False  # identity as Impersonate-* (with `credentials`) instead of X-Remote-*
     credentials: Mapping[str, str] | None = None  # the gateway's own Authorization, when impersonating

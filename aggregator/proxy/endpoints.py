@@ -177,8 +177,9 @@ class Endpoints:
 
     # --- what happened -------------------------------------------------------------------------------
 
-    def answered(self, endpoint: Endpoint, status: int, took: float) -> None:
-        """The endpoint answered (its response head arrived `took` seconds after the request went)."""
+    def answered(self, endpoint: Endpoint, status: int, took: float) -> bool:
+        """The endpoint answered (its response head arrived `took` seconds after the request went);
+        True when that answer ejected it."""
         latency = endpoint.latency
         if latency == 0.0 or endpoint.trial:
             # A trial's answer starts the average afresh: one slow answer seconds ago (a loaded
@@ -194,14 +195,16 @@ class Endpoints:
             endpoint.bad_answers += 1
             limit = self.bounds.consecutive_errors
             if limit and endpoint.bad_answers >= limit:
-                self.eject(endpoint, f"{endpoint.bad_answers} consecutive {status} answers")
-            return
+                return self.eject(endpoint, f"{endpoint.bad_answers} consecutive {status} answers")
+            return False
         endpoint.bad_answers = 0
         endpoint.ejections = 0
+        return False
 
-    def unreachable(self, endpoint: Endpoint, cause: str) -> None:
-        """The endpoint refused or reset a connection, failed TLS, or did not connect in time."""
-        self.eject(endpoint, cause)
+    def unreachable(self, endpoint: Endpoint, cause: str) -> bool:
+        """The endpoint refused or reset a connection, failed TLS, or did not connect in time;
+        True when it was ejected for it (not already, and not past half of the endpoints)."""
+        return self.eject(endpoint, cause)
 
     def eject(self, endpoint: Endpoint, reason: str) -> bool:
         """Leave the endpoint out for its cooldown; False when it is ejected already or when half of

@@ -21,15 +21,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import aiohttp
-from aiohttp import web
-from aiohttp.http import RawResponseMessage
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.streams import StreamReader
+from multidict import CIMultiDict
 
+from aggregator.audit.body import BodyCapture
+from aggregator.audit.recorder import AUDIT
+from aggregator.backends._aiohttp import HttpProcessingError, RawResponseMessage, StreamReader
 from aggregator.backends.backend import IDEMPOTENT
 from aggregator.backends.bounds import DEFAULT_BOUNDS, Bounds
 from aggregator.backends.errors import BackendError, Hop, classify
-from aggregator.backends.h1 import DialTimes, Exchange, NotWritten, serialize_head
+from aggregator.backends.h1 import DialTimes, Exchange, NotWritten, UnsafeHead, serialize_head
 from aggregator.backends.headers import forwarded_headers, forwarded_uri, response_headers
 from aggregator.contracts import Recheck
 from aggregator.model.userinfo import UserInfo
@@ -37,13 +37,14 @@ from aggregator.proxy.destination import Destination
 from aggregator.proxy.endpointmetrics import IDEMPOTENT as IDEMPOTENT_RETRY
 from aggregator.proxy.endpointmetrics import UNSENT, EndpointMetrics
 from aggregator.proxy.endpoints import BAD_ANSWERS, Endpoint, Endpoints
-from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_refusal
-from aggregator.util._aiohttp import HeadersWithBody
+from aggregator.proxy.upgrade import BODY_REFUSED, UpgradeTunnel, upgrade_refusal
 from aggregator.util.logs import fields
-from aggregator.web.context import BodyTap, RequestContext
+from aggregator.web.accesslog import RETRIED
+from aggregator.web.context import RequestContext
 from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Children, Metrics
 from aggregator.web.responses import status_response
+from aggregator.web.serverrequest import Answer, Response, StreamedResponse
 from aggregator.wire.redirects import (
     NOT_MODIFIED,
     REDIRECT_MESSAGE,
@@ -150,13 +151,18 @@ class _Attempts:
 
     def answered(self, status: int) -> None:
         dest = self.dest
-        self.ctx.endpoint = dest.authority
+        self.ctx.add_log_field("endpoint", dest.authority)
         took = time.monotonic() - self.sent
         metrics = self.metrics
         if metrics is not None and status in BAD_ANSWERS:
             metrics.errors(dest.name, dest.authority, "answer").inc()
+        span = self.ctx.span
+        if span is not None:  # tracing hook: time to first byte
+            span.first_byte(dest.authority, status, took)
         if self.endpoint is not None and self.endpoints is not None:
-            self.endpoints.answered(self.endpoint, status, took)
+            ejected = self.endpoints.answered(self.endpoint, status, took)
+            if ejected and span is not None:  # tracing hook: ejection
+                span.ejected(dest.authority, self.endpoint.reason)
 
     def done(self) -> None:
         """The exchange that answered has ended."""
@@ -176,14 +182,16 @@ class _Attempts:
             kind = "reset" if not failure.unsent and error.hop is Hop.CONNECT else error.hop.value
             self.metrics.errors(self.dest.name, self.dest.authority, kind).inc()
         if failure.eject and self.endpoint is not None and self.endpoints is not None:
-            self.endpoints.unreachable(self.endpoint, error.cause)
+            ejected = self.endpoints.unreachable(self.endpoint, error.cause)
+            if ejected and self.ctx.span is not None:  # tracing hook: ejection
+                self.ctx.span.ejected(self.dest.authority, error.cause)
         if self.tries:
             return None
         if failure.unsent:
             if error.cause.endswith(DIAL_TIMEOUT) and not self._elsewhere():
                 return None  # the same address again would only wait as long again
             return UNSENT
-        if self.ctx.method in IDEMPOTENT and not self.ctx.request.body_exists:
+        if self.ctx.method in IDEMPOTENT and self.ctx.request.body is None:
             return IDEMPOTENT_RETRY
         return None
 
@@ -196,7 +204,9 @@ class _Attempts:
         dest = self.dest
         if self.metrics is not None:
             self.metrics.retries(dest.name, dest.authority, reason).inc()
-        self.ctx.retried = f"{dest.authority}: {failure.error.cause}"
+        self.ctx.add_log_field(RETRIED, f"{dest.authority}: {failure.error.cause}")
+        if self.ctx.span is not None:  # tracing hook: retry
+            self.ctx.span.retried(dest.authority, reason, failure.error.cause)
         self.tries += 1
         if self.endpoints is not None and self.endpoint is not None and self._elsewhere():
             self.endpoint = self.endpoints.choose(avoid=self.endpoint)
@@ -236,7 +246,7 @@ class Forwarder:
         endpoint: Endpoint | None = None,
         endpoints: Endpoints | None = None,
         bounds: Bounds = DEFAULT_BOUNDS,
-    ) -> web.StreamResponse:
+    ) -> Answer:
         """Forward (or tunnel, for an upgrade) the request to `dest` as `user`.
 
         `deadline_seconds` bounds the whole exchange (upstream's 5 s for discovery requests).
@@ -247,24 +257,26 @@ class Forwarder:
         if ctx.upgrade:
             refusal = upgrade_refusal(ctx.headers)
             if refusal is not None:
-                self.metrics.upgrade_rejected.labels("protocol").inc()
+                self.metrics.upgrade_rejected.labels("body" if refusal == BODY_REFUSED else "protocol").inc()
                 return self.answer(ctx, dest.name, 400, refusal)
             response = await self.tunnel.serve(ctx, dest, user)
             self.count(dest.name, "CONNECT", response.status)
             return response
-        request = ctx.request
         raw_path = ctx.target
         if not raw_path.startswith("/"):  # absolute-form request target
             raw_path = ctx.raw_path + ("?" + ctx.raw_query if ctx.raw_query else "")
-        has_body = request.body_exists
+        has_body = ctx.request.body is not None
         # A body without a length (the client's own chunks) goes chunked; Content-Length crosses as sent.
         chunked = has_body and "Content-Length" not in ctx.headers
+        span = ctx.span
+        if span is not None:  # tracing hook: the proxied call's span, whose traceparent the backend gets
+            span.proxy_started(dest.name, dest.authority, ctx.method, f"https://{dest.authority}{dest.base_path}{raw_path}")
 
         def head_for(dest: Destination) -> bytes:
             headers = forwarded_headers(
-                ctx.headers.items(),
+                ctx.headers.items() if span is None else span.outgoing(ctx.headers.items()),
                 user,
-                dest.policy,
+                dest.identity.current(),
                 authority=dest.authority,
                 client_ip=ctx.remote,
                 forwarded_uri=forwarded_uri(raw_path),
@@ -284,16 +296,20 @@ class Forwarder:
         limit = deadline_seconds
         if header_timeout is not None and (limit is None or header_timeout < limit):
             limit = header_timeout
-        attempts = _Attempts(
-            ctx,
-            dest,
-            endpoint,
-            endpoints,
-            bounds,
-            head_for,
-            chunked,
-            self.endpoint_metrics if endpoint is not None else None,
-        )
+        try:
+            attempts = _Attempts(
+                ctx,
+                dest,
+                endpoint,
+                endpoints,
+                bounds,
+                head_for,
+                chunked,
+                self.endpoint_metrics if endpoint is not None else None,
+            )
+        except UnsafeHead as err:
+            log.warning("request refused", extra=fields(method=ctx.method, path=ctx.path, reason=str(err)))
+            return self.answer(ctx, name, 400, str(err), verb)
         try:
             if limit:
                 now = asyncio.get_running_loop().time()
@@ -339,8 +355,8 @@ class Forwarder:
         ctx, dest = attempts.ctx, attempts.dest
         backend = dest.backend
         method = ctx.method
-        has_body = ctx.request.body_exists
-        audit = ctx.audit
+        body = ctx.request.body
+        audit = AUDIT.get(ctx)
         pool = backend.pool
         attempts.begin()
         exchange = pool.idle_exchange(dest.host, dest.port, dest.server_name)
@@ -348,11 +364,11 @@ class Forwarder:
         try:
             if exchange is None:
                 exchange = await self._dial(attempts)
-            tap = audit.request_capture() if has_body and audit is not None else None
+            tap = audit.request_capture() if body is not None and audit is not None else None
             attempts.sent = time.monotonic()  # the time to first byte leaves the dial out
             exchange.send(
                 attempts.head,
-                ctx.request.content if has_body else None,
+                body,
                 chunked=attempts.chunked,
                 head_only=method == "HEAD",
                 tap=tap,
@@ -389,7 +405,9 @@ class Forwarder:
         request still waits)."""
         dest = attempts.dest
         metrics = attempts.metrics
-        times = DialTimes() if metrics is not None else None
+        span = attempts.ctx.span
+        times = DialTimes() if metrics is not None or span is not None else None
+        started_ns = time.time_ns() if span is not None else 0
         recheck = self.recheck
         timer = (
             asyncio.get_running_loop().call_later(SLOW_DIAL, recheck.suspect, dest.name)
@@ -405,6 +423,8 @@ class Forwarder:
                 timer.cancel()
         if times is not None and metrics is not None:
             metrics.dialed(dest.name, dest.authority, times)
+        if span is not None and times is not None:  # tracing hook: connect and TLS handshake
+            span.dialed(dest.authority, started_ns, times.tcp, times.tls)
         return exchange
 
     async def _relay(
@@ -416,7 +436,7 @@ class Forwarder:
         payload: StreamReader,
         pass_redirects: bool,
         deadline: float | None,
-    ) -> web.StreamResponse:
+    ) -> Answer:
         status = message.code
         upstream = message.headers
         if not pass_redirects and is_redirect(status):
@@ -429,21 +449,21 @@ class Forwarder:
         pairs: Iterable[tuple[str, str]] = upstream.items()
         if status == NOT_MODIFIED and not pass_redirects:
             pairs = without_redirect_headers(pairs)
-        headers = response_headers(pairs)
-        cls = HeadersWithBody if not message.chunked and "Content-Length" in upstream else web.StreamResponse
-        out = cls(status=status, reason=message.reason or None, headers=headers)
+        headers: CIMultiDict[str] = response_headers(pairs)
         self.count(name, verb, status)
-        audit = ctx.audit
+        audit = AUDIT.get(ctx)
         tap = (
             audit.response_capture(headers.get("Content-Type", ""), headers.get("Content-Encoding", ""))
             if audit is not None
             else None
         )
-        request = ctx.request
-        await out.prepare(request)
+        # A body on its way with a known length: the head leaves with its first bytes (one write
+        # for a small answer); one of unknown length (a watch) sends its head at once.
+        known_length = not message.chunked and "Content-Length" in upstream
+        out = await ctx.request.stream(status, headers, reason=message.reason, head_now=not known_length)
         if not ctx.long_running:
             if await self._stream(ctx, name, payload, out, tap, deadline):
-                await out.write_eof()
+                await out.finish()
             return out
         # A long-running answer (a watch) stops early when the gateway shuts down: it then ends as
         # if the backend had finished it (a chunked one with its last chunk), and client-go starts
@@ -451,9 +471,10 @@ class Forwarder:
         async with self.in_flight.ending() as ending:
             if not await self._stream(ctx, name, payload, out, tap, deadline):
                 return out
-        await out.write_eof()
-        if ending.ended and not out.chunked and request.transport is not None:
-            request.transport.close()  # only a connection's end can end a body without chunks
+        if ending.ended and not out.chunked:
+            out.abort()  # only a connection's end can end a body of announced length early
+        else:
+            await out.finish()
         return out
 
     async def _stream(
@@ -461,8 +482,8 @@ class Forwarder:
         ctx: RequestContext,
         name: str,
         payload: StreamReader,
-        out: web.StreamResponse,
-        tap: BodyTap | None,
+        out: StreamedResponse,
+        tap: BodyCapture | None,
         deadline: float | None,
     ) -> bool:
         """Copy the backend's body to the client; False when the backend's answer broke off (the
@@ -483,9 +504,7 @@ class Forwarder:
                     "backend response ended early",
                     extra=fields(apiservice=name, method=ctx.method, path=ctx.path, reason=cause),
                 )
-                transport = ctx.request.transport
-                if transport is not None:
-                    transport.close()
+                out.abort()
                 return False
             if not chunk:
                 break
@@ -494,8 +513,8 @@ class Forwarder:
             # A client that went away raises ConnectionResetError here; the pipeline lets it through.
             if payload.is_eof():
                 # The whole body is here (a small answer, most of them): head, body and end go
-                # out in one write, without another read (the caller's `write_eof` is then a no-op).
-                await out.write_eof(chunk)
+                # out in one write, without another read (the caller's `finish` is then a no-op).
+                await out.finish(chunk)
                 break
             await out.write(chunk)
         if tap is not None:
@@ -506,7 +525,7 @@ class Forwarder:
 
     def answer(
         self, ctx: RequestContext, name: str, code: int, message: str, verb: str | None = None
-    ) -> web.Response:
+    ) -> Response:
         """A Status the gateway writes itself, counted under the destination's name."""
         self.count(name, verb or verb_of(ctx), code)
         response = status_response(ctx, code, message)
@@ -515,8 +534,10 @@ class Forwarder:
             response.force_close()
         return response
 
-    def unreachable(self, ctx: RequestContext, name: str, hop: Hop, cause: str, verb: str) -> web.Response:
+    def unreachable(self, ctx: RequestContext, name: str, hop: Hop, cause: str, verb: str) -> Response:
         self.metrics.backend_errors.labels(name, hop.value).inc()
+        if ctx.span is not None:  # tracing hook: the proxied call failed
+            ctx.span.proxy_failed(hop.value, cause)
         if self.recheck is not None and hop in SUSPICIOUS_HOPS:
             self.recheck.suspect(name)
         self.log_limited(
@@ -531,7 +552,7 @@ class Forwarder:
         )
         return self.answer(ctx, name, 503, f"error trying to reach service: {cause}", verb)
 
-    def unresolvable(self, ctx: RequestContext, name: str, err: BackendError) -> web.Response:
+    def unresolvable(self, ctx: RequestContext, name: str, err: BackendError) -> Response:
         """Upstream's answer when no address can be found: 503 `service unavailable`, reason logged."""
         self.metrics.backend_errors.labels(name, err.hop.value).inc()
         self.log_limited(

@@ -4,14 +4,14 @@ kube-aggregator keeps one `proxyHandlingInfo` per APIService (handler_proxy.go),
 `updateAPIService` when the APIService changes, so that `ServeHTTP` only reads it. `HandlingInfo`
 is the gateway's: the APIService, the backend (its TLS context and connection pool, or why the
 TLS settings cannot be built), where requests may go (`backends.addresses.Addresses`: the cluster
-IP, or the ready endpoints), the identity-header policy and loop mark every request carries, the
-bounds its annotations set (`backends/bounds.py`), and its `Endpoints` (`endpoints.py`: balancing,
-ejection, requests in flight). `HandlingTable` keeps them by name: a store event for the
-APIService, its Service or an EndpointSlice of that Service drops the entry, and the next request
-prepares it again; a rotated front-proxy client certificate or new front-proxy header names are
-noticed by two identity checks. The `Endpoints` of an APIService outlive those rebuilds (an
-EndpointSlice update must not forget which replica was just found dead). A request does one
-lookup and reads, never derives.
+IP, or the ready endpoints), the loop mark every request carries, the bounds its annotations set
+(`backends/bounds.py`), and its `Endpoints` (`endpoints.py`: balancing, ejection, requests in
+flight). `HandlingTable.build` prepares one when an event arrives (the proxy calls it for the
+APIService, its Service or an EndpointSlice of that Service, and for every APIService when the
+front-proxy client certificate changes); a request never prepares one. The `Endpoints` of an
+APIService outlive those rebuilds (an EndpointSlice update must not forget which replica was just
+found dead). The identity-header policy is read live per request (`LiveIdentityPolicy`): new
+front-proxy header names apply at once, with nothing to rebuild.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from aggregator.backends.addresses import Addresses, PendingLookup, Target
 from aggregator.backends.backend import Backend
 from aggregator.backends.bounds import DEFAULT_BOUNDS, Bounds, read_bounds
 from aggregator.backends.errors import BackendError, Hop
-from aggregator.backends.headers import IdentityHeaderPolicy
+from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.backends.registry import BackendRegistry
 from aggregator.contracts import EjectionReport
 from aggregator.model.apiservice import APIService
@@ -33,7 +33,7 @@ from aggregator.model.userinfo import AGGREGATOR
 from aggregator.proxy.destination import Destination
 from aggregator.proxy.endpointmetrics import EndpointMetrics
 from aggregator.proxy.endpoints import Endpoint, Endpoints
-from aggregator.sources.store import DELETED, Event, Kind, Store
+from aggregator.sources.store import Event, Store
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
 
@@ -58,8 +58,7 @@ class HandlingInfo:
     endpoints: Endpoints | None
     # Why no endpoint may be dialed (every address is denied), when none may.
     denied: BackendError | None
-    policy: IdentityHeaderPolicy
-    cert_generation: int
+    identity: LiveIdentityPolicy
     hop: str
     # Upstream bounds proxied discovery requests (`/apis/<g>/<v>`) to this many seconds.
     discovery_timeout: float
@@ -86,7 +85,7 @@ class HandlingInfo:
             target.ip,
             target.port,
             target.server_name,
-            self.policy,
+            self.identity,
             hop=self.hop,
         )
 
@@ -116,7 +115,7 @@ class HandlingInfo:
 
 
 class HandlingTable:
-    """The `HandlingInfo` of every remote APIService, prepared on first use after a change."""
+    """Builds the `HandlingInfo` of remote APIServices, and keeps their `Endpoints` across builds."""
 
     def __init__(
         self,
@@ -132,7 +131,6 @@ class HandlingTable:
         self.metrics = metrics
         self.report = report
         self.rng = rng or random.Random()
-        self._infos: dict[str, HandlingInfo] = {}
         self._endpoints: dict[str, Endpoints] = {}
         # The annotations last warned about, per APIService.
         self._warned: dict[str, tuple[tuple[str, str], ...]] = {}
@@ -141,26 +139,15 @@ class HandlingTable:
         if metrics is not None:
             metrics.counts.add_source(lambda: ((name, e.all) for name, e in self._endpoints.items()))
 
-    def get(self, name: str) -> HandlingInfo | None:
-        """The APIService's handling info, None when it is gone or local (no `spec.service`)."""
-        info = self._infos.get(name)
-        if (
-            info is not None
-            and info.cert_generation == self.backends.client_certificate.generation
-            and info.policy is self.backends.policy
-        ):
-            return info
-        return self._prepare(name)
-
     def endpoints(self, name: str) -> Endpoints | None:
         """The APIService's endpoints as the balancer last saw them (ejections and all)."""
         return self._endpoints.get(name)
 
-    def _prepare(self, name: str) -> HandlingInfo | None:
-        svc = self.store.apiservice(name)
-        if svc is None or svc.service is None:
-            self._infos.pop(name, None)
-            self._forget_endpoints(name)
+    def build(self, svc: APIService) -> HandlingInfo | None:
+        """The APIService as the proxy serves it now; None for a local one (no `spec.service`)."""
+        name = svc.name
+        if svc.service is None:
+            self.forget(name)
             return None
         backends = self.backends
         addresses = backends.resolver.addresses(svc)
@@ -177,8 +164,7 @@ class HandlingTable:
             addresses=addresses,
             endpoints=None,
             denied=None,
-            policy=backends.policy,
-            cert_generation=backends.client_certificate.generation,
+            identity=backends.identity,
             hop=backends.hop,
             discovery_timeout=backends.discovery_timeout,
             bounds=bounds,
@@ -203,7 +189,6 @@ class HandlingTable:
             for endpoint in endpoints.update(tuple(destinations.values()), bounds):
                 self._gone(name, endpoint)
             info.endpoints = endpoints
-        self._infos[name] = info
         return info
 
     def _ejection(self, name: str, endpoint: Endpoint, reason: str) -> None:
@@ -212,7 +197,8 @@ class HandlingTable:
         if self.report is not None:
             self.report.ejection(name, endpoint.authority, reason)
 
-    def _forget_endpoints(self, name: str) -> None:
+    def forget(self, name: str) -> None:
+        """The APIService is gone (or local): its endpoints' state and series go too."""
         self._warned.pop(name, None)
         endpoints = self._endpoints.pop(name, None)
         if endpoints is not None:
@@ -252,17 +238,12 @@ class HandlingTable:
             failure = "probe: no answer in time"
         endpoints.probed(endpoint, failure)
 
-    def on_store_event(self, event: Event) -> None:
-        """Forget what the change may affect: the APIService itself, or the APIServices of a
-        Service and of its EndpointSlices."""
-        if event.kind is Kind.APISERVICE:
-            self._infos.pop(event.obj.name, None)
-            if event.type == DELETED:
-                self._forget_endpoints(event.obj.name)
-            return
+    def affected(self, event: Event) -> list[APIService]:
+        """The APIServices a change of a Service or an EndpointSlice touches."""
+        found: list[APIService] = []
         for namespace, service in event.services():
-            for svc in self.store.apiservices_for_service(namespace, service):
-                self._infos.pop(svc.name, None)
+            found.extend(self.store.apiservices_for_service(namespace, service))
+        return found
 
     async def start(self) -> None:
         """`contracts.Component`: nothing runs until an endpoint is ejected."""

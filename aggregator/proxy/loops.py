@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from aiohttp import web
-
 from aggregator.backends.hops import HOP_HEADER, LOOP_REASON, LOOP_STATUS, loop_message
 from aggregator.util.logs import fields
 from aggregator.web.context import RequestContext
 from aggregator.web.pipeline import Gate
 from aggregator.web.responses import status_response
+from aggregator.web.serverrequest import Response
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +22,7 @@ log = logging.getLogger(__name__)
 def loop_gate(instance: str) -> Gate:
     """A pipeline gate refusing requests another gateway (or this one) already forwarded."""
 
-    def refuse_loops(ctx: RequestContext) -> web.StreamResponse | None:
+    def refuse_loops(ctx: RequestContext) -> Response | None:
         seen = ctx.headers.get(HOP_HEADER)
         if seen is None:
             return None

@@ -9,13 +9,12 @@ removed, and reads the backend's answer:
 - `>= 400`: relay the backend's answer, then close the client connection;
 - anything else: 503 `invalid upgrade response: status code N`, then close.
 
-A request body (`Content-Length`, or chunked) is sent to the backend while its answer is awaited,
-as upstream's `req.Write` sends it first (`upgradeaware.go`, `dial`): announcing a length and
-never sending the bytes would leave the backend waiting for them. The body is re-framed as it was
-announced (the exact bytes for a length, chunks for chunked), so the backend sees where it ends
-exactly where the gateway did, and the whole exchange up to the answer's head has one deadline.
-An answer other than 101 ends the body at once (`_BodySender`): no byte the client sends after
-it, and none beyond the declared body ever, reaches that backend.
+An upgrade request that carries a body (`Content-Length` above 0, or `Transfer-Encoding`) is
+refused with a 400 before anything is dialed. kube-apiserver forwards such a body; but a backend
+that refuses the upgrade without reading it (Python's `http.server` does) would read that body as
+a second request on the gateway's front-proxy connection, with whatever identity headers the
+caller wrote into it. No kubectl or client-go upgrade (exec, attach, port-forward, WebSocket) has
+a body.
 
 The backend connection is never pooled and never reused, and the client connection is closed
 whenever no tunnel was established, so bytes a client pipelines behind a refused upgrade are
@@ -24,8 +23,8 @@ as protocols; other `Upgrade` values (h2c, tcp...) are refused with a 400 before
 dialed, and upgrades on paths that never serve them (discovery, health, metrics) are refused by
 `refuse_upgrades` before they reach a handler.
 
-The splice takes the client connection's raw bytes over with `util._aiohttp.take_over_connection`
-(aiohttp's `set_parser`, the hook `WebSocketResponse` uses).
+The splice takes the client connection's raw bytes over through `ServerRequest.tunnel()`, which
+only HTTP/1.1 offers (RFC 9113 has no `Upgrade`).
 """
 
 from __future__ import annotations
@@ -33,24 +32,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
-from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from aggregator.backends.errors import BackendError, Hop, classify
+from aggregator.backends.h1 import UnsafeHead, serialize_head
 from aggregator.backends.headers import request_headers, response_headers
 from aggregator.contracts import Recheck
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.destination import Destination
-from aggregator.util._aiohttp import StreamReader, drain, take_over_connection
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
 from aggregator.web.context import RequestContext
 from aggregator.web.longrunning import InFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
+from aggregator.web.serverrequest import Answer, Response, Tunnel
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +62,24 @@ _HIGH_WATER = 1 << 20
 _CHUNK = 1 << 16
 
 
+BODY_REFUSED = (
+    "upgrade requests with a body are not supported: no exec, attach, port-forward or WebSocket "
+    "upgrade sends one"
+)
+
+
+def has_body(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> bool:
+    """Whether the request announces a body: `Transfer-Encoding`, or a `Content-Length` other than 0."""
+    if "Transfer-Encoding" in headers:
+        return True
+    length = headers.get("Content-Length")
+    return length is not None and length.strip() != "0"
+
+
 def upgrade_refusal(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> str | None:
-    """Why this upgrade is not tunnelled (a 400), or None when the protocol is acceptable."""
+    """Why this upgrade is not tunnelled (a 400), or None when it may be."""
+    if has_body(headers):
+        return BODY_REFUSED
     protocols = [p.strip() for v in headers.getall("Upgrade", ()) for p in v.split(",") if p.strip()]
     if not protocols:
         return "the request asks for a protocol upgrade but names no protocol in Upgrade"
@@ -75,10 +89,10 @@ def upgrade_refusal(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> str | 
     return None
 
 
-def upgrade_gate(metrics: Metrics) -> Callable[[RequestContext], web.StreamResponse | None]:
+def upgrade_gate(metrics: Metrics) -> Callable[[RequestContext], Response | None]:
     """A pipeline gate: upgrade requests on routes that never serve them get a 400 (k/k#72113)."""
 
-    def refuse_upgrades(ctx: RequestContext) -> web.StreamResponse | None:
+    def refuse_upgrades(ctx: RequestContext) -> Response | None:
         if not ctx.upgrade or ctx.route.upgradable:
             return None
         metrics.upgrade_rejected.labels("path").inc()
@@ -129,80 +143,13 @@ async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[str, str]
     return await reader.read(ERROR_BODY_LIMIT)
 
 
-class ClientBodyError(Exception):
-    """The client's body could not be read (it went away, or its chunks are malformed)."""
-
-
-async def _client_chunks(body: StreamReader) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in body.iter_any():
-            yield chunk
-    except Exception as err:  # aiohttp raises connection and payload errors alike here
-        raise ClientBodyError(str(err) or type(err).__name__) from err
-
-
-async def _send_body(body: StreamReader, writer: asyncio.StreamWriter, *, chunked: bool) -> None:
-    """The upgrade request's body, as announced: its exact bytes, or re-chunked."""
-    async for chunk in _client_chunks(body):
-        if chunked:
-            writer.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
-        else:
-            writer.write(chunk)
-        await writer.drain()
-    if chunked:
-        writer.write(b"0\r\n\r\n")
-
-
-class _BodySender:
-    """Sends the upgrade request's body while the backend's answer is awaited.
-
-    Upstream writes the whole request before reading the answer (`req.Write`), so a backend that
-    answers at once still gets every byte of a body the client is slow to send. Here the body
-    goes out as it arrives, and an answer that comes first ends it: a backend that refused the
-    upgrade receives nothing more (`abandon`), and a 101 waits for the body to be complete
-    before any tunnelled byte follows it (`finished`).
-    """
-
-    def __init__(self, request: web.Request, writer: asyncio.StreamWriter, *, chunked: bool) -> None:
-        self._task: asyncio.Task[None] | None = None
-        if request.body_exists:
-            self._task = asyncio.get_running_loop().create_task(
-                _send_body(request.content, writer, chunked=chunked), name="upgrade-request-body"
-            )
-
-    async def until_answered(self, answer: Awaitable[bytes]) -> bytes:
-        """The backend's response head; the body keeps going meanwhile. A body that cannot be
-        read from the client (it went away) or written to the backend ends the exchange."""
-        head = asyncio.ensure_future(answer)
-        if self._task is None or self._task.done():
-            return await head
-        try:
-            await asyncio.wait({head, self._task}, return_when=asyncio.FIRST_COMPLETED)
-            if not head.done():
-                self._task.result()  # the body failed: raise that, or it finished: wait on
-            return await head
-        finally:
-            head.cancel()
-
-    async def finished(self) -> None:
-        if self._task is not None:
-            await self._task
-
-    async def abandon(self) -> None:
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-
-
 class _ClientBytes:
     """Stands in for aiohttp's payload parser: every client byte goes to the backend as is."""
 
     def __init__(
         self,
         writer: asyncio.StreamWriter,
-        client: asyncio.Transport,
+        client: Tunnel,
         done: asyncio.Future[None],
         tasks: TaskSet,
     ) -> None:
@@ -244,15 +191,14 @@ class UpgradeTunnel:
         # Ends open tunnels on shutdown (web/longrunning.py).
         self.in_flight = in_flight or InFlight()
 
-    async def serve(self, ctx: RequestContext, dest: Destination, user: UserInfo) -> web.StreamResponse:
-        request = ctx.request
+    async def serve(self, ctx: RequestContext, dest: Destination, user: UserInfo) -> Answer:
         name = dest.name
         backend = dest.backend
         protocol = ctx.headers.get("Upgrade", "")
         headers = request_headers(
             ctx.headers.items(),
             user,
-            dest.policy,
+            dest.identity.current(),
             authority=dest.authority,
             client_ip=ctx.remote,
             upgrade=protocol,
@@ -260,17 +206,14 @@ class UpgradeTunnel:
             extra=dest.credentials,
             hop=dest.hop,
         )
-        headers.popall("Expect", None)  # the body follows unasked, as on the forwarding path
-        chunked = request.body_exists and "Content-Length" not in headers
-        if chunked:
-            headers["Transfer-Encoding"] = "chunked"
+        headers.popall("Expect", None)
         raw_path = ctx.target
         if not raw_path.startswith("/"):  # absolute-form request target
             raw_path = ctx.raw_path + ("?" + ctx.raw_query if ctx.raw_query else "")
-        target = dest.base_path + raw_path
-        head = f"{ctx.method} {target} HTTP/1.1\r\n" + "".join(
-            f"{k}: {v}\r\n" for k, v in headers.items()
-        )
+        try:
+            head = serialize_head(ctx.method, dest.base_path + raw_path, headers.items())
+        except UnsafeHead as err:
+            return status_response(ctx, 400, str(err))
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=_CHUNK, loop=loop)
         try:
@@ -280,24 +223,14 @@ class UpgradeTunnel:
         except BackendError as err:
             return self._error(ctx, name, err.cause, err.hop.value)
         writer = asyncio.StreamWriter(transport, stream_protocol, reader, loop)
-        body = _BodySender(request, writer, chunked=chunked)
         try:
-            writer.write(head.encode("latin-1") + b"\r\n")
+            writer.write(head)
             async with asyncio.timeout(RESPONSE_HEAD_TIMEOUT):
-                response_head = await body.until_answered(reader.readuntil(b"\r\n\r\n"))
+                response_head = await reader.readuntil(b"\r\n\r\n")
                 status, reason, response_fields = _parse_head(response_head)
-                if status == 101:
-                    await body.finished()  # the body goes before any tunnelled byte
             if status != 101:
-                await body.abandon()  # no byte more reaches a backend that refused
                 return await self._refused(ctx, name, status, reason, response_fields, reader)
             return await self._splice(ctx, response_head, reader, writer)
-        except ClientBodyError as err:
-            # The client, not the backend, failed: nothing to count against the APIService.
-            log.info("upgrade request body not read", extra=fields(apiservice=name, reason=str(err)))
-            response = status_response(ctx, 400, f"the request body could not be read: {err}")
-            response.force_close()
-            return response
         except (
             OSError,
             TimeoutError,
@@ -313,7 +246,6 @@ class UpgradeTunnel:
             hop, cause = await backend.diagnose(hop, cause, dest.address)
             return self._error(ctx, name, cause, hop.value)
         finally:
-            await body.abandon()
             # Never pooled, never reused: whatever the backend answered, this connection ends here.
             writer.close()
             with contextlib.suppress(Exception):
@@ -327,7 +259,7 @@ class UpgradeTunnel:
         reason: str,
         fields_: list[tuple[str, str]],
         reader: asyncio.StreamReader,
-    ) -> web.StreamResponse:
+    ) -> Response:
         self.metrics.upgrade_rejected.labels("non101").inc()
         log.info(
             "backend refused a protocol upgrade",
@@ -344,7 +276,7 @@ class UpgradeTunnel:
             body = b""
         headers = response_headers(fields_)
         headers.popall("Content-Length", None)
-        relayed = web.Response(status=status, reason=reason or None, body=body, headers=headers)
+        relayed = Response(status, body, headers, reason=reason)
         relayed.force_close()
         return relayed
 
@@ -354,42 +286,37 @@ class UpgradeTunnel:
         response_head: bytes,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-    ) -> web.StreamResponse:
-        request = ctx.request
-        transport = request.transport
-        protocol: Any = request.protocol
-        if transport is None or transport.is_closing():
-            return web.Response(status=101)
+    ) -> Answer:
+        tunnel = ctx.request.tunnel()
+        if tunnel is None or tunnel.closing:
+            return status_response(ctx, 400, "this connection cannot carry an upgraded protocol")
         client_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         tasks = TaskSet("upgrade")
         # Take the client's bytes before it can send any: it waits for the 101 first.
-        take_over_connection(request, _ClientBytes(writer, transport, client_done, tasks))
-        ctx.head_going_out(101, None)  # the audit's ResponseStarted, as upstream's Hijack fakes it
-        transport.write(response_head)
-        pump = tasks.spawn(self._backend_to_client(reader, transport, protocol), name="backend-to-client")
+        tunnel.take_over(_ClientBytes(writer, tunnel, client_done, tasks))
+        # The audit's ResponseStarted, as upstream's Hijack fakes it.
+        ctx.head_going_out(101, CIMultiDict())
+        await tunnel.write(response_head)
+        pump = tasks.spawn(self._backend_to_client(reader, tunnel), name="backend-to-client")
         try:
             # Until either side closes, or the gateway shuts down: then both sides are closed.
             async with self.in_flight.ending():
                 await asyncio.wait({pump, client_done}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             await tasks.close()
-            transport.close()
-        # Never written: the connection belongs to the tunnel and is closed.
-        return web.Response(status=101)
+            tunnel.abort()
+        return tunnel
 
     @staticmethod
-    async def _backend_to_client(
-        reader: asyncio.StreamReader, transport: asyncio.Transport, protocol: Any
-    ) -> None:
+    async def _backend_to_client(reader: asyncio.StreamReader, tunnel: Tunnel) -> None:
         with contextlib.suppress(OSError):  # either side reset: the tunnel ends
             while True:
                 data = await reader.read(_CHUNK)
-                if not data or transport.is_closing():
+                if not data or tunnel.closing:
                     return
-                transport.write(data)
-                await drain(protocol)
+                await tunnel.write(data)
 
-    def _error(self, ctx: RequestContext, name: str, cause: str, kind: str) -> web.Response:
+    def _error(self, ctx: RequestContext, name: str, cause: str, kind: str) -> Response:
         """Upstream's upgrade responder: 503 with the error itself (no `error trying to reach service`)."""
         self.metrics.backend_errors.labels(name, kind).inc()
         if self.recheck is not None and kind in (Hop.CONNECT, Hop.TLS):

@@ -1,12 +1,14 @@
 """Local mode: APIService, Service and EndpointSlice manifests from a folder, reloaded on change.
 
 Every `*.yaml`, `*.yml` and `*.json` under the folder is read (multi-document YAML and `kind: List`
-included). The folder is polled once a second, so edits land within 2 s. A file that does not parse
+included). The folder is watched through inotify (`util/dirwatch.py`), so edits land within milliseconds. A file that does not parse
 is reported with its line and keeps contributing the objects it held before; an invalid object is
 refused with upstream's validation message while its previous valid version (if any) stays, just as
 kube-apiserver keeps the old object when an update is rejected. Fields are checked as `kubectl
 apply` has kube-apiserver check them (strict: `unknown field "spec.versoin"` refuses the object);
-a document of any other kind is skipped, and said once per file and kind.
+a document of any other kind is skipped, and said once per file and kind. Each of these is kept
+as a `ManifestProblem` (`problems()`), which `aggregator check`, `/readyz?verbose` and
+`aggregator_manifest_errors` show (`problems.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from typing import Any
 
 import yaml
 
+from aggregator.model.apiservice import APIService
+from aggregator.sources.identity import with_system_fields
 from aggregator.sources.manifests import Ignored, Rejected, flatten, to_object
+from aggregator.sources.problems import READ_KINDS, REFUSED, SKIPPED, UNREADABLE, ManifestProblem
 from aggregator.sources.store import Event, Key, Kind, Obj, Store, key_of, kind_of
 from aggregator.util.dirwatch import DirectoryWatcher
 from aggregator.util.logs import fields
@@ -66,7 +71,7 @@ def read_documents(path: Path) -> list[Any]:
 class _FileState:
     fingerprint: tuple[int, int, int]
     objects: dict[ObjKey, Obj] = field(default_factory=dict)
-    error: str | None = None
+    problems: tuple[ManifestProblem, ...] = ()
 
 
 def manifest_files(directory: Path) -> dict[Path, tuple[int, int, int]]:
@@ -106,6 +111,8 @@ class FolderSource:
         self._files: dict[Path, _FileState] = {}
         self._owners: dict[ObjKey, set[Path]] = {}  # which files define each object
         self._reported: set[tuple[Path, str, str]] = set()  # (file, apiVersion, kind) skipped and said
+        # Only the files with problems, so that reading them costs what is wrong, not the folder.
+        self._problems: dict[Path, tuple[ManifestProblem, ...]] = {}
         self._watcher = DirectoryWatcher(
             self.directory,
             lambda: tuple(sorted(manifest_files(self.directory).items())),
@@ -115,10 +122,9 @@ class FolderSource:
             use_inotify=use_inotify,
         )
 
-    @property
-    def errors(self) -> dict[Path, str]:
-        """Files currently failing to parse, with the reason."""
-        return {p: s.error for p, s in self._files.items() if s.error}
+    def problems(self) -> list[ManifestProblem]:
+        """What the folder holds that is not loaded now, file by file (`problems.py`)."""
+        return [problem for path in sorted(self._problems) for problem in self._problems[path]]
 
     async def start(self) -> None:
         self.reload()
@@ -139,6 +145,7 @@ class FolderSource:
         for path in set(self._files) - set(current):
             log.info("manifest file removed", extra=fields(file=str(path)))
             self._reported = {seen for seen in self._reported if seen[0] != path}
+            self._problems.pop(path, None)
             affected |= self._forget_file(path)
         for path, fingerprint in current.items():
             state = self._files.get(path)
@@ -147,6 +154,10 @@ class FolderSource:
                 if state is not None:
                     affected |= self._forget_file(path)
                 self._files[path] = new
+                if new.problems:
+                    self._problems[path] = new.problems
+                else:
+                    self._problems.pop(path, None)
                 for obj_key in new.objects:
                     self._owners.setdefault(obj_key, set()).add(path)
                 affected |= set(new.objects)
@@ -172,8 +183,9 @@ class FolderSource:
                 "manifest file not loaded; keeping the objects it held before",
                 extra=fields(file=str(path), reason=reason, kept=len(kept)),
             )
-            return _FileState(fingerprint, kept, reason)
+            return _FileState(fingerprint, kept, (ManifestProblem(path, UNREADABLE, reason, len(kept)),))
         objects: dict[ObjKey, Obj] = {}
+        problems: list[ManifestProblem] = []
         for index, doc in enumerate(d for raw in docs for d in flatten(raw)):
             result = to_object(doc)
             if result is None:
@@ -181,6 +193,7 @@ class FolderSource:
             if isinstance(result, Ignored):
                 if not self.read_elsewhere(doc):
                     self._skipped(path, result)
+                    problems.append(ManifestProblem(path, SKIPPED, f"{result.api_version} {result.kind}"))
                 continue
             if isinstance(result, Rejected):
                 name = (doc.get("metadata") or {}).get("name") if isinstance(doc, dict) else None
@@ -195,9 +208,10 @@ class FolderSource:
                 )
                 if previous_obj is not None:
                     objects[(kind_of(previous_obj), key_of(previous_obj))] = previous_obj
+                problems.append(ManifestProblem(path, REFUSED, result.message, int(previous_obj is not None)))
                 continue
             objects[(kind_of(result), key_of(result))] = result
-        return _FileState(fingerprint, objects)
+        return _FileState(fingerprint, objects, tuple(problems))
 
     def _skipped(self, path: Path, ignored: Ignored) -> None:
         """A document of a kind the gateway does not read: said once per file and kind, so a
@@ -207,10 +221,8 @@ class FolderSource:
             return
         self._reported.add(seen)
         log.warning(
-            "manifest skipped: the gateway reads only APIService (apiregistration.k8s.io/v1), Service (v1), "
-            "EndpointSlice (discovery.k8s.io/v1), Role, ClusterRole, RoleBinding and ClusterRoleBinding "
-            "(rbac.authorization.k8s.io/v1), and FlowSchema and PriorityLevelConfiguration "
-            "(flowcontrol.apiserver.k8s.io/v1)",
+            "manifest skipped: the gateway reads only %s",
+            READ_KINDS,
             extra=fields(file=str(path), apiVersion=ignored.api_version, kind=ignored.kind),
         )
 
@@ -229,7 +241,11 @@ class FolderSource:
                             kind=kind.value, name=key[1], first=str(owners[0]), wins=str(owners[-1])
                         ),
                     )
-                event = self.store.upsert(self._files[owners[-1]].objects[obj_key], preserve_status=True)
+                obj = self._files[owners[-1]].objects[obj_key]
+                if isinstance(obj, APIService):
+                    # uid and creationTimestamp as kube-apiserver sets them: once, here (`identity.py`)
+                    obj = with_system_fields(obj, self.store.apiservice(obj.name))
+                event = self.store.upsert(obj, preserve_status=True)
             if event is not None:
                 events.append(event)
         # One line per object for an edit; a summary (and debug lines) when a folder of thousands loads.

@@ -58,6 +58,20 @@ def flatten(doc: Any) -> Iterator[Any]:
     yield doc
 
 
+def case_twin(api_version: str, kind: str) -> tuple[str, str] | None:
+    """The supported (apiVersion, kind) these differ from only in letter case (`ApiService`):
+    kinds are case-sensitive, so such a document is no APIService, though it was meant as one."""
+    folded = (api_version.lower(), kind.lower())
+    return next((known for known in SUPPORTED if (known[0].lower(), known[1].lower()) == folded), None)
+
+
+def no_match(api_version: str, kind: str, twin: tuple[str, str]) -> str:
+    """kubectl's refusal of an unknown kind (apimachinery `meta.NoKindMatchError.Error`, one version
+    searched), and the kind meant."""
+    meant = f'"{twin[1]}"' if twin[0] == api_version else f'"{twin[1]}" in version "{twin[0]}"'
+    return f'no matches for kind "{kind}" in version "{api_version}": did you mean {meant}?'
+
+
 def invalid_message(qualified_kind: str, name: str, errors: list[str]) -> str:
     """`apierrors.NewInvalid(...).Error()`: one error bare, several in brackets."""
     listed = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
@@ -79,6 +93,9 @@ def to_object(doc: Any) -> Obj | Rejected | Ignored | None:
             return Rejected(
                 f"{api_version} APIService is not served (removed in Kubernetes 1.22); use {apisvc.API_VERSION}"
             )
+        twin = case_twin(api_version, kind)
+        if twin is not None:
+            return Rejected(no_match(api_version, kind, twin))
         return Ignored(api_version, kind)
     unknown = unknown_fields(doc, FIELDS[kind])
     if unknown:

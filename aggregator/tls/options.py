@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import ipaddress
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from aggregator.tls.policy import DEFAULT_MIN_VERSION, VERSIONS, PolicyError, TLSPolicy
-from aggregator.util.flags import ConfigError, FlagSet, check_pair, check_readable, csv_list, go_bool
+from aggregator.util.flags import ConfigError, FlagSet, GoBool, Problems, check_pair, check_readable, csv_list
 
 DEFAULT_CERT_DIR = "apiserver.local.config/certificates"
 SECTION = "secure serving"
@@ -77,9 +78,7 @@ class SecureServingOptions:
         flags.add(
             "--disable-http2-serving",
             field="disable_http2_serving",
-            type=go_bool,
-            nargs="?",
-            const=True,
+            action=GoBool,
             default=False,
             help="serve HTTP/1.1 only: offer no h2 in TLS ALPN (default false: clients that offer h2, as "
             "kubectl and client-go do, get HTTP/2).",
@@ -100,14 +99,46 @@ class SecureServingOptions:
         except PolicyError as err:
             raise ConfigError(err.flag, err.problem) from err
 
-    def validate(self) -> None:
+    def validate(self) -> list[ConfigError]:
+        problems = Problems()
         if not 0 <= self.port <= 65535:
-            raise ConfigError("--secure-port", f"{self.port} is not a valid port (0-65535)")
+            problems.add("--secure-port", f"{self.port} is not a valid port (0-65535)")
         try:
             ipaddress.ip_address(self.bind_address)
-        except ValueError as err:
-            raise ConfigError("--bind-address", f"{self.bind_address!r} is not an IP address") from err
-        self.tls_policy()
-        check_pair("--tls-cert-file", self.cert_file, "--tls-private-key-file", self.key_file)
-        check_readable("--tls-cert-file", self.cert_file)
-        check_readable("--tls-private-key-file", self.key_file)
+        except ValueError:
+            problems.add("--bind-address", f"{self.bind_address!r} is not an IP address")
+        problems.check(self.tls_policy)
+        problems.check(check_pair, "--tls-cert-file", self.cert_file, "--tls-private-key-file", self.key_file)
+        problems.check(check_readable, "--tls-cert-file", self.cert_file)
+        problems.check(check_readable, "--tls-private-key-file", self.key_file)
+        return problems.errors
+
+    def apply_to(self, config: ServingTarget) -> None:
+        config.serving = ServingConfig(
+            bind_address=self.bind_address,
+            port=self.port,
+            cert_file=self.cert_file,
+            key_file=self.key_file,
+            cert_dir=self.cert_dir,
+            tls_policy=self.tls_policy(),
+            http2=not self.disable_http2_serving,
+            http2_max_streams_per_connection=self.http2_max_streams_per_connection,
+        )
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """The listener and its TLS (`SecureServingOptions.apply_to`), the TLS policy parsed."""
+
+    bind_address: str = "0.0.0.0"
+    port: int = 8443
+    cert_file: str | None = None
+    key_file: str | None = None
+    cert_dir: str = DEFAULT_CERT_DIR
+    tls_policy: TLSPolicy = field(default_factory=TLSPolicy)
+    http2: bool = True
+    http2_max_streams_per_connection: int = 0
+
+
+class ServingTarget(Protocol):
+    serving: ServingConfig

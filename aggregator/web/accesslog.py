@@ -25,6 +25,9 @@ MODES = ("off", "errors", "sampled", "all")
 DEFAULT_SAMPLE = 100
 # A client that closed the connection before the answer was written.
 CLIENT_GONE = 499
+# The access-log field of a request that was retried on another endpoint (`RequestContext.log_fields`):
+# its line is written in every mode but off.
+RETRIED = "retried"
 
 
 class AccessLogError(ValueError):
@@ -70,7 +73,8 @@ class AccessLog:
         return mode == "sampled" and next(self._counter) % self.policy.every == 0
 
     def record(self, ctx: RequestContext, code: int) -> None:
-        if not (self.wanted(code) or (ctx.retried is not None and self._mode != "off")):
+        extra = ctx.log_fields
+        if not (self.wanted(code) or (extra is not None and RETRIED in extra and self._mode != "off")):
             return
         if not log.isEnabledFor(logging.INFO):
             return
@@ -85,8 +89,6 @@ class AccessLog:
             remote=ctx.remote or "",
             protocol=ctx.connection.protocol,
         )
-        if ctx.endpoint is not None:
-            values["fields"]["endpoint"] = ctx.endpoint
-        if ctx.retried is not None:
-            values["fields"]["retried"] = ctx.retried
+        if extra is not None:
+            values["fields"].update(extra)
         log.info("request", extra=values)

@@ -1,40 +1,55 @@
 """What the gateway knows about one request: each fact derived once, then read by every gate,
-metric and log line.
+handler, metric and log line.
 
 kube-apiserver carries these facts in the request's context (`request.WithRequestInfo`,
-`request.WithUser`, `audit.WithAuditContext`, the deadline of `WithRequestDeadline`): its filters
-and handlers read them and none derives them again. `RequestContext` is that context. It is built
-once, when the request's head has been parsed and its route matched, before any gate runs:
+`request.WithUser`, the deadline of `WithRequestDeadline`): its filters and handlers read them and
+none derives them again. `RequestContext` is that context, built once from the protocol's
+`ServerRequest` (`serverrequest.py`) before any gate runs:
 
-- the head: method, request target, path (as sent, and decoded as Go's `URL.Path`), query (as
-  sent, and parsed by Go's `URL.Query()` rules on first use), headers;
-- the connection it came on (`Connection`): the peer's address and TLS session, where the
-  caller's certificate comes from;
-- RequestInfo (`requestinfo.py`), and the long-running verdict by one rule (`is_long_running`);
-- what the gates learn: the user (and, when impersonating, who asked), the authorization
-  decision, the audit ID and record, the deadline;
-- how it ended: the first status line written and the response it belongs to.
+- the head: method, request target, path (as sent, and decoded as Go's `URL.Path`: the one
+  decoding every route, rule and log line uses), query (as sent, and parsed by Go's
+  `URL.Query()` rules on first use, once), headers;
+- the connection it came on (`connection.Connection`): the peer's address and TLS session, where
+  the caller's certificate comes from;
+- the route that serves it (matched on the decoded path), RequestInfo (`requestinfo.py`), and the
+  long-running verdict by one rule (`is_long_running`);
+- what the core gates learn: the user (and, when impersonating, who asked), the deadline;
+- how it ended: the first status line written.
 
-It is protocol-neutral: all of the above is plain data, so an HTTP/2 stream builds one as an
-HTTP/1.1 request does (`RequestContext.__init__` takes the head, not aiohttp's request);
-`request` is the protocol's own request object, used only by the handlers that stream an answer.
+Features keep their own per-request facts under keys they declare (`ContextKey`, as
+k8s.io/apiserver's packages own their context keys): the audit its record, max-in-flight the
+kind it counted, the proxy the endpoint that answered. `log_fields` collects what a feature wants
+in the request's access-log line.
 """
 
 from __future__ import annotations
 
-import asyncio
-import ssl
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+import enum
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
-from aiohttp import web
-from multidict import CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from aggregator.model.userinfo import UserInfo
+from aggregator.tracing.api import RequestSpan
+from aggregator.web.connection import HTTP1, HTTP2, Connection
 from aggregator.web.requestinfo import RequestInfo, RequestInfoError, decoded_path, new_request_info
 from aggregator.web.requestlabels import clean_dry_run, watch_requested
-from aggregator.web.routing import Route
+from aggregator.web.serverrequest import Answer, ServerRequest
 from aggregator.wire.gourl import parse_query
+
+__all__ = [
+    "HTTP1",
+    "HTTP2",
+    "Connection",
+    "ContextKey",
+    "Handler",
+    "HeadListener",
+    "RequestContext",
+    "Route",
+    "RouteKind",
+]
 
 # kube-apiserver's long-running check (pkg/controlplane/apiserver/config.go BuildGenericConfig:
 # `BasicLongRunningRequestCheck({"watch", "proxy"}, {"attach", "exec", "proxy", "log", "portforward"})`).
@@ -43,12 +58,11 @@ LONG_RUNNING_SUBRESOURCES = frozenset({"attach", "exec", "proxy", "log", "portfo
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _PRETTY_AGENTS = ("curl", "Wget", "Mozilla/5.0")
 _EMPTY_QUERY: dict[str, list[str]] = {}
-# A connection's protocol, as Go's `Request.Proto` names it.
-HTTP1 = "HTTP/1.1"
-HTTP2 = "HTTP/2.0"
+
+T = TypeVar("T")
 
 
-def is_upgrade_request(headers: CIMultiDictProxy[str]) -> bool:
+def is_upgrade_request(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> bool:
     """apimachinery's `httpstream.IsUpgradeRequest`: some `Connection` header mentions `upgrade`."""
     values = headers.getall("Connection", None)
     if values is None:
@@ -78,60 +92,55 @@ def is_long_running(info: RequestInfo | None, upgrade: bool) -> bool:
     return info.path.startswith("/debug/pprof/")
 
 
-class BodyTap(Protocol):
-    """Sees every chunk of a body as it passes (the audit's bounded copy)."""
+class ContextKey(Generic[T]):
+    """A per-request value a feature owns (Go's unexported context key types): the feature
+    declares the key, sets the value, and whoever needs it imports the key from that feature."""
 
-    def feed(self, chunk: bytes) -> None: ...
+    __slots__ = ("name",)
 
-    def finish(self) -> None: ...
+    def __init__(self, name: str) -> None:
+        self.name = name
 
+    def get(self, ctx: RequestContext) -> T | None:
+        value: T | None = ctx.values.get(self)
+        return value
 
-class AuditTrail(Protocol):
-    """What the request path asks of the request's audit record (`audit/filter.py`)."""
+    def set(self, ctx: RequestContext, value: T) -> None:
+        ctx.values[self] = value
 
-    def request_capture(self) -> BodyTap | None: ...
-
-    def response_capture(self, content_type: str, content_encoding: str) -> BodyTap | None: ...
-
-
-class Connection:
-    """One client connection: the peer's address, its TLS session and the protocol it speaks
-    (HTTP/1.1, or HTTP/2 when ALPN chose `h2`), read once.
-
-    `presented` is authentication's memo of what the peer's certificate chain said
-    (`auth/authn.py`), kept for as long as the connection lives: every stream of an HTTP/2
-    connection is the same caller.
-    """
-
-    __slots__ = ("presented", "protocol", "remote", "ssl_object")
-
-    def __init__(self, remote: str | None, ssl_object: ssl.SSLObject | None, protocol: str = HTTP1) -> None:
-        self.remote = remote
-        self.ssl_object = ssl_object
-        self.protocol = protocol
-        self.presented: Any = None
-
-    @classmethod
-    def of_transport(cls, transport: asyncio.BaseTransport, protocol: str = HTTP1) -> Connection:
-        """A new client connection (what the server records once per connection)."""
-        peer = transport.get_extra_info("peername")
-        remote = str(peer[0]) if isinstance(peer, tuple | list) and peer else (str(peer) if peer else None)
-        return cls(remote, transport.get_extra_info("ssl_object"), protocol)
-
-    @classmethod
-    def of_request(cls, request: web.BaseRequest) -> Connection:
-        """The connection an HTTP/1.1 request came on (the server's protocol keeps one per
-        connection, `util._aiohttp.TimedRequestHandler`; a test's request gets a fresh one)."""
-        known = getattr(request.protocol, "gateway_connection", None)
-        if isinstance(known, Connection):
-            return known
-        transport = request.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
-        return cls(request.remote, ssl_object)
+    def __repr__(self) -> str:
+        return f"ContextKey({self.name!r})"
 
 
-# (request, status code, the response whose head goes out; None for a head written raw, a 101)
-HeadListener = Callable[["RequestContext", int, "web.StreamResponse | None"], None]
+class RouteKind(enum.Enum):
+    OWN = "own"  # answered by the gateway itself
+    BACKEND = "backend"  # proxied to an extension API server
+    DELEGATE = "delegate"  # forwarded to kube-apiserver, which authorizes it itself
+
+
+# Serves a request: reads its context, answers through `ctx.request`, returns what it answered.
+Handler = Callable[["RequestContext"], Awaitable[Answer]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Which component serves a path (`routing.Router` matches it), and what the gates must know
+    of it before the handler runs."""
+
+    handler: Handler
+    kind: RouteKind
+    # For logs and metrics: "healthz", "discovery", "v1beta1.metrics.k8s.io", "delegate", ...
+    name: str
+    # Served to callers without credentials even when --anonymous-auth is off (health probes).
+    public: bool = False
+    # Whether a protocol upgrade (exec, attach, port-forward) may be tunnelled through this route.
+    upgradable: bool = False
+    # More long-running paths than kube-apiserver's rule knows (an APIService's annotation).
+    long_running: Callable[[str], bool] | None = None
+
+
+# Told of the head of the request's answer as it goes out: (request, status code, its headers).
+HeadListener = Callable[["RequestContext", int, CIMultiDict[str]], None]
 
 
 class RequestContext:
@@ -139,19 +148,14 @@ class RequestContext:
 
     __slots__ = (
         "_query",
-        "audit",
-        "audit_id",
-        "authorization",
         "connection",
         "deadline",
-        "endpoint",
         "handled",
         "headers",
-        "inflight_kind",
         "info",
         "info_error",
-        "instrumented_as",
         "listeners",
+        "log_fields",
         "long_running",
         "method",
         "path",
@@ -161,106 +165,70 @@ class RequestContext:
         "received",
         "request",
         "requester",
-        "response",
-        "retried",
         "route",
+        "span",
         "status",
         "target",
         "task",
         "timed_out",
-        "tracked",
         "upgrade",
         "user",
+        "values",
         "watch_deadline",
     )
 
     def __init__(
         self,
-        *,
-        method: str,
-        target: str,
-        raw_path: str,
-        raw_query: str,
-        headers: CIMultiDictProxy[str],
-        connection: Connection,
-        route: Route,
+        request: ServerRequest,
+        route_of: Callable[[str], Route],
         received: float,
-        request: web.Request,
         listeners: Sequence[HeadListener] = (),
     ) -> None:
-        self.method = method
-        self.target = target  # the request target as sent (path and query; absolute form kept)
-        self.raw_path = raw_path
-        self.raw_query = raw_query
-        self.headers = headers
-        self.connection = connection
-        self.route = route
-        self.received = received  # time.monotonic() when the pipeline got the request
         self.request = request
+        self.method = method = request.method
+        self.target = target = request.target  # as sent (path and query; absolute form kept)
+        self.raw_path = raw_path = request.raw_path
+        self.raw_query = raw_query = request.raw_query
+        self.headers = headers = request.headers
+        self.connection = request.connection
+        self.received = received  # time.monotonic() when the pipeline got the request
         self.listeners = listeners
         self._query: dict[str, list[str]] | None = None if raw_query else _EMPTY_QUERY
-        self.path = decoded_path(raw_path)
+        self.path = path = decoded_path(raw_path)
+        self.route = route = route_of(path)
         try:
-            self.info: RequestInfo | None = new_request_info(
-                method, self.path, self.query, request_uri=target
-            )
+            self.info: RequestInfo | None = new_request_info(method, path, self.query, request_uri=target)
             self.info_error = ""
         except RequestInfoError as err:
             self.info = None
             self.info_error = str(err)
         self.upgrade = is_upgrade_request(headers)
         self.long_running = is_long_running(self.info, self.upgrade) or (
-            route.long_running is not None and route.long_running(self.path)
+            route.long_running is not None and route.long_running(path)
         )
-        # What the gates learn.
+        # What the core gates learn.
         self.user: UserInfo | None = None
         # Set only when the caller impersonates someone: `user` is then the impersonated user
         # (an audit event's `user` is the requester, its `impersonatedUser` the user).
         self.requester: UserInfo | None = None
-        # The authorization decision and its reason (the audit's `authorization.k8s.io/*`).
-        self.authorization: tuple[bool, str] | None = None
-        self.audit_id: str | None = None
-        self.audit: AuditTrail | None = None
         # The deadline (time.monotonic()), None without one; `watch_deadline`: a watch's clean end.
         self.deadline: float | None = None
         self.watch_deadline = False
         self.timed_out = False
         self.task: Any = None  # the handler's task, once a deadline applies
-        self.tracked = False  # counted by the shutdown tracker (`longrunning.InFlight`)
-        # The request kind max-in-flight counted it under, to give its place back at the end.
-        self.inflight_kind: str | None = None
-        # What API Priority and Fairness decided (its FlowSchema, level and seats: flowcontrol/filter.py).
-        self.priority: Any = None
-        # How it ended.
-        self.status: int | None = None  # the first status line written
-        self.response: web.StreamResponse | None = None  # the response whose head went out
         self.handled = False  # every gate let it through: its handler runs
-        # A proxied request: the endpoint that answered (`ip:port`), and what made it retry, if it did.
-        self.endpoint: str | None = None
-        self.retried: str | None = None
-        # Set by a handler upstream wraps in `metrics.InstrumentHandlerFunc` with fixed labels
-        # (aggregated discovery, OpenAPI v3): the (subresource, component) it is counted under.
-        self.instrumented_as: tuple[str, str] | None = None
-
-    @classmethod
-    def of_request(
-        cls, request: web.Request, route: Route, received: float, listeners: Sequence[HeadListener] = ()
-    ) -> RequestContext:
-        """The context of an HTTP/1.1 request (aiohttp's parsed head)."""
-        target = request.raw_path
-        url = request.rel_url
-        return cls(
-            method=request.method,
-            target=target,
-            raw_path=url.raw_path,
-            raw_query=url.raw_query_string,
-            headers=request.headers,
-            connection=Connection.of_request(request),
-            route=route,
-            received=received,
-            request=request,
-            listeners=listeners,
-        )
+        # How it ended: the first status line written.
+        self.status: int | None = None
+        # What features keep (`ContextKey`), and add to the access-log line.
+        self.values: dict[ContextKey[Any], Any] = {}
+        self.log_fields: dict[str, str] | None = None
+        # Tracing hook: the request's span when it is sampled (`tracing/`), else None. A slot, not
+        # a `ContextKey`: every hook on the fast path reads it (`is None` when not sampled).
+        self.span: RequestSpan | None = None
+        # What API Priority and Fairness decided (its FlowSchema, level and seats: flowcontrol/filter.py).
+        # A slot, not a `ContextKey`: its gate, finisher and head listener read it on every request.
+        self.priority: Any = None
+        request.on_head = self.head_going_out
 
     # --- facts derived on first use ---------------------------------------------------------------
 
@@ -271,6 +239,13 @@ class RequestContext:
         if query is None:
             query = self._query = parse_query(self.raw_query)
         return query
+
+    def query_value(self, name: str) -> str:
+        """The first value of a query parameter (Go's `Values.Get`), "" when absent."""
+        if not self.raw_query:
+            return ""
+        values = self.query.get(name)
+        return values[0] if values else ""
 
     @property
     def remote(self) -> str | None:
@@ -301,35 +276,16 @@ class RequestContext:
 
     # --- the status line ----------------------------------------------------------------------------
 
-    def head_going_out(self, status: int, response: web.StreamResponse | None) -> None:
-        """A status line is written (a response's head, or a raw `101`): tell the listeners once."""
+    def head_going_out(self, status: int, headers: CIMultiDict[str]) -> None:
+        """A status line is about to be written (`ServerRequest.on_head`): tell the listeners once."""
         if self.status is not None:
             return
         self.status = status
-        self.response = response
         for listener in self.listeners:
-            listener(self, status, response)
+            listener(self, status, headers)
 
-    def instrument_as(self, subresource: str, component: str) -> None:
-        """Count this request in `apiserver_request_total` as upstream's fixed-label handler wrapper
-        does (`InstrumentHandlerFunc("GET", "", "", "", subresource, "", component)`)."""
-        self.instrumented_as = (subresource, component)
-
-
-def context_of(request: web.BaseRequest) -> RequestContext | None:
-    """The context the pipeline attached to `request` (None for a request it never saw)."""
-    ctx = getattr(request, "gateway_context", None)
-    return ctx if isinstance(ctx, RequestContext) else None
-
-
-def instrument_as(request: web.BaseRequest, subresource: str, component: str) -> None:
-    """`RequestContext.instrument_as` for a handler that has the protocol's request object."""
-    ctx = context_of(request)
-    if ctx is not None:
-        ctx.instrument_as(subresource, component)
-
-
-def user_of(request: web.BaseRequest) -> UserInfo | None:
-    """The user the gates settled on, for a handler that has the protocol's request object."""
-    ctx = context_of(request)
-    return ctx.user if ctx is not None else None
+    def add_log_field(self, name: str, value: str) -> None:
+        """A fact for this request's access-log line (the endpoint that answered, a retry)."""
+        if self.log_fields is None:
+            self.log_fields = {}
+        self.log_fields[name] = value

@@ -8,10 +8,11 @@ kube-apiserver read ours unchanged.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiohttp import web
+from aggregator.web.context import Handler, RequestContext
+from aggregator.web.serverrequest import Response
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +20,47 @@ log = logging.getLogger(__name__)
 Check = Callable[[], str | None]
 # Extra lines shown in the verbose output of a passing endpoint (e.g. unavailable APIServices).
 Notes = Callable[[], list[str]]
+# A line's place on a `NoteBoard`: (section, subject); lines read in this order.
+NoteKey = tuple[int, str]
 
 ENDPOINTS = ("healthz", "livez", "readyz")
+
+
+class NoteBoard:
+    """Verbose lines kept up to date as their subjects change, instead of rebuilt from every subject
+    at each read: one line per key, read in key order. Listeners hear of every line set or removed,
+    so a worker process holds the same lines without anything walking them on a timer
+    (`workers/publisher.py`). A `Notes` callable like any other."""
+
+    def __init__(self) -> None:
+        self._lines: dict[NoteKey, str] = {}
+        self._ordered: list[str] | None = []
+        self._listeners: list[Callable[[NoteKey, str | None], None]] = []
+
+    def set(self, key: NoteKey, line: str | None) -> None:
+        """Show `line` under `key` (None: remove it)."""
+        if line is None:
+            if self._lines.pop(key, None) is None:
+                return
+        elif self._lines.get(key) == line:
+            return
+        else:
+            self._lines[key] = line
+        self._ordered = None
+        for listener in self._listeners:
+            listener(key, line)
+
+    def __call__(self) -> list[str]:
+        if self._ordered is None:
+            self._ordered = [self._lines[key] for key in sorted(self._lines)]
+        return list(self._ordered)
+
+    def items(self) -> dict[NoteKey, str]:
+        return dict(self._lines)
+
+    def add_listener(self, listener: Callable[[NoteKey, str | None], None]) -> None:
+        """Called with (key, line) whenever a line is set, or (key, None) when it is removed."""
+        self._listeners.append(listener)
 
 
 @dataclass(frozen=True)
@@ -49,23 +89,27 @@ class HealthChecks:
         self._notes[endpoint].append(notes)
 
     def notes(self, endpoint: str) -> list[str]:
-        """The extra verbose lines of `endpoint` now (a worker process shows its control's)."""
+        """The extra verbose lines of `endpoint` now."""
         return [line for notes in self._notes[endpoint] for line in notes()]
+
+    def note_sources(self, endpoint: str) -> list[Notes]:
+        """What adds lines to `endpoint`, in order (a worker process shows its control's)."""
+        return list(self._notes[endpoint])
 
     def checks_for(self, endpoint: str) -> list[_Registered]:
         return [c for c in self._checks if endpoint in c.endpoints]
 
-    def handler(self, endpoint: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def handler(self, endpoint: str) -> Handler:
         """Serves `/<endpoint>` and `/<endpoint>/<check>`."""
 
-        async def handle(request: web.Request) -> web.Response:
-            name = request.path[len(endpoint) + 2 :]
-            return self._single(endpoint, name) if name else self._root(endpoint, request)
+        async def handle(ctx: RequestContext) -> Response:
+            name = ctx.path[len(endpoint) + 2 :]
+            return self._single(endpoint, name) if name else self._root(endpoint, ctx)
 
         return handle
 
-    def _root(self, endpoint: str, request: web.Request) -> web.Response:
-        excluded = set(request.query.getall("exclude", []))
+    def _root(self, endpoint: str, ctx: RequestContext) -> Response:
+        excluded = set(ctx.query.get("exclude", ()))
         out: list[str] = []
         failed: list[str] = []
         for registered in self.checks_for(endpoint):
@@ -87,14 +131,14 @@ class HealthChecks:
             out.append(f"{endpoint} check failed\n")
             # http.Error appends a newline of its own.
             return _text("".join(out) + "\n", 500)
-        if "verbose" not in request.query:
+        if "verbose" not in ctx.query:
             return _text("ok", 200)
         for notes in self._notes[endpoint]:
             out.extend(f"{line}\n" for line in notes())
         out.append(f"{endpoint} check passed\n")
         return _text("".join(out), 200)
 
-    def _single(self, endpoint: str, name: str) -> web.Response:
+    def _single(self, endpoint: str, name: str) -> Response:
         for registered in self.checks_for(endpoint):
             if registered.name == name:
                 reason = _run(registered)
@@ -112,11 +156,9 @@ def _run(registered: _Registered) -> str | None:
         return f"check raised {type(err).__name__}: {err}"
 
 
-def _text(body: str, status: int) -> web.Response:
-    return web.Response(
-        text=body,
-        status=status,
-        content_type="text/plain",
-        charset="utf-8",
-        headers={"X-Content-Type-Options": "nosniff"},
+def _text(body: str, status: int) -> Response:
+    return Response(
+        status,
+        body.encode(),
+        {"Content-Type": "text/plain; charset=utf-8", "X-Content-Type-Options": "nosniff"},
     )

@@ -18,27 +18,29 @@ from __future__ import annotations
 import logging
 import time
 
-from aiohttp import web
-
 from aggregator.model.userinfo import MASTERS_GROUP
 from aggregator.util.logs import fields
-from aggregator.web.context import RequestContext
+from aggregator.web.context import ContextKey, RequestContext
 from aggregator.web.requestlabels import MUTATING_KIND, READ_ONLY_KIND, request_kind
 from aggregator.web.requestmetrics import APISERVER, RequestMetrics
+from aggregator.web.serverrequest import Answer, Response
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER = "1"  # maxinflight.go retryAfter
 TOO_MANY_REQUESTS = "Too many requests, please try again later."
 _LOG_EVERY = 10.0
+# The request kind a request was counted under, to give its place back at the end.
+INFLIGHT_KIND = ContextKey[str]("inflight-kind")
 
 
-def too_many_requests(retry_after: str = RETRY_AFTER) -> web.Response:
-    """`tooManyRequests`: `Retry-After`, then Go's `http.Error` (text, nosniff, a trailing newline)."""
-    return web.Response(
-        status=429,
-        body=(TOO_MANY_REQUESTS + "\n").encode(),
-        headers={
+def too_many_requests(retry_after: str = RETRY_AFTER) -> Response:
+    """`tooManyRequests`: `Retry-After` (max-in-flight's 1 s, or API Priority and Fairness's computed
+    delay), then Go's `http.Error` (text, nosniff, a trailing newline)."""
+    return Response(
+        429,
+        (TOO_MANY_REQUESTS + "\n").encode(),
+        {
             "Retry-After": retry_after,
             "Content-Type": "text/plain; charset=utf-8",
             "X-Content-Type-Options": "nosniff",
@@ -61,7 +63,7 @@ class MaxInFlight:
         """Whether either kind has a limit (both 0: the pipeline has no max-in-flight gate)."""
         return any(self.limits.values())
 
-    def gate(self, ctx: RequestContext) -> web.StreamResponse | None:
+    def gate(self, ctx: RequestContext) -> Response | None:
         info = ctx.info
         if ctx.long_running or info is None:
             return None  # no RequestInfo: authorization answers it with upstream's 500
@@ -69,7 +71,7 @@ class MaxInFlight:
         limit = self.limits[kind]
         if limit == 0 or self._watermark.executing(kind) < limit:
             self._watermark.started(kind)
-            ctx.inflight_kind = kind
+            INFLIGHT_KIND.set(ctx, kind)
             return None
         user = ctx.user
         if user is not None and MASTERS_GROUP in user.groups:
@@ -79,11 +81,11 @@ class MaxInFlight:
         self._log(kind, limit)
         return too_many_requests()
 
-    def finished(self, ctx: RequestContext, _response: web.StreamResponse | None, _error: BaseException | None) -> None:
+    def finished(self, ctx: RequestContext, _answer: Answer | None, _error: BaseException | None) -> None:
         """Give the request's place back (a no-op for one that was never counted)."""
-        kind = ctx.inflight_kind
+        kind = INFLIGHT_KIND.get(ctx)
         if kind is not None:
-            ctx.inflight_kind = None
+            del ctx.values[INFLIGHT_KIND]
             self._watermark.finished(kind)
 
     def _log(self, kind: str, limit: int) -> None:

@@ -15,17 +15,25 @@ from __future__ import annotations
 
 import time
 
-from aiohttp import web
 from prometheus_client import Gauge
 
-from aggregator.web.context import RequestContext
+from aggregator.web.context import ContextKey, RequestContext, Route, RouteKind
 from aggregator.web.requestmetrics import AGGREGATOR, APISERVER, RequestMetrics
-from aggregator.web.routing import Route, RouteKind
+from aggregator.web.serverrequest import Answer
 
 # The gateway's own routes that serve resources kube-apiserver would (local mode's APIService API).
 _APISERVER_OWN_ROUTES = frozenset({"apiregistration"})
 # healthz.go instruments the root of each health endpoint, not the single checks below it.
 _HEALTH_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
+# Set by a handler upstream wraps in `metrics.InstrumentHandlerFunc` with fixed labels (aggregated
+# discovery, OpenAPI v3): the (subresource, component) it is counted under.
+INSTRUMENTED_AS = ContextKey[tuple[str, str]]("instrumented-as")
+
+
+def instrument_as(ctx: RequestContext, subresource: str, component: str) -> None:
+    """Count this request in `apiserver_request_total` as upstream's fixed-label handler wrapper
+    does (`InstrumentHandlerFunc("GET", "", "", "", subresource, "", component)`)."""
+    INSTRUMENTED_AS.set(ctx, (subresource, component))
 
 
 def component_of(route: Route) -> str | None:
@@ -54,26 +62,24 @@ class RequestInstrumentation:
                     gauge.inc()
                     self._gauges[ctx] = gauge
 
-    def finished(self, ctx: RequestContext, response: web.StreamResponse | None, _error: BaseException | None) -> None:
+    def finished(self, ctx: RequestContext, answer: Answer | None, _error: BaseException | None) -> None:
         if not ctx.handled:
             return
         if ctx.long_running:
             gauge = self._gauges.pop(ctx, None)
             if gauge is not None:
                 gauge.dec()
-        code = response.status if response is not None else ctx.status
+        code = ctx.status
         if code is None:
             return  # the client went away before anything was answered
         seconds = time.monotonic() - ctx.received
-        size = 0
-        if response is not None:
-            size = response.body_length if response.prepared else (response.content_length or 0)
+        size = answer.body_length if answer is not None else 0
         route = ctx.route
         component = component_of(route)
         if component is not None:
             self.metrics.observe(ctx, code, seconds, size, component=component)
-        elif ctx.instrumented_as is not None:
-            subresource, handler_component = ctx.instrumented_as
+        elif (instrumented := INSTRUMENTED_AS.get(ctx)) is not None:
+            subresource, handler_component = instrumented
             self.metrics.observe_handler(
                 ctx, code, seconds, size, subresource=subresource, component=handler_component
             )

@@ -27,10 +27,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from aiohttp import web
-
-from aggregator.web.context import RequestContext
+from aggregator.web.context import ContextKey, RequestContext
 from aggregator.web.responses import status_response
+from aggregator.web.serverrequest import Response
 
 SHUTTING_DOWN = "apiserver is shutting down"
 # genericapiserver.go: watches are ended at this rate at least ("hard coded to 200").
@@ -39,6 +38,8 @@ MIN_END_RATE = 200.0
 ENDED_WAIT = 1.0
 # with_retry_after.go `pathPrefixesExemptFromRetryAfter`: always served, never counted.
 EXEMPT_PREFIXES = ("/readyz", "/livez", "/healthz", "/metrics")
+# Whether the shutdown tracker counted the request in (it gives its place back at the end).
+TRACKED = ContextKey[bool]("tracked")
 
 
 class Ending:
@@ -80,16 +81,14 @@ class InFlight:
     def long_running(self) -> int:
         return self._long_running
 
-    def enter(self, ctx: RequestContext) -> web.Response | None:
+    def enter(self, ctx: RequestContext) -> Response | None:
         """Count the request in (ordinary or long-running); once `stop_accepting` was called, a new
         request gets upstream's 503 instead. The health and metrics paths are never counted."""
         if ctx.path.startswith(EXEMPT_PREFIXES):
-            ctx.tracked = False
             return None
         if not self.accepting:
-            ctx.tracked = False
             return refuse(ctx)
-        ctx.tracked = True
+        TRACKED.set(ctx, True)
         if ctx.long_running:
             self._long_running += 1
         else:
@@ -98,7 +97,7 @@ class InFlight:
 
     def leave(self, ctx: RequestContext) -> None:
         """The request `enter` counted is over."""
-        if not ctx.tracked:
+        if not TRACKED.get(ctx):
             return
         if ctx.long_running:
             self._long_running -= 1
@@ -158,7 +157,7 @@ class InFlight:
                     await self._changed.wait()
 
 
-def refuse(ctx: RequestContext) -> web.Response:
+def refuse(ctx: RequestContext) -> Response:
     """filters/waitgroup.go `waitGroupWriteRetryAfterToResponse`, and the connection closes."""
     response = status_response(ctx, 503, SHUTTING_DOWN, headers={"Retry-After": "1"})
     response.force_close()

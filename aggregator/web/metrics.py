@@ -19,7 +19,6 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, Protocol, TypeVar
 
-from aiohttp import web
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -35,7 +34,9 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from aggregator.web.certexpiry import CertificateExpiry
+from aggregator.web.context import RequestContext
 from aggregator.web.requestmetrics import RequestMetrics
+from aggregator.web.serverrequest import Response
 from aggregator.web.version import version_info
 
 M = TypeVar("M", Counter, Gauge, Histogram)
@@ -305,7 +306,8 @@ class Metrics:
         self.upgrade_rejected = Counter(
             "aggregator_upgrade_rejected",
             "Protocol upgrades not tunnelled, by reason (path: never on discovery/health/metrics; "
-            "protocol: not SPDY/3.1 or websocket; non101: the backend did not switch protocols).",
+            "protocol: not SPDY/3.1 or websocket; body: the request carries a body; non101: the backend did "
+            "not switch protocols).",
             ["reason"],
             registry=r,
         )
@@ -400,7 +402,7 @@ class Metrics:
             registry=r,
         )
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, ctx: RequestContext) -> Response:
         """`GET /metrics` in the Prometheus (or OpenMetrics, when asked) text format."""
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encoder(self.registry), headers={"Content-Type": content_type})
+        encoder, content_type = choose_encoder(ctx.headers.get("Accept", ""))
+        return Response(200, encoder(self.registry), content_type=content_type)

@@ -4,9 +4,10 @@ kube-apiserver's names, defaults and refusals), and the logging flags."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from aggregator.util.flags import ConfigError, FlagSet, GoDuration
+from aggregator.util.flags import ConfigError, FlagSet, GoDuration, Problems
 from aggregator.web.accesslog import AccessLogError, AccessLogPolicy
 
 # kube-apiserver's request limits and timeouts (k8s.io/apiserver pkg/server/config.go NewConfig).
@@ -87,12 +88,13 @@ class ServerRunOptions:
             f"{DEFAULT_MIN_REQUEST_TIMEOUT}).",
         )
 
-    def validate(self) -> None:
+    def validate(self) -> list[ConfigError]:
         """`ServerRunOptions.Validate`'s wording."""
+        problems = Problems()
         if self.shutdown_delay_duration < 0:
-            raise ConfigError("--shutdown-delay-duration", "can not be negative value")
+            problems.add("--shutdown-delay-duration", "can not be negative value")
         if self.shutdown_watch_termination_grace_period < 0:
-            raise ConfigError("--shutdown-watch-termination-grace-period", "can not be a negative value")
+            problems.add("--shutdown-watch-termination-grace-period", "can not be a negative value")
         for flag, value in (
             ("--max-requests-inflight", self.max_requests_inflight),
             ("--max-mutating-requests-inflight", self.max_mutating_requests_inflight),
@@ -100,7 +102,51 @@ class ServerRunOptions:
             ("--min-request-timeout", self.min_request_timeout),
         ):
             if value < 0:
-                raise ConfigError(flag, "can not be negative value")
+                problems.add(flag, "can not be negative value")
+        return problems.errors
+
+    def apply_to(self, config: ServerRunTarget) -> None:
+        config.requests = RequestLimits(
+            max_requests_inflight=self.max_requests_inflight,
+            max_mutating_requests_inflight=self.max_mutating_requests_inflight,
+            request_timeout=self.request_timeout,
+            min_request_timeout=self.min_request_timeout,
+        )
+        config.shutdown = ShutdownConfig(
+            delay=self.shutdown_delay_duration,
+            watch_grace=self.shutdown_watch_termination_grace_period,
+            request_grace=self.request_timeout,
+        )
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What the request path enforces: max-in-flight (`inflight.py`) and deadlines (`timeout.py`)."""
+
+    max_requests_inflight: int = DEFAULT_MAX_REQUESTS_INFLIGHT
+    max_mutating_requests_inflight: int = DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    min_request_timeout: float = DEFAULT_MIN_REQUEST_TIMEOUT
+
+
+@dataclass(frozen=True)
+class ShutdownConfig:
+    """A graceful shutdown (`runners/server.py` `shut_down`): /readyz fails for `delay` with the
+    listener open; then requests get `request_grace`, watches and tunnels `watch_grace`."""
+
+    delay: float = 0.0
+    watch_grace: float = 0.0
+    request_grace: float = DEFAULT_REQUEST_TIMEOUT
+
+    @property
+    def drain(self) -> float:
+        """The longest the drain after the delay takes (before the closes' own timeouts)."""
+        return max(self.request_grace, self.watch_grace)
+
+
+class ServerRunTarget(Protocol):
+    requests: RequestLimits
+    shutdown: ShutdownConfig
 
 
 @dataclass
@@ -137,5 +183,21 @@ class LoggingOptions:
         except AccessLogError as err:
             raise ConfigError("--access-log", str(err)) from err
 
-    def validate(self) -> None:
-        self.access_log_policy()
+    def validate(self) -> list[ConfigError]:
+        problems = Problems()
+        problems.check(self.access_log_policy)
+        return problems.errors
+
+    def apply_to(self, config: LoggingTarget) -> None:
+        config.logging = LoggingConfig(self.format, self.verbosity, self.access_log_policy())
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    format: str = "text"
+    verbosity: int = 0
+    access_log: AccessLogPolicy = field(default_factory=lambda: AccessLogPolicy("errors"))
+
+
+class LoggingTarget(Protocol):
+    logging: LoggingConfig

@@ -21,11 +21,10 @@ from __future__ import annotations
 import logging
 from urllib.parse import unquote, urlsplit
 
-from aiohttp import web
-
 from aggregator.util.logs import fields
 from aggregator.web.context import RequestContext
 from aggregator.web.responses import status_response
+from aggregator.web.serverrequest import Response
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ def path_problem(target: str) -> str | None:
     return None
 
 
-def refuse_confusing_paths(ctx: RequestContext) -> web.StreamResponse | None:
+def refuse_confusing_paths(ctx: RequestContext) -> Response | None:
     """A pipeline gate: 400 for a path with a dot or empty segment, raw or percent-encoded."""
     problem = path_problem(ctx.target)
     if problem is None:

@@ -1,65 +1,46 @@
-"""Responses the gateway writes itself: Status errors and negotiated API objects."""
+"""Answers the gateway writes itself: Status errors and negotiated API objects."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from aiohttp import web
-
 from aggregator.model.status import NOT_FOUND_MESSAGE, status_body
-from aggregator.web.context import RequestContext, context_of
+from aggregator.web.context import RequestContext
+from aggregator.web.serverrequest import Response
 from aggregator.wire.jsonenc import encode_object
 
-# The Status a response carries, kept beside it for the audit's `responseStatus` (upstream's
-# `LogResponseObject` records the Status its handlers write, not its bytes).
-STATUS = web.ResponseKey[dict[str, Any]]("aggregator.status")
-
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_PRETTY_AGENTS = ("curl", "Wget", "Mozilla/5.0")
-
-# Who asked: the request's context, or (a handler's view) the protocol's request object.
-Asker = RequestContext | web.BaseRequest | None
+JSON = "application/json"
 
 
-def wants_pretty(asker: Asker) -> bool:
-    """Upstream's rule: `?pretty=<ParseBool>` wins, else curl, Wget and browsers get indented JSON."""
-    if asker is None:
-        return False
-    ctx = asker if isinstance(asker, RequestContext) else context_of(asker)
-    if ctx is not None:
-        return ctx.pretty
-    assert isinstance(asker, web.BaseRequest)
-    pretty = asker.query.get("pretty")
-    if pretty:
-        return pretty in _TRUE
-    return asker.headers.get("User-Agent", "").startswith(_PRETTY_AGENTS)
-
-
-def json_response(request: Asker, obj: Any, *, status: int = 200) -> web.Response:
-    pretty = wants_pretty(request)
-    return web.Response(
-        body=encode_object(obj, pretty=pretty), status=status, content_type="application/json"
-    )
+def json_response(ctx: RequestContext | None, obj: Any, *, status: int = 200) -> Response:
+    """`obj` as JSON, indented when the caller asked for it (`RequestContext.pretty`)."""
+    pretty = ctx is not None and ctx.pretty
+    return Response(status, encode_object(obj, pretty=pretty), content_type=JSON)
 
 
 def status_response(
-    request: Asker,
+    ctx: RequestContext | None,
     code: int,
     message: str,
     *,
     reason: str | None = None,
     details: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
-) -> web.Response:
+) -> Response:
     """A Kubernetes Status with the matching HTTP code."""
     body = status_body(code, message, reason=reason, details=details)
-    response = json_response(request, body, status=code)
-    response[STATUS] = body
+    response = json_response(ctx, body, status=code)
+    response.status_object = body
     if headers:
         response.headers.update(headers)
     return response
 
 
-def not_found(request: Asker) -> web.Response:
+def not_found(ctx: RequestContext | None) -> Response:
     """kube-apiserver's answer for a path nothing serves."""
-    return status_response(request, 404, NOT_FOUND_MESSAGE, details={})
+    return status_response(ctx, 404, NOT_FOUND_MESSAGE, details={})
+
+
+async def serve_not_found(ctx: RequestContext) -> Response:
+    """The fallback route of local mode: nothing else serves the path."""
+    return not_found(ctx)

@@ -2,40 +2,18 @@
 
 Like upstream's path recorder: exact paths first, then the dynamic claims (the APIService table:
 group and group-version paths), then registered prefixes, then the fallback (kube-apiserver in
-kube mode, a 404 Status in local mode). Matching is dictionary lookups and a short prefix scan: it
-runs for every request before authentication, so it must stay cheap.
+kube mode, a 404 Status in local mode). Matching is dictionary lookups and a short prefix scan on
+the request's decoded path (`RequestContext.path`, Go's `URL.Path`): it runs for every request
+before authentication, so it must stay cheap.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from aiohttp import web
+from aggregator.web.context import Handler, Route, RouteKind
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class RouteKind(enum.Enum):
-    OWN = "own"  # answered by the gateway itself
-    BACKEND = "backend"  # proxied to an extension API server
-    DELEGATE = "delegate"  # forwarded to kube-apiserver, which authorizes it itself
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    handler: Handler
-    kind: RouteKind
-    # For logs and metrics: "healthz", "discovery", "v1beta1.metrics.k8s.io", "delegate", ...
-    name: str
-    # Served to callers without credentials even when --anonymous-auth is off (health probes).
-    public: bool = False
-    # Whether a protocol upgrade (exec, attach, port-forward) may be tunnelled through this route.
-    upgradable: bool = False
-    # More long-running paths than kube-apiserver's rule knows (an APIService's annotation).
-    long_running: Callable[[str], bool] | None = None
-
+__all__ = ["Handler", "PathClaim", "Route", "RouteKind", "Router"]
 
 # Claims a dynamic path (the APIService table), or returns None to let the next rule decide.
 PathClaim = Callable[[str], Route | None]

@@ -37,13 +37,12 @@ import random
 import time
 from collections.abc import Callable
 
-from aiohttp import web
-
 from aggregator.util.durations import parse_go_duration
 from aggregator.util.logs import fields
 from aggregator.web.context import RequestContext
 from aggregator.web.requestmetrics import APISERVER, RequestMetrics
 from aggregator.web.responses import status_response
+from aggregator.web.serverrequest import Answer, Response
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +57,8 @@ TIMEOUT_BODY = (
 TIMEOUT_CONTENT_TYPE = "text/plain; charset=utf-8"
 
 
-def timeout_answer() -> web.Response:
-    return web.Response(status=504, body=TIMEOUT_BODY, headers={"Content-Type": TIMEOUT_CONTENT_TYPE})
+def timeout_answer() -> Response:
+    return Response(504, TIMEOUT_BODY, content_type=TIMEOUT_CONTENT_TYPE)
 
 
 def watch_timeout(
@@ -153,7 +152,7 @@ class RequestTimeouts:
         """Whether any request can get a deadline (both flags 0: the pipeline skips this)."""
         return self.request_timeout > 0 or self.min_request_timeout > 0
 
-    def arm(self, ctx: RequestContext) -> web.Response | None:
+    def arm(self, ctx: RequestContext) -> Response | None:
         """Give `ctx` its deadline, if it has one; a 400 for a bad `?timeout=`."""
         if ctx.long_running:
             if ctx.info is None or ctx.info.verb != "watch":
@@ -165,10 +164,10 @@ class RequestTimeouts:
         else:
             seconds = self.request_timeout
             if "timeout" in ctx.raw_query:
-                values = ctx.query.get("timeout")
-                if values and values[0]:
+                value = ctx.query_value("timeout")
+                if value:
                     try:
-                        given = parse_go_duration(values[0])
+                        given = parse_go_duration(value)
                     except ValueError as err:
                         message = f"{INVALID_TIMEOUT} - {err}"
                         log.info(
@@ -189,9 +188,9 @@ class RequestTimeouts:
         """`seconds`, or the request's `?timeout=` when shorter and above zero (ValueError: not a
         Go duration)."""
         if "timeout" in ctx.raw_query:
-            values = ctx.query.get("timeout")
-            if values and values[0]:
-                given = parse_go_duration(values[0])
+            value = ctx.query_value("timeout")
+            if value:
+                given = parse_go_duration(value)
                 if 0 < given < seconds or (seconds == 0 and given > 0):
                     return given
         return seconds
@@ -219,11 +218,12 @@ class RequestTimeouts:
         ctx.timed_out = True
         ctx.task.cancel()
 
-    def expired(self, ctx: RequestContext) -> web.StreamResponse:
+    async def expired(self, ctx: RequestContext) -> Answer:
         """The answer once the deadline passed and the handler was cancelled."""
-        started = ctx.response
+        started = ctx.request.streamed
         if ctx.watch_deadline and started is not None:
-            # The watch's time is up: the pipeline returns the streamed answer, which terminates it.
+            # The watch's time is up: its stream ends as the backend would have ended it.
+            await started.finish()
             return started
         self.metrics.terminated(ctx, 504, component=APISERVER)
         assert ctx.deadline is not None
@@ -232,10 +232,8 @@ class RequestTimeouts:
             log.info("request timed out", extra=fields(method=ctx.method, path=ctx.path, timeout=timeout))
             return timeout_answer()
         log.info(
-            "request timed out after its answer started; closing the connection",
+            "request timed out after its answer started; cutting it short",
             extra=fields(method=ctx.method, path=ctx.path, timeout=timeout),
         )
-        transport = ctx.request.transport
-        if transport is not None:
-            transport.close()
+        ctx.request.abort()
         return started if started is not None else timeout_answer()

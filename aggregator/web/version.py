@@ -14,10 +14,10 @@ from __future__ import annotations
 import platform
 import re
 
-from aiohttp import web
-
 from aggregator import __version__
+from aggregator.web.context import RequestContext
 from aggregator.web.responses import json_response
+from aggregator.web.serverrequest import Response
 
 # The Kubernetes release the gateway's API surface follows (major, minor, patch).
 KUBERNETES_VERSION = (1, 33, 0)
@@ -56,5 +56,5 @@ def version_info() -> dict[str, str]:
     }
 
 
-async def serve_version(request: web.Request) -> web.StreamResponse:
-    return json_response(request, version_info())
+async def serve_version(ctx: RequestContext) -> Response:
+    return json_response(ctx, version_info())

@@ -36,8 +36,12 @@ class Channel:
 
     def send(self, message: object) -> None:
         """Queue a frame (the transport buffers it; frames keep their order)."""
+        self.send_frame(encode(message))
+
+    def send_frame(self, frame: bytes) -> None:
+        """Queue a frame already encoded (`encode`: one message for several channels)."""
         if not self._writer.is_closing():
-            self._writer.write(encode(message))
+            self._writer.write(frame)
 
     async def drain(self) -> None:
         await self._writer.drain()

@@ -1,8 +1,9 @@
 """What the control process and its workers tell each other (pickled frames, `channel.py`).
 
-Control -> worker: `Hello` (once: the options and who the worker is), `State` (a full snapshot
-first, then only what changed), `ObjectChange` (each store event, in order), `Collect` (a
-`/metrics` scrape wants this worker's figures), `Scraped` (the group's figures for a scrape it
+Control -> worker: `Hello` (once, after the runner's options: who the worker is), `State` (a
+full snapshot first, then only what changed: a few verdicts, a note, a re-rendered document),
+`ObjectChange` (each store event, in order), `Collect` (a `/metrics` scrape wants this worker's
+figures), `Scraped` (the group's figures for a scrape it
 asked for). Worker -> control: `Suspect` (a proxied request failed: re-check the APIService now),
 `Scrape`, `Collected`.
 """
@@ -15,13 +16,16 @@ from prometheus_client.core import Metric
 
 from aggregator.auth.authconfigmap import ClusterAuthentication
 from aggregator.auth.rbac import RBACPolicy
-from aggregator.config import Options
 from aggregator.openapi.component import V2Published
 from aggregator.openapi.documents import Document
 from aggregator.sources.store import Kind, Obj
 
 # (available, reason) as the control's availability checker last found; None: forgotten.
 VerdictView = tuple[bool, str]
+# A verbose line's place among the control's notes of one endpoint: (the source's position among
+# that endpoint's note sources, then the section and subject of a `NoteBoard` line, or the line's
+# position and "" for a source that gives whole lists). Lines read in key order.
+NoteKey = tuple[int, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +39,9 @@ class HealthCheck:
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    options: Options
+    """The worker's place in the group; it follows the `Options` the runner sent first
+    (`runners/worker.py`), which this package does not know."""
+
     index: int  # 0..count-1, kept by a restarted worker
     count: int
     hop: str  # the group's one loop mark (`backends/hops.py`): a probe through any worker is a loop
@@ -52,7 +58,10 @@ class AggregatedDocs:
 
 @dataclass(slots=True)
 class State:
-    """What changed since the last `State` (everything, in the first one). None: unchanged."""
+    """What changed since the last `State` (everything, in the first one). None: unchanged.
+
+    A new field is something a worker mirrors: add it here, to `Publisher` (its snapshot and its
+    change) and to `Replica._apply_state`; tests/workers/test_replica.py lists every field."""
 
     snapshot: bool = False
     objects: list[Obj] = field(default_factory=list)  # snapshot only
@@ -60,13 +69,14 @@ class State:
     synced: bool = False
     verdicts: dict[str, VerdictView | None] = field(default_factory=dict)
     health: dict[str, str | None] | None = None  # check name -> failure (None: passing)
-    notes: dict[str, list[str]] | None = None  # endpoint -> extra verbose lines
+    notes: dict[str, dict[NoteKey, str | None]] = field(default_factory=dict)  # endpoint -> lines (None: removed)
     discovery: AggregatedDocs | None = None
     openapi_v2: V2Published | None = None
     openapi_v3_index: Document | None = None
     openapi_v3: dict[str, Document | None] = field(default_factory=dict)  # None: removed
     cluster_auth: ClusterAuthentication | None = None
     rbac: RBACPolicy | None = None  # local mode: the folder's RBAC policy, compiled
+    quarantined: frozenset[str] | None = None  # APIServices left out of discovery (legacy `/apis`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,9 @@ collects every worker's families over their channels and merges them with its ow
   are `aggregator_endpoint_ejected` (each worker ejects on its own: how many hold it ejected) and
   API Priority and Fairness's requests and seats executing and in queue (`apiserver_flowcontrol_current_*`,
   `apiserver_current_inqueue_requests`: each worker queues and executes its own);
-- `process_*` gauges (memory, file descriptors, start time) are per process: one series per
-  process with a `worker` label (`control`, or the worker's index);
+- `process_*` series, gauges and counters alike (CPU seconds, memory, file descriptors, start
+  time), are per process: one series per process with a `worker` label (`control`, or the
+  worker's index), so the CPU of each process shows, not one sum that hides a worker at 100%;
 - every other gauge is a fact every process computes alike (build info, certificate expiry) or
   that only the control sets (availability, leader election, discovery freshness): the control's
   series when it has one, else the lowest worker's.
@@ -45,7 +46,7 @@ def _summed(metric: Metric) -> bool:
 
 
 def _per_process(metric: Metric) -> bool:
-    return metric.type == "gauge" and metric.name.startswith("process_")
+    return metric.name.startswith("process_")
 
 
 def merge(sources: Sequence[tuple[str, Iterable[Metric]]]) -> list[Metric]:
@@ -61,7 +62,7 @@ def merge(sources: Sequence[tuple[str, Iterable[Metric]]]) -> list[Metric]:
                 )
             summed, per_process = _summed(metric), _per_process(metric)
             for sample in metric.samples:
-                if per_process:
+                if per_process:  # before `summed`: process_cpu_seconds_total is a counter
                     merged.samples.append(sample._replace(labels={**sample.labels, WORKER_LABEL: source}))
                     continue
                 key = (metric.name, sample.name, tuple(sorted(sample.labels.items())))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Protocol
 
 from aggregator.tls.options import SECTION
 from aggregator.util.flags import ConfigError, FlagSet
@@ -27,10 +28,19 @@ class WorkersOptions:
             "this process may use, from its CPU affinity and cgroup CPU quota).",
         )
 
-    def validate(self) -> None:
+    def validate(self) -> list[ConfigError]:
         if self.count is not None and self.count < 1:
-            raise ConfigError("--workers", f"{self.count} is not a valid worker count (1 or more)")
+            return [ConfigError("--workers", f"{self.count} is not a valid worker count (1 or more)")]
+        return []
 
     def processes(self) -> int:
         """The worker count to run: `--workers`, or the usable CPUs."""
         return self.count if self.count is not None else usable_cpus()
+
+    def apply_to(self, config: WorkersTarget) -> None:
+        """The CPUs are counted here, once: the control and every worker see the same count."""
+        config.workers = self.processes()
+
+
+class WorkersTarget(Protocol):
+    workers: int

@@ -1,21 +1,29 @@
 """The control process's side of the channels: one snapshot per worker, then what changes.
 
-Store events go out as they happen (in order, each with the control's revision), so every worker
-resolves addresses and routes from the same objects. Everything else derived on the control is
-compared by identity every `interval` (the documents are immutable once rendered: a new render
-is a new object) and sent only when it changed: availability verdicts, the health checks'
-results and notes, the aggregated discovery document, the OpenAPI documents, the
-requestheader configuration read from the cluster's ConfigMap, and local mode's RBAC policy.
-Nothing here probes or fetches:
-workers never cause background traffic of their own.
+Workers receive changes, never snapshots of everything again, and nothing here walks every
+APIService on a timer:
+- store events go out as they happen (in order, each with the control's revision), so every
+  worker resolves addresses and routes from the same objects;
+- a changed verdict and a changed `/readyz?verbose` line (the checker's `NoteBoard`) are heard
+  from their owners and go out at the next turn of the event loop, batched, and before any store
+  event that follows them (a flip reaches every worker before the status write it causes);
+- what has no change signal of its own is compared every `interval` (100 ms), each in O(1):
+  the health checks' results, notes from sources that give whole lists (the Lease holder's), the
+  aggregated discovery document and the OpenAPI documents (immutable once rendered: a new render
+  is a new object, compared by identity; never rendered here: their own throttles decide when),
+  the requestheader configuration read from the cluster's ConfigMap, local mode's RBAC policy and
+  the APIServices in discovery quarantine.
+Each message is pickled once for every worker. Nothing here probes or fetches: workers never
+cause background traffic of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,15 +35,18 @@ from aggregator.auth.authconfigmap import AuthConfigMap, ClusterAuthentication
 from aggregator.auth.modes import PolicySource
 from aggregator.auth.rbac import RBACPolicy
 from aggregator.availability.checker import AvailabilityChecker
+from aggregator.contracts import Quarantined
 from aggregator.discovery.component import Discovery
 from aggregator.openapi.component import OpenAPIAggregation, V2Published
 from aggregator.openapi.documents import Document
 from aggregator.sources.store import DELETED, Event, Kind, Store, key_of
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
-from aggregator.web.health import ENDPOINTS, HealthChecks
+from aggregator.web.health import ENDPOINTS, HealthChecks, NoteBoard, Notes
+from aggregator.web.health import NoteKey as BoardKey
+from aggregator.wire.rendered import Rendered
 from aggregator.workers import metrics as merging
-from aggregator.workers.channel import Channel
+from aggregator.workers.channel import Channel, encode
 from aggregator.workers.messages import (
     AggregatedDocs,
     AuditLines,
@@ -43,6 +54,7 @@ from aggregator.workers.messages import (
     Collected,
     Ejection,
     HealthCheck,
+    NoteKey,
     ObjectChange,
     Scrape,
     Scraped,
@@ -65,11 +77,14 @@ LOCAL_CHECKS = frozenset({"ping", "shutdown", CLUSTER_AUTH_CHECK})
 
 @dataclass
 class _Published:
-    """What the workers were last told (compared by identity, so a re-render is always sent)."""
+    """What the workers were told (or are about to be: `Publisher._pending`), kept up to date as
+    changes come in; a new worker's snapshot is built from it."""
 
     verdicts: dict[str, VerdictView] = field(default_factory=dict)
     health: dict[str, str | None] = field(default_factory=dict)
-    notes: dict[str, list[str]] = field(default_factory=dict)
+    notes: dict[str, dict[NoteKey, str]] = field(default_factory=lambda: {e: {} for e in ENDPOINTS})
+    # Whole lists last read from each polled note source: (endpoint, position) -> lines.
+    polled_notes: dict[tuple[str, int], list[str]] = field(default_factory=dict)
     discovery: AggregatedDocs | None = None
     discovery_sources: tuple[object, ...] = ()
     openapi_v2: V2Published | None = None
@@ -77,6 +92,7 @@ class _Published:
     openapi_v3: dict[str, Document] = field(default_factory=dict)
     cluster_auth: ClusterAuthentication | None = None
     rbac: RBACPolicy | None = None
+    quarantined: frozenset[str] = frozenset()
     synced: bool = False
 
 
@@ -95,8 +111,11 @@ class Publisher:
         collectors: Callable[[], list[Metric]],
         audit: EventWriter | None = None,
         rbac: PolicySource | None = None,
+        quarantine: Quarantined | None = None,
         interval: float = INTERVAL,
     ) -> None:
+        # The APIServices left out of discovery: workers render legacy `/apis` themselves.
+        self.quarantine = quarantine
         # The one writer of the audit log: workers send their encoded events here.
         self.audit = audit
         self.store = store
@@ -112,14 +131,24 @@ class Publisher:
         self.interval = interval
         self._channels: dict[int, Channel] = {}
         self._published = _Published()
+        # What changed and is not sent yet (sent at the next turn of the loop, or before the next
+        # store event, whichever comes first).
+        self._pending = State()
+        self._dirty = False
+        self._flush_soon: asyncio.Handle | None = None
+        # Note sources that give whole lists, read every interval: (endpoint, position, source).
+        self._polled: list[tuple[str, int, Notes]] = []
         self._ids = itertools.count(1)
+        # Intervals polled so far (tests wait on it).
+        self.ticks = 0
         # Scrapes waiting for a worker's figures: collect id -> (worker index, its answer).
         self._collecting: dict[int, tuple[int, asyncio.Future[list[Metric]]]] = {}
         self._tasks = TaskSet("publisher")
         store.add_listener(self._on_event)
-        # A flip goes out at once, before the status write it causes (the store event): a worker
+        # A changed verdict goes out before the status write it causes (the store event): a worker
         # never routes by a verdict older than the condition it shows.
-        availability.add_listener(self._on_flip)
+        availability.add_verdict_listener(self._on_verdict)
+        self._follow_notes()
 
     def checks(self) -> tuple[HealthCheck, ...]:
         """The control's health checks each worker mirrors by name."""
@@ -134,11 +163,17 @@ class Publisher:
     # --- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._update()  # the first snapshot carries the current state
+        # The first snapshot carries the current state: verdicts found before now, then every poll.
+        for name, verdict in self.availability.verdicts():
+            self._published.verdicts[name] = (verdict.available, verdict.reason)
+        self._poll()
+        self._clear_pending()
         self._tasks.spawn(self._tick(), name="tick")
 
     async def stop(self) -> None:
         await self._tasks.close()
+        if self._flush_soon is not None:
+            self._flush_soon.cancel()
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
@@ -146,10 +181,9 @@ class Publisher:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            state = self._update()
-            if state is not None:
-                for channel in self._channels.values():
-                    channel.send(state)
+            self._poll()
+            self.flush()
+            self.ticks += 1
 
     # --- one worker --------------------------------------------------------------------------------
 
@@ -158,6 +192,7 @@ class Publisher:
     ) -> None:
         """Send the snapshot, then answer the worker until its channel closes; `on` sees the
         messages that are not the publisher's (it returns True for those it took)."""
+        self.flush()  # the others get what the snapshot holds, so all go on from the same state
         channel.send(self._snapshot())
         self._channels[index] = channel
         try:
@@ -232,28 +267,78 @@ class Publisher:
     def _on_event(self, event: Event) -> None:
         if not self._channels:
             return
+        self.flush()  # verdicts first: the status write that follows a verdict comes after it
         namespace, name = key_of(event.obj)
         change = ObjectChange(
             event.kind, None if event.type == DELETED else event.obj, namespace, name, event.revision
         )
-        for channel in self._channels.values():
-            channel.send(change)
+        self._send(change)
 
-    def _on_flip(self, name: str) -> None:
+    def _on_verdict(self, name: str) -> None:
         verdict = self.availability.verdict(name)
         p = self._published
         if verdict is None:
             if p.verdicts.pop(name, None) is None:
                 return
-            state = State(synced=p.synced, verdicts={name: None})
+            self._pending.verdicts[name] = None
         else:
             view = (verdict.available, verdict.reason)
             if p.verdicts.get(name) == view:
                 return
-            p.verdicts[name] = view
-            state = State(synced=p.synced, verdicts={name: view})
+            p.verdicts[name] = self._pending.verdicts[name] = view
+        self._changed()
+
+    def _follow_notes(self) -> None:
+        """Listen to every `NoteBoard` among the control's note sources; poll the others."""
+        for endpoint in ENDPOINTS:
+            for position, source in enumerate(self.health.note_sources(endpoint)):
+                if isinstance(source, NoteBoard):
+                    for key, line in source.items().items():
+                        self._published.notes[endpoint][(position, *key)] = line
+                    source.add_listener(functools.partial(self._on_note, endpoint, position))
+                else:
+                    self._polled.append((endpoint, position, source))
+
+    def _on_note(self, endpoint: str, position: int, key: BoardKey, line: str | None) -> None:
+        self._set_note(endpoint, (position, *key), line)
+        self._changed()
+
+    def _set_note(self, endpoint: str, key: NoteKey, line: str | None) -> None:
+        held = self._published.notes[endpoint]
+        if line is None:
+            held.pop(key, None)
+        else:
+            held[key] = line
+        self._pending.notes.setdefault(endpoint, {})[key] = line
+
+    def _changed(self) -> None:
+        """Something is pending: send it at the next turn of the loop (batching a burst)."""
+        self._dirty = True
+        if self._flush_soon is None and self._channels:
+            self._flush_soon = asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Send what is pending to every worker, as one `State`."""
+        if self._flush_soon is not None:
+            self._flush_soon.cancel()
+            self._flush_soon = None
+        if not self._dirty:
+            return
+        state = self._pending
+        state.synced = self._published.synced
+        self._clear_pending()
+        self._send(state)
+
+    def _clear_pending(self) -> None:
+        self._pending = State()
+        self._dirty = False
+
+    def _send(self, message: object) -> None:
+        if not self._channels:
+            return
+        frame = encode(message)  # once, whatever the number of workers
         for channel in self._channels.values():
-            channel.send(state)
+            channel.send_frame(frame)
 
     def _snapshot(self) -> State:
         p = self._published
@@ -265,75 +350,81 @@ class Publisher:
             synced=p.synced,
             verdicts=dict(p.verdicts),
             health=dict(p.health),
-            notes=dict(p.notes),
+            notes={endpoint: dict(lines) for endpoint, lines in p.notes.items()},
             discovery=p.discovery,
             openapi_v2=p.openapi_v2,
             openapi_v3_index=p.openapi_v3_index,
             openapi_v3=dict(p.openapi_v3),
             cluster_auth=p.cluster_auth,
             rbac=p.rbac,
+            quarantined=p.quarantined,
         )
 
-    def _update(self) -> State | None:
-        """Compare with what was published; the changes as a State (None: nothing changed)."""
-        p, state, changed = self._published, State(), False
+    def _poll(self) -> None:
+        """Compare what has no change signal with what was published, each in O(1) unless it
+        changed; the differences join the pending `State`."""
+        p, state = self._published, self._pending
         if self.store.synced != p.synced:
-            p.synced = state.synced = True
-            changed = True
-        state.synced = p.synced
-        verdicts = self._verdicts()
-        for name in p.verdicts.keys() - verdicts.keys():
-            state.verdicts[name] = None
-        for name, view in verdicts.items():
-            if p.verdicts.get(name) != view:
-                state.verdicts[name] = view
-        if state.verdicts:
-            p.verdicts, changed = dict(verdicts), True
+            p.synced = True
+            self._dirty = True
         health = self._health()
         if health != p.health:
             p.health = state.health = health
-            changed = True
-        notes = {endpoint: self.health.notes(endpoint) for endpoint in ENDPOINTS}
-        if notes != p.notes:
-            p.notes = state.notes = notes
-            changed = True
+            self._dirty = True
+        for endpoint, position, source in self._polled:
+            self._poll_notes(endpoint, position, source)
         discovery = self._discovery()
         if discovery is not None:
             p.discovery = state.discovery = discovery
-            changed = True
+            self._dirty = True
         openapi = self.openapi
         if openapi.v2 is not p.openapi_v2:
             p.openapi_v2 = state.openapi_v2 = openapi.v2
-            changed = True
-        v3 = openapi.v3
-        if v3.index is not p.openapi_v3_index:
+            self._dirty = True
+        v3 = openapi.v3_if_published()
+        if v3 is not None and v3.index is not p.openapi_v3_index:
             p.openapi_v3_index = state.openapi_v3_index = v3.index
-            changed = True
-        if v3.documents is not p.openapi_v3 and v3.documents != p.openapi_v3:
-            for key in p.openapi_v3.keys() - v3.documents.keys():
-                state.openapi_v3[key] = None
-            for key, document in v3.documents.items():
-                if p.openapi_v3.get(key) is not document:
-                    state.openapi_v3[key] = document
-            p.openapi_v3 = dict(v3.documents)
-            changed = changed or bool(state.openapi_v3)
+            self._dirty = True
+            # A new index means a document was added, removed or changed; `v3.documents` is then a
+            # new mapping, compared by identity here (once per re-render, not per interval).
+            self._diff_v3(v3.documents)
         cluster = self.cluster_auth.current if self.cluster_auth is not None else None
         if cluster is not p.cluster_auth:
             p.cluster_auth = state.cluster_auth = cluster
-            changed = True
+            self._dirty = True
         rbac = self.rbac.current if self.rbac is not None else None
         if rbac is not p.rbac:
             p.rbac = state.rbac = rbac
-            changed = True
-        return state if changed else None
+            self._dirty = True
+        quarantined = self.quarantine.quarantined if self.quarantine is not None else p.quarantined
+        if quarantined is not p.quarantined:  # replaced, never mutated, on every change
+            p.quarantined = state.quarantined = quarantined
+            self._dirty = True
 
-    def _verdicts(self) -> dict[str, VerdictView]:
-        views: dict[str, VerdictView] = {}
-        for svc in self.store.apiservices():
-            verdict = self.availability.verdict(svc.name)
-            if verdict is not None:
-                views[svc.name] = (verdict.available, verdict.reason)
-        return views
+    def _poll_notes(self, endpoint: str, position: int, source: Notes) -> None:
+        try:
+            lines = source()
+        except Exception as err:  # a broken source shows as a line, as nowhere else would
+            lines = [f"warn: notes failed: {type(err).__name__}: {err}"]
+        previous = self._published.polled_notes.get((endpoint, position), [])
+        if lines == previous:
+            return
+        self._published.polled_notes[endpoint, position] = lines
+        for index in range(len(lines), len(previous)):
+            self._set_note(endpoint, (position, index, ""), None)
+        for index, line in enumerate(lines):
+            if index >= len(previous) or previous[index] != line:
+                self._set_note(endpoint, (position, index, ""), line)
+        self._dirty = True
+
+    def _diff_v3(self, documents: Mapping[str, Document]) -> None:
+        p, state = self._published, self._pending
+        for key in p.openapi_v3.keys() - documents.keys():
+            state.openapi_v3[key] = None
+        for key, document in documents.items():
+            if p.openapi_v3.get(key) is not document:
+                state.openapi_v3[key] = document
+        p.openapi_v3 = dict(documents)
 
     def _health(self) -> dict[str, str | None]:
         results: dict[str, str | None] = {}
@@ -348,9 +439,14 @@ class Publisher:
 
     def _discovery(self) -> AggregatedDocs | None:
         """The aggregated document when it was re-rendered (or `/apis` went legacy-only)."""
-        legacy_only = self.discovery.routes.aggregated is None
+        legacy_only = self.discovery.legacy_only
         aggregated = self.discovery.aggregated
-        rendered = [(version, aggregated.document(version)) for version in ("v2", "v2beta1")]
+        rendered: list[tuple[str, Rendered]] = []
+        for version in ("v2", "v2beta1"):
+            document = aggregated.document_if_rendered(version)
+            if document is None:
+                return None  # its throttled render comes soon: the next interval sends it
+            rendered.append((version, document))
         sources: tuple[object, ...] = (legacy_only, *(r for _, r in rendered))
         p = self._published
         if len(sources) == len(p.discovery_sources) and all(

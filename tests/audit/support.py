@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from unittest import mock
-
-from aiohttp.test_utils import make_mocked_request
 
 from aggregator.audit.event import Event, encode_event
 from aggregator.audit.policy import parse_policy
@@ -17,7 +13,7 @@ from aggregator.audit.recorder import Auditor
 from aggregator.web.context import RequestContext
 from aggregator.web.metrics import Metrics
 from aggregator.web.requestinfo import RequestInfo
-from tests.support.contexts import TEST_ROUTE
+from tests.support.contexts import context_for
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -89,13 +85,7 @@ def mocked_request(
     peer: str | None = "10.0.0.7",
 ) -> RequestContext:
     """The context the pipeline builds for such a request (from `peer`, without TLS)."""
-    transport = mock.Mock()
-    extra = {"peername": (peer, 51000) if peer else None, "ssl_object": None}
-    transport.get_extra_info.side_effect = lambda name, default=None: extra.get(name, default)
-    request = make_mocked_request(method, path, headers=headers or {}, transport=transport)
-    ctx = RequestContext.of_request(request, TEST_ROUTE, time.monotonic())
-    request.gateway_context = ctx
-    return ctx
+    return context_for(method, path, headers=headers, remote=peer)
 
 
 def info_of(ctx: RequestContext) -> RequestInfo:

@@ -4,7 +4,6 @@ bodies like the proxy, with events read back from a real audit log file: one tes
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,15 @@ from aggregator.audit.sinks import RotatingFile
 from aggregator.audit.writer import BufferedWriter
 from aggregator.model.status import status_body
 from aggregator.model.userinfo import UserInfo
-from aggregator.web.context import RequestContext, context_of
+from aggregator.web.context import RequestContext
 from aggregator.web.metrics import Metrics
-from aggregator.web.responses import status_response
 from tests.audit.support import ListWriter, info_of, mocked_request, policy_for
 from tests.audit.support import auditor as make_auditor
-from tests.support.contexts import TEST_ROUTE
+from tests.support.contexts import context_for
 
 AUDIT = web.AppKey("audit", Auditor)
 RECORD = web.RequestKey("record", AuditRequest)
+CONTEXT = web.RequestKey("context", RequestContext)
 FLUNDERS = "/apis/wardle.example.com/v1alpha1/namespaces/ns/flunders"
 WATCH_EVENTS = [b'{"type":"ADDED","object":{"kind":"Flunder"}}\n'] * 3
 
@@ -48,7 +47,7 @@ async def backend(request: web.Request) -> web.StreamResponse:
         body += chunk
     if tee:
         tee.finish()
-    ctx = context_of(request)
+    ctx = request.get(CONTEXT)
     assert ctx is not None and ctx.info is not None
     info = ctx.info
     if info.resource == "explode":
@@ -82,14 +81,15 @@ async def pipeline(
     """What the gateway's pipeline does around its handlers: authenticate, begin, impersonate,
     authorize, handle, then complete (or panic)."""
     auditor = request.app[AUDIT]
-    ctx = RequestContext.of_request(request, TEST_ROUTE, time.monotonic())
-    request.gateway_context = ctx
+    ctx = request[CONTEXT] = context_for(
+        request.method, request.raw_path, headers=request.headers, remote=request.remote
+    )
     assert ctx.info is not None
     info = ctx.info
     name = request.headers.get("X-Test-User")
     if not name:
         auditor.failed_authentication(ctx, info, status=status_body(401, "Unauthorized"))
-        return status_response(request, 401, "Unauthorized")
+        return _status(401, "Unauthorized")
     record = auditor.begin(ctx, UserInfo(name, groups=("system:authenticated",)), info)
     if record:
         request[RECORD] = record
@@ -100,7 +100,7 @@ async def pipeline(
         if record:
             record.authorized(False, "")
             record.complete(403, status_body(403, message))
-        return status_response(request, 403, message)
+        return _status(403, message)
     if record:
         record.authorized(True, "RBAC: allowed")
     try:
@@ -114,9 +114,13 @@ async def pipeline(
     return response
 
 
+def _status(code: int, message: str) -> web.Response:
+    return web.json_response(status_body(code, message), status=code)
+
+
 async def _echo_audit_id(request: web.Request, response: web.StreamResponse) -> None:
     """What the pipeline's head listener does (`audit/filter.py`): every answer carries Audit-Id."""
-    ctx = context_of(request)
+    ctx = request.get(CONTEXT)
     if ctx is not None and AUDIT_ID_RESPONSE_HEADER not in response.headers:
         response.headers[AUDIT_ID_RESPONSE_HEADER] = audit_id(ctx)
 

@@ -9,10 +9,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
+from aggregator.web.context import RequestContext
+from aggregator.web.responses import json_response
 from aggregator.web.routing import Route, RouteKind
+from aggregator.web.serverrequest import Response
 from tests.conftest import StartGateway
 from tests.support.contexts import user_of
 from tests.support.fakekube import FakeKube
@@ -23,9 +25,9 @@ from tests.support.pki import PKI
 GROUP_PREFIX = "/apis/wardle.example.com/"
 
 
-async def echo_user(request: web.Request) -> web.StreamResponse:
-    user = user_of(request)
-    return web.json_response({"name": user.name, "groups": list(user.groups)})
+async def echo_user(ctx: RequestContext) -> Response:
+    user = user_of(ctx)
+    return json_response(ctx, {"name": user.name, "groups": list(user.groups)})
 
 
 @dataclass

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from aggregator.tls.issue import issue_client_cert, load_pair, new_ca, write_pair
+from aggregator.web.context import RequestContext
+from aggregator.web.responses import json_response
 from aggregator.web.routing import Route, RouteKind
+from aggregator.web.serverrequest import Response
 from aggregator.wire.wsprotocol import (
     BEARER_PROTOCOL_PREFIX,
     INVALID_ENCODING,
@@ -25,6 +27,7 @@ from aggregator.wire.wsprotocol import (
 from tests.conftest import StartGateway
 from tests.support.contexts import user_of
 from tests.support.pki import PKI
+from tests.support.polling import until_async
 
 UNAUTHORIZED = (
     b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized",'
@@ -43,15 +46,16 @@ async def whoami(start_gateway: StartGateway, pki: PKI) -> WhoAmI:
     """A gateway with a `/whoami` route echoing the authenticated user; returns a caller."""
     server = await start_gateway()
 
-    async def echo(request: web.Request) -> web.StreamResponse:
-        user = user_of(request)
-        return web.json_response(
+    async def echo(ctx: RequestContext) -> Response:
+        user = user_of(ctx)
+        return json_response(
+            ctx,
             {
                 "name": user.name,
                 "uid": user.uid,
                 "groups": list(user.groups),
                 "extra": {k: list(v) for k, v in user.extra.items()},
-            }
+            },
         )
 
     server.gateway.router.add_exact("/whoami", Route(echo, RouteKind.OWN, "whoami"))
@@ -163,9 +167,9 @@ async def test_no_credentials_is_401_except_on_health_paths(whoami: WhoAmI) -> N
 async def test_anonymous_auth_flag_admits_system_anonymous(start_gateway: StartGateway, pki: PKI) -> None:
     server = await start_gateway(anonymous_auth=True)
 
-    async def echo(request: web.Request) -> web.StreamResponse:
-        user = user_of(request)
-        return web.json_response({"name": user.name, "groups": list(user.groups)})
+    async def echo(ctx: RequestContext) -> Response:
+        user = user_of(ctx)
+        return json_response(ctx, {"name": user.name, "groups": list(user.groups)})
 
     server.gateway.router.add_exact("/whoami", Route(echo, RouteKind.OWN, "whoami"))
     async with (
@@ -199,14 +203,12 @@ async def test_rotated_client_ca_file_is_picked_up(
         async with session.get(server.url + "/version", ssl=pki.client_context("next-user")) as resp:
             assert resp.status == 401
         ca_file.write_bytes(Path(pki.path("client-ca.crt")).read_bytes() + new.cert_pem)
-        import asyncio
 
-        for _ in range(50):
+        async def accepted() -> bool:
             async with session.get(server.url + "/version", ssl=pki.client_context("next-user")) as resp:
-                if resp.status == 200:
-                    break
-            await asyncio.sleep(0.1)
-        assert resp.status == 200
+                return resp.status == 200
+
+        await until_async(accepted, what="the new client CA in force")
 
 
 # --- a bearer token offered as a WebSocket subprotocol -------------------------------------------------

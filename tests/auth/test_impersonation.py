@@ -18,7 +18,10 @@ from aiohttp import web
 from aggregator.auth.impersonation import requested, split_service_account
 from aggregator.auth.modes import IMPERSONATION_HINT
 from aggregator.model.userinfo import UserInfo
+from aggregator.web.context import RequestContext
+from aggregator.web.responses import json_response
 from aggregator.web.routing import Route, RouteKind
+from aggregator.web.serverrequest import Response
 from tests.auth.conftest import GROUP_PREFIX, Reviewed, StartReviewed, add_test_routes
 from tests.conftest import StartGateway
 from tests.support.backend import (
@@ -31,7 +34,6 @@ from tests.support.backend import (
     wait_available,
     write_manifests,
 )
-from tests.support.contexts import requester_of, user_of
 from tests.support.fakereviews import Spec
 from tests.support.pki import PKI
 
@@ -80,17 +82,18 @@ def status_bytes(code: int, reason: str, message: str, details: dict[str, str] |
     ).encode()
 
 
-async def who(request: web.Request) -> web.StreamResponse:
-    user, requester = user_of(request), requester_of(request)
+async def who(ctx: RequestContext) -> Response:
+    user, requester = ctx.user, ctx.requester
     assert user is not None
-    return web.json_response(
+    return json_response(
+        ctx,
         {
             "name": user.name,
             "uid": user.uid,
             "groups": list(user.groups),
             "extra": {k: list(v) for k, v in user.extra.items()},
             "requester": requester.name if requester is not None else None,
-        }
+        },
     )
 
 

@@ -72,3 +72,23 @@ def test_listeners_hear_every_change_with_the_previous_policy(tmp_path: Path) ->
     (tmp_path / "other.yaml").write_text("kind: Service\n")  # no RBAC: nothing to hear
     rbac.reload()
     assert heard == [(False, False), (False, True)]
+
+
+def test_a_refused_object_is_a_problem_of_its_file_until_fixed(tmp_path: Path) -> None:
+    from aggregator.sources.problems import REFUSED
+
+    path = tmp_path / "rbac.yaml"
+    path.write_text(yaml.safe_dump_all([READER, BINDING]))
+    rbac = loaded(tmp_path)
+    assert rbac.problems() == []
+    bad = cluster_role("reader", rule(["get"], ["g"], ["r"]))
+    bad["rules"][0]["verbs"] = []
+    path.write_text(yaml.safe_dump_all([bad, BINDING]))
+    rbac.reload()
+    (problem,) = rbac.problems()
+    assert (problem.path, problem.what, problem.kept) == (path, REFUSED, 1)
+    assert "ClusterRole.rbac.authorization.k8s.io \"reader\" is invalid" in problem.reason
+    assert problem.describe().endswith("(refused; its previous version still served)")
+    path.unlink()
+    rbac.reload()
+    assert rbac.problems() == []

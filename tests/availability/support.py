@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
-from aggregator.assembly import build_backends
+from aggregator.assembly import build_backends, flag_identity_policy
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
-from aggregator.config import Options
+from aggregator.config import Options, complete
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.objects import decode_endpointslice, decode_service
 from aggregator.sources.store import Store
@@ -60,7 +60,8 @@ class Harness:
         self.options = options
         self.store = Store()
         self.metrics = Metrics()
-        self.backends = build_backends(options, self.store, self.metrics)
+        identity = flag_identity_policy(options.authentication.requestheader)
+        self.backends = build_backends(complete(options).backends, self.store, self.metrics, identity=identity)
         self.probe = DiscoveryProbe(self.backends, timeout=timeout)
 
     def add(self, *manifests: dict[str, Any]) -> None:

@@ -86,6 +86,32 @@ def test_the_example_sets_every_annotation_without_a_problem() -> None:
         for k, v in vars(module).items()
         if isinstance(v, str) and v.startswith(module.PREFIX) and k.isupper()
     }
-    assert {k for k, _ in svc.annotations} == documented - {module.PREFIX}
+    # The quarantine is for groups that store nothing: its own example (examples/quarantine).
+    assert {k for k, _ in svc.annotations} == documented - {module.PREFIX, module.DISCOVERY_QUARANTINE_AFTER}
     reference = (Path(__file__).parents[2] / "docs/reference.md").read_text()
     assert all(f"| `{annotation}` |" in reference for annotation in documented - {module.PREFIX})
+
+
+def test_the_discovery_quarantine_annotation_is_read_with_the_others() -> None:
+    assert DEFAULT_BOUNDS.discovery_quarantine_after is None
+    assert read_bounds([("aggregator.dev/discovery-quarantine-after", "2m")]).discovery_quarantine_after == 120.0
+    bad = read_bounds([("aggregator.dev/discovery-quarantine-after", "soon")])
+    assert bad.discovery_quarantine_after is None
+    assert bad.problems == (
+        'annotation aggregator.dev/discovery-quarantine-after="soon" ignored: not a duration '
+        '(time: invalid duration "soon"); using the default (no quarantine)',
+    )
+
+
+def test_the_quarantine_example_is_a_metrics_apiservice_without_a_problem() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from aggregator.model.apiservice import decode_apiservice
+
+    example = Path(__file__).parents[2] / "examples/quarantine/apiservice.yaml"
+    svc = decode_apiservice(yaml.safe_load(example.read_text()))
+    assert svc.group == "metrics.k8s.io"
+    bounds = read_bounds(svc.annotations)
+    assert bounds.problems == () and bounds.discovery_quarantine_after == 120.0

@@ -1,4 +1,5 @@
-"""The lean HTTP/1.1 client: keep-alive reuse, no cap on connections in use, bounded idle ones."""
+"""The lean HTTP/1.1 client: keep-alive reuse, no cap on connections in use, bounded idle ones
+(per address and across every backend's pool)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from aggregator.backends.backend import Address, Backend
 from aggregator.backends.errors import BackendError, Hop
-from aggregator.backends.h1 import H1Pool, serialize_head
+from aggregator.backends.h1 import H1Pool, IdleConnections, UnsafeHead, serialize_head
 from tests.support.polling import until
 
 
@@ -67,8 +68,8 @@ async def server() -> AsyncIterator[PlainServer]:
     await plain.stop()
 
 
-def backend(**pool: float) -> Backend:
-    made = Backend("plain", context=None)
+def backend(idle: IdleConnections | None = None, **pool: float) -> Backend:
+    made = Backend("plain", context=None, idle=idle)
     for name, value in pool.items():
         setattr(made.pool, name, value)
     return made
@@ -102,7 +103,7 @@ async def test_a_connection_the_server_closes_is_not_reused(server: PlainServer)
 async def test_idle_connections_expire_after_the_keepalive(server: PlainServer) -> None:
     pool = backend(keepalive=0.05).pool
     await get(pool, server.port)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # the keep-alive must pass: time, not an event
     await get(pool, server.port)
     assert server.connections == 2
 
@@ -168,7 +169,57 @@ async def test_spare_idle_connections_close_but_the_warm_one_stays(server: Plain
     pool = backend(spare_keepalive=0.05).pool
     await asyncio.gather(*(get(pool, server.port) for _ in range(4)))  # a burst: four connections
     assert pool.idle_count() == 4
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # the spares' keep-alive must pass: time, not an event
     assert await get(pool, server.port) == b"hello"  # reuses the newest; the stale spares close
     assert pool.idle_count() == 1
     await until(lambda: server.open == 1, what="the spares closed at the backend")
+
+
+async def test_an_idle_connection_closes_at_its_keepalive_without_another_request(server: PlainServer) -> None:
+    """A backend nobody calls again holds no connection once its keep-alive is over (the pool
+    used to notice only at the next request to that address)."""
+    pool = backend(keepalive=0.1).pool
+    assert await get(pool, server.port) == b"hello"
+    assert server.open == 1
+    await until(lambda: server.open == 0, what="the idle connection closed at its keep-alive")
+    assert pool.idle_count() == 0 and len(pool.everyone_idle) == 0
+
+
+async def test_idle_connections_across_backends_are_bounded_oldest_first(server: PlainServer) -> None:
+    """Thousands of backends share one bound on idle connections: beyond it the connection idle
+    longest closes, whichever backend it leads to."""
+    idle = IdleConnections(limit=3)
+    first, second = backend(idle).pool, backend(idle).pool
+    await asyncio.gather(*(get(first, server.port) for _ in range(3)))  # a burst: three idle
+    assert (first.idle_count(), server.open) == (3, 3)
+    await asyncio.gather(*(get(second, server.port) for _ in range(2)))  # two more, elsewhere
+    assert (first.idle_count(), second.idle_count(), len(idle)) == (1, 2, 3)
+    await until(lambda: server.open == 3, what="the two oldest closed at the backend")
+    assert await get(first, server.port) == b"hello"  # the newest of the first burst is reused
+    assert server.connections == 5
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "headers"),
+    [
+        ("GET", "/apis/x/v1/things /../secrets", []),
+        ("GET", "/apis/x/v1/things\t", []),
+        ("GET X", "/apis/x/v1/things", []),
+        ("GET", "/apis/x/v1/things", [("X-Note", "ok\r\nX-Remote-User: admin")]),
+        ("GET", "/apis/x/v1/things", [("X-Note", "ok\nX-Remote-User: admin")]),
+        ("GET", "/apis/x/v1/things", [("X-Note\r\nX-Remote-User", "admin")]),
+        ("GET", "/apis/x/v1/things", [("X-Note", "ok\x00")]),
+    ],
+)
+def test_a_head_that_would_reach_the_backend_as_another_request_is_never_written(
+    method: str, target: str, headers: list[tuple[str, str]]
+) -> None:
+    """The last check where bytes become a request, whatever the protocol modules let through."""
+    with pytest.raises(UnsafeHead):
+        serialize_head(method, target, [("Host", "backend"), *headers])
+
+
+def test_a_plain_head_is_written_as_given() -> None:
+    assert serialize_head("GET", "/apis/x/v1/things?a=b", [("Host", "backend"), ("X-Note", "a b")]) == (
+        b"GET /apis/x/v1/things?a=b HTTP/1.1\r\nHost: backend\r\nX-Note: a b\r\n\r\n"
+    )

@@ -18,6 +18,7 @@ from aiohttp import web
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.commands.check import check_options, kubeconfig_from_environment, run_check
 from aggregator.commands.cli import build_parser
+from aggregator.config import complete
 from aggregator.tls.issue import load_pair
 from aggregator.util.flags import ConfigError
 from tests.availability.support import StartBackend, backends
@@ -35,6 +36,8 @@ from tests.support.backend import (
 from tests.support.fakekube import FakeKube
 from tests.support.pki import PKI
 from tests.support.ports import free_port
+
+pytestmark = pytest.mark.long(10)
 
 DISCOVERY = "/apis/demo.example.com/v1"
 REPO = Path(__file__).resolve().parents[2]
@@ -114,7 +117,7 @@ async def run_inline(*argv: str) -> tuple[int, str, str]:
     """The same command in-process (faster), output captured."""
     args = build_parser().parse_args(["check", *argv])
     out, err = io.StringIO(), io.StringIO()
-    code = await run_check(check_options(args), args.name, out, err)
+    code = await run_check(complete(check_options(args)), args.name, out, err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -190,6 +193,51 @@ async def test_all_prints_a_table(
         "(ServiceNotFound)",
         "service   service kube-system/metrics-server not found",
     ]
+
+
+async def test_all_names_every_file_not_loaded_and_fails(
+    start_backend: StartBackend, backend_pki: BackendPKI, pki: PKI, apiservices_dir: Path
+) -> None:
+    """Every APIService that loaded passes; the files that did not fail the check, each named."""
+    backend = await start_backend()
+    serve_resources(backend)
+    write(apiservices_dir, "demo", demo_objects(backend.port, backend_pki.ca.cert_pem))
+    args = ("--all", "--apiservices-dir", str(apiservices_dir), *proxy_flags(pki))
+    code, out, err = await run_cli(*args)
+    assert code == 0 and "Manifests" not in out, out + err
+    other = apiservice_manifest(port=443, ca_pem=None, group="other.example.com")
+    del other["status"]
+    typo = yaml.safe_dump(other).replace("groupPriorityMinimum", "groupPriorityMinimun")
+    (apiservices_dir / "a-typo.yaml").write_text(typo)
+    (apiservices_dir / "b-case.yaml").write_text(yaml.safe_dump(other).replace("kind: APIService", "kind: ApiService"))
+    (apiservices_dir / "c-broken.yaml").write_text("apiVersion: v1\nkind: [unclosed\n")
+    (apiservices_dir / "d-deployment.yaml").write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n")
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "reader"}}
+    (apiservices_dir / "e-rbac.yaml").write_text(yaml.safe_dump({**role, "rules": [{"verbs": [], "apiGroups": [""], "resources": ["pods"]}]}))
+    code, out, err = await run_cli(*args)
+    assert code == 1, out + err
+    lines = out.splitlines()
+    assert lines[1].split()[:4] == ["✓", APISERVICE, f"demo/api:{backend.port}", "True"]
+    start = lines.index("Manifests the gateway does not load (5):")
+    folder = str(apiservices_dir)
+    broken = lines.pop(start + 3)  # the parser's words differ between libyaml and PyYAML's own
+    assert broken.startswith(f"✗ {folder}/c-broken.yaml:3: ") and broken.endswith("']' (file not loaded)")
+    assert lines[start + 1 :] == [
+        f'✗ {folder}/a-typo.yaml: APIService in version "v1" cannot be handled as a APIService: strict decoding '
+        'error: unknown field "spec.groupPriorityMinimun" (refused)',
+        f'✗ {folder}/b-case.yaml: no matches for kind "ApiService" in version "apiregistration.k8s.io/v1": did '
+        'you mean "APIService"? (refused)',
+        f"✗ {folder}/d-deployment.yaml: apps/v1 Deployment (skipped: the gateway reads only APIService "
+        "(apiregistration.k8s.io/v1), Service (v1), EndpointSlice (discovery.k8s.io/v1), Role, ClusterRole, "
+        "RoleBinding and ClusterRoleBinding (rbac.authorization.k8s.io/v1), and FlowSchema and "
+        "PriorityLevelConfiguration (flowcontrol.apiserver.k8s.io/v1))",
+        f'✗ {folder}/e-rbac.yaml: ClusterRole.rbac.authorization.k8s.io "reader" is invalid: rules[0].verbs: '
+        "Required value: verbs must contain at least one value (refused)",
+    ]
+    # One APIService by name: the folder's problems are warnings, its verdict the exit code.
+    code, out, err = await run_cli(APISERVICE, *args[1:])
+    assert code == 0, out + err
+    assert f"warning: {folder}/c-broken.yaml:3: " in err
 
 
 async def test_tls_detail_for_the_wrong_ca(

@@ -7,14 +7,16 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.support.pki import PKI
+from tests.support.polling import until_blocking
 from tests.support.ports import free_port
+
+pytestmark = pytest.mark.long(80)
 
 AGGREGATOR = [sys.executable, "-m", "aggregator"]
 
@@ -162,7 +164,35 @@ def test_wrong_combination_exits_2_with_one_line(
 @pytest.mark.parametrize(
     ("args", "first_line"),
     [
-        (["serve", "--foo", "bar"], "aggregator serve: error: unrecognized arguments: --foo bar"),
+        # pflag's words (`unknown flag: --foo`), with the flag meant when one is near (cobra's rule).
+        (["serve", "--foo", "bar"], "aggregator serve: error: unknown flag: --foo"),
+        # No abbreviations, as pflag has none: argparse would have read these as the longer flags.
+        (
+            ["serve", "--tls-cert", "serving.crt"],
+            "aggregator serve: error: unknown flag: --tls-cert (did you mean --tls-cert-file?)",
+        ),
+        (["serve", "--secure=8443"], "aggregator serve: error: unknown flag: --secure (did you mean --secure-port?)"),
+        (
+            ["serve", "--apiservice-dir", "objs"],
+            "aggregator serve: error: unknown flag: --apiservice-dir (did you mean --apiservices-dir?)",
+        ),
+        (["check", "--al"], "aggregator check: error: unknown flag: --al (did you mean --all?)"),
+        # Booleans: strconv.ParseBool's spellings only, a value only after "=".
+        (
+            ["serve", "--anonymous-auth=yes"],
+            'aggregator serve: error: invalid argument "yes" for "--anonymous-auth" flag: '
+            'strconv.ParseBool: parsing "yes": invalid syntax',
+        ),
+        (
+            ["serve", "--anonymous-auth", "yes"],
+            'aggregator serve: error: unrecognized arguments: yes (--anonymous-auth takes a value only after "=": '
+            "--anonymous-auth=yes)",
+        ),
+        (
+            ["serve", "--enable-aggregator-routing=on"],
+            'aggregator serve: error: invalid argument "on" for "--enable-aggregator-routing" flag: '
+            'strconv.ParseBool: parsing "on": invalid syntax',
+        ),
         (
             ["serve", "--delegate-auth", "bogus"],
             "aggregator serve: error: argument --delegate-auth: invalid choice: 'bogus' "
@@ -172,7 +202,8 @@ def test_wrong_combination_exits_2_with_one_line(
             ["serve", "--secure-port", "x"],
             "aggregator serve: error: argument --secure-port: invalid int value: 'x'",
         ),
-        (["certs", "init", "--bar"], "aggregator certs init: error: unrecognized arguments: --bar"),
+        (["certs", "init", "--bar"], "aggregator certs init: error: unknown flag: --bar"),
+        (["certs", "init", "--forc"], "aggregator certs init: error: unknown flag: --forc (did you mean --force?)"),
         # pflag's words for a duration without a unit (kube-apiserver refuses `--request-timeout 5`).
         (
             ["serve", "--request-timeout", "5"],
@@ -197,6 +228,35 @@ def test_a_usage_error_is_one_line_and_a_hint(args: list[str], first_line: str) 
     prog = first_line.split(": error:")[0]
     assert result.stderr.splitlines() == [first_line, f"See '{prog} --help'."]
     assert result.stdout == ""
+
+
+def test_serve_help_opens_with_one_usage_line_and_check_describes_its_own_kubeconfig() -> None:
+    serve = run_cli("serve", "--help").stdout.splitlines()
+    assert serve[0] == "usage: aggregator serve [flags]" and serve[1] == ""
+    check = run_cli("check", "--help").stdout
+    assert check.splitlines()[0] == "usage: aggregator check (NAME | --all) [flags]"
+    kubeconfig = " ".join(check.split("--kubeconfig KUBECONFIG", 1)[1].split("\n  --apiservices-dir")[0].split())
+    assert "list APIServices, Services and EndpointSlices from, once" in kubeconfig
+    assert "$KUBECONFIG, else ~/.kube/config" in kubeconfig and "delegate" not in kubeconfig
+    # Boolean flags are shown bare, as pflag shows them.
+    assert "\n  --all  " in check and "[ALL]" not in check
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        *((f"--anonymous-auth={text}", True) for text in ("1", "t", "T", "TRUE", "true", "True")),
+        *((f"--anonymous-auth={text}", False) for text in ("0", "f", "F", "FALSE", "false", "False")),
+        ("--anonymous-auth", True),
+    ],
+)
+def test_a_boolean_takes_go_spellings_after_equals(flag: str, value: bool) -> None:
+    from aggregator.commands.cli import build_parser
+    from aggregator.config import options_from_args
+
+    options = options_from_args(build_parser().parse_args(["serve", flag, "--apiservices-dir", "objs"]))
+    assert options.authentication.anonymous is value
+    assert options.source.apiservices_dir == "objs"  # the next word is never the boolean's value
 
 
 def test_kube_mode_flags_at_their_defaults_are_not_refused_in_local_mode(tmp_path: Path) -> None:
@@ -240,20 +300,20 @@ def test_mismatched_serving_pair_exits_2(pki: PKI, tmp_path: Path) -> None:
     assert "private key does not match the certificate" in result.stderr
 
 
-def _wait_for_port(port: int, log_path: Path, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+def _wait_for_port(port: int, log_path: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
     """Until the gateway accepts TCP connections (log lines alone say nothing about the socket)."""
     import socket
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if proc.poll() is not None:
             raise AssertionError(log_path.read_text())
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
+            return True
         except OSError:
-            time.sleep(0.1)
-    raise AssertionError("gateway did not start: " + log_path.read_text())
+            return False
+
+    until_blocking(listening, timeout, lambda: "the gateway to start: " + log_path.read_text(), every=0.1)
 
 
 def test_certs_init_then_serve_answers_healthz_over_mutual_tls(tmp_path: Path) -> None:

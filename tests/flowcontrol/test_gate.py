@@ -24,7 +24,6 @@ from tests.support.backend import (
     write_manifests,
 )
 from tests.support.fixtures import Proxied, StartProxied
-from tests.support.gateway import gateway_of
 from tests.support.holding import Held, Watch
 from tests.support.pki import PKI
 from tests.support.polling import until
@@ -233,7 +232,7 @@ async def test_without_priority_and_fairness_nothing_is_classified(
     async with client(pki, proxied.server.port, PROTOCOLS[0], alice) as as_alice:
         answer = await as_alice.request("GET", THINGS)
     assert answer.status == 200 and answer.uids == (None, None)
-    assert gateway_of(proxied.server).flowcontrol is None
+    assert proxied.server.gateway.flowcontrol is None
 
 
 async def test_the_apiservice_bulkhead_still_refuses_past_its_own_limit(
@@ -294,7 +293,7 @@ async def test_an_invalid_flow_schema_in_the_folder_is_named_with_its_file_and_f
             flow_schema("tenants", "tenants", users=("alice",), uid=TENANTS_FS),
             bad,
         )
-        flowcontrol = gateway_of(proxied.server).flowcontrol
+        flowcontrol = proxied.server.gateway.flowcontrol
         assert flowcontrol is not None
         await until(lambda: any(s.name == "for-bob" for s in flowcontrol.controller.schemas), what="the fixed FlowSchema")
         assert (await as_bob.request("GET", THINGS)).uids == ("fs-bob", TENANTS_PL)

@@ -13,7 +13,7 @@ from aggregator.flowcontrol.sources import CHECK_NAME, KubeConfig
 from tests.flowcontrol.client import PROTOCOLS, Answer, client
 from tests.flowcontrol.support import flow_schema
 from tests.support.fakekube import FLOWSCHEMAS, PRIORITY_LEVELS, FakeKube, kube_options
-from tests.support.gateway import gateway_of, running_gateway
+from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
 from tests.support.polling import until, until_async
 
@@ -34,12 +34,12 @@ async def test_the_clusters_objects_classify_and_a_new_flow_schema_applies_as_it
     assert global_default and level and workload_high
     options = kube_options(pki, fake_kube.kubeconfig, authentication_skip_lookup=True)
     async with running_gateway(options) as server:
-        flowcontrol = gateway_of(server).flowcontrol
+        flowcontrol = server.gateway.flowcontrol
         assert flowcontrol is not None
         source = flowcontrol.source
         assert isinstance(source, KubeConfig)
         await until(lambda: source.synced, what="the cluster's APF objects listed")
-        checks = {c.name for c in gateway_of(server).health.checks_for("readyz")}
+        checks = {c.name for c in server.gateway.health.checks_for("readyz")}
         assert CHECK_NAME in checks
         async with client(pki, server.port, protocol, alice) as as_alice:
             answer = await as_alice.request("GET", "/apis/wardle.example.com/v1alpha1/flunders")

@@ -22,7 +22,7 @@ from aggregator.kube.client import (
     KubeUnreachable,
     NotLoaded,
 )
-from aggregator.sources.options import SourceOptions
+from aggregator.sources.options import SourceConfig
 from aggregator.tls.issue import load_pair
 from aggregator.tls.pem import load_pair_into, read_pair
 from aggregator.util.flags import ConfigError
@@ -142,7 +142,7 @@ async def test_rotated_token_file_is_picked_up_on_refresh(
     token_file.write_text("token-b\n")
     del fake_kube.tokens["token-a"]
     fake_kube.add_token("token-b", "bob")
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # past the refresh interval: the next request re-reads the credentials
     assert (await client.request(calls.LIST_APISERVICES)).status == 200
     assert fake_kube.users() == ["alice", "bob"]
 
@@ -194,7 +194,7 @@ async def test_exec_plugin_token_is_used_and_rerun_when_expired(
     client = kubeconfig_client(clients, path, refresh_interval=0.1)
     assert (await client.request(calls.LIST_APISERVICES)).status == 200
     token_file.write_text("exec-b")
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # past the refresh interval: the next request re-reads the credentials
     assert (await client.request(calls.LIST_APISERVICES)).status == 200
     assert fake_kube.users() == ["exec-alice", "exec-bob"]
 
@@ -215,7 +215,7 @@ async def test_in_cluster_token_file_is_reread(
     assert (await client.request(calls.LIST_SERVICES)).status == 200
     token_file.write_text("sa-2")
     fake_kube.tokens = {"sa-2": "rotated"}
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # past the refresh interval: the next request re-reads the credentials
     assert (await client.request(calls.LIST_SERVICES)).status == 200
     assert fake_kube.users() == ["system:serviceaccount:aggregator:gateway", "rotated"]
     assert client.base_url == fake_kube.url
@@ -280,7 +280,7 @@ async def test_rotated_client_certificate_file_gets_a_new_tls_context(
     first_context = client.ssl_context
     fake_kube.issue_client_cert("second", stem="rotating")
     assert load_pair(tmp_path / "fake-kube", "rotating").cert.subject.rfc4514_string() == "CN=second"
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # past the refresh interval: the next request re-reads the credentials
     assert (await client.request(calls.LIST_APISERVICES)).status == 200
     assert client.ssl_context is not first_context
     assert fake_kube.users() == ["first", "second"]
@@ -296,15 +296,15 @@ async def test_refused_connection_is_kube_unreachable_naming_the_address(
         await client.request_json(calls.LIST_APISERVICES)
 
 
-def test_the_source_options_pick_the_client(tmp_path: Path) -> None:
+def test_the_source_configuration_picks_the_client(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "k"
     kubeconfig.write_text("{}")
-    local_without = SourceOptions(apiservices_dir=str(tmp_path))
+    local_without = SourceConfig(apiservices_dir=str(tmp_path))
     assert local_without.kube_client() is None
-    local_with = SourceOptions(apiservices_dir=str(tmp_path), kubeconfig=str(kubeconfig))
+    local_with = SourceConfig(apiservices_dir=str(tmp_path), kubeconfig=str(kubeconfig))
     client = local_with.kube_client()
     assert client is not None and client.credentials.description == f"kubeconfig {kubeconfig}"
-    in_cluster = SourceOptions().kube_client()
+    in_cluster = SourceConfig().kube_client()
     assert in_cluster is not None and in_cluster.credentials.description == "in-cluster service account"
 
 

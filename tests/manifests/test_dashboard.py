@@ -15,7 +15,6 @@ import contextlib
 import json
 import re
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
+from aggregator.availability.quarantine import QuarantineMetrics
 from aggregator.flowcontrol.metrics import FlowControlMetrics
 from aggregator.web.metrics import Metrics
 from aggregator.workers.metrics import WorkerMetrics
@@ -32,6 +32,7 @@ from tests.manifests.test_monitoring import exposed_names, metric_names
 from tests.support.fakereviews import Spec
 from tests.support.kubestack import KubeStack
 from tests.support.pki import PKI
+from tests.support.polling import until_async
 from tests.support.ports import free_port
 from tests.support.prometheus import (
     Prometheus,
@@ -42,6 +43,8 @@ from tests.support.prometheus import (
     running_prometheus,
 )
 from tests.workers.group import running_serve
+
+pytestmark = pytest.mark.long(15)
 
 DASHBOARD = MANIFESTS / "overlays/components/monitoring/aggregator-dashboard.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -177,6 +180,7 @@ def test_the_panels_cover_what_an_operator_watches() -> None:
         "Endpoint failures and retries",
         "Ejected endpoints",
         "Backend phases, p99",
+        "Quarantined from discovery",
         "Dispatched and refused by priority level",
         "Waiting in queue and executing, by priority level",
         "Time waiting in queue, p99",
@@ -185,9 +189,16 @@ def test_the_panels_cover_what_an_operator_watches() -> None:
 
 
 def test_every_metric_the_dashboard_reads_is_one_the_gateway_exposes() -> None:
-    apf = CollectorRegistry()
+    # declared by the features, beside the gateway's registry
+    quarantine, apf = CollectorRegistry(), CollectorRegistry()
+    QuarantineMetrics(quarantine)
     FlowControlMetrics(apf)
-    exposed = exposed_names(Metrics().registry) | exposed_names(WorkerMetrics(2).registry) | exposed_names(apf)
+    exposed = (
+        exposed_names(Metrics().registry)
+        | exposed_names(WorkerMetrics(2).registry)
+        | exposed_names(quarantine)
+        | exposed_names(apf)
+    )
     board = dashboard()
     for title, _legend, expr in targets(board):
         assert metric_names(expr) <= exposed, (title, metric_names(expr) - exposed)
@@ -221,12 +232,13 @@ def scraper_may_read_metrics_only(spec: Spec) -> dict[str, Any]:
 
 def dead_backend(port: int) -> list[JSON]:
     """An APIService whose Service has a ready endpoint where nothing listens: a backend that died
-    since kube-apiserver's aggregator last wrote its status (still Available, as stored)."""
+    since kube-apiserver's aggregator last wrote its status (still Available, as stored). It
+    stores nothing, so it is quarantined from discovery after a second unavailable."""
     return [
         {
             "apiVersion": "apiregistration.k8s.io/v1",
             "kind": "APIService",
-            "metadata": {"name": DEAD_APISERVICE},
+            "metadata": {"name": DEAD_APISERVICE, "annotations": {"aggregator.dev/discovery-quarantine-after": "1s"}},
             "spec": {
                 "group": "dead.example.com",
                 "version": "v1",
@@ -315,7 +327,7 @@ async def traffic(url: str, pki: PKI) -> AsyncIterator[dict[str, int]]:
                         async with session.get(url + path, ssl=context) as resp:
                             await resp.read()
                             seen[str(resp.status)] = seen.get(str(resp.status), 0) + 1
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # steady traffic for the rates, not a flood
 
     task = asyncio.create_task(drive())
     try:
@@ -334,11 +346,8 @@ async def evaluate(prom: Prometheus, values: dict[str, str | list[str]]) -> dict
 
 
 async def until_true(check: Any, timeout: float, what: str | Callable[[], str]) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
-        await asyncio.sleep(0.5)
+    """Prometheus scrapes and evaluates at its own pace: asked every half second."""
+    await until_async(check, timeout, what, every=0.5)
 
 
 @needs_prometheus
@@ -417,6 +426,10 @@ async def test_every_query_evaluates_against_prometheus_scraping_a_gateway(pki: 
             assert {r["metric"]["endpoint"] for r in ejected if r["value"][1] != "0"} == {dead_replica}
             retried = results[("Endpoint failures and retries", "retried after {{endpoint}}: {{reason}}")]
             assert {r["metric"]["endpoint"] for r in retried} == {dead_replica}
+            # The dead APIService is out of discovery (still answering 503, above); the healthy one,
+            # without the annotation, has no series.
+            quarantined = results[("Quarantined from discovery", "{{apiservice}}")]
+            assert {r["metric"]["apiservice"]: r["value"][1] for r in quarantined} == {DEAD_APISERVICE: "1"}
             workers = results[("Workers and restarts", "workers {{instance}}")]
             assert [r["value"][1] for r in workers] == ["2"]
             # APF: the admin's requests (system:masters) ran in the exempt level, with the cluster's limits

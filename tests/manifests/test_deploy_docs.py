@@ -26,6 +26,8 @@ from sample_apiserver.api import GROUP, VERSIONS
 from sample_apiserver.options import SampleOptions
 from sample_apiserver.server import SampleServer
 
+from aggregator.availability.quarantine import QuarantineMetrics
+from aggregator.sources.problems import ManifestReport
 from aggregator.web.http2.metrics import ConnectionMetrics
 from aggregator.web.metrics import Metrics
 from aggregator.workers.metrics import WorkerMetrics
@@ -172,6 +174,8 @@ def test_every_metric_in_the_table_is_served_under_that_name() -> None:
     # with --workers N.
     metrics = Metrics()
     ConnectionMetrics(metrics.registry)
+    ManifestReport(list, metrics.registry)  # local mode's folder
+    QuarantineMetrics(metrics.registry)
     for registry in (metrics.registry, WorkerMetrics(2).registry):
         for line in generate_latest(registry).decode().splitlines():
             if line.startswith("# TYPE "):
@@ -201,3 +205,32 @@ def test_the_guide_shows_the_deployments_real_args_and_secret_names() -> None:
 def test_every_repository_path_the_guide_names_exists() -> None:
     for path in set(re.findall(r"(?<![\w/])manifests/[\w./-]*\w", GUIDE.read_text())):
         assert (REPO / path).exists(), path
+
+
+def test_the_dashboard_table_has_every_row_and_panel_of_the_dashboard() -> None:
+    """One table row per dashboard row, in order, and one `;`-separated item per panel."""
+    import json
+
+    board = json.loads((MANIFESTS / "overlays/components/monitoring/aggregator-dashboard.json").read_text())
+    rows: list[tuple[str, int]] = []
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            rows.append((panel["title"], len(panel.get("panels", []))))
+        else:
+            title, count = rows[-1]
+            rows[-1] = (title, count + 1)
+    table = re.search(r"\| row \| panels \|\n\|---\|---\|\n((?:\|.*\|\n)+)", GUIDE.read_text())
+    assert table, "docs/deploy.md lost its dashboard table"
+    documented = []
+    for line in table[1].splitlines():
+        row, panels = (cell.strip() for cell in line.strip("|").split("|"))
+        documented.append((row, len(panels.split("; "))))
+    assert documented == rows
+
+
+def test_the_build_context_the_guide_names_is_the_dockerignore_allowlist() -> None:
+    match = re.search(r"Nothing but (.*?) enters the build\s+context", GUIDE.read_text(), re.S)
+    assert match, "docs/deploy.md no longer says what enters the build context"
+    named = set(re.findall(r"`([^`]+)`", match[1]))
+    allowed = {line[1:] for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    assert named == allowed

@@ -144,8 +144,10 @@ def test_the_entrypoint_is_aggregator_serve_in_exec_form(final: Stage) -> None:
 
 
 def test_the_package_is_installed_with_pip_from_the_repository(stages: list[Stage]) -> None:
+    """With the kube extra: the image runs in a cluster, and kube mode needs the kubernetes client."""
     runs = [i.value for s in stages for i in s.all("RUN")]
-    assert any(re.search(r"pip install (--\S+ )*\.$", run) for run in runs), runs
+    # With the tracing extra too: --tracing-config-file works in the image.
+    assert any(re.search(r"pip install (--\S+ )*'\.\[kube,tracing\]'$", run) for run in runs), runs
 
 
 def test_nothing_but_the_package_sources_is_copied_and_no_secret_is_set(stages: list[Stage]) -> None:
@@ -360,6 +362,17 @@ def test_the_build_stage_installs_a_working_console_script(tmp_path: Path, stage
     # PEP 639 metadata, from the SPDX string and the full text shipped beside it (no deprecation).
     metadata = (egg_info / "PKG-INFO").read_text()
     assert "License-Expression: Apache-2.0\n" in metadata and "License-File: LICENSE\n" in metadata
+    # The kube extra the image installs names the kubernetes client; nothing required names it.
+    sections: dict[str, list[str]] = {"": []}
+    section = ""
+    for line in filter(None, (egg_info / "requires.txt").read_text().splitlines()):
+        if line.startswith("["):
+            section = line.strip("[]")
+            sections[section] = []
+        else:
+            sections[section].append(line)
+    assert [re.split(r"[<>=!~ ;]", r)[0] for r in sections["kube"]] == ["kubernetes"], sections
+    assert not any(r.startswith("kubernetes") for name, rs in sections.items() if name != "kube" for r in rs)
     assert "deprecated" not in result.stderr, result.stderr
     assert (src / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
     # What ENTRYPOINT ["aggregator", ...] runs.
@@ -404,7 +417,7 @@ def test_the_sample_context_holds_both_packages_and_nothing_else() -> None:
     rules = read_dockerignore(SAMPLE_DOCKERIGNORE)
     context = build_context(rules)
     assert "samples/wardle/sample_apiserver/server.py" in context
-    assert "aggregator/server.py" in context
+    assert "aggregator/runners/server.py" in context
     allowed = ("aggregator/", "samples/wardle/sample_apiserver/")
     top = ("pyproject.toml", "README.md", "LICENSE", "samples/wardle/pyproject.toml")
     assert all(p in top or p.startswith(allowed) for p in context), context

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import make_mocked_request
 
 from aggregator.openapi.documents import Document, http_date
 from aggregator.openapi.routes import _V2_TYPES, _V3_TYPES, negotiate, write
+from tests.support.contexts import context_for
 
 PROTOBUF = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
 
@@ -34,7 +34,7 @@ def test_negotiation(accept: str, v2: str | None, v3: str | None) -> None:
 
 
 def _request(**headers: str) -> Any:
-    return make_mocked_request("GET", "/openapi/v2", headers=headers)
+    return context_for("GET", "/openapi/v2", headers=headers)
 
 
 DOC = Document.render(
@@ -52,7 +52,7 @@ def test_if_modified_since_and_if_none_match() -> None:
     assert write(_request(**stale), DOC, {}).status == 200
     assert write(_request(**{"If-None-Match": "*"}), DOC, {}).status == 304
     not_modified = write(_request(**{"If-None-Match": DOC.quoted_etag}), DOC, {})
-    assert not_modified.body is None and "Content-Type" not in not_modified.headers
+    assert not_modified.body == b"" and "Content-Type" not in not_modified.headers
     assert not_modified.headers["Etag"] == DOC.quoted_etag
 
 

@@ -7,15 +7,18 @@ from collections import Counter
 
 from aggregator.backends.backend import Backend
 from aggregator.backends.bounds import read_bounds
-from aggregator.backends.headers import DEFAULT_POLICY
+from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.proxy.destination import Destination
 from aggregator.proxy.endpoints import Endpoint, Endpoints
 
 BACKEND = Backend("test", context=None)
 
 
+IDENTITY = LiveIdentityPolicy()
+
+
 def dest(host: str) -> Destination:
-    return Destination("v1.demo.example.com", BACKEND, host, 443, "api.demo.svc", DEFAULT_POLICY)
+    return Destination("v1.demo.example.com", BACKEND, host, 443, "api.demo.svc", IDENTITY)
 
 
 class Clock:

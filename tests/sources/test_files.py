@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from aggregator.sources.files import FolderSource
+from aggregator.sources.problems import REFUSED, SKIPPED, UNREADABLE
 from aggregator.sources.store import Store
 from tests.support.logrecords import fields_of
 from tests.support.polling import until
@@ -106,10 +106,13 @@ async def test_broken_file_keeps_its_objects_and_reports_file_and_line(
     path.write_text(manifest())
     await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
     path.write_text(manifest() + "  broken: [unclosed\n")
-    await until(lambda: bool(source.errors))
+    await until(lambda: bool(source.problems()))
     assert source.store.apiservice("v1alpha1.wardle.example.com") is not None
-    reason = source.errors[path]
+    (problem,) = source.problems()
+    assert (problem.path, problem.what, problem.kept) == (path, UNREADABLE, 1)
+    reason = problem.reason
     assert reason.startswith(f"{path}:")
+    assert problem.describe() == f"{reason} (file not loaded; the object it held before still served)"
     line = int(reason.split(":")[1])
     assert line >= 14
     assert any(str(path) in r.fields.get("reason", "") for r in caplog.records if hasattr(r, "fields"))
@@ -117,7 +120,7 @@ async def test_broken_file_keeps_its_objects_and_reports_file_and_line(
     await until(
         lambda: getattr(source.store.apiservice("v1alpha1.wardle.example.com"), "version_priority", None) == 5
     )
-    assert not source.errors
+    assert source.problems() == []
 
 
 async def test_one_broken_file_and_one_valid_apiservice(tmp_path: Path) -> None:
@@ -128,7 +131,10 @@ async def test_one_broken_file_and_one_valid_apiservice(tmp_path: Path) -> None:
     await source.start()
     try:
         assert [s.name for s in source.store.apiservices()] == ["v1alpha1.wardle.example.com"]
-        assert source.errors[tmp_path / "a-broken.json"].startswith(f"{tmp_path / 'a-broken.json'}:2:")
+        (problem,) = source.problems()
+        assert (problem.path, problem.what, problem.kept) == (tmp_path / "a-broken.json", UNREADABLE, 0)
+        assert problem.reason.startswith(f"{tmp_path / 'a-broken.json'}:2:")
+        assert problem.describe().endswith(" (file not loaded)")
     finally:
         await source.stop()
 
@@ -150,12 +156,18 @@ async def test_invalid_object_is_skipped_with_every_field_error(
     ) in messages
 
 
-async def test_invalid_edit_keeps_the_previous_valid_version(source: FolderSource, tmp_path: Path) -> None:
+async def test_invalid_edit_keeps_the_previous_valid_version(
+    source: FolderSource, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR)
     path = tmp_path / "wardle.yaml"
     path.write_text(manifest(vp=7))
     await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
     path.write_text(manifest(vp=7).replace("groupPriorityMinimum: 1000", "groupPriorityMinimum: 0"))
-    await asyncio.sleep(0.6)
+    await until(
+        lambda: any(getattr(r, "fields", {}).get("kept_previous") is True for r in caplog.records),
+        what="the invalid edit read and refused",
+    )
     kept = source.store.apiservice("v1alpha1.wardle.example.com")
     assert kept is not None and kept.group_priority_minimum == 1000
 
@@ -244,3 +256,44 @@ async def test_a_document_of_another_kind_is_said_once_per_file(
     # Another file is another line.
     (tmp_path / "other.yaml").write_text(deployment)
     await until(lambda: len([r for r in caplog.records if r.getMessage().startswith("manifest skipped")]) == 2)
+
+
+async def test_every_document_not_loaded_is_a_problem_until_its_file_is_fixed(
+    source: FolderSource, tmp_path: Path
+) -> None:
+    """The issue's files: a typo'd field, a kind in the wrong letter case, a kind the gateway does
+    not read. Each is named with its file and cause, and goes when the file is fixed or removed."""
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(manifest(vp=7))
+    await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
+    typo.write_text(manifest(vp=7).replace("groupPriorityMinimum", "groupPriorityMinimun"))
+    (tmp_path / "case.yaml").write_text(manifest(group="other.example.com").replace("kind: APIService", "kind: ApiService"))
+    (tmp_path / "deploy.yaml").write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n")
+    await until(lambda: len(source.problems()) == 3)
+    case, deploy, refused = source.problems()  # by file name
+    assert (case.path, case.what, case.kept) == (tmp_path / "case.yaml", REFUSED, 0)
+    assert case.reason == (
+        'no matches for kind "ApiService" in version "apiregistration.k8s.io/v1": did you mean "APIService"?'
+    )
+    assert (deploy.path, deploy.what, deploy.reason) == (tmp_path / "deploy.yaml", SKIPPED, "apps/v1 Deployment")
+    assert deploy.describe().startswith(f"{tmp_path / 'deploy.yaml'}: apps/v1 Deployment (skipped: the gateway reads only APIService")
+    assert (refused.path, refused.what, refused.kept) == (typo, REFUSED, 1)
+    assert refused.describe() == (
+        f'{typo}: APIService in version "v1" cannot be handled as a APIService: strict decoding error: '
+        'unknown field "spec.groupPriorityMinimun" (refused; its previous version still served)'
+    )
+    kept = source.store.apiservice("v1alpha1.wardle.example.com")
+    assert kept is not None and kept.version_priority == 7
+    typo.write_text(manifest(vp=8))
+    (tmp_path / "case.yaml").unlink()
+    await until(lambda: [p.path for p in source.problems()] == [tmp_path / "deploy.yaml"])
+
+
+def test_a_kind_differing_in_version_case_too_names_both() -> None:
+    from aggregator.sources.manifests import Rejected, to_object
+
+    doc = {"apiVersion": "Discovery.k8s.io/v1", "kind": "Endpointslice", "metadata": {"name": "x"}}
+    assert to_object(doc) == Rejected(
+        'no matches for kind "Endpointslice" in version "Discovery.k8s.io/v1": '
+        'did you mean "EndpointSlice" in version "discovery.k8s.io/v1"?'
+    )

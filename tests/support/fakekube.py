@@ -184,6 +184,7 @@ class Seen:
     verb: str
     resource: str
     identity: str | None = None  # who it ran as, when a gate is enforced
+    traceparent: str | None = None  # W3C Trace Context the caller sent (a traced gateway's call)
 
 
 @dataclass(frozen=True)
@@ -617,23 +618,24 @@ class FakeKube:
             attributes = Attributes(_non_resource_verb(request.method), request.path)
         refusal = self._gate(request, attributes) if self._gate is not None else None
         identity = request.get(IDENTITY)
+        traceparent = request.headers.get("traceparent")
         if route is not None:
             self.counts[(request.method, request.path)] += 1
             self.requests.append(
-                Seen(request.method, request.path, query, user, request.method, request.path, identity)
+                Seen(request.method, request.path, query, user, request.method, request.path, identity, traceparent)
             )
             if refusal is not None:
                 return refusal
             await self._delay(request.method, request.path)
             return await route(request)
         if parsed is None:
-            self.requests.append(Seen(request.method, request.path, query, user, "", "", identity))
+            self.requests.append(Seen(request.method, request.path, query, user, "", "", identity, traceparent))
             if refusal is not None:
                 return refusal
             return status_response(404, "NotFound", "the server could not find the requested resource")
         label = f"{res.resource}/{sub}" if sub else res.resource
         self.counts[(verb, label)] += 1
-        self.requests.append(Seen(request.method, request.path, query, user, verb, label, identity))
+        self.requests.append(Seen(request.method, request.path, query, user, verb, label, identity, traceparent))
         if refusal is not None:
             return refusal
         await self._delay(verb, label)

@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from aggregator.assembly import Gateway
-from aggregator.config import Options, validate
-from aggregator.server import GatewayServer
+from aggregator.config import Config, Options, complete, validate
+from aggregator.runners.server import GatewayServer
 from tests.support.options import flag_options, with_flags
 from tests.support.pki import PKI
 
@@ -33,19 +33,14 @@ def local_options(pki: PKI, apiservices_dir: str, **overrides: object) -> Option
 
 
 @contextlib.asynccontextmanager
-async def running_gateway(options: Options) -> AsyncIterator[GatewayServer]:
-    server = GatewayServer(options)
+async def running_gateway(
+    options: Options | Config, gateway: Gateway | None = None
+) -> AsyncIterator[GatewayServer]:
+    """`options` are completed here (`config.complete`), as `aggregator serve` does."""
+    config = complete(options) if isinstance(options, Options) else options
+    server = GatewayServer(config, gateway)
     await server.start()
     try:
         yield server
     finally:
         await server.stop()
-
-
-def gateway_of(server: GatewayServer) -> Gateway:
-    """The whole gateway `server` runs, typed as such. Servers started in-process run one process,
-    whose gateway owns the availability checker, discovery, OpenAPI and RBAC; a `--workers N`
-    worker's `WorkerGateway` has none of them (the control process does)."""
-    gateway = server.gateway
-    assert isinstance(gateway, Gateway), f"a worker's gateway, not the whole one: {gateway!r}"
-    return gateway

@@ -25,7 +25,7 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
-from hpack import Encoder
+from hpack import Decoder, Encoder
 from hyperframe.frame import (
     DataFrame,
     Frame,
@@ -281,28 +281,35 @@ class RawH2:
     it from breaking the protocol) and records what comes back: GOAWAY, resets, answered streams,
     PING acknowledgements."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, settings: dict[int, int] | None = None
+    ) -> None:
         self.reader = reader
         self.writer = writer
         self.encoder = Encoder()
+        self.decoder = Decoder()
         self.goaway: Goaway | None = None
         self.resets: dict[int, int] = {}
         self.answered: set[int] = set()  # streams whose response HEADERS arrived
+        self.statuses: dict[int, int] = {}  # their :status
         self.ended: set[int] = set()  # streams the gateway ended (END_STREAM)
         self.ping_acks = 0
         self.closed = False
         self._buffer = bytearray()
         self._changed = asyncio.Event()
-        writer.write(PREFACE + SettingsFrame(0).serialize())
+        writer.write(PREFACE + SettingsFrame(0, settings=settings or {}).serialize())
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def connect(cls, port: int, context: ssl.SSLContext) -> AsyncIterator[RawH2]:
+    async def connect(
+        cls, port: int, context: ssl.SSLContext, settings: dict[int, int] | None = None
+    ) -> AsyncIterator[RawH2]:
+        """`settings`: the client's SETTINGS (e.g. `{0x4: 0}`, an initial window of 0)."""
         context.set_alpn_protocols(["h2"])
         reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, limit=2**20)
         assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
-        client = cls(reader, writer)
+        client = cls(reader, writer, settings)
         try:
             yield client
         finally:
@@ -316,6 +323,7 @@ class RawH2:
     # --- frames --------------------------------------------------------------------------------------
 
     def block(self, method: str, path: str, extra: Iterable[tuple[str, str]] = ()) -> bytes:
+        """A header block exactly as given: no validation of names or values (attack tests)."""
         fields = [(":method", method), (":path", path), (":scheme", "https"), (":authority", "gateway.test")]
         return bytes(self.encoder.encode([*fields, *extra]))
 
@@ -380,6 +388,9 @@ class RawH2:
                 self.resets[frame.stream_id] = frame.error_code
             elif isinstance(frame, HeadersFrame):
                 self.answered.add(frame.stream_id)
+                for name, value in self.decoder.decode(bytes(frame.data)):
+                    if name in (":status", b":status"):
+                        self.statuses[frame.stream_id] = int(value)
             elif isinstance(frame, PingFrame) and "ACK" in frame.flags:
                 self.ping_acks += 1
             elif isinstance(frame, SettingsFrame) and "ACK" not in frame.flags:

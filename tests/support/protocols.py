@@ -1,8 +1,8 @@
 """Which protocol each request reached an in-process gateway over, and from which client.
 
-`RequestLog.attach(server)` adds a finisher to the gateway's pipeline (as `apiserver_request_*`
-and the access log are fed): every request's protocol (`HTTP/1.1`, `HTTP/2.0`), User-Agent and
-whether it was an upgrade. The end-to-end stacks attach one, and their kubectl runner asserts after
+`RequestLog.attach(gateway)`, before a server serves the gateway, records every request the
+protocols hand its pipeline (`Pipeline.handle`): the protocol (`HTTP/1.1`, `HTTP/2.0`), User-Agent
+and whether it was an upgrade. The end-to-end stacks attach one, and their kubectl runner asserts after
 every call that kubectl's requests came over the protocol the gateway should have negotiated with
 it (HTTP/2 unless `disable_http2_serving`), upgrades aside (they are HTTP/1.1 by RFC 9113).
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
-
-from aggregator.server import GatewayServer
-from aggregator.web.context import HTTP1, HTTP2, RequestContext
+from aggregator.assembly import Gateway
+from aggregator.runners.server import GatewayServer
+from aggregator.web.context import HTTP1, HTTP2, is_upgrade_request
+from aggregator.web.serverrequest import ServerRequest
 
 
 @dataclass(frozen=True)
@@ -34,17 +34,29 @@ class RequestLog:
     checked: int = 0  # kubectl requests whose protocol was checked
     calls: int = 0  # kubectl runs that checked
 
-    def attach(self, server: GatewayServer) -> RequestLog:
-        self.expected = HTTP1 if server.options.serving.disable_http2_serving else HTTP2
-        server.gateway.pipeline.finishers.append(self._finished)
+    def attach(self, gateway: Gateway) -> RequestLog:
+        """Record what reaches `gateway`'s pipeline (call before a server is built around it)."""
+        handle = gateway.pipeline.handle
+
+        async def observed(request: ServerRequest) -> Any:
+            headers = request.headers
+            self.seen.append(
+                Seen(
+                    request.connection.protocol,
+                    headers.get("User-Agent", ""),
+                    is_upgrade_request(headers),
+                    request.method,
+                    request.raw_path,
+                )
+            )
+            return await handle(request)
+
+        gateway.pipeline.handle = observed  # type: ignore[method-assign]
         return self
 
-    def _finished(self, ctx: RequestContext, _response: web.StreamResponse | None, _error: Any) -> None:
-        self.seen.append(
-            Seen(
-                ctx.connection.protocol, ctx.headers.get("User-Agent", ""), ctx.upgrade, ctx.method, ctx.path
-            )
-        )
+    def expect(self, server: GatewayServer) -> None:
+        """kubectl's requests come over HTTP/2 when the server offers it."""
+        self.expected = HTTP2 if server.http2 is not None else HTTP1
 
     def mark(self) -> int:
         return len(self.seen)

@@ -6,17 +6,20 @@ import asyncio
 import logging
 import shutil
 import ssl
-import time
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 
 from aggregator.tls.issue import issue_serving_cert, new_ca, write_cert, write_key
+from aggregator.web.http2.nghttp2 import LIBRARY_ENV
 from tests.conftest import StartGateway
 from tests.support.h2client import negotiated_alpn
 from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
+from tests.support.polling import until, until_async
+
+pytestmark = pytest.mark.long(10)
 
 
 async def served_certificate(port: int) -> x509.Certificate:
@@ -31,12 +34,10 @@ async def served_certificate(port: int) -> x509.Certificate:
 
 
 async def wait_for_serial(port: int, serial: int, timeout: float = 10.0) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if (await served_certificate(port)).serial_number == serial:
-            return time.monotonic() - started
-        await asyncio.sleep(0.2)
-    raise AssertionError("new certificate not served within 10 s")
+    async def served() -> bool:
+        return (await served_certificate(port)).serial_number == serial
+
+    return await until_async(served, timeout, "the new certificate served", every=0.2)
 
 
 @pytest.fixture
@@ -115,10 +116,9 @@ async def test_broken_pair_keeps_the_old_certificate_and_logs_why(
         cert.write_bytes(pem[: len(pem) // 2])
     else:
         write_cert(cert, rotated.cert)  # new certificate, old key
-    await asyncio.sleep(2.5)
+    await until(lambda: any("not reloaded" in r.getMessage() for r in caplog.records), what="the refused reload")
     assert (await served_certificate(server.port)).serial_number == original.serial_number
     messages = [r for r in caplog.records if "not reloaded" in r.getMessage()]
-    assert messages, caplog.text
     reason = fields_of(messages[-1])["reason"]
     expected = "no valid PEM certificate" if breakage == "half-written" else "does not match the certificate"
     assert expected in reason
@@ -192,3 +192,17 @@ async def test_a_reloaded_pair_keeps_the_tls_policy(
     assert x509.load_der_x509_certificate(der).serial_number == rotated.cert.serial_number
     writer.close()
     await writer.wait_closed()
+
+
+async def test_without_libnghttp2_http_1_1_only_and_the_log_says_why(
+    start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A machine without libnghttp2 still serves, over HTTP/1.1 (clients fall back to it), and the
+    start-up log names the library and how to install it."""
+    monkeypatch.setenv(LIBRARY_ENV, "/nonexistent/libnghttp2.so.14")
+    server = await start_gateway()
+    assert server.http2 is None
+    assert await negotiated(server.port, ["h2", "http/1.1"]) == "http/1.1"
+    warning = next(r for r in caplog.records if r.getMessage() == "HTTP/2 is not served: clients will use HTTP/1.1")
+    assert "/nonexistent/libnghttp2.so.14" in fields_of(warning)["reason"]
+    assert "libnghttp2-14" in fields_of(warning)["fix"]

@@ -9,25 +9,18 @@ table is `test_requestinfo.py`'s); the long-running verdict against kube-apiserv
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from aggregator.model.userinfo import UserInfo
-from aggregator.web.context import (
-    Connection,
-    RequestContext,
-    context_of,
-    instrument_as,
-    is_long_running,
-    is_upgrade_request,
-    user_of,
-)
+from aggregator.audit.recorder import AUDIT, AUDIT_ID, AUTHORIZATION_DECISION
+from aggregator.web.context import Connection, RequestContext, is_long_running, is_upgrade_request
+from aggregator.web.inflight import INFLIGHT_KIND
+from aggregator.web.instrumentation import INSTRUMENTED_AS, instrument_as
 from aggregator.web.requestinfo import RequestInfo
-from tests.support.contexts import TEST_ROUTE, context_for
+from aggregator.web.routing import Route, RouteKind
+from aggregator.web.serverrequest import Response
+from tests.support.contexts import TEST_ROUTE, RecordedRequest, context_for
 
 
 def headers(**values: str) -> CIMultiDictProxy[str]:
@@ -35,19 +28,11 @@ def headers(**values: str) -> CIMultiDictProxy[str]:
 
 
 def built(method: str, target: str, **header_values: str) -> RequestContext:
-    """A context built from a request head alone, as an HTTP/2 stream would build one."""
-    raw_path, _, raw_query = target.partition("?")
-    return RequestContext(
-        method=method,
-        target=target,
-        raw_path=raw_path,
-        raw_query=raw_query,
-        headers=headers(**header_values),
-        connection=Connection("192.0.2.7", None),
-        route=TEST_ROUTE,
-        received=12.5,
-        request=make_mocked_request(method, target),
+    """A context built from a request head alone."""
+    request = RecordedRequest(
+        method, target, {k.replace("_", "-"): v for k, v in header_values.items()}, remote="192.0.2.7"
     )
+    return RequestContext(request, lambda _path: TEST_ROUTE, 12.5)
 
 
 # --- the head ------------------------------------------------------------------------------------
@@ -73,13 +58,23 @@ def test_a_malformed_path_escape_stays_as_sent() -> None:
 
 def test_what_the_gates_learn_starts_empty() -> None:
     ctx = built("GET", "/apis/wardle.example.com/v1alpha1/flunders")
-    assert (ctx.user, ctx.requester, ctx.authorization, ctx.audit_id, ctx.audit) == (None,) * 5
-    assert (ctx.deadline, ctx.watch_deadline, ctx.timed_out, ctx.tracked) == (None, False, False, False)
-    assert (ctx.inflight_kind, ctx.status, ctx.response, ctx.handled) == (None, None, None, False)
-    assert ctx.instrumented_as is None
+    assert (ctx.user, ctx.requester, ctx.status, ctx.handled) == (None, None, None, False)
+    assert (ctx.deadline, ctx.watch_deadline, ctx.timed_out) == (None, False, False)
+    # What features own starts unset too.
+    for key in (AUDIT, AUDIT_ID, AUTHORIZATION_DECISION, INFLIGHT_KIND, INSTRUMENTED_AS):
+        assert key.get(ctx) is None
+    assert ctx.log_fields is None
 
 
-def test_the_aiohttp_request_and_the_context_are_the_same_facts() -> None:
+def test_a_feature_keeps_its_own_facts_under_its_key() -> None:
+    ctx = context_for("GET", "/openapi/v3")
+    instrument_as(ctx, "openapi/v3", "")
+    assert INSTRUMENTED_AS.get(ctx) == ("openapi/v3", "")
+    ctx.add_log_field("endpoint", "10.0.0.1:443")
+    assert ctx.log_fields == {"endpoint": "10.0.0.1:443"}
+
+
+def test_the_request_and_the_context_are_the_same_facts() -> None:
     target = "/api/v1/namespaces/ns/pods?watch=1&pretty=0"
     ctx = context_for("GET", target, headers={"Content-Type": "application/json"})
     assert (ctx.method, ctx.target, ctx.raw_path, ctx.raw_query) == (
@@ -89,35 +84,40 @@ def test_the_aiohttp_request_and_the_context_are_the_same_facts() -> None:
         "watch=1&pretty=0",
     )
     assert ctx.content_type == "application/json"
-    assert context_of(ctx.request) is ctx
+    assert ctx.request.on_head == ctx.head_going_out  # the protocol tells the context of heads
 
 
-def test_handlers_reach_the_context_through_their_request() -> None:
-    alice = UserInfo(name="alice")
-    ctx = context_for("GET", "/openapi/v3", user=alice)
-    assert user_of(ctx.request) is alice
-    instrument_as(ctx.request, "openapi/v3", "")
-    assert ctx.instrumented_as == ("openapi/v3", "")
-    # A request the pipeline never saw has no context.
-    stranger = make_mocked_request("GET", "/openapi/v3")
-    assert context_of(stranger) is None
-    assert user_of(stranger) is None
-    instrument_as(stranger, "openapi/v3", "")  # a no-op, not an error
+async def test_the_route_is_matched_on_the_decoded_path() -> None:
+    seen: list[str] = []
+
+    async def handler(ctx: RequestContext) -> Response:
+        return Response(200)
+
+    route = Route(handler, RouteKind.OWN, "decoded")
+
+    def route_of(path: str) -> Route:
+        seen.append(path)
+        return route
+
+    ctx = RequestContext(RecordedRequest("GET", "/apis/a%2Fb/v1"), route_of, 0.0)
+    assert seen == ["/apis/a/b/v1"]
+    assert ctx.route is route
 
 
 def test_the_status_line_is_told_once() -> None:
-    heard: list[tuple[int, web.StreamResponse | None]] = []
-    ctx = RequestContext.of_request(
-        make_mocked_request("GET", "/healthz"),
-        TEST_ROUTE,
-        time.monotonic(),
-        listeners=(lambda c, status, response: heard.append((status, response)),),
+    heard: list[tuple[int, CIMultiDict[str]]] = []
+    request = RecordedRequest("GET", "/healthz")
+    ctx = RequestContext(
+        request,
+        lambda _path: TEST_ROUTE,
+        0.0,
+        listeners=(lambda c, status, head: heard.append((status, head)),),
     )
-    response = web.Response(status=503)
-    ctx.head_going_out(503, response)
-    ctx.head_going_out(200, None)  # a later write changes nothing
-    assert heard == [(503, response)]
-    assert (ctx.status, ctx.response) == (503, response)
+    head: CIMultiDict[str] = CIMultiDict()
+    ctx.head_going_out(503, head)
+    ctx.head_going_out(200, CIMultiDict())  # a later write changes nothing
+    assert heard == [(503, head)]
+    assert ctx.status == 503
 
 
 # --- the query: Go's URL.Query(), parsed once -----------------------------------------------------

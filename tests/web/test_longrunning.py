@@ -7,20 +7,19 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
-
 from aggregator.web.context import RequestContext
 from aggregator.web.longrunning import InFlight
+from aggregator.web.serverrequest import Response
 from tests.support.contexts import context_for
 from tests.support.polling import until
 
-Handler = Callable[[RequestContext], Awaitable[web.StreamResponse]]
+Handler = Callable[[RequestContext], Awaitable[Response]]
 
 
-def tracked(in_flight: InFlight, handler: Handler) -> Callable[[str], Awaitable[web.StreamResponse]]:
+def tracked(in_flight: InFlight, handler: Handler) -> Callable[[str], Awaitable[Response]]:
     """What the pipeline does around a request: `enter` (or the refusal), the handler, `leave`."""
 
-    async def handle(target: str) -> web.StreamResponse:
+    async def handle(target: str) -> Response:
         ctx = context_for("GET", target)
         refusal = in_flight.enter(ctx)
         if refusal is not None:
@@ -37,19 +36,19 @@ async def test_requests_after_stop_accepting_get_503_retry_after_except_health_p
     in_flight = InFlight()
     served: list[str] = []
 
-    async def handler(ctx: RequestContext) -> web.StreamResponse:
+    async def handler(ctx: RequestContext) -> Response:
         served.append(ctx.path)
-        return web.Response(text="ok")
+        return Response(200, b"ok")
 
     handle = tracked(in_flight, handler)
     assert (await handle("/apis")).status == 200
     in_flight.stop_accepting()
     for path in ("/apis/g/v/things", "/apis/g/v/things?watch=true"):
         refused = await handle(path)
-        assert isinstance(refused, web.Response)
+        assert isinstance(refused, Response)
         assert refused.status == 503
         assert refused.headers["Retry-After"] == "1"
-        assert not refused.keep_alive
+        assert refused.close
         assert isinstance(refused.body, bytes)
         body = json.loads(refused.body)
         assert (body["reason"], body["message"]) == ("ServiceUnavailable", "apiserver is shutting down")
@@ -63,9 +62,9 @@ async def test_drain_waits_for_ordinary_requests_up_to_its_bound() -> None:
     in_flight = InFlight()
     release = asyncio.Event()
 
-    async def slow(_ctx: RequestContext) -> web.StreamResponse:
+    async def slow(_ctx: RequestContext) -> Response:
         await release.wait()
-        return web.Response(text="done")
+        return Response(200, b"done")
 
     handle = tracked(in_flight, slow)
     first = asyncio.ensure_future(handle("/apis/g/v/things"))
@@ -83,7 +82,7 @@ async def test_end_long_running_interrupts_only_the_marked_streams() -> None:
     endings: dict[str, bool] = {}
     never = asyncio.Event()
 
-    async def stream(ctx: RequestContext) -> web.StreamResponse:
+    async def stream(ctx: RequestContext) -> Response:
         # As the forwarder relays: only a long-running answer can be ended.
         ended = False
         if ctx.long_running:
@@ -93,7 +92,7 @@ async def test_end_long_running_interrupts_only_the_marked_streams() -> None:
         else:
             await never.wait()
         endings[ctx.target] = ended
-        return web.Response(text="ended")
+        return Response(200, b"ended")
 
     handle = tracked(in_flight, stream)
     watches = [asyncio.ensure_future(handle(f"/apis/g/v/things?watch=true&n={n}")) for n in range(3)]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from aiohttp import web
-
+from aggregator.web.context import RequestContext
 from aggregator.web.routing import Route, RouteKind, Router
+from aggregator.web.serverrequest import Response
 
 
-async def _never(request: web.Request) -> web.StreamResponse:
+async def _never(ctx: RequestContext) -> Response:
     raise AssertionError("not called")
 
 

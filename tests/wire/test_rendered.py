@@ -5,12 +5,12 @@ from __future__ import annotations
 import gzip
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import make_mocked_request
 
+from aggregator.web.context import RequestContext
 from aggregator.web.rendering import accepts_gzip, respond
 from aggregator.wire.negotiation import JSON, MediaType
 from aggregator.wire.rendered import GZIP_THRESHOLD, Rendered
+from tests.support.contexts import context_for
 
 MEDIA = MediaType(JSON, None, False)
 
@@ -19,8 +19,8 @@ def big() -> Rendered:
     return Rendered.of({"kind": "Big", "items": [{"name": f"item-{i:06d}", "pad": "x" * 40} for i in range(3000)]})
 
 
-def request(**headers: str) -> web.Request:
-    return make_mocked_request("GET", "/apis", headers=headers)
+def request(**headers: str) -> RequestContext:
+    return context_for("GET", "/apis", headers=headers)
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,7 @@ import re
 import signal
 import ssl
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from tests.support.pki import PKI
+from tests.support.polling import until_async as until_async  # also imported from here by tests
 from tests.support.ports import free_port
 
 PID_NOTE = re.compile(r"info: worker (\d+) of (\d+), pid (\d+)")
@@ -56,6 +56,48 @@ class Group:
 
     def log(self) -> str:
         return self.log_path.read_text()
+
+    @contextlib.asynccontextmanager
+    async def each_worker(self, count: int) -> AsyncIterator[dict[int, WorkerConnection]]:
+        """One keep-alive connection to each of `count` workers, by index (the kernel spreads
+        new connections, so connections are opened until every worker has answered one)."""
+        found: dict[int, WorkerConnection] = {}
+        try:
+            for _ in range(200):
+                connection = WorkerConnection(self)
+                index = await connection.worker()
+                if index in found:
+                    await connection.close()
+                else:
+                    found[index] = connection
+                if len(found) == count:
+                    break
+            assert len(found) == count, f"only workers {sorted(found)} answered"
+            yield found
+        finally:
+            for connection in found.values():
+                await connection.close()
+
+
+class WorkerConnection:
+    """One keep-alive connection to the group, so every request lands on the same worker."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        async with self.session.get(self.group.url + path, ssl=self.group.context()) as resp:
+            return resp.status, await resp.read()
+
+    async def worker(self) -> int:
+        status, body = await self.get("/livez?verbose")
+        match = PID_NOTE.search(body.decode())
+        assert status == 200 and match is not None, body
+        return int(match.group(1))
+
+    async def close(self) -> None:
+        await self.session.close()
 
 
 def serve_args(pki: PKI, apiservices_dir: Path | None, port: int, *extra: str) -> list[str]:
@@ -121,7 +163,10 @@ async def running_serve(pki: PKI, args: list[str], port: int, log_path: Path) ->
         return status == 200
 
     try:
-        await until_async(ready, 30.0, "the gateway to be ready")
+        try:  # a loaded 2-core machine starts the four interpreters of `--workers 2` slowly
+            await until_async(ready, 60.0, "the gateway to be ready")
+        except AssertionError as err:
+            raise AssertionError(f"{err}:\n{group.log()}") from None
         yield group
     finally:
         await session.close()
@@ -133,12 +178,3 @@ async def running_serve(pki: PKI, args: list[str], port: int, log_path: Path) ->
             except TimeoutError:
                 process.kill()
                 await process.wait()
-
-
-async def until_async(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    """`until` for a condition that needs a request to find out."""
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.05)

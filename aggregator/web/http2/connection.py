@@ -1,59 +1,57 @@
-"""One HTTP/2 server connection: the h2 library's state machine between the TLS transport and
-the request pipeline.
+"""One HTTP/2 server connection: a libnghttp2 session between the TLS transport and the pipeline.
 
-Frames in: every read is first shown to the frame guard (`guard.py`), then to h2, whose events
-drive the streams: a request head starts a handler (or queues it), DATA feeds its body, a reset
-cancels it, a window update wakes its writer. Frames out: whatever h2 has to send is written to
-the transport after each read and after each write a stream makes.
+Frames in: every read is first shown to the frame guard (`guard.py`), then to libnghttp2
+(`nghttp2_session_mem_recv`), whose callbacks drive the streams: a complete request head starts
+a handler (or queues it), DATA feeds its body, a reset cancels it. A callback never raises: what
+must end the connection is recorded and acted on once libnghttp2 returns. Frames out: whatever
+the session has to send is written to the transport once per turn of the event loop
+(`nghttp2_session_mem_send`), so the answers of one turn leave in one TLS write.
 
 Handlers are bounded as Go's server bounds them (golang.org/x/net/http2 server.go
 `scheduleHandler`, the fix of CVE-2023-44487): at most `max_streams` run at once, counting the
 handlers of streams already reset until they have returned; more wait in a queue, and a queue over
-4x the stream limit ends the connection with GOAWAY ENHANCE_YOUR_CALM ("rapid_reset"). Stream
+4x the stream limit ends the connection with GOAWAY ENHANCE_YOUR_CALM ("rapid_reset"). Beyond Go,
+streams the client resets before their handler started spend a budget of their own (as many as
+the stream limit at once): a flood is cut a hundred streams in, not five hundred, and costs the
+other clients a fifth as much. Stream
 resets, the client's and those its protocol errors cause (MadeYouReset), also spend a token
-bucket; an empty bucket is GOAWAY ENHANCE_YOUR_CALM too ("reset_flood").
+bucket; an empty bucket is GOAWAY ENHANCE_YOUR_CALM too ("reset_flood"). Decoded header lists are
+bounded per stream (`max_header_list_size`: past it the request is answered 431, as Go's server
+answers a truncated header list) and per connection (`max_header_bytes_held`: the lists of the
+streams alive at once; past it, 431 too), so one connection cannot pin more than a few MiB of
+headers however its HPACK references multiply them (RFC 7541 7.3, RFC 9113 10.5.1).
 
-Graceful end (shutdown, idle timeout, `Connection: close`, an unauthenticated caller): a GOAWAY
-with NO_ERROR and the last stream id received; streams up to it are served to the end (a watch
-ends as on HTTP/1.1, when the shutdown ends it), later ones are refused (REFUSED_STREAM, which
-clients retry on a new connection), and the connection closes once the last handler returns. The
-h2 library treats any GOAWAY it sends as the connection's end, so the graceful one is written
-beside it. Error end: h2's GOAWAY with the error code, every handler cancelled, input read and
-dropped for a second (so the client reads the GOAWAY, not a TCP reset), then close.
+Graceful end (shutdown, idle timeout, `Connection: close`, an unauthenticated caller, the
+client's own GOAWAY): a GOAWAY with NO_ERROR and the last stream id processed; streams up to it
+are served to the end (a watch ends as on HTTP/1.1, when the shutdown ends it), later ones are not
+processed, and the connection closes once the last handler returns. Error end: GOAWAY with the
+error code, every handler cancelled, input read and dropped for a second (so the client reads the
+GOAWAY, not a TCP reset), then close.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections import deque
-from collections.abc import Callable
 from typing import Any, cast
 
-from aiohttp import web
-from h2 import events
-from h2.connection import H2Connection
-from h2.errors import ErrorCodes
-from h2.exceptions import DenialOfServiceError, ProtocolError
-from h2.settings import SettingCodes, Settings
-from hyperframe.frame import GoAwayFrame
+from multidict import CIMultiDict, CIMultiDictProxy
 
-from aggregator.util._aiohttp import EMPTY_PAYLOAD, StreamReader, stream_request
 from aggregator.util.logs import fields
-from aggregator.web.context import HTTP2, Connection
+from aggregator.web.connection import HTTP2, Connection
+from aggregator.web.http2 import nghttp2
+from aggregator.web.http2.codes import ErrorCode
 from aggregator.web.http2.guard import FrameGuard, TokenBucket, Violation
 from aggregator.web.http2.heads import BadRequest
-from aggregator.web.http2.request import H2Request
 from aggregator.web.http2.serving import Http2Serving
-from aggregator.web.http2.stream import H2Stream, ResponseWriter, StreamReset
+from aggregator.web.http2.stream import H2Body, H2Stream, StreamReset
+from aggregator.web.serverrequest import Response
 
 log = logging.getLogger(__name__)
 
-# The connection window every HTTP/2 connection starts with (RFC 9113 6.9.2).
-INITIAL_CONNECTION_WINDOW = 65535
-# Bytes of a read handed to h2 at once (a TLS record's worth).
-RECEIVE_SLICE = 16384
+# What the answer to a request whose header list is too large says (Go's `handleHeaderListTooLong`).
+HEADER_LIST_TOO_LONG = b"<h1>HTTP Error 431</h1><p>Request Header Field(s) Too Large</p>"
 
 
 class H2ServerConnection(asyncio.Protocol):
@@ -62,38 +60,31 @@ class H2ServerConnection(asyncio.Protocol):
     def __init__(self, serving: Http2Serving) -> None:
         self.serving = serving
         self.limits = limits = serving.limits
+        self.lib = serving.nghttp2
         self.loop = asyncio.get_running_loop()
-        self.h2 = H2Connection(config=serving.config)
+        self.session = self.lib.new_session(limits)
         self.guard = FrameGuard(limits)
         self.resets = TokenBucket(limits.reset_burst, limits.reset_rate)
+        self._unstarted_resets = TokenBucket(limits.unstarted_reset_burst, limits.reset_rate)
         self.transport: asyncio.Transport | None = None
         self.info = Connection(None, None)
-        self.ssl_context: ssl.SSLContext | None = None
-        self.peername: Any = None
-        self.sockname: Any = None
         self.streams: dict[int, H2Stream] = {}
         self.queued: deque[H2Stream] = deque()
         self.running = 0  # handlers started and not yet returned
-        self.waiting_for_window: set[H2Stream] = set()
+        self.header_bytes = 0  # decoded header bytes held by streams alive
         self.writing_paused = False
         self._flush_scheduled = False
         self._drain: asyncio.Future[None] | None = None
-        self._receiving = False
-        self.goaway_sent = False  # graceful GOAWAY written: no new streams
-        self.last_stream_id = 0
-        self.closing = False  # error GOAWAY written (or the connection is gone): nothing is served
+        self.goaway_sent = False  # graceful GOAWAY submitted: no new streams
+        self.last_stream_id = 0  # the last stream that GOAWAY said is served
+        self._close_scheduled = False
+        self.closing = False  # error GOAWAY submitted (or the connection is gone): nothing is served
         self._settled = False  # the client's first SETTINGS arrived
+        self._violation: Violation | None = None  # what a callback found: acted on after mem_recv
+        self._our_resets: set[int] = set()  # streams the gateway reset itself
+        self._client_resets: set[int] = set()  # streams the client reset
         self._idle_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._handlers: dict[type[events.Event], Callable[[Any], None]] = {
-            events.RequestReceived: self._on_request,
-            events.DataReceived: self._on_data,
-            events.StreamEnded: self._on_stream_ended,
-            events.StreamReset: self._on_stream_reset,
-            events.WindowUpdated: self._on_window_updated,
-            events.RemoteSettingsChanged: self._on_settings,
-            events.ConnectionTerminated: self._on_client_goaway,
-        }
 
     # --- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -101,24 +92,19 @@ class H2ServerConnection(asyncio.Protocol):
         # uvloop's TLS transport is no subclass of asyncio.Transport, but it is one.
         self.transport = cast(asyncio.Transport, transport)
         self.info = Connection.of_transport(transport, protocol=HTTP2)
-        self.ssl_context = transport.get_extra_info("sslcontext")
-        self.peername = transport.get_extra_info("peername")
-        self.sockname = transport.get_extra_info("sockname")
         limits = self.limits
-        h2 = self.h2
-        h2.local_settings = Settings(
-            client=False,
-            initial_values={
-                SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_streams,
-                SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
-                SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
-                SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
-            },
+        lib, ffi = self.lib.lib, self.lib.ffi
+        settings = ffi.new(
+            "nghttp2_settings_entry[4]",
+            [
+                (nghttp2.SETTINGS_MAX_CONCURRENT_STREAMS, limits.max_streams),
+                (nghttp2.SETTINGS_INITIAL_WINDOW_SIZE, limits.stream_window),
+                (nghttp2.SETTINGS_MAX_FRAME_SIZE, limits.max_frame_size),
+                (nghttp2.SETTINGS_MAX_HEADER_LIST_SIZE, limits.max_header_list_size),
+            ],
         )
-        h2.max_inbound_frame_size = limits.max_frame_size
-        h2.decoder.max_header_list_size = limits.max_header_list_size
-        h2.initiate_connection()
-        h2.increment_flow_control_window(limits.connection_window - INITIAL_CONNECTION_WINDOW)
+        lib.nghttp2_submit_settings(self.session, 0, settings, 4)
+        lib.nghttp2_session_set_local_window_size(self.session, 0, 0, limits.connection_window)
         self.flush()
         self.serving.opened(self)
         self._idle_since = self.loop.time()
@@ -127,31 +113,27 @@ class H2ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return  # after an error GOAWAY: read and drop until the close
-        self._receiving = True
         try:
             self.guard.inspect(data)
-            handlers = self._handlers
-            # h2 decodes a whole read before it reports any event: in slices, a flood (rapid
-            # reset) is cut a slice past its limit instead of after every stream of a 256 KiB
-            # read was decoded, while the other connections wait.
-            for start in range(0, len(data), RECEIVE_SLICE):
-                for event in self.h2.receive_data(data[start : start + RECEIVE_SLICE]):
-                    handler = handlers.get(type(event))
-                    if handler is not None:
-                        handler(event)
-                    if self.closing:
-                        break
-                if self.closing:
-                    break
         except Violation as violation:
-            self._fail(violation.reason, violation.code, str(violation))
-        except ProtocolError as err:
-            # h2 has already written its GOAWAY (the error code it chose) to its send buffer.
-            reason = "header_list" if isinstance(err, DenialOfServiceError) else "protocol_error"
-            self._fail(reason, None, str(err) or type(err).__name__)
+            self._fail(violation)
+            return
+        binding = self.lib
+        binding.current = self
+        try:
+            result = binding.lib.nghttp2_session_mem_recv(self.session, data, len(data))
         finally:
-            self._receiving = False
-        self.flush()
+            binding.current = None
+        if self._violation is not None:
+            self._fail(self._violation)
+            return
+        if self.queued:
+            self._dispatch()
+        if result < 0:
+            # libnghttp2 ended the session for the client's protocol error: its GOAWAY is queued.
+            self._fail(Violation("protocol_error", ErrorCode.PROTOCOL_ERROR, binding.error(result)), submit=False)
+        elif binding.lib.nghttp2_session_want_write(self.session):
+            self.flush()  # SETTINGS and PING acknowledgements, window updates
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes; connection_lost ends every stream
@@ -184,24 +166,49 @@ class H2ServerConnection(asyncio.Protocol):
             self._drain = None
             if not waiter.done():
                 waiter.set_result(None)
+        self.flush()
 
-    # --- what streams ask of their connection ------------------------------------------------------
+    # --- writing ----------------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Write what h2 has to send once this turn of the event loop is over: the frames of every
-        stream answered in one turn leave in one TLS write (one encryption, one system call)
-        instead of one per frame, which is most of what HTTP/2 costs beyond HTTP/1.1."""
+        """Write what the session has to send once this turn of the event loop is over: the frames
+        of every stream answered in one turn leave in one TLS write (one encryption, one system
+        call) instead of one per frame."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self.write_out)
 
     def write_out(self) -> None:
-        """Write what h2 has to send now."""
+        """Write what the session has to send now (nothing while the client is not reading)."""
         self._flush_scheduled = False
-        data = self.h2.data_to_send()
         transport = self.transport
-        if data and transport is not None and not transport.is_closing():
-            transport.write(data)
+        if transport is None or transport.is_closing() or (self.writing_paused and not self.closing):
+            return  # resume_writing flushes; meanwhile what is owed waits in the session
+        binding = self.lib
+        lib, ffi, out = binding.lib, binding.ffi, binding.out
+        session = self.session
+        chunks: list[bytes] = []
+        binding.current = self
+        try:
+            while True:
+                size = lib.nghttp2_session_mem_send(session, out)
+                if size <= 0:
+                    break
+                chunks.append(ffi.buffer(out[0], size)[:])
+        finally:
+            binding.current = None
+        if chunks:
+            transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        if self._violation is not None:  # a callback during mem_send (a reset flood's last reset)
+            self._fail(self._violation)
+            return
+        if lib.nghttp2_session_want_read(session) or lib.nghttp2_session_want_write(session):
+            return
+        if not self.goaway_sent and not self.closing:
+            # libnghttp2 ended the session for the client's protocol error, its GOAWAY just sent.
+            self._fail(Violation("protocol_error", ErrorCode.PROTOCOL_ERROR, "the session ended"), submit=False)
+            return
+        self._close_soon()
 
     async def drain(self) -> None:
         """Wait until the transport takes more (the client reads again)."""
@@ -214,42 +221,63 @@ class H2ServerConnection(asyncio.Protocol):
             waiter = self._drain = self.loop.create_future()
         await asyncio.shield(waiter)
 
-    def acknowledge(self, stream_id: int, size: int) -> None:
-        """Body bytes were consumed: hand their window back to the client."""
-        if self.closing or not size:
-            return
-        self.h2.acknowledge_received_data(size, stream_id)
-        if not self._receiving:
-            self.flush()
+    # --- what streams ask of their connection ------------------------------------------------------
 
-    def reset_stream(self, stream: H2Stream, code: ErrorCodes) -> None:
+    def submit_response(
+        self, stream: H2Stream, status: int, headers: CIMultiDict[str], length: int | None, *, body: bool
+    ) -> None:
+        field_list, close = self.serving.fields.encode(status, headers, length)
+        if close:
+            self.shut_down("connection_close")
+        array, data = self.serving.arrays.pack(field_list)
+        binding = self.lib
+        provider = binding.data_provider if body else binding.ffi.NULL
+        code = binding.lib.nghttp2_submit_response(self.session, stream.id, array, len(field_list), provider)
+        del data
+        if code != 0:
+            stream.was_reset()
+            raise StreamReset(f"stream {stream.id}: {binding.error(code)}")
+        self.flush()
+
+    def resume(self, stream: H2Stream) -> None:
+        self.lib.lib.nghttp2_session_resume_data(self.session, stream.id)
+
+    def fits_window(self, stream: H2Stream, size: int) -> bool:
+        """Whether `size` more bytes can go to the client now (its stream window, which libnghttp2
+        caps by the connection's)."""
+        window: int = self.lib.lib.nghttp2_session_get_stream_remote_window_size(self.session, stream.id)
+        return window >= size
+
+    def consume(self, stream: H2Stream, size: int) -> None:
+        """Body bytes were read: hand their window back to the client."""
+        if self.closing:
+            return
+        self.lib.lib.nghttp2_session_consume(self.session, stream.id, size)
+        self.flush()
+
+    def reset_stream(self, stream: H2Stream, code: ErrorCode) -> None:
         """Reset one stream from the gateway's side (a cut answer, a refused head)."""
         if self.closing or stream.reset:
             return
-        self.h2.reset_stream(stream.id, code)
+        self._our_resets.add(stream.id)
+        self.lib.lib.nghttp2_submit_rst_stream(self.session, 0, stream.id, code)
         stream.was_reset()
-        if not self._receiving:
-            self.flush()
+        self.flush()
 
     def shut_down(self, reason: str = "shutdown") -> None:
         """Graceful GOAWAY: serve the streams received so far, refuse later ones, close when done."""
-        transport = self.transport
-        if self.goaway_sent or self.closing or transport is None:
+        if self.goaway_sent or self.closing or self.transport is None:
             return
-        self._write_goaway()
         self.goaway_sent = True
+        lib = self.lib.lib
+        last = self.last_stream_id = lib.nghttp2_session_get_last_proc_stream_id(self.session)
+        lib.nghttp2_submit_goaway(self.session, 0, last, ErrorCode.NO_ERROR, self.lib.ffi.NULL, 0)
         self.serving.metrics.goaway(reason)
-        if not self.streams and not self.queued:
-            self._close_after_goaway()
-
-    def _write_goaway(self) -> None:
-        """A GOAWAY NO_ERROR naming the last stream received, written beside h2 (which would
-        otherwise end the connection at once)."""
-        self.write_out()  # the frames h2 holds go first
-        self.last_stream_id = self.h2.highest_inbound_stream_id
-        goaway = GoAwayFrame(0, last_stream_id=self.last_stream_id, error_code=ErrorCodes.NO_ERROR)
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(goaway.serialize())
+        for stream in list(self.queued):
+            if stream.id > last:  # never reached a handler: refused, as the GOAWAY says
+                self.queued.remove(stream)
+                self.streams.pop(stream.id, None)
+        self.flush()
 
     def close(self) -> None:
         """The server is closing: cut whatever is left."""
@@ -261,96 +289,153 @@ class H2ServerConnection(asyncio.Protocol):
             self.write_out()
             self.transport.close()
 
-    # --- events ------------------------------------------------------------------------------------
+    # --- session callbacks (`nghttp2.SessionEvents`) -----------------------------------------------
 
-    def _on_request(self, event: events.RequestReceived) -> None:
-        sid = event.stream_id
-        if self.goaway_sent and sid > self.last_stream_id:
-            self.h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
-            return
-        try:
-            head = self.serving.names.request(event.headers or ())
-        except BadRequest as err:
-            log.info("HTTP/2 request refused", extra=fields(remote=self.info.remote, reason=str(err)))
-            self._spend_reset()
-            self.h2.reset_stream(sid, ErrorCodes.PROTOCOL_ERROR)
-            return
-        stream = H2Stream(self, sid)
-        if event.stream_ended is not None or head.headers.get("Content-Length") == "0":
-            payload: StreamReader = EMPTY_PAYLOAD
-        else:
-            body = StreamReader(cast(Any, stream), self.limits.body_buffer, loop=self.loop)
-            payload = stream.reader = body
-        stream.request = stream_request(
-            H2Request,
-            method=head.method,
-            target=head.target,
-            headers=head.headers,
-            payload=payload,
-            protocol=stream,
-            writer=ResponseWriter(stream),
-            task=None,
-            loop=self.loop,
-            client_max_size=self.serving.client_max_size,
-        )
-        self.streams[sid] = stream
+    def on_header(self, stream_id: int, name: bytes, value: bytes) -> int:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            stream = self.streams[stream_id] = H2Stream(self, stream_id)
+        elif stream.too_large:
+            return 0
+        size = len(name) + len(value) + 32  # RFC 9113 6.5.2's accounting
+        limits = self.limits
+        if stream.field_bytes + size > limits.max_header_list_size or (
+            self.header_bytes + size > limits.max_header_bytes_held
+        ):
+            stream.too_large = True
+            self.header_bytes -= stream.field_bytes
+            stream.field_bytes = 0
+            stream.fields = []
+            return 0
+        stream.field_bytes += size
+        self.header_bytes += size
+        stream.fields.append((name, value))
+        return 0
+
+    def on_frame_recv(self, kind: int, flags: int, stream_id: int, frame: Any) -> int:
+        if kind == nghttp2.HEADERS:
+            stream = self.streams.get(stream_id)
+            if stream is None:
+                return 0
+            if frame.headers.cat != nghttp2.HCAT_REQUEST:
+                if flags & nghttp2.FLAG_END_STREAM:  # trailers: the end of the body
+                    self._body_ended(stream)
+                return 0
+            if flags & nghttp2.FLAG_END_STREAM:
+                stream.remote_ended = True
+            return self._on_request(stream)
+        if kind == nghttp2.DATA:
+            if flags & nghttp2.FLAG_END_STREAM:
+                stream = self.streams.get(stream_id)
+                if stream is not None:
+                    self._body_ended(stream)
+            return 0
+        if kind == nghttp2.RST_STREAM:
+            self._client_resets.add(stream_id)
+            return self._spend_reset()
+        if kind == nghttp2.SETTINGS:
+            if not flags & nghttp2.FLAG_ACK:
+                self._settled = True
+            return 0
+        if kind == nghttp2.GOAWAY:
+            # The client is leaving: answer with a GOAWAY (as Go's server does), finish what it
+            # sent, then close.
+            self.shut_down("client_goaway")
+        return 0
+
+    def on_invalid_frame(self, kind: int, stream_id: int, error: int) -> int:
+        log.debug("HTTP/2 frame refused", extra=fields(remote=self.info.remote, reason=self.lib.error(error)))
+        return 0
+
+    def on_data(self, stream_id: int, data: bytes) -> int:
+        stream = self.streams.get(stream_id)
+        body = stream.body if stream is not None else None
+        if body is None or stream is None or stream.reset:
+            # Nobody will read it: hand the window back at once.
+            self.lib.lib.nghttp2_session_consume(self.session, stream_id, len(data))
+            return 0
+        body.feed(data)
+        return 0
+
+    def on_stream_close(self, stream_id: int, error_code: int) -> int:
+        stream = self.streams.get(stream_id)
+        ours = stream_id in self._our_resets
+        theirs = stream_id in self._client_resets
+        self._our_resets.discard(stream_id)
+        self._client_resets.discard(stream_id)
+        if error_code != ErrorCode.NO_ERROR and not ours and not theirs:
+            # libnghttp2 reset it for the client's protocol error (MadeYouReset): it counts too.
+            failed = self._spend_reset()
+            if failed:
+                return failed
+        if stream is None:
+            return 0
+        if theirs and stream.task is None and not self._unstarted_resets.take():
+            # Reset before its handler ever started, beyond what any client does but a rapid-reset
+            # flood: cut it here, a hundred streams in, not four hundred.
+            limits = self.limits
+            return self._violate(
+                Violation(
+                    "rapid_reset",
+                    ErrorCode.ENHANCE_YOUR_CALM,
+                    f"more than {limits.unstarted_reset_burst} streams reset before they were served",
+                )
+            )
+        stream.closed = True
+        if error_code != ErrorCode.NO_ERROR or not stream.ended:
+            stream.was_reset()
+        if stream.task is None or stream.task.done():
+            self._forget(stream)
+        return 0
+
+    def read_body(self, stream_id: int, buf: Any, length: int, flags: Any) -> int:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return nghttp2.ERR_TEMPORAL_CALLBACK_FAILURE
+        written = stream.read_body(buf, length, flags, self.lib.ffi.memmove)
+        return nghttp2.ERR_DEFERRED if written is None else written
+
+    def on_error(self, message: str) -> int:
+        log.debug("HTTP/2 session error", extra=fields(remote=self.info.remote, reason=message))
+        return 0
+
+    # --- requests -----------------------------------------------------------------------------------
+
+    def _on_request(self, stream: H2Stream) -> int:
         self._idle_since = None
-        if self.running < self.limits.max_streams:
-            self._start(stream)
-            return
+        if self.goaway_sent and stream.id > self.last_stream_id:
+            self.reset_stream(stream, ErrorCode.REFUSED_STREAM)  # after the GOAWAY: not served
+            self._forget(stream)
+            return 0
+        if not stream.remote_ended and not _no_body(stream.fields):
+            stream.body = H2Body(stream)
+        # Started once libnghttp2 has returned (`_dispatch`): a stream the same read resets
+        # (a rapid-reset flood sends each HEADERS with its RST_STREAM) never gets a handler.
         self.queued.append(stream)
         if len(self.queued) > self.limits.max_queued_handlers:
-            raise Violation(
-                "rapid_reset",
-                ErrorCodes.ENHANCE_YOUR_CALM,
-                f"more than {self.limits.max_queued_handlers} streams waiting for a handler",
+            return self._violate(
+                Violation(
+                    "rapid_reset",
+                    ErrorCode.ENHANCE_YOUR_CALM,
+                    f"more than {self.limits.max_queued_handlers} streams waiting for a handler",
+                )
             )
+        return 0
 
-    def _on_data(self, event: events.DataReceived) -> None:
-        sid = event.stream_id
-        stream = self.streams.get(sid)
-        size = event.flow_controlled_length or 0
-        if stream is None:
-            if size:
-                self.h2.acknowledge_received_data(size, sid)
-            return
-        stream.feed(event.data or b"", size)
+    def _body_ended(self, stream: H2Stream) -> None:
+        stream.remote_ended = True
+        if stream.body is not None:
+            stream.body.feed_eof()
 
-    def _on_stream_ended(self, event: events.StreamEnded) -> None:
-        stream = self.streams.get(event.stream_id)
-        if stream is not None:
-            stream.feed_eof()
-
-    def _on_stream_reset(self, event: events.StreamReset) -> None:
-        # The client's reset, or one h2 sent because of the client's error (remote_reset False).
-        self._spend_reset()
-        stream = self.streams.get(event.stream_id)
-        if stream is not None:
-            stream.was_reset()
-
-    def _on_window_updated(self, event: events.WindowUpdated) -> None:
-        if event.stream_id:
-            stream = self.streams.get(event.stream_id)
-            if stream is not None:
-                stream.window_changed()
-            return
-        for stream in list(self.waiting_for_window):
-            stream.window_changed()
-
-    def _on_settings(self, event: events.RemoteSettingsChanged) -> None:
-        self._settled = True
-        if SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
-            for stream in list(self.waiting_for_window):
-                stream.window_changed()
-
-    def _on_client_goaway(self, event: events.ConnectionTerminated) -> None:
-        """The client is leaving: answer with a GOAWAY (as Go's server does) and close. The h2
-        library allows nothing more on a connection once the client's GOAWAY arrived, so streams
-        still in flight end here (Go's server would finish them)."""
-        self._write_goaway()
-        self._fail("client_goaway", None, f"client sent GOAWAY ({event.error_code!r})", log_it=False)
-
-    # --- handlers -----------------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        """Start the queued handlers there is room for (Go's `scheduleHandler`)."""
+        queued = self.queued
+        while queued and self.running < self.limits.max_streams:
+            waiting = queued.popleft()
+            if waiting.reset:  # reset before it started: skipped, as Go's `handlerDone`
+                self._forget(waiting)
+            else:
+                self._start(waiting)
 
     def _start(self, stream: H2Stream) -> None:
         self.running += 1
@@ -358,67 +443,95 @@ class H2ServerConnection(asyncio.Protocol):
         task.add_done_callback(lambda _task: self._handler_done(stream))
 
     async def _serve(self, stream: H2Stream) -> None:
-        request = stream.request
+        # The decoded header list stays counted (`header_bytes`) until the handler returns.
+        fields_ = stream.fields
+        stream.fields = []
         try:
+            if stream.too_large:
+                await stream.respond(Response(431, HEADER_LIST_TOO_LONG, content_type="text/html; charset=utf-8"))
+                return
             try:
-                response = await self.serving.handler(request)
-            except web.HTTPException as exc:
-                response = exc
-            await response.prepare(request)
-            await response.write_eof()
+                head = self.serving.names.request(fields_)
+            except BadRequest as err:
+                log.info("HTTP/2 request refused", extra=fields(remote=self.info.remote, reason=str(err)))
+                self.reset_stream(stream, ErrorCode.PROTOCOL_ERROR)
+                if not self.resets.take():
+                    self._fail(
+                        Violation("reset_flood", ErrorCode.ENHANCE_YOUR_CALM, "too many malformed requests")
+                    )
+                return
+            stream.method = head.method
+            stream.target = head.target
+            stream.raw_path = head.raw_path
+            stream.raw_query = head.raw_query
+            stream.headers = CIMultiDictProxy(head.headers)
+            stream.head_only = head.method == "HEAD"
+            await self.serving.handler(stream)
         except (asyncio.CancelledError, ConnectionResetError):
             pass  # the stream was reset or the connection is gone: nobody to answer
         except Exception:
-            log.exception("HTTP/2 stream failed", extra=fields(method=request.method, path=request.path))
+            log.exception("HTTP/2 stream failed", extra=fields(method=stream.method, path=stream.target))
 
     def _handler_done(self, stream: H2Stream) -> None:
         self.running -= 1
-        self.streams.pop(stream.id, None)
-        if not self.closing and not stream.reset:
-            h2_stream = self.h2.streams.get(stream.id)
-            if h2_stream is not None and not h2_stream.closed:
-                # Answered while the client still sends (NO_ERROR, as Go's server), or not answered
-                # to the end (the handler failed after its head went out).
-                code = ErrorCodes.NO_ERROR if stream.ended else ErrorCodes.INTERNAL_ERROR
-                self.h2.reset_stream(stream.id, code)
-            stream.reset = True
-        queued = self.queued
-        while queued and self.running < self.limits.max_streams:
-            waiting = queued.popleft()
-            if waiting.reset:  # reset before it started: skipped, as Go's `handlerDone`
-                self.streams.pop(waiting.id, None)
-            else:
-                self._start(waiting)
-        if not self.streams:
-            if self.goaway_sent:
-                self._close_after_goaway()
-            else:
-                self._idle_since = self.loop.time()
-        self.flush()
+        if stream.field_bytes:
+            self.header_bytes -= stream.field_bytes
+            stream.field_bytes = 0
+        if not self.closing and not stream.reset and not stream.closed:
+            if not stream.ended:
+                # Not answered to the end (the handler failed after its head went out).
+                self.reset_stream(stream, ErrorCode.INTERNAL_ERROR)
+            elif not stream.remote_ended:
+                # Answered while the client still sends: the rest is not wanted (Go's server).
+                self.reset_stream(stream, ErrorCode.NO_ERROR)
+        if stream.closed or stream.reset:
+            self._forget(stream)
+        self._dispatch()
+        if self.goaway_sent and not self.streams:
+            self.flush()  # the session may be over: write_out closes the connection
+
+    def _forget(self, stream: H2Stream) -> None:
+        if self.streams.get(stream.id) is stream:
+            del self.streams[stream.id]
+        if stream.field_bytes:
+            self.header_bytes -= stream.field_bytes
+            stream.field_bytes = 0
+        if not self.streams and not self.goaway_sent:
+            self._idle_since = self.loop.time()
 
     # --- ending --------------------------------------------------------------------------------------
 
-    def _spend_reset(self) -> None:
-        if not self.resets.take():
-            raise Violation(
+    def _spend_reset(self) -> int:
+        if self.resets.take():
+            return 0
+        limits = self.limits
+        return self._violate(
+            Violation(
                 "reset_flood",
-                ErrorCodes.ENHANCE_YOUR_CALM,
-                f"stream resets beyond {self.limits.reset_burst} at once or {self.limits.reset_rate:g}/s",
+                ErrorCode.ENHANCE_YOUR_CALM,
+                f"stream resets beyond {limits.reset_burst} at once or {limits.reset_rate:g}/s",
             )
+        )
 
-    def _fail(self, reason: str, code: ErrorCodes | None, detail: str, *, log_it: bool = True) -> None:
-        """End the connection now: GOAWAY `code` (None: already written), handlers cancelled."""
+    def _violate(self, violation: Violation) -> int:
+        """From a callback: end the session once libnghttp2 returns."""
+        if self._violation is None:
+            self._violation = violation
+        return nghttp2.ERR_CALLBACK_FAILURE
+
+    def _fail(self, violation: Violation, *, submit: bool = True) -> None:
+        """End the connection now: GOAWAY with the violation's code, handlers cancelled."""
+        self._violation = None
         if self.closing:
             return
-        if log_it:
+        if violation.reason != "client_goaway":
             log.info(
                 "HTTP/2 connection ended by a limit or a protocol error",
-                extra=fields(remote=self.info.remote, reason=reason, detail=detail),
+                extra=fields(remote=self.info.remote, reason=violation.reason, detail=str(violation)),
             )
-        self.serving.metrics.goaway(reason)
-        if code is not None:
-            self.h2.close_connection(error_code=code)
-        self.flush()
+        self.serving.metrics.goaway(violation.reason)
+        if submit:
+            self.lib.lib.nghttp2_session_terminate_session(self.session, violation.code)
         self.closing = True
         for stream in [*self.streams.values(), *self.queued]:
             stream.was_reset()
@@ -426,18 +539,19 @@ class H2ServerConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        if reason == "control_queue":
+        self.write_out()
+        if violation.reason == "control_queue":
             transport.abort()  # the client reads nothing: the GOAWAY would never reach it
             return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_later(self.limits.goaway_timeout, transport.close)
+        self._close_soon()
 
-    def _close_after_goaway(self) -> None:
+    def _close_soon(self) -> None:
+        """Close after `goaway_timeout`, reading and dropping meanwhile (once)."""
         transport = self.transport
-        if transport is None or self.closing:
-            return
         self.closing = True
+        if transport is None or self._close_scheduled:
+            return
+        self._close_scheduled = True
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self.loop.call_later(self.limits.goaway_timeout, transport.close)
@@ -460,3 +574,11 @@ class H2ServerConnection(asyncio.Protocol):
             return
         wait = idle if since is None else idle - (now - since)
         self._timer = self.loop.call_later(wait, self._on_timer)
+
+
+def _no_body(request_fields: list[tuple[bytes, bytes]]) -> bool:
+    """`content-length: 0`: the request has no body (whatever END_STREAM says)."""
+    return any(name == b"content-length" and value == b"0" for name, value in request_fields)
+
+
+__all__ = ["H2ServerConnection", "StreamReset"]

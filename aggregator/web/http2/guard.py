@@ -21,14 +21,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from h2.errors import ErrorCodes
-
+from aggregator.web.http2.codes import ErrorCode
 from aggregator.web.http2.limits import H2Limits
 
 PREFACE_LENGTH = 24  # b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", checked by the h2 library
 FRAME_HEADER = 9
 
 DATA, HEADERS, PRIORITY, SETTINGS, PING, CONTINUATION = 0x0, 0x1, 0x2, 0x4, 0x6, 0x9
+# Frames the guard has no count for (RST_STREAM, GOAWAY, WINDOW_UPDATE: the connection counts the
+# resets), passed over without a call.
+_UNCOUNTED = frozenset({0x3, 0x7, 0x8})
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
 
 
@@ -38,7 +40,7 @@ class Violation(Exception):
     `reason` names the limit (the `aggregator_http2_goaways_total` label and the log line).
     """
 
-    def __init__(self, reason: str, code: ErrorCodes, detail: str) -> None:
+    def __init__(self, reason: str, code: ErrorCode, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.code = code
@@ -110,9 +112,14 @@ class FrameGuard:
         if self._partial:
             data = self._partial + data
             size = len(data)
+        frame = self._frame
         while pos + FRAME_HEADER <= size:
             length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
-            self._frame(data[pos + 3], data[pos + 4], length)
+            kind = data[pos + 3]
+            if kind in _UNCOUNTED and not self._in_block:
+                self._empty = 0  # RST_STREAM, WINDOW_UPDATE, GOAWAY: nothing to count
+            else:
+                frame(kind, data[pos + 4], length)
             pos += FRAME_HEADER + length
         if pos <= size:
             self._partial = data[pos:]
@@ -138,13 +145,13 @@ class FrameGuard:
             if self._block > limits.max_header_block:
                 raise Violation(
                     "header_block",
-                    ErrorCodes.PROTOCOL_ERROR,
+                    ErrorCode.PROTOCOL_ERROR,
                     f"header block over {limits.max_header_block} bytes",
                 )
             if self._continuations > limits.max_continuations:
                 raise Violation(
                     "continuation_flood",
-                    ErrorCodes.ENHANCE_YOUR_CALM,
+                    ErrorCode.ENHANCE_YOUR_CALM,
                     f"more than {limits.max_continuations} CONTINUATION frames in one header block",
                 )
             if flags & END_HEADERS:
@@ -158,7 +165,7 @@ class FrameGuard:
             if length // 6 > limits.max_settings_per_frame:
                 raise Violation(
                     "settings",
-                    ErrorCodes.PROTOCOL_ERROR,
+                    ErrorCode.PROTOCOL_ERROR,
                     f"SETTINGS frame with {length // 6} entries (at most {limits.max_settings_per_frame})",
                 )
             self._answered("SETTINGS")
@@ -166,18 +173,18 @@ class FrameGuard:
             if not flags & ACK:
                 self._answered("PING")
         elif kind == PRIORITY and not self._control.take():
-            raise Violation("control_flood", ErrorCodes.ENHANCE_YOUR_CALM, "PRIORITY frames too fast")
+            raise Violation("control_flood", ErrorCode.ENHANCE_YOUR_CALM, "PRIORITY frames too fast")
 
     def _answered(self, kind: str) -> None:
         """A frame the gateway must answer."""
         if not self._control.take():
-            raise Violation("control_flood", ErrorCodes.ENHANCE_YOUR_CALM, f"{kind} frames too fast")
+            raise Violation("control_flood", ErrorCode.ENHANCE_YOUR_CALM, f"{kind} frames too fast")
         if self.writing_paused:
             self.unanswered += 1
             if self.unanswered > self.limits.max_queued_control_frames:
                 raise Violation(
                     "control_queue",
-                    ErrorCodes.ENHANCE_YOUR_CALM,
+                    ErrorCode.ENHANCE_YOUR_CALM,
                     f"more than {self.limits.max_queued_control_frames} answers queued for a client "
                     "that does not read them",
                 )
@@ -190,6 +197,6 @@ class FrameGuard:
         if self._empty > self.limits.max_empty_frames:
             raise Violation(
                 "empty_frames",
-                ErrorCodes.ENHANCE_YOUR_CALM,
+                ErrorCode.ENHANCE_YOUR_CALM,
                 f"more than {self.limits.max_empty_frames} consecutive frames without payload",
             )

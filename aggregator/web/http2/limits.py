@@ -37,6 +37,10 @@ class H2Limits:
     max_frame_size: int = RESOURCE_BODY_99TH_PERCENTILE
     # SETTINGS_MAX_HEADER_LIST_SIZE, enforced by the HPACK decoder.
     max_header_list_size: int = MAX_HEADER_LIST_SIZE
+    # Decoded header bytes (RFC 9113 6.5.2's accounting) held at once by the streams of one
+    # connection: past it a request is answered 431 instead of being decoded further, so HPACK
+    # references multiplied over 100 streams cannot pin hundreds of MiB (RFC 7541 7.3).
+    max_header_bytes_held: int = 4 * MAX_HEADER_LIST_SIZE
     # A header block (HEADERS and its CONTINUATION frames) is refused past this many encoded bytes
     # before it is decoded (CVE-2024-27316, "CONTINUATION flood"): Go's `readMetaFrame` stops at a
     # fragment more than twice the header bytes it will still accept.
@@ -55,6 +59,10 @@ class H2Limits:
     # ENHANCE_YOUR_CALM.
     reset_burst: int = 1000
     reset_rate: float = 33.0
+    # Streams the client resets before their handler started (what a rapid-reset flood is made
+    # of; a client cancels a request it is waiting on, not one it just sent): past this many at
+    # once, refilled at `reset_rate`, GOAWAY ENHANCE_YOUR_CALM.
+    unstarted_reset_burst: int = DEFAULT_MAX_STREAMS
     # PING and SETTINGS frames (each one makes the gateway answer) over a token bucket; client-go
     # pings once every 30 s on an idle connection.
     control_burst: int = 1000
@@ -89,4 +97,4 @@ class H2Limits:
     def for_flag(cls, max_streams_per_connection: int) -> H2Limits:
         """`--http2-max-streams-per-connection`: zero or less means kube-apiserver's 100."""
         streams = max_streams_per_connection if max_streams_per_connection > 0 else DEFAULT_MAX_STREAMS
-        return cls(max_streams=streams)
+        return cls(max_streams=streams, unstarted_reset_burst=streams)

@@ -44,7 +44,7 @@ class ConnectionMetrics:
             "aggregator_http2_goaways",
             "GOAWAY frames sent on HTTP/2 connections, by reason: shutdown, idle, connection_close, "
             "unauthenticated and client_goaway end a connection gracefully; the others are defences "
-            "(rapid_reset, reset_flood, header_block, continuation_flood, header_list, settings, "
+            "(rapid_reset, reset_flood, header_block, continuation_flood, settings, "
             "control_flood, control_queue, empty_frames) and protocol_error.",
             ["reason"],
             registry=registry,

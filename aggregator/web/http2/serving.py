@@ -1,20 +1,20 @@
-"""What every HTTP/2 connection of one listener shares: the pipeline's entry, the limits, the h2
-configuration, the header-name cache, and the live connections, for the server's graceful
-shutdown (`shut_down`: GOAWAY on each) and its close."""
+"""What every HTTP/2 connection of one listener shares: the pipeline's entry, the limits, the
+libnghttp2 binding, the header-name and field caches, and the live connections, for the server's
+graceful shutdown (`shut_down`: GOAWAY on each) and its close."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
-from aiohttp import web
-from h2.config import H2Configuration
-
-from aggregator.web.http2.heads import HeaderNames
+from aggregator.web.http2.heads import HeaderNames, NameValueArrays, ResponseFields
 from aggregator.web.http2.limits import H2Limits
 from aggregator.web.http2.metrics import ConnectionMetrics
+from aggregator.web.http2.nghttp2 import Nghttp2
+from aggregator.web.serverrequest import ServerRequest
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The pipeline's entry (`Pipeline.handle`).
+Handler = Callable[[ServerRequest], Awaitable[Any]]
 
 
 class LiveConnection(Protocol):
@@ -24,22 +24,14 @@ class LiveConnection(Protocol):
 
 
 class Http2Serving:
-    def __init__(
-        self, handler: Handler, limits: H2Limits, metrics: ConnectionMetrics, *, client_max_size: int
-    ) -> None:
+    def __init__(self, handler: Handler, limits: H2Limits, metrics: ConnectionMetrics, nghttp2: Nghttp2) -> None:
         self.handler = handler
         self.limits = limits
         self.metrics = metrics
-        self.client_max_size = client_max_size
-        # Inbound heads are validated by h2 (RFC 9113 8.2); outbound ones are built valid
-        # (`heads.response_fields`) and not checked twice.
-        self.config = H2Configuration(
-            client_side=False,
-            header_encoding=None,
-            validate_outbound_headers=False,
-            normalize_outbound_headers=False,
-        )
+        self.nghttp2 = nghttp2
         self.names = HeaderNames()
+        self.fields = ResponseFields()
+        self.arrays = NameValueArrays(nghttp2.ffi)
         self.connections: set[LiveConnection] = set()
 
     def opened(self, connection: LiveConnection) -> None:

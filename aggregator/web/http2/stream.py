@@ -1,300 +1,366 @@
-"""One HTTP/2 stream, served as the aiohttp request the pipeline already serves over HTTP/1.1.
+"""One HTTP/2 stream as the pipeline sees it: a `ServerRequest` (`web/serverrequest.py`).
 
-The pipeline and its handlers read a request (head, body stream, the connection's identity) and
-write an aiohttp response; a stream gives them exactly that:
-
-- `H2Stream` plays the parts aiohttp's connection plays for an HTTP/1.1 request: the request's
-  "protocol" (the TLS session and peer of its connection, `web.context.Connection`; the body's
-  flow control: reading pauses when the body buffer is full, and only bytes read are handed back
-  to the client as window), and its "transport", whose `close()` resets this stream alone (where
-  HTTP/1.1 closes the connection to cut an answer short, as Go's server answers
-  `http.ErrAbortHandler`: RST_STREAM INTERNAL_ERROR).
-- `ResponseWriter` is the response's payload writer: the head becomes a HEADERS frame (with
-  END_STREAM when nothing follows), the body DATA frames within the client's flow-control windows,
-  so a slow reader holds its writer (a watch's relay, and through it the backend connection)
-  instead of filling memory.
+- The request: the head libnghttp2 decoded (`heads.RequestHead`), the connection's identity, and
+  the body (`H2Body`): bytes are buffered as DATA arrives and window goes back to the client only
+  as the handler reads them (`nghttp2_session_consume`), so a client can never have more in flight
+  than the stream's window.
+- The answer: `respond` submits a whole response (HEADERS, and DATA when it has a body, with
+  END_STREAM); `stream` starts one whose body the handler writes (`H2Answer`). Body bytes wait in
+  the stream's queue until libnghttp2 asks for them (`read_body`, within the client's flow-control
+  windows and frame size); a writer whose queue is full waits, so a slow reader holds its writer
+  (a watch's relay, and through it the backend connection) instead of filling memory. An answer
+  that cannot leave (the client never opens its window) keeps its writer waiting, inside the
+  request's deadline (`web/timeout.py`), which then resets the stream.
 
 A stream the client resets cancels its handler; a handler that ends before its answer did resets
-the stream.
+the stream (`connection.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
-from typing import TYPE_CHECKING, Any, Protocol
+from collections import deque
+from typing import Any, Protocol
 
-from h2.connection import H2Connection
-from h2.errors import ErrorCodes
-from h2.exceptions import StreamClosedError
+from multidict import CIMultiDict, CIMultiDictProxy
 
-from aggregator.util._aiohttp import AbstractStreamWriter, StreamReader
-from aggregator.web.context import Connection
-from aggregator.web.http2.heads import response_fields
+from aggregator.web.connection import Connection
+from aggregator.web.http2.codes import ErrorCode
+from aggregator.web.serverrequest import HeadHook, Response, StreamedResponse, Tunnel
 
-if TYPE_CHECKING:
-    from multidict import CIMultiDict
-
-# aiohttp's defaults for multipart fields (never used by the gateway; read by aiohttp's request).
-MAX_FIELD_SIZE = 8190
-MAX_HEADERS = 128
-
-
-class StreamConnection(Protocol):
-    """What a stream needs of its connection (`connection.H2ServerConnection`)."""
-
-    h2: H2Connection
-    info: Connection
-    ssl_context: ssl.SSLContext | None
-    peername: Any
-    sockname: Any
-    transport: asyncio.Transport | None
-    writing_paused: bool
-    waiting_for_window: set[H2Stream]
-
-    def flush(self) -> None: ...
-
-    async def drain(self) -> None: ...
-
-    def acknowledge(self, stream_id: int, size: int) -> None: ...
-
-    def reset_stream(self, stream: H2Stream, code: ErrorCodes) -> None: ...
-
-    def shut_down(self, reason: str = ...) -> None: ...
+# Queued answer bytes above which a writer waits for the client to take some.
+HIGH_WATER = 256 * 1024
+# Methods and statuses whose answers never carry a body.
+_NO_BODY_STATUS = frozenset({204, 304})
 
 
 class StreamReset(ConnectionResetError):
     """The stream was reset (by the client, or because its connection is gone)."""
 
 
+class StreamOwner(Protocol):
+    """What a stream asks of its connection (`connection.H2ServerConnection`)."""
+
+    info: Connection
+    writing_paused: bool
+
+    def consume(self, stream: H2Stream, size: int) -> None: ...
+
+    def submit_response(
+        self, stream: H2Stream, status: int, headers: CIMultiDict[str], length: int | None, *, body: bool
+    ) -> None: ...
+
+    def resume(self, stream: H2Stream) -> None: ...
+
+    def fits_window(self, stream: H2Stream, size: int) -> bool: ...
+
+    def reset_stream(self, stream: H2Stream, code: ErrorCode) -> None: ...
+
+    def shut_down(self, reason: str = ...) -> None: ...
+
+    def flush(self) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
+class H2Body:
+    """A request body as DATA frames bring it (`serverrequest.RequestBody`)."""
+
+    __slots__ = ("_chunks", "_eof", "_error", "_waiter", "stream")
+
+    def __init__(self, stream: H2Stream) -> None:
+        self.stream = stream
+        self._chunks: deque[bytes] = deque()
+        self._eof = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._wake()
+
+    def feed_eof(self) -> None:
+        self._eof = True
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def at_eof(self) -> bool:
+        return self._eof and not self._chunks
+
+    async def readany(self) -> bytes:
+        while not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunk = self._chunks.popleft()
+        self.stream.consumed(len(chunk))
+        return chunk
+
+    async def read(self, n: int = -1) -> bytes:
+        out = bytearray()
+        while n < 0 or len(out) < n:
+            chunk = await self.readany()
+            if not chunk:
+                break
+            if 0 <= n < len(out) + len(chunk):
+                keep = n - len(out)
+                out += chunk[:keep]
+                self._chunks.appendleft(chunk[keep:])  # its window went back with the whole chunk
+                break
+            out += chunk
+        return bytes(out)
+
+
+class H2Answer:
+    """An answer being written on a stream (`serverrequest.StreamedResponse`)."""
+
+    __slots__ = ("body_length", "headers", "status", "stream")
+
+    def __init__(self, stream: H2Stream, status: int, headers: CIMultiDict[str]) -> None:
+        self.stream = stream
+        self.status = status
+        self.headers = headers
+        self.body_length = 0
+
+    async def write(self, chunk: bytes) -> None:
+        if chunk:
+            self.body_length += len(chunk)
+            await self.stream.send(chunk, end=False)
+
+    async def finish(self, chunk: bytes = b"") -> None:
+        self.body_length += len(chunk)
+        await self.stream.send(chunk, end=True)
+
+    def abort(self) -> None:
+        self.stream.abort()
+
+    @property
+    def chunked(self) -> bool:
+        return True  # END_STREAM marks the end of every HTTP/2 answer
+
+
 class H2Stream:
     """One request/response exchange on an HTTP/2 connection (see the module docstring)."""
 
     __slots__ = (
-        "_reading_paused",
-        "_unacked",
-        "_window",
+        "_drained",
+        "_out",
+        "_queued",
+        "_sent_out",
+        "body",
+        "closed",
         "connection",
+        "deferred",
         "ended",
+        "field_bytes",
+        "fields",
+        "head_only",
+        "headers",
         "id",
-        "reader",
-        "request",
+        "method",
+        "on_head",
+        "owner",
+        "raw_path",
+        "raw_query",
+        "remote_ended",
         "reset",
+        "streamed",
+        "submitted",
+        "target",
         "task",
+        "too_large",
     )
 
-    max_field_size = MAX_FIELD_SIZE
-    max_headers = MAX_HEADERS
-
-    def __init__(self, connection: StreamConnection, stream_id: int) -> None:
-        self.connection = connection
+    def __init__(self, owner: StreamOwner, stream_id: int) -> None:
+        self.owner = owner
         self.id = stream_id
-        self.reader: StreamReader | None = None  # None: no body (END_STREAM came with the head)
-        self.request: Any = None
+        self.connection: Connection = owner.info
+        # The header list as decoded, until the head is complete.
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.field_bytes = 0
+        self.too_large = False
+        # The head (`start`).
+        self.method = ""
+        self.target = ""
+        self.raw_path = ""
+        self.raw_query = ""
+        self.headers: CIMultiDictProxy[str] = _NO_HEADERS
+        self.body: H2Body | None = None
+        self.on_head: HeadHook | None = None
+        self.streamed: StreamedResponse | None = None
+        self.head_only = False
         self.task: asyncio.Task[None] | None = None
+        self.remote_ended = False  # the client's END_STREAM arrived
         self.reset = False  # no frame may be sent on it any more
-        self.ended = False  # END_STREAM sent: the answer is complete
-        self._reading_paused = False
-        self._unacked = 0  # body bytes buffered while reading is paused, not yet handed back
-        self._window: asyncio.Future[None] | None = None
+        self.closed = False  # libnghttp2 closed it
+        self.submitted = False  # the answer's HEADERS went to libnghttp2
+        self.ended = False  # the answer's last byte is queued (END_STREAM follows it)
+        self.deferred = False  # libnghttp2 waits for more body (`nghttp2_session_resume_data`)
+        self._out: deque[bytes | memoryview] = deque()
+        self._queued = 0
+        self._sent_out = False  # every byte queued went to libnghttp2, END_STREAM included
+        self._drained: asyncio.Future[None] | None = None
 
-    # --- the request's "protocol" (what aiohttp's request and StreamReader read) ---------------
+    # --- the request -------------------------------------------------------------------------------
 
-    @property
-    def transport(self) -> H2Stream:
-        return self
+    def consumed(self, size: int) -> None:
+        """The handler read `size` body bytes: window back to the client."""
+        if size > 0:
+            self.owner.consume(self, size)
 
-    @property
-    def ssl_context(self) -> ssl.SSLContext | None:
-        return self.connection.ssl_context
+    def tunnel(self) -> Tunnel | None:
+        return None  # RFC 9113 has no Upgrade
 
-    @property
-    def peername(self) -> Any:
-        return self.connection.peername
+    def close_connection(self, reason: str = "connection_close") -> None:
+        self.owner.shut_down(reason)
 
-    @property
-    def sockname(self) -> Any:
-        return self.connection.sockname
-
-    @property
-    def gateway_connection(self) -> Connection:
-        return self.connection.info
-
-    @property
-    def connected(self) -> bool:
-        return not self.reset
-
-    def pause_reading(self) -> None:
-        self._reading_paused = True
-
-    def resume_reading(self, resume_parser: bool = True) -> None:
-        if self._reading_paused:
-            self._reading_paused = False
-            unacked, self._unacked = self._unacked, 0
-            if unacked:
-                self.connection.acknowledge(self.id, unacked)
-
-    def feed(self, data: bytes, flow_controlled: int) -> None:
-        """Body bytes arrived: buffer them; hand the window back unless the buffer is full."""
-        reader = self.reader
-        if reader is None or self.reset:
-            self.connection.acknowledge(self.id, flow_controlled)
-            return
-        reader.feed_data(data)
-        if self._reading_paused:
-            self._unacked += flow_controlled
-        elif flow_controlled:
-            self.connection.acknowledge(self.id, flow_controlled)
-
-    def feed_eof(self) -> None:
-        if self.reader is not None:
-            self.reader.feed_eof()
-
-    # --- the request's "transport" ----------------------------------------------------------------
-
-    def close(self) -> None:
+    def abort(self) -> None:
         """Cut the answer short: reset this stream (the connection and its other streams go on)."""
-        if not self.reset and not self.ended:
-            self.connection.reset_stream(self, ErrorCodes.INTERNAL_ERROR)
+        if not self.reset and not self._sent_out:
+            self.owner.reset_stream(self, ErrorCode.INTERNAL_ERROR)
 
-    abort = close
+    # --- answering ----------------------------------------------------------------------------------
 
-    def is_closing(self) -> bool:
-        return self.reset or self.ended
+    async def respond(self, response: Response) -> None:
+        status = response.status
+        headers = response.headers
+        body = response.body
+        if self.on_head is not None:
+            self.on_head(status, headers)
+        if response.close:
+            self.owner.shut_down("connection_close")
+        if self.head_only or status in _NO_BODY_STATUS or status < 200:
+            self._submit(status, headers, len(body) if status >= 200 else None, end=True)
+            return
+        if body:
+            self._out.append(body)
+            self._queued = len(body)
+        self.ended = True
+        self._submit(status, headers, len(body), end=not body)
+        if body and not self.owner.fits_window(self, len(body)):
+            await self._until_queued(0)
 
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        transport = self.connection.transport
-        return transport.get_extra_info(name, default) if transport is not None else default
+    async def stream(
+        self, status: int, headers: CIMultiDict[str], *, reason: str = "", head_now: bool = True
+    ) -> StreamedResponse:
+        answer = H2Answer(self, status, headers)
+        self.streamed = answer
+        if self.on_head is not None:
+            self.on_head(status, headers)
+        if head_now:
+            self._submit(status, headers, None, end=self.head_only)
+        else:
+            answer.headers = headers  # submitted with the first body bytes
+        return answer
 
-    # --- the connection's side ----------------------------------------------------------------------
+    def _submit(self, status: int, headers: CIMultiDict[str], length: int | None, *, end: bool) -> None:
+        if self.reset:
+            raise StreamReset(f"stream {self.id} reset")
+        self.submitted = True
+        if end:
+            self.ended = True
+            self._sent_out = True
+        self.owner.submit_response(self, status, headers, length, body=not end)
+
+    async def send(self, chunk: bytes, *, end: bool) -> None:
+        """Queue body bytes (and the end), then wait while more than `HIGH_WATER` is queued."""
+        if self.reset:
+            raise StreamReset(f"stream {self.id} reset")
+        if self.ended:
+            return
+        if not self.submitted:
+            answer = self.streamed
+            assert answer is not None, "stream() before send()"
+            if self.head_only:
+                self._submit(answer.status, answer.headers, None, end=True)
+                return
+            self._submit(answer.status, answer.headers, None, end=False)
+        if chunk:
+            self._out.append(chunk)
+            self._queued += len(chunk)
+        if end:
+            self.ended = True
+        if self.deferred:
+            self.deferred = False
+            self.owner.resume(self)
+        self.owner.flush()
+        if end and self._queued and not self.owner.fits_window(self, self._queued):
+            await self._until_queued(0)
+        elif self._queued > HIGH_WATER:
+            await self._until_queued(HIGH_WATER)
+        elif self.owner.writing_paused:
+            await self.owner.drain()
+
+    async def _until_queued(self, limit: int) -> None:
+        """Wait until at most `limit` body bytes are still queued; for 0, until the end of the
+        answer went to libnghttp2 too. Raises StreamReset if the stream goes first."""
+        while not self.reset and (self._queued > limit or (limit == 0 and not self._sent_out)):
+            waiter = self._drained = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._drained = None
+        if self.reset:
+            raise StreamReset(f"stream {self.id} reset")
+
+    def read_body(self, buf: Any, length: int, flags: Any, memmove: Any) -> int | None:
+        """libnghttp2 asks for up to `length` body bytes: copied into `buf`; None when none is
+        queued yet (it waits for `resume`)."""
+        out = self._out
+        written = 0
+        while out and written < length:
+            chunk = out[0]
+            size = len(chunk)
+            take = length - written
+            if size <= take:
+                memmove(buf + written, chunk, size)
+                written += size
+                out.popleft()
+            else:
+                view = chunk if isinstance(chunk, memoryview) else memoryview(chunk)
+                memmove(buf + written, view[:take], take)
+                out[0] = view[take:]
+                written += take
+        self._queued -= written
+        if not out and self.ended:
+            flags[0] = 1  # NGHTTP2_DATA_FLAG_EOF
+            self._sent_out = True
+        elif not written:
+            self.deferred = True
+            return None
+        waiter = self._drained
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        return written
+
+    # --- the connection's side -------------------------------------------------------------------------
 
     def was_reset(self) -> None:
         """The stream is gone (reset by either side, or its connection closed): stop its handler."""
         if self.reset:
             return
         self.reset = True
-        if self.reader is not None:
-            self.reader.set_exception(StreamReset(f"stream {self.id} reset"))
-        self.window_changed(StreamReset(f"stream {self.id} reset"))
+        if self.body is not None:
+            self.body.fail(StreamReset(f"stream {self.id} reset"))
+        waiter = self._drained
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         if self.task is not None:
             self.task.cancel()
 
-    def window_changed(self, error: BaseException | None = None) -> None:
-        """The client opened its window (or the stream is gone): a waiting writer may go on."""
-        waiter = self._window
-        if waiter is not None and not waiter.done():
-            self._window = None
-            if error is None:
-                waiter.set_result(None)
-            else:
-                waiter.set_exception(error)
 
-    # --- sending -----------------------------------------------------------------------------------
-
-    def send_head(self, fields: list[tuple[bytes, bytes]], end: bool) -> None:
-        if self.reset:
-            raise StreamReset(f"stream {self.id} reset")
-        connection = self.connection
-        connection.h2.send_headers(self.id, fields, end_stream=end)
-        if end:
-            self.ended = True
-        connection.flush()
-
-    async def send_data(self, data: bytes, end: bool) -> None:
-        """DATA frames within the stream's and the connection's windows and the client's frame
-        size; waits for window, then for the transport to drain."""
-        connection = self.connection
-        h2 = connection.h2
-        sid = self.id
-        while True:
-            if self.reset:
-                raise StreamReset(f"stream {sid} reset")
-            try:
-                window = h2.local_flow_control_window(sid)
-            except StreamClosedError:
-                raise StreamReset(f"stream {sid} closed") from None
-            size = len(data)
-            frame = h2.max_outbound_frame_size
-            if size <= window and size <= frame:
-                h2.send_data(sid, data, end_stream=end)
-                break
-            if window <= 0:
-                await self._wait_for_window()
-                continue
-            cut = min(window, frame)
-            h2.send_data(sid, data[:cut])
-            data = data[cut:]
-            connection.flush()
-        if end:
-            self.ended = True
-        connection.flush()
-        if connection.writing_paused:
-            await connection.drain()
-
-    async def _wait_for_window(self) -> None:
-        self.connection.flush()
-        waiter = self._window
-        if waiter is None:
-            waiter = self._window = asyncio.get_running_loop().create_future()
-            self.connection.waiting_for_window.add(self)
-        try:
-            await waiter
-        finally:
-            self.connection.waiting_for_window.discard(self)
-
-
-class ResponseWriter(AbstractStreamWriter):
-    """The payload writer aiohttp's response writes its head and body to (see the module docstring)."""
-
-    def __init__(self, stream: H2Stream) -> None:
-        self.stream = stream
-        self._head: list[tuple[bytes, bytes]] | None = None
-        self.length: int | None = None
-
-    async def write_headers(self, status_line: str, headers: CIMultiDict[str]) -> None:
-        # "HTTP/2.0 200 OK": the status is what follows the version.
-        fields, close = response_fields(status_line[9:12], headers.items())
-        if close:
-            self.stream.connection.shut_down("connection_close")
-        self._head = fields
-
-    def send_headers(self) -> None:
-        head = self._head
-        if head is not None:
-            self._head = None
-            self.stream.send_head(head, end=False)
-
-    async def write(self, chunk: bytes | bytearray | memoryview) -> None:
-        head = self._head
-        if head is not None:
-            self._head = None
-            self.stream.send_head(head, end=False)
-        if chunk:
-            self.output_size += len(chunk)
-            await self.stream.send_data(bytes(chunk), end=False)
-
-    async def write_eof(self, chunk: bytes = b"") -> None:
-        stream = self.stream
-        head = self._head
-        if head is not None:
-            self._head = None
-            if not chunk:
-                stream.send_head(head, end=True)
-                return
-            stream.send_head(head, end=False)
-        if stream.ended:
-            return
-        self.output_size += len(chunk)
-        await stream.send_data(chunk, end=True)
-
-    async def drain(self) -> None:
-        connection = self.stream.connection
-        if connection.writing_paused:
-            await connection.drain()
-
-    def enable_compression(self, encoding: str = "deflate", strategy: int | None = None) -> None:
-        # The gateway compresses nothing on the fly (pre-rendered documents carry their gzip).
-        raise RuntimeError("on-the-fly compression is not supported on HTTP/2 streams")
-
-    def enable_chunking(self) -> None:
-        """HTTP/2 frames the body itself: nothing to do."""
+_NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())

@@ -26,7 +26,6 @@ import sample_apiserver.errors as errors
 from aggregator.model.fielderrors import go_quote, is_valid_path_segment_name
 from aggregator.model.meta import ordered_metadata
 from aggregator.web.requestinfo import RequestInfo
-from aggregator.web.responses import wants_pretty
 from aggregator.wire.jsonenc import encode_object
 from sample_apiserver.api import (
     FISCHERS,
@@ -42,6 +41,7 @@ from sample_apiserver.decoding import DecodeError, check_fields, object_schema, 
 from sample_apiserver.errors import APIError
 from sample_apiserver.negotiation import Negotiated, negotiate
 from sample_apiserver.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from sample_apiserver.responses import wants_pretty
 from sample_apiserver.selectors import SelectorError, object_predicate
 from sample_apiserver.store import Event, ObjectStore, TooOldResourceVersion, Watcher
 from sample_apiserver.table import INCLUDE_OBJECT_VALUES, render_table

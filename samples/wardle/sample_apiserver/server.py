@@ -25,7 +25,6 @@ from aggregator.tls.verify import CAFile
 from aggregator.util.logs import fields
 from aggregator.util.runtime import wait_for_termination
 from aggregator.web.requestinfo import RequestInfo, RequestInfoError, decoded_path, new_request_info
-from aggregator.web.responses import json_response, not_found, status_response, wants_pretty
 from aggregator.wire.gourl import parse_query
 from aggregator.wire.jsonenc import encode_object, go_marshal_indent
 from sample_apiserver.api import GROUP, VERSIONS
@@ -36,6 +35,7 @@ from sample_apiserver.negotiation import negotiate
 from sample_apiserver.openapi import OpenAPIDocuments
 from sample_apiserver.options import SampleOptions, validate
 from sample_apiserver.resources import ResourceHandlers, WatchSettings
+from sample_apiserver.responses import json_response, not_found, status_response, wants_pretty
 from sample_apiserver.store import ObjectStore
 
 log = logging.getLogger(__name__)

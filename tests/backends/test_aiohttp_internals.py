@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from aggregator.util._aiohttp import missing_internals
+from aggregator.backends._aiohttp import missing_internals
 
 
 def test_every_internal_the_gateway_uses_exists() -> None:

@@ -1,15 +1,14 @@
-"""Every aiohttp internal the gateway relies on, in one place.
+"""aiohttp's HTTP/1.1 server, with what the gateway needs and aiohttp does not have.
 
-The proxy's hot path and its upgrade splice need a few things aiohttp does not publish: reading a
-backend's answer with aiohttp's own C parser on a connection we manage (`ResponseHandler`),
-waiting for a paused transport to drain, sending a response's headers together with its first body
-bytes, and taking over a server connection's raw bytes after a `101` (the hook `WebSocketResponse`
-uses). The listener needs three more: a header-read timeout on its connections
-(`TimedServer`), which aiohttp does not have, a TLS handshake deadline (`TimedSite`), and responses
-without aiohttp's `Server` header (`GatewayRequest`). The HTTP/2 streams (`web/http2/`) are served
-as aiohttp requests built from a head aiohttp's parser never saw (`stream_request`). aiohttp's minor version is pinned in pyproject.toml for these;
-`missing_internals()` is checked by tests/util/test_aiohttp_internals.py so an upgrade that breaks
-one fails loudly there, not in production.
+Every aiohttp internal the HTTP/1.1 side relies on is here (the client side's are in
+`backends/_aiohttp.py`): a header-read timeout on its connections (`TimedServer`,
+`TimedRequestHandler`), a TLS handshake deadline and a protocol factory of our own (`TimedSite`,
+for the ALPN dispatch), responses without aiohttp's `Server` header that tell the request's
+`ServerRequest` when their head is about to be written (`GatewayRequest`), headers sent with the
+first body bytes (`HeadersWithBody`), and the raw connection after a `101` (`take_over`, the hook
+`WebSocketResponse` uses). aiohttp's minor version is pinned in pyproject.toml for these;
+`missing_internals()` is checked by tests/web/http1/test_aiohttp_internals.py so an upgrade that
+breaks one fails loudly there, not in production.
 """
 
 from __future__ import annotations
@@ -19,42 +18,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.http import SERVER_SOFTWARE, HttpVersion, RawRequestMessage, RawResponseMessage
-from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
+from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.web_protocol import RequestHandler
-from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
-
-__all__ = [
-    "EMPTY_PAYLOAD",
-    "HTTP2",
-    "AbstractStreamWriter",
-    "ConnectionFactory",
-    "GatewayRequest",
-    "HeadersWithBody",
-    "RawResponseMessage",
-    "ResponseHandler",
-    "ResponseHeadHook",
-    "StreamReader",
-    "TimedServer",
-    "TimedSite",
-    "close_connections",
-    "drain",
-    "missing_internals",
-    "response_protocol",
-    "stream_request",
-    "take_over_connection",
-]
-
-
-HTTP2 = HttpVersion(2, 0)
-# The fields of the parsed head aiohttp's request is built from (checked by `missing_internals`).
-REQUEST_MESSAGE_FIELDS = (
-    "method", "path", "version", "headers", "raw_headers", "should_close", "compression", "upgrade",
-    "chunked", "url",
-)  # fmt: skip
+from multidict import CIMultiDict
 
 # Makes the gateway's record of a new client connection from its transport.
 ConnectionFactory = Callable[[asyncio.BaseTransport], object]
@@ -68,38 +34,10 @@ class RawBytesSink(Protocol):
     def feed_eof(self) -> None: ...
 
 
-def response_protocol(loop: asyncio.AbstractEventLoop) -> ResponseHandler:
-    """aiohttp's client protocol: the llhttp response parser feeding a StreamReader per body."""
-    return ResponseHandler(loop)
+class HeadHook(Protocol):
+    """Told of a response's head just before it is written (the request's `ServerRequest`)."""
 
-
-def prepare_response(protocol: ResponseHandler, *, head_only: bool, read_bufsize: int, max_line: int) -> None:
-    """Set up `protocol` to parse the next answer without decompressing or limiting its headers.
-
-    A keep-alive connection goes back to its pool only after a complete answer, where aiohttp's
-    response parser stands ready for the next one (as a server's parser does between requests):
-    the parser the previous exchange set up with the same settings is kept rather than built
-    again for every request (about 2% of a proxied request's CPU).
-    """
-    settings = (head_only, read_bufsize, max_line)
-    if protocol._parser is not None and getattr(protocol, "_gateway_settings", None) == settings:
-        return
-    protocol._gateway_settings = settings  # type: ignore[attr-defined]
-    protocol.set_response_params(
-        skip_payload=head_only,
-        # No Content-Length and not chunked: the body runs to the end of the connection.
-        read_until_eof=True,
-        auto_decompress=False,
-        read_bufsize=read_bufsize,
-        max_line_size=max_line,
-        max_field_size=max_line,
-    )
-
-
-async def drain(protocol: Any) -> None:
-    """Wait until a paused transport (client or server side) can take more bytes."""
-    if protocol.writing_paused:
-        await protocol._drain_helper()
+    def head_going_out(self, status: int, headers: CIMultiDict[str]) -> None: ...
 
 
 class HeadersWithBody(web.StreamResponse):
@@ -112,16 +50,17 @@ class HeadersWithBody(web.StreamResponse):
     _send_headers_immediately = False
 
 
-def take_over_connection(request: web.BaseRequest, sink: RawBytesSink) -> None:
+def take_over(request: web.BaseRequest, sink: RawBytesSink) -> None:
     """From now on every byte the client sends goes to `sink`, not to the HTTP parser."""
     protocol: Any = request.protocol
     protocol.set_parser(sink)
 
 
-class ResponseHeadHook(Protocol):
-    """Told of a response just before its head is written (`web.context.RequestContext`)."""
-
-    def head_going_out(self, status: int, response: web.StreamResponse | None) -> None: ...
+async def drain(request: web.BaseRequest) -> None:
+    """Wait until a paused client transport can take more."""
+    protocol: Any = request.protocol
+    if protocol is not None and protocol.writing_paused:
+        await protocol._drain_helper()
 
 
 class GatewayRequest(web.Request):
@@ -136,49 +75,17 @@ class GatewayRequest(web.Request):
     even when an aiohttp backend sends the same text) is the backend's business and stays.
     """
 
-    ATTRS = web.Request.ATTRS | frozenset(["gateway_context"])
-    gateway_context: ResponseHeadHook | None = None
+    ATTRS = web.Request.ATTRS | frozenset(["gateway_head"])
+    gateway_head: HeadHook | None = None
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         headers = response.headers
         if headers.get("Server") is SERVER_SOFTWARE:
             del headers["Server"]
-        context = self.gateway_context
-        if context is not None:
-            context.head_going_out(response.status, response)
+        hook = self.gateway_head
+        if hook is not None:
+            hook.head_going_out(response.status, headers)
         await super()._prepare_hook(response)
-
-
-def stream_request(
-    request_class: type[web.Request],
-    *,
-    method: str,
-    target: str,
-    headers: CIMultiDict[str],
-    payload: StreamReader,
-    protocol: Any,
-    writer: AbstractStreamWriter,
-    task: Any,
-    loop: asyncio.AbstractEventLoop,
-    client_max_size: int,
-) -> web.Request:
-    """An aiohttp request for a head that did not come through aiohttp's HTTP/1.1 parser.
-
-    `protocol` stands in for aiohttp's `RequestHandler`: the request reads its `ssl_context`,
-    `peername`, `sockname` and `transport`, and the body's StreamReader calls its `pause_reading`,
-    `resume_reading` and `connected`. The target is an origin-form path (or `*`), and its URL is
-    built as aiohttp's parser builds one, so `raw_path` and the query read the same as over HTTP/1.1.
-    """
-    if target.startswith("/"):
-        path, _, fragment = target.partition("#")
-        path, _, query = path.partition("?")
-        url = URL.build(path=path, query_string=query, fragment=fragment, encoded=True)
-    else:
-        url = URL(target, encoded=True)
-    message = RawRequestMessage(
-        method, target, HTTP2, CIMultiDictProxy(headers), (), False, None, False, False, url
-    )
-    return request_class(message, payload, protocol, writer, task, loop, client_max_size=client_max_size)
 
 
 class TimedRequestHandler(RequestHandler):
@@ -350,10 +257,6 @@ def missing_internals() -> list[str]:
     """The internals above this aiohttp no longer has (empty when all is well)."""
     missing = []
     for owner, name in (
-        (ResponseHandler, "set_response_params"),
-        (ResponseHandler, "read"),
-        (ResponseHandler, "writing_paused"),
-        (ResponseHandler, "_drain_helper"),
         (RequestHandler, "set_parser"),
         (RequestHandler, "_drain_helper"),
         (RequestHandler, "_request_count"),
@@ -369,8 +272,4 @@ def missing_internals() -> list[str]:
     ):
         if not hasattr(owner, name):
             missing.append(f"{owner.__module__}.{owner.__qualname__}.{name}")
-    # The parsed head, in the C parser's class or the pure-Python NamedTuple: built positionally.
-    message = RawRequestMessage(*REQUEST_MESSAGE_FIELDS)  # type: ignore[arg-type]
-    if [getattr(message, name, None) for name in REQUEST_MESSAGE_FIELDS] != list(REQUEST_MESSAGE_FIELDS):
-        missing.append(f"aiohttp.http.RawRequestMessage{REQUEST_MESSAGE_FIELDS}")
     return missing

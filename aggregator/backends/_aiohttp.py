@@ -1,0 +1,82 @@
+"""The aiohttp internals the backend client relies on (the server side's are in
+`web/http1/server.py`); nothing else outside web/http1 imports aiohttp's private modules
+(pyproject.toml's `aiohttp-internals` contract). The proxy reads a backend's answer as the types
+below, and handles the parser's `HttpProcessingError` as a malformed answer.
+
+The proxy's hot path reads a backend's answer with aiohttp's own C parser (llhttp) on a connection
+it manages (`ResponseHandler`), keeps that parser between exchanges of a pooled connection
+(`prepare_response`), and waits for a paused transport to drain. aiohttp's minor version is
+pinned in pyproject.toml for these; `missing_internals()` is checked by
+tests/backends/test_aiohttp_internals.py so an upgrade that breaks one fails loudly there, not
+in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.http import RawResponseMessage
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.streams import StreamReader
+
+__all__ = [
+    "HttpProcessingError",
+    "RawResponseMessage",
+    "ResponseHandler",
+    "StreamReader",
+    "drain",
+    "missing_internals",
+    "prepare_response",
+    "response_protocol",
+]
+
+
+def response_protocol(loop: asyncio.AbstractEventLoop) -> ResponseHandler:
+    """aiohttp's client protocol: the llhttp response parser feeding a StreamReader per body."""
+    return ResponseHandler(loop)
+
+
+def prepare_response(protocol: ResponseHandler, *, head_only: bool, read_bufsize: int, max_line: int) -> None:
+    """Set up `protocol` to parse the next answer without decompressing or limiting its headers.
+
+    A keep-alive connection goes back to its pool only after a complete answer, where aiohttp's
+    response parser stands ready for the next one (as a server's parser does between requests):
+    the parser the previous exchange set up with the same settings is kept rather than built
+    again for every request (about 2% of a proxied request's CPU).
+    """
+    settings = (head_only, read_bufsize, max_line)
+    if protocol._parser is not None and getattr(protocol, "_gateway_settings", None) == settings:
+        return
+    protocol._gateway_settings = settings  # type: ignore[attr-defined]
+    protocol.set_response_params(
+        skip_payload=head_only,
+        # No Content-Length and not chunked: the body runs to the end of the connection.
+        read_until_eof=True,
+        auto_decompress=False,
+        read_bufsize=read_bufsize,
+        max_line_size=max_line,
+        max_field_size=max_line,
+    )
+
+
+async def drain(protocol: Any) -> None:
+    """Wait until a paused transport (client or server side) can take more bytes."""
+    if protocol.writing_paused:
+        await protocol._drain_helper()
+
+
+def missing_internals() -> list[str]:
+    """The internals above this aiohttp no longer has (empty when all is well)."""
+    missing = []
+    for owner, name in (
+        (ResponseHandler, "set_response_params"),
+        (ResponseHandler, "read"),
+        (ResponseHandler, "writing_paused"),
+        (ResponseHandler, "_drain_helper"),
+        (ResponseHandler, "_parser"),
+    ):
+        if not hasattr(owner, name):
+            missing.append(f"{owner.__module__}.{owner.__qualname__}.{name}")
+    return missing

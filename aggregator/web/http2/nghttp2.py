@@ -1,0 +1,325 @@
+"""libnghttp2, the HTTP/2 implementation of curl, Apache httpd and Node.js, bound through cffi.
+
+Why native code. The pure-Python `h2` library made an HTTP/2 request cost 1.3-1.95x the CPU of an
+HTTP/1.1 one (aiohttp's HTTP/1.1 parser is C): in a codec-only measurement (a kubectl GET and an
+820-byte answer, `benchmarks/http2_codec.py`) h2 took 122 us per exchange, h2 with its validation
+and normalization switched off 87 us, libnghttp2 through this binding 22-34 us. libnghttp2 does the
+frames, HPACK, the stream state machine, flow control and RFC 9113's header validation in C; the
+gateway keeps the TLS layer (the client's verified certificate chain stays with authentication), the
+scheduling of handlers, and its own frame guard in front (`guard.py`).
+
+How it is bound. cffi's ABI mode (`ffi.dlopen`): no compiler and no headers at install time, only
+the shared library Debian and Ubuntu ship as `libnghttp2-14` (curl depends on it; the image
+installs it). The declarations below are the subset of `nghttp2.h` the server uses, with the
+structures' exact layouts. The callbacks are made once per process and shared by every session:
+libnghttp2 calls them synchronously from `mem_recv` and `mem_send`, so the session being driven
+is recorded in `current` just before (one event loop thread; no callback ever runs otherwise).
+
+Where the library is missing or too old, `load` returns None with the reason, and the server
+offers only HTTP/1.1 (clients fall back to it as they do for any server without `h2`).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+# The oldest release whose API and HTTP semantics this binding was written against (Debian 12's).
+MINIMUM_VERSION = (1, 43, 0)
+# Where the library is looked for when `AGGREGATOR_LIBNGHTTP2` does not name it.
+LIBRARY_NAMES = ("libnghttp2.so.14", "libnghttp2.14.dylib")
+LIBRARY_ENV = "AGGREGATOR_LIBNGHTTP2"
+
+CDEF = """
+typedef struct nghttp2_session nghttp2_session;
+typedef struct nghttp2_session_callbacks nghttp2_session_callbacks;
+typedef struct nghttp2_option nghttp2_option;
+typedef struct { int age; int version_num; const char *version_str; const char *proto_str; } nghttp2_info;
+typedef struct { uint8_t *name; uint8_t *value; size_t namelen; size_t valuelen; uint8_t flags; } nghttp2_nv;
+typedef struct { size_t length; int32_t stream_id; uint8_t type; uint8_t flags; uint8_t reserved; } nghttp2_frame_hd;
+typedef union { int fd; void *ptr; } nghttp2_data_source;
+typedef ssize_t (*nghttp2_data_source_read_callback)(nghttp2_session *session, int32_t stream_id,
+    uint8_t *buf, size_t length, uint32_t *data_flags, nghttp2_data_source *source, void *user_data);
+typedef struct { nghttp2_data_source source; nghttp2_data_source_read_callback read_callback; } nghttp2_data_provider;
+typedef struct { int32_t stream_id; int32_t weight; uint8_t exclusive; } nghttp2_priority_spec;
+typedef struct { nghttp2_frame_hd hd; size_t padlen; nghttp2_priority_spec pri_spec; nghttp2_nv *nva;
+    size_t nvlen; int cat; } nghttp2_headers;
+typedef struct { nghttp2_frame_hd hd; uint32_t error_code; } nghttp2_rst_stream;
+typedef struct { nghttp2_frame_hd hd; int32_t last_stream_id; uint32_t error_code; uint8_t *opaque_data;
+    size_t opaque_data_len; uint8_t reserved; } nghttp2_goaway;
+typedef struct { nghttp2_frame_hd hd; int32_t window_size_increment; uint8_t reserved; } nghttp2_window_update;
+typedef union { nghttp2_frame_hd hd; nghttp2_headers headers; nghttp2_rst_stream rst_stream;
+    nghttp2_goaway goaway; nghttp2_window_update window_update; } nghttp2_frame;
+typedef struct { int32_t settings_id; uint32_t value; } nghttp2_settings_entry;
+
+typedef int (*nghttp2_on_frame_recv_callback)(nghttp2_session *, const nghttp2_frame *, void *);
+typedef int (*nghttp2_on_invalid_frame_recv_callback)(nghttp2_session *, const nghttp2_frame *, int, void *);
+typedef int (*nghttp2_on_header_callback)(nghttp2_session *, const nghttp2_frame *, const char *name,
+    size_t namelen, const char *value, size_t valuelen, uint8_t flags, void *);
+typedef int (*nghttp2_on_data_chunk_recv_callback)(nghttp2_session *, uint8_t flags, int32_t stream_id,
+    const char *data, size_t len, void *);
+typedef int (*nghttp2_on_stream_close_callback)(nghttp2_session *, int32_t stream_id, uint32_t error_code, void *);
+typedef int (*nghttp2_error_callback2)(nghttp2_session *, int lib_error_code, const char *msg, size_t len, void *);
+
+nghttp2_info *nghttp2_version(int least_version);
+const char *nghttp2_strerror(int lib_error_code);
+int nghttp2_session_callbacks_new(nghttp2_session_callbacks **callbacks_ptr);
+void nghttp2_session_callbacks_set_on_frame_recv_callback(nghttp2_session_callbacks *, nghttp2_on_frame_recv_callback);
+void nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(nghttp2_session_callbacks *,
+    nghttp2_on_invalid_frame_recv_callback);
+void nghttp2_session_callbacks_set_on_header_callback(nghttp2_session_callbacks *, nghttp2_on_header_callback);
+void nghttp2_session_callbacks_set_on_data_chunk_recv_callback(nghttp2_session_callbacks *,
+    nghttp2_on_data_chunk_recv_callback);
+void nghttp2_session_callbacks_set_on_stream_close_callback(nghttp2_session_callbacks *, nghttp2_on_stream_close_callback);
+void nghttp2_session_callbacks_set_error_callback2(nghttp2_session_callbacks *, nghttp2_error_callback2);
+int nghttp2_option_new(nghttp2_option **option_ptr);
+void nghttp2_option_del(nghttp2_option *option);
+void nghttp2_option_set_no_auto_window_update(nghttp2_option *option, int val);
+void nghttp2_option_set_max_settings(nghttp2_option *option, size_t val);
+void nghttp2_option_set_max_outbound_ack(nghttp2_option *option, size_t val);
+void nghttp2_option_set_stream_reset_rate_limit(nghttp2_option *option, uint64_t burst, uint64_t rate);
+void nghttp2_option_set_max_continuations(nghttp2_option *option, size_t val);
+int nghttp2_session_server_new2(nghttp2_session **session_ptr, const nghttp2_session_callbacks *callbacks,
+    void *user_data, const nghttp2_option *option);
+void nghttp2_session_del(nghttp2_session *session);
+ssize_t nghttp2_session_mem_recv(nghttp2_session *session, const uint8_t *in, size_t inlen);
+ssize_t nghttp2_session_mem_send(nghttp2_session *session, const uint8_t **data_ptr);
+int nghttp2_session_want_read(nghttp2_session *session);
+int nghttp2_session_want_write(nghttp2_session *session);
+int nghttp2_submit_settings(nghttp2_session *session, uint8_t flags, const nghttp2_settings_entry *iv, size_t niv);
+int nghttp2_session_set_local_window_size(nghttp2_session *session, uint8_t flags, int32_t stream_id,
+    int32_t window_size);
+int nghttp2_submit_response(nghttp2_session *session, int32_t stream_id, const nghttp2_nv *nva, size_t nvlen,
+    const nghttp2_data_provider *data_prd);
+int nghttp2_submit_rst_stream(nghttp2_session *session, uint8_t flags, int32_t stream_id, uint32_t error_code);
+int nghttp2_submit_goaway(nghttp2_session *session, uint8_t flags, int32_t last_stream_id, uint32_t error_code,
+    const uint8_t *opaque_data, size_t opaque_data_len);
+int nghttp2_session_terminate_session(nghttp2_session *session, uint32_t error_code);
+int32_t nghttp2_session_get_last_proc_stream_id(nghttp2_session *session);
+int nghttp2_session_resume_data(nghttp2_session *session, int32_t stream_id);
+int nghttp2_session_consume(nghttp2_session *session, int32_t stream_id, size_t size);
+int32_t nghttp2_session_get_stream_remote_window_size(nghttp2_session *session, int32_t stream_id);
+"""
+
+# nghttp2_error
+ERR_DEFERRED = -508
+ERR_TEMPORAL_CALLBACK_FAILURE = -521
+ERR_CALLBACK_FAILURE = -902
+# nghttp2_frame_type
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE = range(9)
+# nghttp2_flag
+FLAG_END_STREAM = 0x01
+FLAG_ACK = 0x01
+# nghttp2_data_flag
+DATA_FLAG_EOF = 0x01
+# nghttp2_settings_id
+SETTINGS_MAX_CONCURRENT_STREAMS = 0x03
+SETTINGS_INITIAL_WINDOW_SIZE = 0x04
+SETTINGS_MAX_FRAME_SIZE = 0x05
+SETTINGS_MAX_HEADER_LIST_SIZE = 0x06
+# nghttp2_headers_category
+HCAT_REQUEST = 0
+
+
+class SessionEvents(Protocol):
+    """What a session's callbacks report to (`connection.H2ServerConnection`); each returns 0, or
+    one of the library's error codes to refuse the frame (a stream error) or end the session.
+    Only the callbacks the server needs are set: each one is a call from C into Python."""
+
+    def on_header(self, stream_id: int, name: bytes, value: bytes) -> int: ...
+
+    def on_frame_recv(self, kind: int, flags: int, stream_id: int, frame: Any) -> int: ...
+
+    def on_invalid_frame(self, kind: int, stream_id: int, error: int) -> int: ...
+
+    def on_data(self, stream_id: int, data: bytes) -> int: ...
+
+    def on_stream_close(self, stream_id: int, error_code: int) -> int: ...
+
+    def read_body(self, stream_id: int, buf: Any, length: int, flags: Any) -> int: ...
+
+    def on_error(self, message: str) -> int: ...
+
+
+class Nghttp2:
+    """The loaded library and the callbacks every session shares (see the module docstring)."""
+
+    def __init__(self, ffi: Any, lib: Any) -> None:
+        self.ffi = ffi
+        self.lib = lib
+        info = lib.nghttp2_version(0)
+        self.version = ffi.string(info.version_str).decode()
+        # The session whose `mem_recv`/`mem_send` runs now: the callbacks' receiver.
+        self.current: SessionEvents | None = None
+        self.has_reset_rate_limit = _has(lib, "nghttp2_option_set_stream_reset_rate_limit")
+        self.has_max_continuations = _has(lib, "nghttp2_option_set_max_continuations")
+        self._callbacks = self._make_callbacks()
+        self.data_provider = ffi.new("nghttp2_data_provider *")
+        self.data_provider.read_callback = self._read_body
+        self.out = ffi.new("const uint8_t **")
+
+    def _make_callbacks(self) -> Any:
+        ffi, lib = self.ffi, self.lib
+        binding = self
+
+        def failed(exception: Any, exc_value: Any, traceback: Any) -> None:
+            log.error("HTTP/2 callback failed", exc_info=(exception, exc_value, traceback))
+
+        def callback(kind: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+            def wrap(function: Callable[..., int]) -> Callable[..., int]:
+                made: Callable[..., int] = ffi.callback(kind, function, onerror=failed, error=ERR_CALLBACK_FAILURE)
+                return made
+
+            return wrap
+
+        unpack = ffi.unpack  # `const char *` and a length: the exact bytes, NUL or not
+
+        @callback("nghttp2_on_header_callback")
+        def on_header(
+            session: Any, frame: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
+        ) -> int:
+            return binding.current.on_header(  # type: ignore[union-attr]
+                frame.hd.stream_id, unpack(name, namelen), unpack(value, valuelen)
+            )
+
+        @callback("nghttp2_on_frame_recv_callback")
+        def on_frame_recv(session: Any, frame: Any, user_data: Any) -> int:
+            hd = frame.hd
+            return binding.current.on_frame_recv(hd.type, hd.flags, hd.stream_id, frame)  # type: ignore[union-attr]
+
+        @callback("nghttp2_on_invalid_frame_recv_callback")
+        def on_invalid_frame(session: Any, frame: Any, error: int, user_data: Any) -> int:
+            hd = frame.hd
+            return binding.current.on_invalid_frame(hd.type, hd.stream_id, error)  # type: ignore[union-attr]
+
+        @callback("nghttp2_on_data_chunk_recv_callback")
+        def on_data(session: Any, flags: int, stream_id: int, data: Any, length: int, user_data: Any) -> int:
+            return binding.current.on_data(stream_id, unpack(data, length))  # type: ignore[union-attr]
+
+        @callback("nghttp2_on_stream_close_callback")
+        def on_stream_close(session: Any, stream_id: int, error_code: int, user_data: Any) -> int:
+            return binding.current.on_stream_close(stream_id, error_code)  # type: ignore[union-attr]
+
+        @callback("nghttp2_error_callback2")
+        def on_error(session: Any, code: int, message: Any, length: int, user_data: Any) -> int:
+            return binding.current.on_error(ffi.string(message, length).decode("utf-8", "replace"))  # type: ignore[union-attr]
+
+        @callback("nghttp2_data_source_read_callback")
+        def read_body(
+            session: Any, stream_id: int, buf: Any, length: int, flags: Any, source: Any, user_data: Any
+        ) -> int:
+            return binding.current.read_body(stream_id, buf, length, flags)  # type: ignore[union-attr]
+
+        self._read_body = read_body
+        self._keep = (
+            on_header,
+            on_frame_recv,
+            on_invalid_frame,
+            on_data,
+            on_stream_close,
+            on_error,
+            read_body,
+        )
+        holder = ffi.new("nghttp2_session_callbacks **")
+        if lib.nghttp2_session_callbacks_new(holder) != 0:
+            raise MemoryError("nghttp2_session_callbacks_new failed")
+        callbacks = holder[0]
+        lib.nghttp2_session_callbacks_set_on_header_callback(callbacks, on_header)
+        lib.nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, on_frame_recv)
+        lib.nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(callbacks, on_invalid_frame)
+        lib.nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, on_data)
+        lib.nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, on_stream_close)
+        lib.nghttp2_session_callbacks_set_error_callback2(callbacks, on_error)
+        return callbacks
+
+    def new_session(self, options: SessionOptions) -> Any:
+        """A server session (freed when the returned handle is collected)."""
+        ffi, lib = self.ffi, self.lib
+        option_holder = ffi.new("nghttp2_option **")
+        if lib.nghttp2_option_new(option_holder) != 0:
+            raise MemoryError("nghttp2_option_new failed")
+        option = ffi.gc(option_holder[0], lib.nghttp2_option_del)
+        # The handler reads the body: window goes back to the client only as it does.
+        lib.nghttp2_option_set_no_auto_window_update(option, 1)
+        lib.nghttp2_option_set_max_settings(option, options.max_settings_per_frame)
+        lib.nghttp2_option_set_max_outbound_ack(option, options.max_queued_control_frames)
+        if self.has_reset_rate_limit:
+            # A backstop behind the connection's own reset budget (which counts the same resets
+            # and names the limit in its log line and metric): twice as generous.
+            lib.nghttp2_option_set_stream_reset_rate_limit(
+                option, 2 * options.reset_burst, int(2 * options.reset_rate)
+            )
+        if self.has_max_continuations:
+            lib.nghttp2_option_set_max_continuations(option, options.max_continuations)
+        holder = ffi.new("nghttp2_session **")
+        code = lib.nghttp2_session_server_new2(holder, self._callbacks, ffi.NULL, option)
+        if code != 0:
+            raise MemoryError(f"nghttp2_session_server_new2: {self.error(code)}")
+        return ffi.gc(holder[0], lib.nghttp2_session_del)
+
+    def error(self, code: int) -> str:
+        return str(self.ffi.string(self.lib.nghttp2_strerror(code)).decode())
+
+
+class SessionOptions(Protocol):
+    """The limits a session enforces itself (`limits.H2Limits`)."""
+
+    @property
+    def max_settings_per_frame(self) -> int: ...
+
+    @property
+    def max_queued_control_frames(self) -> int: ...
+
+    @property
+    def reset_burst(self) -> int: ...
+
+    @property
+    def reset_rate(self) -> float: ...
+
+    @property
+    def max_continuations(self) -> int: ...
+
+
+def _has(lib: Any, name: str) -> bool:
+    try:
+        getattr(lib, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _candidates() -> list[str]:
+    named = os.environ.get(LIBRARY_ENV)
+    if named is not None:
+        return [named]
+    found = ctypes.util.find_library("nghttp2")
+    return [*LIBRARY_NAMES, *([found] if found else [])]
+
+
+def load() -> tuple[Nghttp2 | None, str]:
+    """The library, or None and why not (the server then offers HTTP/1.1 only)."""
+    try:
+        from cffi import FFI
+    except ImportError as err:  # cffi comes with cryptography: only a broken install lacks it
+        return None, f"cffi is not importable: {err}"
+    ffi = FFI()
+    ffi.cdef(CDEF)
+    reasons = []
+    for name in _candidates():
+        try:
+            lib = ffi.dlopen(name)
+        except OSError as err:
+            reasons.append(f"{name}: {err}")
+            continue
+        binding = Nghttp2(ffi, lib)
+        version = tuple(int(part) for part in binding.version.split(".")[:3] if part.isdigit())
+        if version < MINIMUM_VERSION:
+            minimum = ".".join(map(str, MINIMUM_VERSION))
+            return None, f"{name} is nghttp2 {binding.version}; HTTP/2 needs {minimum} or newer"
+        return binding, f"nghttp2 {binding.version}"
+    return None, "libnghttp2 was not found (" + "; ".join(reasons) + ")"

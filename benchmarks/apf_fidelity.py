@@ -3,7 +3,7 @@
 Run from the repository root, with a realk8s folder whose processes are up (its README: `./up.sh`):
     .venv/bin/python benchmarks/apf_fidelity.py /work/realk8s [--workers N]
 
-The gateway runs in kube mode against the folder's kube-apiserver (as `realk8s.py` starts it), so it
+The gateway runs in kube mode against the folder's kube-apiserver (`realk8s.py`'s `gateway`), so it
 follows the cluster's own FlowSchemas and PriorityLevelConfigurations. For users kube-apiserver's
 bootstrap configuration tells apart (client certificates issued by the folder's CA: a
 system:masters member, a node, the controller manager, the scheduler, a kube-system service
@@ -27,7 +27,6 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import aiohttp
@@ -35,7 +34,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wrkbench import free_port, stop
+from realk8s import gateway as kube_mode_gateway
 
 from tests.support.h2client import H2Client
 
@@ -68,33 +67,18 @@ def issue(folder: Path, work: Path, name: str, user: str, groups: tuple[str, ...
     """A client certificate from the folder's CA (RSA, as its pki.sh makes them): CN user, O groups."""
     subject = "/CN=" + user + "".join(f"/O={group}" for group in groups)
     key, csr, crt = (work / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
-    run = lambda *args: subprocess.run(args, check=True, capture_output=True)  # noqa: E731
-    run("openssl", "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-subj", subject, "-out", str(csr))
-    run(
-        "openssl", "x509", "-req", "-in", str(csr), "-CA", str(folder / "pki" / "ca.crt"),
+    subprocess.run(
+        ["openssl", "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-subj", subject, "-out", str(csr)],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(folder / "pki" / "ca.crt"),
         "-CAkey", str(folder / "pki" / "ca.key"), "-CAcreateserial", "-CAserial", str(work / "ca.srl"),
-        "-days", "1", "-out", str(crt),
+        "-days", "1", "-out", str(crt)],
+        check=True,
+        capture_output=True,
     )  # fmt: skip
-
-
-def start_gateway(folder: Path, work: Path, workers: int | None) -> tuple[subprocess.Popen[bytes], int]:
-    pki = folder / "pki"
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "aggregator", "serve",
-        "--kubeconfig", str(pki / "admin.kubeconfig"),
-        "--bind-address", "127.0.0.1", "--secure-port", str(port),
-        "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
-        "--client-ca-file", str(pki / "ca.crt"),
-        "--requestheader-client-ca-file", str(pki / "front-proxy-ca.crt"),
-        "--requestheader-allowed-names", "front-proxy-client",
-        "--proxy-client-cert-file", str(pki / "front-proxy-client.crt"),
-        "--proxy-client-key-file", str(pki / "front-proxy-client.key"),
-        "--allow-external-name-services", "--backend-deny-cidrs", "169.254.0.0/16",
-        *(["--workers", str(workers)] if workers else []),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=(work / "gateway.log").open("wb"), stderr=subprocess.STDOUT)
-    return proc, port
 
 
 def context(folder: Path, work: Path, who: tuple[str, str, tuple[str, ...]] | None, h2: bool) -> ssl.SSLContext:
@@ -152,7 +136,10 @@ async def compare(folder: Path, work: Path, gateway: str) -> int:
                 comparable = not (kube_status == 401 and status != 401)
                 differences += comparable and not same
                 verdict = "n/a " if not comparable else "ok  " if same else "DIFF"
-                shown = lambda uids: names.get(uids[0], uids[0]) if uids else "-"  # noqa: E731
+
+                def shown(uids: list[str]) -> str:
+                    return names.get(uids[0], uids[0]) if uids else "-"
+
                 print(
                     f"{verdict} {label:<18} {'h2' if h2 else 'h1'} {path:<80} "
                     f"kube-apiserver {kube_status} {shown(kube_fs)}/{shown(kube_pl)}   "
@@ -173,26 +160,8 @@ def main() -> int:
         for who in USERS:
             if who is not None:
                 issue(folder, work, *who)
-        proc, port = start_gateway(folder, work, args.workers)
-        gateway = f"https://127.0.0.1:{port}"
-        try:
-            ready = ssl.create_default_context(cafile=str(folder / "pki" / "ca.crt"))
-            ready.load_cert_chain(str(folder / "pki" / "admin.crt"), str(folder / "pki" / "admin.key"))
-            deadline = time.monotonic() + 90
-            while True:
-                try:
-                    status, _fs, _pl = asyncio.run(classified(gateway, ready, "/readyz", False))
-                    if status == 200:
-                        break
-                except (aiohttp.ClientError, OSError):
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    print((work / "gateway.log").read_text()[-3000:], file=sys.stderr)
-                    return 2
-                time.sleep(0.5)
+        with kube_mode_gateway(folder, work, args.workers) as (gateway, _pid):
             differences = asyncio.run(compare(folder, work, gateway))
-        finally:
-            stop(proc, 30)
     print(f"{differences} differences")
     return 1 if differences else 0
 

@@ -22,15 +22,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from callgrind import per_iteration
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from aggregator.assembly import build_flowcontrol
@@ -109,21 +108,6 @@ def run(mode: str, iterations: int) -> None:
         headers.clear()
 
 
-def total(mode: str, iterations: int) -> int:
-    with tempfile.TemporaryDirectory(prefix="bench-apf-") as tmp:
-        out = Path(tmp) / "callgrind.out"
-        subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
-             "--child", mode, "--iterations", str(iterations)],
-            check=True,
-            capture_output=True,
-        )  # fmt: skip
-        match = re.search(r"^totals: (\d+)", out.read_text(errors="replace"), re.M)
-        if match is None:
-            raise RuntimeError(f"callgrind wrote no totals in {out}")
-        return int(match.group(1))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=50_000)
@@ -136,7 +120,7 @@ def main() -> int:
     n = args.iterations
     per: dict[str, float] = {}
     for mode in ("max-in-flight", "apf"):
-        per[mode] = (total(mode, 2 * n) - total(mode, n)) / n
+        per[mode] = per_iteration(__file__, mode, n)
         print(f"{mode:<14} {per[mode]:8.0f} instructions per request", flush=True)
     extra = per["apf"] - per["max-in-flight"]
     print(

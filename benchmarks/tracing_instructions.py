@@ -17,15 +17,14 @@ with `proxy_instructions.py`'s instructions per request.
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from callgrind import per_iteration
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from aggregator.tracing.config import TracingConfiguration
@@ -85,21 +84,6 @@ def run(mode: str, iterations: int) -> None:
         tracer.finished(ctx, None, None)
 
 
-def total(mode: str, iterations: int) -> int:
-    with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp:
-        out = Path(tmp) / "callgrind.out"
-        subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
-             "--child", mode, "--iterations", str(iterations)],
-            check=True,
-            capture_output=True,
-        )  # fmt: skip
-        match = re.search(r"^totals: (\d+)", out.read_text(errors="replace"), re.M)
-        if match is None:
-            raise RuntimeError(f"callgrind wrote no totals in {out}")
-        return int(match.group(1))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=200_000)
@@ -111,7 +95,7 @@ def main() -> int:
     n = args.iterations
     per: dict[str, float] = {}
     for mode in ("bare", "traced"):
-        per[mode] = (total(mode, 2 * n) - total(mode, n)) / n
+        per[mode] = per_iteration(__file__, mode, n)
         print(f"{mode:<7} {per[mode]:8.0f} instructions per request", flush=True)
     print(f"tracing at rate 0 adds {per['traced'] - per['bare']:.0f} instructions to a request that is not sampled")
     return 0

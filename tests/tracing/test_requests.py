@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from aggregator.tracing.otel import SERVICE_NAME
+from tests.flowcontrol.client import PROTOCOLS, client
+from tests.flowcontrol.support import flow_schema, priority_level
 from tests.support.backend import (
     APISERVICE,
     GROUP,
@@ -27,11 +29,9 @@ from tests.support.backend import (
     wait_available,
     write_manifests,
 )
-from tests.flowcontrol.client import PROTOCOLS, client
-from tests.flowcontrol.support import flow_schema, priority_level
 from tests.support.fixtures import Proxied, StartProxied
-from tests.support.holding import Held
 from tests.support.h2client import H2Client
+from tests.support.holding import Held
 from tests.support.otlp import (
     CLIENT,
     SERVER,

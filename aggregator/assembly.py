@@ -272,11 +272,16 @@ def build_gateway(
     )
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
+    # API Priority and Fairness follows the cluster's or the folder's configuration; a worker, the
+    # control's, with its share of the seats (started with the request path, step 7)
+    flowcontrol = _flowcontrol(config, kube, metrics, replica)
     if sources.folder is not None:
-        # What the folder holds but the gateway does not load (objects, RBAC): /readyz?verbose
-        # notes (a warning, never unready) and aggregator_manifest_errors.
+        # What the folder holds but the gateway does not load (objects, RBAC, APF's objects):
+        # /readyz?verbose notes (a warning, never unready) and aggregator_manifest_errors.
         rbac_problems = [authorization.rbac.problems] if authorization.rbac is not None else []
-        problems = merged_problems(sources.folder.problems, *rbac_problems)
+        apf_source = flowcontrol.source if flowcontrol is not None else None
+        apf_problems = [apf_source.problems] if isinstance(apf_source, FolderConfig) else []
+        problems = merged_problems(sources.folder.problems, *rbac_problems, *apf_problems)
         health.add_notes("readyz", ManifestReport(problems, metrics.registry).notes)
 
     # 4. the backends; every identity header the front-proxy configuration names is stripped,
@@ -338,9 +343,7 @@ def build_gateway(
     apiregistration = _apiregistration(config.local_mode, store)
     discovery_routes = DiscoveryRoutes(legacy, aggregated, forwarding.fallback.handler)
 
-    # 7. the request path: routes, the APIService proxy, gates (API Priority and Fairness follows the
-    # cluster's or the folder's configuration; a worker, the control's, with its share of the seats)
-    flowcontrol = _flowcontrol(config, kube, metrics, replica)
+    # 7. the request path: routes, the APIService proxy, gates
     if flowcontrol is not None:
         components.append(("priority-and-fairness", flowcontrol))
     path = build_request_path(

@@ -196,6 +196,7 @@ def load_folder(directory: str) -> Loaded:
     from aggregator.auth.rbacfolder import RBACFolder
     from aggregator.auth.rbacobjects import is_rbac
     from aggregator.flowcontrol.manifests import is_flowcontrol
+    from aggregator.flowcontrol.sources import FolderConfig
     from aggregator.sources.files import FolderSource
     from aggregator.sources.problems import merged_problems
 
@@ -205,7 +206,9 @@ def load_folder(directory: str) -> Loaded:
     source.reload()
     rbac = RBACFolder(directory)
     rbac.reload(initial=True)
-    return Loaded(store, problems=list(merged_problems(source.problems, rbac.problems)()))
+    apf = FolderConfig(directory)
+    apf.reload(initial=True)
+    return Loaded(store, problems=list(merged_problems(source.problems, rbac.problems, apf.problems)()))
 
 
 async def _list(client: KubeClient, spec: WatchedResource, loaded: Loaded) -> list[Obj]:

@@ -44,6 +44,7 @@ from aggregator.kube.client import KubeClient
 from aggregator.model.decode import DecodeError
 from aggregator.sources.files import ParseError, manifest_files, read_documents
 from aggregator.sources.manifests import flatten
+from aggregator.sources.problems import REFUSED, ManifestProblem
 from aggregator.sources.reflector import ListWatch, Reflector, paged_list
 from aggregator.util.backoff import Backoff
 from aggregator.util.dirwatch import DirectoryWatcher
@@ -252,6 +253,7 @@ class KubeConfig(_Listeners):
 class _FileState:
     fingerprint: tuple[int, int, int]
     objects: dict[tuple[str, str], Object] = field(default_factory=dict)
+    problems: tuple[ManifestProblem, ...] = ()
 
 
 class FolderConfig(_Listeners):
@@ -274,6 +276,11 @@ class FolderConfig(_Listeners):
     async def start(self) -> None:
         self.reload(initial=True)
         self._watcher.start()
+
+    def problems(self) -> list[ManifestProblem]:
+        """The objects refused now, file by file (`sources/problems.py`: `check --all`, `/readyz?verbose`,
+        `aggregator_manifest_errors`); the files that do not parse are the folder source's."""
+        return [problem for path in sorted(self._files) for problem in self._files[path].problems]
 
     async def stop(self) -> None:
         await self._watcher.stop()
@@ -311,6 +318,7 @@ class FolderConfig(_Listeners):
             )
             return _FileState(fingerprint, dict(kept))
         objects: dict[tuple[str, str], Object] = {}
+        problems: list[ManifestProblem] = []
         for index, doc in enumerate(d for raw in docs for d in flatten(raw)):
             if not isinstance(doc, Mapping) or not is_flowcontrol(doc):
                 continue
@@ -327,11 +335,12 @@ class FolderConfig(_Listeners):
                     "its previous version stays in force" if previous_obj is not None else "the other objects apply",
                     extra=fields(file=str(path), document=index, name=name, reason=str(err)),
                 )
+                problems.append(ManifestProblem(path, REFUSED, str(err), int(previous_obj is not None)))
                 if previous_obj is not None:
                     objects[(kind, name)] = previous_obj
                 continue
             objects[(kind, obj.name)] = obj
-        return _FileState(fingerprint, objects)
+        return _FileState(fingerprint, objects, tuple(problems))
 
     def _publish(self) -> None:
         merged: dict[tuple[str, str], Object] = {}

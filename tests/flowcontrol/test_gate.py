@@ -26,7 +26,7 @@ from tests.support.backend import (
 from tests.support.fixtures import Proxied, StartProxied
 from tests.support.holding import Held, Watch
 from tests.support.pki import PKI
-from tests.support.polling import until
+from tests.support.polling import until, until_async
 from tests.support.rbac import cluster_role, cluster_role_binding, rule, user
 
 THINGS = f"{PREFIX}/namespaces/default/things"
@@ -280,6 +280,16 @@ async def test_an_invalid_flow_schema_in_the_folder_is_named_with_its_file_and_f
         'FlowSchema.flowcontrol.apiserver.k8s.io "for-bob" is invalid: spec.matchingPrecedence: Invalid value: -5: '
         "must be a positive value"
     )
+    # as every file the gateway does not load: /readyz?verbose warns, aggregator_manifest_errors counts
+    registry = proxied.server.gateway.metrics.registry
+    assert registry.get_sample_value("aggregator_manifest_errors", {"file": str(path)}) == 1
+    warning = f"warn: manifest {path}: {fields['reason']} (refused)\n"
+
+    async def warned() -> bool:
+        async with proxied.request("GET", "/readyz?verbose") as resp:
+            return warning in await resp.text()
+
+    await until_async(warned, what="the warning in /readyz?verbose")  # once the first checks are in
     port = proxied.server.port
     async with client(pki, port, PROTOCOLS[0], alice) as as_alice, client(pki, port, PROTOCOLS[0], bob) as as_bob:
         assert (await as_alice.request("GET", THINGS)).uids == (TENANTS_FS, TENANTS_PL)
@@ -297,3 +307,4 @@ async def test_an_invalid_flow_schema_in_the_folder_is_named_with_its_file_and_f
         assert flowcontrol is not None
         await until(lambda: any(s.name == "for-bob" for s in flowcontrol.controller.schemas), what="the fixed FlowSchema")
         assert (await as_bob.request("GET", THINGS)).uids == ("fs-bob", TENANTS_PL)
+    assert registry.get_sample_value("aggregator_manifest_errors", {"file": str(path)}) is None

@@ -24,59 +24,30 @@ import asyncio
 import gc
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchrequest import context
 from callgrind import per_iteration
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 from aggregator.assembly import build_flowcontrol
 from aggregator.flowcontrol.options import FlowControlConfig
 from aggregator.flowcontrol.sources import StaticConfig
 from aggregator.model.userinfo import AUTHENTICATED_GROUP, UserInfo
-from aggregator.web.connection import Connection
-from aggregator.web.context import RequestContext
 from aggregator.web.inflight import MaxInFlight
 from aggregator.web.metrics import Metrics
 from aggregator.web.options import RequestLimits
-from aggregator.web.routing import Route, RouteKind
 
-PATH = "/apis/bench.example.com/v1/namespaces/default/things/thing-1"
-HEADERS = {"Host": "127.0.0.1", "User-Agent": "wrk", "Accept": "*/*", "Connection": "keep-alive"}
 USER = UserInfo("bench-user", groups=(AUTHENTICATED_GROUP,))
-
-
-class Head:
-    """The head of the benchmark's GET: what `RequestContext` reads of a `ServerRequest`."""
-
-    def __init__(self) -> None:
-        self.method = "GET"
-        self.target = self.raw_path = PATH
-        self.raw_query = ""
-        self.headers = CIMultiDictProxy(CIMultiDict(HEADERS))
-        self.connection = Connection("127.0.0.1", None)
-        self.on_head: Any = None
-
-
-async def _handler(_ctx: RequestContext) -> Any:
-    return None
-
-
-ROUTE = Route(_handler, RouteKind.BACKEND, "bench")
-
-
-def context() -> RequestContext:
-    ctx = RequestContext(Head(), lambda _path: ROUTE, 0.0)  # type: ignore[arg-type]  # only its head is read
-    ctx.user = USER
-    return ctx
 
 
 def run(mode: str, iterations: int) -> None:
     limits = RequestLimits()
     metrics = Metrics()
     ctx = context()
+    ctx.user = USER
     if mode == "max-in-flight":
         gate = MaxInFlight(
             metrics.apiserver,

@@ -4,7 +4,8 @@ Upstream's `ResolveEndpoint` picks a random ready endpoint per request and never
 dead replica then fails its share of requests until its EndpointSlice says it is not ready. Here,
 one `Endpoints` per APIService (kept across changes of its objects by `HandlingTable`):
 
-- balancing: power of two choices (two endpoints at random, the cheaper one), where an endpoint's
+- balancing: power of two choices (two endpoints at random, the cheaper one unless their costs are
+  within `NOISE` of each other), where an endpoint's
   cost is its requests in flight plus one, times its recent time to first byte (a moving average;
   an endpoint not chosen for `STALE` seconds gets one request as if it were new, so a replica
   that was slow is tried again): close to Finagle's "peak EWMA". Long-running requests are not counted (a watch
@@ -41,6 +42,10 @@ LATENCY_FLOOR = 0.005
 # An endpoint not chosen for this long is tried once as if its average were unknown (a replica
 # that was slow gets one request per period to show it is fast again).
 STALE = 2.0
+# Costs closer than this factor are the same cost: latencies of equal replicas differ by noise, and
+# the one that happened to be a little slower would otherwise lose every pair it is in (a third of
+# three equal replicas starved on a loaded machine). One request in flight more doubles a cost.
+NOISE = 1.5
 
 
 class Endpoint:
@@ -169,7 +174,8 @@ class Endpoints:
         second_cost = (second.outstanding + 1) * (
             LATENCY_FLOOR + (second.latency if second.timed > stale else 0.0)
         )
-        chosen = second if second_cost < first_cost else first
+        # `first` is already a random one of the two: it stays unless `second` is clearly cheaper.
+        chosen = second if second_cost * NOISE < first_cost else first
         if chosen.timed <= stale:
             chosen.timed = now  # one trial per period: its answer replaces the average
             chosen.trial = True

@@ -54,6 +54,16 @@ def test_the_endpoint_with_fewer_requests_in_flight_wins() -> None:
     assert picked["10.0.0.2"] > 200 and picked["10.0.0.3"] > 200
 
 
+def test_endpoints_whose_costs_differ_by_noise_share_the_requests() -> None:
+    """Equal replicas on a loaded machine answer in 4, 5 and 6 ms: the one a millisecond slower
+    must not lose every pair it is in (it was starved for a whole run of 600 GETs)."""
+    set_, _, _ = endpoints("10.0.0.1", "10.0.0.2", "10.0.0.3")
+    for endpoint, took in zip(set_.all, (0.004, 0.005, 0.006), strict=True):
+        set_.answered(endpoint, 200, took)
+    picked = Counter(set_.choose().destination.host for _ in range(600))
+    assert all(picked[host] > 120 for host in ("10.0.0.1", "10.0.0.2", "10.0.0.3")), picked
+
+
 def test_a_slow_endpoint_loses_to_a_fast_one_and_is_tried_once_a_period() -> None:
     set_, clock, _ = endpoints("10.0.0.1", "10.0.0.2")
     slow, fast = by_host(set_)["10.0.0.1"], by_host(set_)["10.0.0.2"]

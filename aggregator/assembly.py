@@ -44,7 +44,7 @@ from aggregator.auth.selfreviews import SelfReviews
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.ejections import EjectionBook
 from aggregator.availability.probe import DiscoveryProbe
-from aggregator.availability.quarantine import DiscoveryQuarantine, QuarantineMetrics
+from aggregator.availability.quarantine import DiscoveryQuarantine
 from aggregator.availability.status import (
     ALWAYS_LEADS,
     KubeStatusWriter,
@@ -58,12 +58,14 @@ from aggregator.backends.client_cert import ProxyClientCertificate
 from aggregator.backends.frontproxy import MissingClientCertificateWarning
 from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.backends.hops import new_instance
+from aggregator.backends.metrics import BackendMetrics
 from aggregator.backends.registry import BackendRegistry
 from aggregator.config import Options
 from aggregator.contracts import Availability, Component, EjectionReport, Recheck
 from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.routes import DiscoveryRoutes
+from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
 from aggregator.leaderelection import LeaderElector, elector_for_options
@@ -75,6 +77,7 @@ from aggregator.proxy.delegate import FRONT_PROXY, Delegate
 from aggregator.proxy.forward import Forwarder
 from aggregator.proxy.handling import HandlingTable
 from aggregator.proxy.loops import loop_gate
+from aggregator.proxy.metrics import ProxyMetrics
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
@@ -96,7 +99,6 @@ from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.inflight import MaxInFlight
 from aggregator.web.instrumentation import RequestInstrumentation
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Metrics
 from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Finisher, Gate, Pipeline
 from aggregator.web.responses import serve_not_found
@@ -114,7 +116,7 @@ class Gateway:
     """One gateway's components, typed; tests reach them directly."""
 
     options: Options
-    metrics: Metrics
+    metrics: GatewayMetrics
     health: HealthChecks
     store: Store
     kube: KubeClient | None
@@ -166,7 +168,7 @@ class WorkerGateway:
     """One worker process of `--workers N`: the request path only (`build_worker_gateway`)."""
 
     options: Options
-    metrics: Metrics
+    metrics: GatewayMetrics
     health: HealthChecks
     replica: Replica
     kube: KubeClient | None
@@ -222,7 +224,7 @@ async def _stop_all(components: list[tuple[str, Component]]) -> None:
 def build_gateway(options: Options) -> Gateway:
     """Wire every component the options ask for."""
     # 1. observability and state
-    metrics = Metrics()
+    metrics = GatewayMetrics.declare()
     health = HealthChecks()
     store = Store()
     components: list[tuple[str, Component]] = []
@@ -231,7 +233,7 @@ def build_gateway(options: Options) -> Gateway:
     if tracer is not None:
         components.append(("tracing", tracer))
     # The audit log starts first and stops last: every request's final event is written.
-    auditor = build_auditor(options.audit, metrics)
+    auditor = build_auditor(options.audit, metrics.audit)
     if auditor is not None:
         components.append(("audit-log", AuditLog(auditor)))
 
@@ -242,20 +244,22 @@ def build_gateway(options: Options) -> Gateway:
     kube_source: KubeSource | None = None
     folder: FolderSource | None = None
     if options.kube_mode and kube is not None:
-        kube_source = KubeSource(kube, store, metrics)
+        kube_source = KubeSource(kube, store, metrics.watches)
         components.append(("kube-source", kube_source))
     if options.source.apiservices_dir is not None:
         folder = FolderSource(options.source.apiservices_dir, store, read_elsewhere=is_rbac)
         components.append(("folder-source", folder))
 
     # 3. who is calling, and may they
-    authentication = build_authentication(options.authentication, options.source, kube=kube, metrics=metrics)
+    authentication = build_authentication(
+        options.authentication, options.source, kube=kube, metrics=metrics.auth
+    )
     authorization = build_authorization(
         options.authorization,
         options.source,
         anonymous=options.authentication.anonymous,
         kube=kube,
-        metrics=metrics,
+        metrics=metrics.auth,
     )
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
@@ -271,7 +275,7 @@ def build_gateway(options: Options) -> Gateway:
     # loop mark, and any request arriving with one is refused (proxy loops)
     hop = new_instance()
     backends = build_backends(
-        options, store, metrics, identity=_identity_policy(options, authenticator), hop=hop
+        options, store, metrics.backends, identity=_identity_policy(options, authenticator), hop=hop
     )
     components.append(("backends", backends))
     _report_expiry(metrics.certificate_expiry, backends.client_certificate)
@@ -285,15 +289,20 @@ def build_gateway(options: Options) -> Gateway:
     elector: LeaderElector | None = None
     status_writes = options.availability.write_apiservice_status
     if options.kube_mode and status_writes and options.leader_election.leader_elect and kube is not None:
-        elector = elector_for_options(options.leader_election, kube, metrics)
+        elector = elector_for_options(options.leader_election, kube, metrics.leader_election)
         components.append(("leader-election", elector))
     sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
     ejections = EjectionBook()
     # Discovery quarantine (opt-in per APIService): fed every verdict by the checker.
-    quarantine = DiscoveryQuarantine(store, QuarantineMetrics(metrics.registry))
+    quarantine = DiscoveryQuarantine(store, metrics.quarantine)
     store.add_listener(quarantine.on_store_event)
     availability = AvailabilityChecker(
-        store, DiscoveryProbe(backends), metrics, sink, ejections=ejections, quarantine=quarantine
+        store,
+        DiscoveryProbe(backends),
+        metrics.availability,
+        sink,
+        ejections=ejections,
+        quarantine=quarantine,
     )
     store.add_listener(availability.on_store_event)
     if elector is not None:
@@ -301,7 +310,9 @@ def build_gateway(options: Options) -> Gateway:
 
     # 6. what serves requests; a request that cannot reach its backend has availability re-check it
     # (requests in flight are counted for a graceful shutdown, which ends watches and tunnels)
-    forwarding = _forwarding(options, kube, metrics, backends, authenticator, recheck=availability, hop=hop)
+    forwarding = _forwarding(
+        options, kube, metrics.proxy, backends, authenticator, recheck=availability, hop=hop
+    )
     fallback = forwarding.fallback
     if forwarding.delegate is not None:
         components.append(("delegate", forwarding.delegate))
@@ -309,7 +320,7 @@ def build_gateway(options: Options) -> Gateway:
         store,
         backends=backends,
         kube=kube if options.kube_mode else None,
-        metrics=metrics,
+        metrics=metrics.discovery,
         fallback=fallback.handler,
         reachability=availability,
         quarantine=quarantine,
@@ -323,7 +334,7 @@ def build_gateway(options: Options) -> Gateway:
         store,
         backends=backends,
         kube=kube,
-        metrics=metrics,
+        metrics=metrics.openapi,
         local_mode=options.local_mode,
         reachability=availability,
         quarantine=quarantine,
@@ -356,7 +367,7 @@ def build_gateway(options: Options) -> Gateway:
         authorizer=authorizer,
         auditor=auditor,
         hop=hop,
-        metrics_route=Route(metrics.handle, RouteKind.OWN, "metrics"),
+        metrics_route=Route(metrics.exposition.handle, RouteKind.OWN, "metrics"),
         routes=[discovery.routes, OpenAPIRoutes(openapi), *_local_routes(apiregistration, authorizer)],
         ejections=ejections,
         tracer=tracer,
@@ -435,7 +446,7 @@ class Forwarding:
 def _forwarding(
     options: Options,
     kube: KubeClient | None,
-    metrics: Metrics,
+    metrics: ProxyMetrics,
     backends: BackendRegistry,
     authenticator: Authenticator,
     *,
@@ -497,7 +508,7 @@ def build_request_path(
     options: Options,
     *,
     store: Store,
-    metrics: Metrics,
+    metrics: GatewayMetrics,
     health: HealthChecks,
     forwarding: Forwarding,
     backends: BackendRegistry,
@@ -566,7 +577,7 @@ def build_request_path(
     if limits.enabled:
         gates.append(limits.gate)
         finishers.append(limits.finished)
-    gates += [authorize, upgrade_gate(metrics), instrumentation.gate]  # last: the handler runs
+    gates += [authorize, upgrade_gate(metrics.proxy), instrumentation.gate]  # last: the handler runs
     finishers.append(instrumentation.finished)
     if auditing is not None:
         finishers.append(auditing.finished)
@@ -574,7 +585,7 @@ def build_request_path(
         finishers.append(tracer.finished)  # tracing hook: the request's span ends with its status
     pipeline = Pipeline(
         router,
-        metrics.requests,
+        metrics.pipeline.requests,
         access_log,
         in_flight=forwarding.in_flight,
         timeouts=timeouts if timeouts.enabled else None,
@@ -591,7 +602,7 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     """One worker process of `--workers N`: the same request path as `build_gateway`, with no
     object source, availability checks, discovery or OpenAPI fetches and no leader election;
     what those produce comes from the control process through `replica` (`workers/`)."""
-    metrics = Metrics()
+    metrics = GatewayMetrics.declare()
     health = HealthChecks()
     store = replica.store
     components: list[tuple[str, Component]] = []
@@ -604,20 +615,20 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
         components.append(("kube-client", kube))
 
     # The audit policy applies here; the control process writes the log (one owner of rotation).
-    auditor = build_auditor(options.audit, metrics, sink=replica.audit_sink())
+    auditor = build_auditor(options.audit, metrics.audit, sink=replica.audit_sink())
     if auditor is not None:
         components.append(("audit-log", AuditLog(auditor)))
 
     # Caches stay per worker; the cluster's ConfigMap and the folder's RBAC are the control's copies.
     authentication = build_authentication(
-        options.authentication, options.source, kube=kube, metrics=metrics, watch_cluster=False
+        options.authentication, options.source, kube=kube, metrics=metrics.auth, watch_cluster=False
     )
     authorization = build_authorization(
         options.authorization,
         options.source,
         anonymous=options.authentication.anonymous,
         kube=kube,
-        metrics=metrics,
+        metrics=metrics.auth,
         rbac_source=replica.rbac,
     )
     components += authentication.components + authorization.components
@@ -627,12 +638,12 @@ def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
     # The group's one loop mark: a probe the control sends through any worker is a loop.
     hop = replica.hello.hop
     backends = build_backends(
-        options, store, metrics, identity=_identity_policy(options, authenticator), hop=hop
+        options, store, metrics.backends, identity=_identity_policy(options, authenticator), hop=hop
     )
     components.append(("backends", backends))
 
     # A request that cannot reach its backend asks the control to re-check it.
-    forwarding = _forwarding(options, kube, metrics, backends, authenticator, recheck=replica, hop=hop)
+    forwarding = _forwarding(options, kube, metrics.proxy, backends, authenticator, recheck=replica, hop=hop)
     if forwarding.delegate is not None:
         components.append(("delegate", forwarding.delegate))
     legacy = LegacyDiscovery(store, quarantine=replica)
@@ -713,7 +724,7 @@ def _apiregistration(options: Options, store: Store) -> APIRegistration | None:
 def build_backends(
     options: Options,
     store: Store,
-    metrics: Metrics,
+    metrics: BackendMetrics,
     *,
     identity: LiveIdentityPolicy | None = None,
     hop: str | None = None,

@@ -45,16 +45,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from aggregator.kube import calls
 from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration, Problems
 from aggregator.util.logs import fields
-
-if TYPE_CHECKING:
-    from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +237,31 @@ def lease_namespace(
     return "default"
 
 
-def elector_for_options(options: LeaderElectionOptions, api: LeaseAPI, metrics: Metrics) -> LeaderElector:
+class LeaderElectionMetrics:
+    """client-go's leader election metrics as component-base registers them, with upstream's names
+    and help text (metrics/prometheus/clientgo/leaderelection/metrics.go)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.master_status = Gauge(
+            "leader_election_master_status",
+            "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, "
+            "1 indicates master. 'name' is the string used to identify the lease. Please make sure to group "
+            "by name.",
+            ["name"],
+            registry=registry,
+        )
+        self.slowpath = Counter(
+            "leader_election_slowpath",
+            "[ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string "
+            "used to identify the lease. Please make sure to group by name.",
+            ["name"],
+            registry=registry,
+        )
+
+
+def elector_for_options(
+    options: LeaderElectionOptions, api: LeaseAPI, metrics: LeaderElectionMetrics
+) -> LeaderElector:
     """The `--leader-elect-*` flags as an elector (validated already by `LeaderElectionOptions.validate`)."""
     return LeaderElector(
         api,
@@ -455,7 +477,7 @@ class LeaderElector:
     def __init__(
         self,
         api: LeaseAPI,
-        metrics: Metrics,
+        metrics: LeaderElectionMetrics,
         *,
         namespace: str,
         name: str = "aggregator",
@@ -493,7 +515,7 @@ class LeaderElector:
         self._observed_time = 0.0
         self._observed_raw: ElectionRecord | None = None
         self._reported_leader = ""
-        metrics.leader_election_master_status.labels(name).set(0)
+        metrics.master_status.labels(name).set(0)
 
     # --- what the rest of the gateway asks ----------------------------------------------------------
 
@@ -661,7 +683,7 @@ class LeaderElector:
         # 4. Renew (keeping acquireTime and transitions) or take over (one more transition).
         if self._holds_record():
             record = replace(record, acquire_time=old.acquire_time, leader_transitions=old.leader_transitions)
-            self._metrics.leader_election_slowpath.labels(self.name).inc()
+            self._metrics.slowpath.labels(self.name).inc()
         else:
             record = replace(record, leader_transitions=old.leader_transitions + 1)
         try:
@@ -746,7 +768,7 @@ class LeaderElector:
         if leading == self._leading:
             return
         self._leading = leading
-        self._metrics.leader_election_master_status.labels(self.name).set(1 if leading else 0)
+        self._metrics.master_status.labels(self.name).set(1 if leading else 0)
         for listener in list(self._listeners):
             try:
                 listener(leading)

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from aggregator.audit.recorder import AUTHORIZATION_DECISION
 from aggregator.auth.cache import MISSING, CoalescingCache
+from aggregator.auth.metrics import AuthMetrics
 from aggregator.auth.rbac import RuleSet, aggregate
 from aggregator.auth.verdict import ALLOWED, NO_OPINION, Decision, Verdict
 from aggregator.auth.webhook import ReviewFailed, WebhookClient
@@ -47,7 +48,6 @@ from aggregator.model.status import forbidden_details, forbidden_message
 from aggregator.model.userinfo import UserInfo
 from aggregator.util.logs import fields
 from aggregator.web.context import RequestContext
-from aggregator.web.metrics import Metrics
 from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.responses import status_response
 from aggregator.web.routing import RouteKind
@@ -218,7 +218,7 @@ class SubjectAccessReviewer:
         *,
         allowed_ttl: float,
         denied_ttl: float,
-        metrics: Metrics,
+        metrics: AuthMetrics,
         maxsize: int = MAX_ENTRIES,
         timer: Callable[[], float] = time.monotonic,
     ) -> None:

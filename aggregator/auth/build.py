@@ -22,6 +22,7 @@ from aggregator.auth.authconfigmap import AuthConfigMap
 from aggregator.auth.authn import Authenticator, TokenAuthenticator
 from aggregator.auth.authz import Authorizer, Mode, SubjectAccessReviewer, WebhookMode
 from aggregator.auth.cafiles import CAFiles
+from aggregator.auth.metrics import AuthMetrics
 from aggregator.auth.modes import (
     ALWAYS_ALLOW,
     RBAC,
@@ -43,7 +44,6 @@ from aggregator.kube.client import KubeClient
 from aggregator.sources.options import SourceOptions
 from aggregator.tls.verify import CAPool
 from aggregator.util.logs import fields
-from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def build_authentication(
     source: SourceOptions,
     *,
     kube: KubeClient | None,
-    metrics: Metrics,
+    metrics: AuthMetrics,
     watch_cluster: bool = True,
 ) -> Authentication:
     """`watch_cluster=False` (a worker process): the ConfigMap is not watched here but fed with
@@ -162,7 +162,7 @@ def build_authorization(
     *,
     anonymous: bool,
     kube: KubeClient | None,
-    metrics: Metrics,
+    metrics: AuthMetrics,
     rbac_source: PolicySource | None = None,
 ) -> Authorization:
     """The `--authorization-mode` authorizers (`modes.py`). `rbac_source`: where RBAC reads its

@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from aggregator.auth.metrics import AuthMetrics
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeError, KubeResponse, KubeUnreachable, describe_error
 from aggregator.tracing.api import active_phase
-from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class WebhookClient:
         call: ApiCall,
         *,
         kind: str,
-        metrics: Metrics,
+        metrics: AuthMetrics,
         timeout: float = DEFAULT_TIMEOUT,
         backoff: Backoff | None = None,
     ) -> None:

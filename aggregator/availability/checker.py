@@ -50,6 +50,7 @@ from dataclasses import replace
 from aggregator.availability import conditions as cond
 from aggregator.availability.conditions import Verdict
 from aggregator.availability.ejections import EjectionBook
+from aggregator.availability.metrics import AvailabilityMetrics
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
 from aggregator.availability.quarantine import DiscoveryQuarantine
 from aggregator.availability.status import Change, StatusSink
@@ -60,7 +61,6 @@ from aggregator.util.logs import fields
 from aggregator.util.loops import KeyedLoops
 from aggregator.util.tasks import TaskSet
 from aggregator.web.health import NoteBoard
-from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class AvailabilityChecker:
         self,
         store: Store,
         probe: DiscoveryProbe,
-        metrics: Metrics,
+        metrics: AvailabilityMetrics,
         sink: StatusSink,
         *,
         interval: float = INTERVAL,
@@ -347,7 +347,7 @@ class AvailabilityChecker:
         self._suspected.pop(name, None)
         self._settled(name)
         had = self._verdicts.pop(name, None)
-        self.metrics.unavailable_apiservice.forget(name)
+        self.metrics.unavailable.forget(name)
         self.sink.forget(name)
         self.probe.forget(name)
         if self.quarantine is not None:
@@ -423,7 +423,7 @@ class AvailabilityChecker:
         self._settled(name)
         if self.quarantine is not None:
             self.quarantine.observe(name, verdict.available)
-        self.metrics.unavailable_apiservice.set(name, not verdict.available)
+        self.metrics.unavailable.set(name, not verdict.available)
         unreachable = report.unreachable and not verdict.available
         reach_changed = unreachable != (name in self._unreachable)
         if unreachable:
@@ -458,7 +458,7 @@ class AvailabilityChecker:
         was, now = _available(change.before), _available(change.after)
         if was != now and not now:
             reason = after.reason if after is not None and after.reason else cond.UNKNOWN_REASON
-            self.metrics.unavailable_apiservice_total.labels(name, reason).inc()
+            self.metrics.unavailable_total.labels(name, reason).inc()
         if was != now or before is None:
             log.info(
                 "APIService availability changed",

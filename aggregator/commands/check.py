@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from prometheus_client import CollectorRegistry
+
 from aggregator.assembly import build_backends
 from aggregator.availability.ejections import EJECTED
 from aggregator.availability.probe import (
@@ -53,6 +55,7 @@ from aggregator.availability.probe import (
 )
 from aggregator.backends.addresses import Target
 from aggregator.backends.errors import BackendError
+from aggregator.backends.metrics import BackendMetrics
 from aggregator.config import Options, add_backend_flags, add_source_flags, options_from_args
 from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, missing_kube_client
 from aggregator.model.apiservice import APIService, service_column
@@ -63,7 +66,6 @@ from aggregator.sources.problems import ManifestProblem
 from aggregator.sources.store import Kind, Obj, Store
 from aggregator.util.flags import ConfigError, GoBool, InvalidOptions, check_readable
 from aggregator.util.logs import configure_logging
-from aggregator.web.metrics import Metrics
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Every hop in the order it is walked; hops not reached are printed as such.
@@ -382,7 +384,8 @@ def _port(svc: APIService) -> str:
 async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO) -> int:
     printer = Printer(out)
     client = options.source.kube_client() if options.kube_mode else None
-    metrics = Metrics()
+    # Counted but never served: the check is a command, not a process Prometheus scrapes.
+    metrics = BackendMetrics(CollectorRegistry())
     try:
         if client is not None:
             try:

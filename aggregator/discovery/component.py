@@ -16,10 +16,10 @@ from aggregator.discovery.aggregated import (
 from aggregator.discovery.delegated import DelegateDiscovery
 from aggregator.discovery.fetcher import DiscoveryFetcher, FetchState
 from aggregator.discovery.legacy import LegacyDiscovery
+from aggregator.discovery.metrics import DiscoveryMetrics
 from aggregator.discovery.routes import DiscoveryRoutes
 from aggregator.kube.client import KubeClient
 from aggregator.sources.store import Event, Store
-from aggregator.web.metrics import Metrics
 from aggregator.web.routing import Handler
 
 # The /readyz check that waits for kube-apiserver's discovery (kube mode).
@@ -41,7 +41,7 @@ class Discovery:
         *,
         backends: BackendFetcher,
         kube: KubeClient | None,
-        metrics: Metrics,
+        metrics: DiscoveryMetrics,
         fallback: Handler,
         reachability: Reachability | None = None,
         quarantine: Quarantined | None = None,
@@ -49,7 +49,7 @@ class Discovery:
         self.quarantine = quarantine
         self.legacy = LegacyDiscovery(store, quarantine=quarantine)
         self.aggregated = AggregatedDiscovery(
-            self.entries, on_render=metrics.discovery_aggregations.inc, metadata=self.group_metadata
+            self.entries, on_render=metrics.aggregations.inc, metadata=self.group_metadata
         )
         self.delegate: DelegateDiscovery | None = None
         if kube is not None:

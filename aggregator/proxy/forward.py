@@ -39,12 +39,13 @@ from aggregator.proxy.destination import Destination
 from aggregator.proxy.endpointmetrics import IDEMPOTENT as IDEMPOTENT_RETRY
 from aggregator.proxy.endpointmetrics import UNSENT, EndpointMetrics
 from aggregator.proxy.endpoints import BAD_ANSWERS, Endpoint, Endpoints
+from aggregator.proxy.metrics import ProxyMetrics
 from aggregator.proxy.upgrade import BODY_REFUSED, UpgradeTunnel, upgrade_refusal
 from aggregator.util.logs import fields
 from aggregator.web.accesslog import RETRIED
 from aggregator.web.context import RequestContext
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Children, Metrics
+from aggregator.web.metrics import Children
 from aggregator.web.responses import status_response
 from aggregator.web.serverrequest import Answer, Response, StreamedResponse
 from aggregator.wire.redirects import (
@@ -220,7 +221,7 @@ class _Attempts:
 class Forwarder:
     def __init__(
         self,
-        metrics: Metrics,
+        metrics: ProxyMetrics,
         tunnel: UpgradeTunnel,
         *,
         recheck: Recheck | None = None,
@@ -232,10 +233,10 @@ class Forwarder:
         # Ends long-running answers on shutdown (web/longrunning.py).
         self.in_flight = in_flight or InFlight()
         # `aggregator_proxy_requests_total{apiservice, verb, code}` and the duration histogram.
-        self._requests = Children(metrics.proxy_requests)
-        self._durations = Children(metrics.proxy_duration)
+        self._requests = Children(metrics.requests)
+        self._durations = Children(metrics.duration)
         # Per APIService and endpoint (the delegate's requests are not counted there).
-        self.endpoint_metrics = EndpointMetrics(metrics)
+        self.endpoint_metrics = metrics.endpoints
         self._last_logged: dict[tuple[str, str], float] = {}
 
     async def send(

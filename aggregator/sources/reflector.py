@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
+from prometheus_client import CollectorRegistry, Counter
 
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, describe_error
 from aggregator.util.backoff import Backoff
 from aggregator.util.logs import fields
-from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,21 @@ class WatchErrorEvent(Exception):
     """An in-band ERROR event other than 410: relist after a backoff, as client-go does."""
 
 
+class WatchMetrics:
+    """How often the reflectors had to start a watch again, and to list everything again."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.restarts = Counter(
+            "aggregator_watch_restarts", "Watches restarted, by resource.", ["resource"], registry=registry
+        )
+        self.relists = Counter(
+            "aggregator_watch_relists",
+            "Full relists (410 Gone or ERROR events), by resource.",
+            ["resource"],
+            registry=registry,
+        )
+
+
 class Reflector:
     """Keeps one target equal to one collection of kube-apiserver's."""
 
@@ -129,7 +144,7 @@ class Reflector:
         source: ListWatch,
         target: ReflectorTarget,
         *,
-        metrics: Metrics | None = None,
+        metrics: WatchMetrics | None = None,
         watch_timeout: float = 300.0,
         read_margin: float = 30.0,
         backoff: Backoff | None = None,
@@ -195,11 +210,11 @@ class Reflector:
 
     def _count_relist(self) -> None:
         if self.metrics is not None:
-            self.metrics.watch_relists.labels(self.name).inc()
+            self.metrics.relists.labels(self.name).inc()
 
     def _count_restart(self) -> None:
         if self.metrics is not None:
-            self.metrics.watch_restarts.labels(self.name).inc()
+            self.metrics.restarts.labels(self.name).inc()
 
     async def _fail(self, reason: str) -> None:
         self.answered.set()

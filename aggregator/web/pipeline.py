@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from aggregator.tracing.api import RequestTracer
 from aggregator.util.logs import fields
@@ -51,6 +51,19 @@ Gate = Callable[[RequestContext], "GateAnswer | Awaitable[GateAnswer]"]
 Finisher = Callable[[RequestContext, Answer | None, BaseException | None], None]
 
 INTERNAL_ERROR = "Internal error occurred: the gateway failed to serve this request"
+
+
+class PipelineMetrics:
+    """`aggregator_requests_total{route, code}`: every request the pipeline answered, by the kind of
+    route that served it (kube-apiserver's `apiserver_request_*` are `requestmetrics.py`'s)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "aggregator_requests",
+            "Requests served, by route kind and HTTP code.",
+            ["route", "code"],
+            registry=registry,
+        )
 
 
 class Pipeline:

@@ -9,14 +9,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from aggregator.assembly import build_backends
+from aggregator.availability.metrics import AvailabilityMetrics
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
+from aggregator.backends.metrics import BackendMetrics
 from aggregator.config import Options
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.objects import decode_endpointslice, decode_service
 from aggregator.sources.store import Store
 from aggregator.tls.issue import KeyPair
-from aggregator.web.metrics import Metrics
 from tests.support.backend import (
     APISERVICE,
     SERVER_NAME,
@@ -59,8 +62,9 @@ class Harness:
     def __init__(self, options: Options, *, timeout: float = 2.0) -> None:
         self.options = options
         self.store = Store()
-        self.metrics = Metrics()
-        self.backends = build_backends(options, self.store, self.metrics)
+        registry = CollectorRegistry()
+        self.metrics = AvailabilityMetrics(registry)  # for the checkers the tests build
+        self.backends = build_backends(options, self.store, BackendMetrics(registry))
         self.probe = DiscoveryProbe(self.backends, timeout=timeout)
 
     def add(self, *manifests: dict[str, Any]) -> None:

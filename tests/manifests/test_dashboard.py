@@ -22,10 +22,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
 
-from aggregator.availability.quarantine import QuarantineMetrics
-from aggregator.web.metrics import Metrics
+from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.workers.metrics import WorkerMetrics
 from tests.manifests.k8s import KUBECTL, MANIFESTS, find, kustomize
 from tests.manifests.test_monitoring import exposed_names, metric_names
@@ -180,11 +178,7 @@ def test_the_panels_cover_what_an_operator_watches() -> None:
 
 
 def test_every_metric_the_dashboard_reads_is_one_the_gateway_exposes() -> None:
-    quarantine = CollectorRegistry()
-    QuarantineMetrics(quarantine)  # declared by the feature, beside the gateway's registry
-    exposed = (
-        exposed_names(Metrics().registry) | exposed_names(WorkerMetrics(2).registry) | exposed_names(quarantine)
-    )
+    exposed = exposed_names(GatewayMetrics.declare().registry) | exposed_names(WorkerMetrics(2).registry)
     board = dashboard()
     for title, _legend, expr in targets(board):
         assert metric_names(expr) <= exposed, (title, metric_names(expr) - exposed)

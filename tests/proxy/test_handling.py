@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from aggregator.assembly import build_backends
 from aggregator.backends.addresses import PendingLookup
 from aggregator.backends.errors import BackendError, Hop
+from aggregator.backends.metrics import BackendMetrics
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice, Service
 from aggregator.proxy.apiservices import APIServiceProxy
@@ -17,10 +19,10 @@ from aggregator.proxy.destination import Destination
 from aggregator.proxy.endpoints import Endpoint as Balanced
 from aggregator.proxy.forward import Forwarder
 from aggregator.proxy.handling import HandlingInfo, HandlingTable
+from aggregator.proxy.metrics import ProxyMetrics
 from aggregator.proxy.upgrade import UpgradeTunnel
 from aggregator.sources.store import Kind, Store
 from aggregator.tls.issue import issue_client_cert, load_pair, write_pair
-from aggregator.web.metrics import Metrics
 from aggregator.web.responses import serve_not_found
 from tests.backends.test_addresses import service
 from tests.support.backend import AlwaysAvailable
@@ -61,8 +63,10 @@ class Served:
         for obj in objs:
             store.upsert(obj)
         options = flag_options(apiservices_dir=".", enable_aggregator_routing=endpoint_routing, **flags)
-        metrics = Metrics()
-        self.backends = backends = build_backends(options, store, metrics)
+        registry = CollectorRegistry()
+        backend_metrics = BackendMetrics(registry)
+        metrics = ProxyMetrics(registry, backend_metrics)
+        self.backends = backends = build_backends(options, store, backend_metrics)
         self.handling = HandlingTable(store, backends)
         self.proxy = APIServiceProxy(
             store,

@@ -127,6 +127,20 @@ def _label_requirements(selector: str) -> tuple[tuple[str, str, tuple[str, ...]]
     )
 
 
+def _resource_attributes(info: RequestInfo) -> tuple[str, str, str, str, str, str, str]:
+    """A resource request's attributes, in `ResourceAttributes`' order: what is reviewed, and
+    (with the path) what `shouldCache` measures."""
+    return (
+        info.namespace,
+        info.verb,
+        info.api_group,
+        info.api_version,
+        info.resource,
+        info.subresource,
+        info.name,
+    )
+
+
 def spec_key(user: UserInfo, info: RequestInfo) -> SpecKey:
     extra = tuple(sorted(user.extra.items())) if user.extra else ()
     who = (user.name, user.uid, user.groups, extra)
@@ -135,13 +149,7 @@ def spec_key(user: UserInfo, info: RequestInfo) -> SpecKey:
     return (
         *who,
         True,
-        info.namespace,
-        info.verb,
-        info.api_group,
-        info.api_version,
-        info.resource,
-        info.subresource,
-        info.name,
+        *_resource_attributes(info),
         _field_requirements(info.field_selector),
         _label_requirements(info.label_selector),
     )
@@ -195,17 +203,7 @@ def spec_document(key: SpecKey) -> dict[str, Any]:
 def attribute_bytes(info: RequestInfo) -> int:
     """`shouldCache`'s measure: namespace+verb+group+version+resource+subresource+name+path, in bytes."""
     return sum(
-        len(part.encode("utf-8", "surrogateescape"))
-        for part in (
-            info.namespace,
-            info.verb,
-            info.api_group,
-            info.api_version,
-            info.resource,
-            info.subresource,
-            info.name,
-            info.path,
-        )
+        len(part.encode("utf-8", "surrogateescape")) for part in (*_resource_attributes(info), info.path)
     )
 
 

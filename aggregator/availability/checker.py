@@ -58,7 +58,7 @@ from aggregator.backends.bounds import read_bounds
 from aggregator.model.apiservice import APIService, Condition
 from aggregator.sources.store import DELETED, MODIFIED, Event, Store
 from aggregator.util.logs import fields
-from aggregator.util.loops import KeyedLoops
+from aggregator.util.loops import KeyedLoops, LoopKnob
 from aggregator.util.tasks import TaskSet
 from aggregator.web.health import NoteBoard
 
@@ -166,13 +166,7 @@ class AvailabilityChecker:
         self.loops.interval = value
         self.loops.backoff_max = value
 
-    @property
-    def retry_initial(self) -> float:
-        return self.loops.backoff_initial
-
-    @retry_initial.setter
-    def retry_initial(self, value: float) -> None:
-        self.loops.backoff_initial = value
+    retry_initial = LoopKnob("backoff_initial")
 
     # --- what the rest of the gateway asks ---------------------------------------------------------
 

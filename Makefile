@@ -35,8 +35,15 @@ $(STAMP): pyproject.toml $(SAMPLE)/pyproject.toml | $(BIN)/python
 demo: $(DEMO_STAMP)
 	$(BIN)/aggregator demo $(DEMO_ARGS)
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist), whole modules at a time, the longest
+# first (tests/conftest.py). Most tests wait on sockets and subprocesses, so more workers than
+# cores pays: see docs/development.md for the measurements behind the default.
+# PYTHONDONTWRITEBYTECODE is dropped for the run: every worker and every gateway subprocess would
+# otherwise compile (and assert-rewrite) the same modules again, about 5 s of CPU per worker.
+TEST_WORKERS ?= 4
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check aggregator $(SAMPLE) tests benchmarks

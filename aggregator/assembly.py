@@ -64,14 +64,14 @@ from aggregator.config import Options
 from aggregator.contracts import Availability, Component, EjectionReport, Recheck
 from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
 from aggregator.discovery.legacy import LegacyDiscovery
-from aggregator.discovery.routes import DiscoveryRoutes
+from aggregator.discovery.routes import AggregatedEndpoint, DiscoveryRoutes
 from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
 from aggregator.leaderelection import LeaderElector, elector_for_options
 from aggregator.openapi.component import OpenAPIAggregation
 from aggregator.openapi.readiness import CHECK_NAME as KUBE_OPENAPI_CHECK
-from aggregator.openapi.routes import OpenAPIRoutes
+from aggregator.openapi.routes import OpenAPIRoutes, PublishedOpenAPI
 from aggregator.proxy.apiservices import APIServiceProxy
 from aggregator.proxy.delegate import FRONT_PROXY, Delegate
 from aggregator.proxy.forward import Forwarder
@@ -82,6 +82,7 @@ from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.problems import ManifestReport, merged_problems
+from aggregator.sources.reflector import WatchMetrics
 from aggregator.sources.store import Store
 from aggregator.tls.verify import CAPool
 from aggregator.tracing.api import RequestTracer
@@ -112,84 +113,70 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
+class Control:
+    """What a gateway derives from the objects it watches: the object source, availability, the
+    discovery and OpenAPI documents, the quarantine and leader election. Built in a single process
+    and in the control process of `--workers N`; a worker follows the control's copies through its
+    `Replica` instead."""
+
+    kube_source: KubeSource | None
+    folder: FolderSource | None
+    availability: AvailabilityChecker
+    ejections: EjectionBook
+    quarantine: DiscoveryQuarantine
+    discovery: Discovery
+    openapi: OpenAPIAggregation
+    elector: LeaderElector | None
+    # kube mode: the cluster's authentication ConfigMap being watched (worker processes get copies)
+    cluster_auth: AuthConfigMap | None = None
+    # local mode: the folder's RBAC manifests being watched (worker processes get copies)
+    rbac: RBACFolder | None = None
+
+
+@dataclass(eq=False)
 class Gateway:
-    """One gateway's components, typed; tests reach them directly."""
+    """One gateway process's components, typed; tests reach them directly (`build_gateway`)."""
 
     options: Options
     metrics: GatewayMetrics
     health: HealthChecks
     store: Store
     kube: KubeClient | None
-    folder: FolderSource | None
-    kube_source: KubeSource | None
     authenticator: Authenticator
     authorizer: Authorizer
     backends: BackendRegistry
-    availability: AvailabilityChecker
     delegate: Delegate | None
     proxy: APIServiceProxy
-    discovery: Discovery
-    openapi: OpenAPIAggregation
     apiregistration: APIRegistration | None
-    elector: LeaderElector | None
     router: Router
     pipeline: Pipeline
     limits: MaxInFlight
     timeouts: RequestTimeouts
     auditor: Auditor | None
     in_flight: InFlight
+    # Where the derived state comes from: this process (`Control`) or the control process (a worker).
+    derived: Control | Replica
     # (name, component) in start order; stopped in reverse.
     components: list[tuple[str, Component]]
     # Human-readable start-up facts ("client certificates (CA ...)", "authorization: ...").
     auth_summary: list[str] = field(default_factory=list)
     # This gateway's loop mark on everything it sends (`backends/hops.py`).
     hop: str = ""
-    # kube mode: the cluster's authentication ConfigMap being watched (worker processes get copies)
-    cluster_auth: AuthConfigMap | None = None
-    # local mode: the folder's RBAC manifests being watched (worker processes get copies)
-    rbac: RBACFolder | None = None
-    # the APIServices left out of discovery (worker processes get copies)
-    quarantine: DiscoveryQuarantine | None = None
-    shutting_down: bool = False
-
-    async def start(self) -> None:
-        await _start_all(self.components)
-
-    async def stop(self) -> None:
-        await _stop_all(self.components)
-
-    def shutdown_check(self) -> str | None:
-        """readyz `shutdown`: fails as soon as the process is asked to stop."""
-        return "the gateway is shutting down" if self.shutting_down else None
-
-
-@dataclass(eq=False)
-class WorkerGateway:
-    """One worker process of `--workers N`: the request path only (`build_worker_gateway`)."""
-
-    options: Options
-    metrics: GatewayMetrics
-    health: HealthChecks
-    replica: Replica
-    kube: KubeClient | None
-    authenticator: Authenticator
-    authorizer: Authorizer
-    backends: BackendRegistry
-    delegate: Delegate | None
-    proxy: APIServiceProxy
-    router: Router
-    pipeline: Pipeline
-    limits: MaxInFlight
-    timeouts: RequestTimeouts
-    in_flight: InFlight
-    components: list[tuple[str, Component]]
-    auth_summary: list[str] = field(default_factory=list)
-    hop: str = ""
     shutting_down: bool = False
 
     @property
-    def store(self) -> Store:
-        return self.replica.store
+    def control(self) -> Control:
+        """The components that derive state; a worker has none (they run in the control process)."""
+        if not isinstance(self.derived, Control):
+            raise AttributeError("a worker process derives nothing: its control process does")
+        return self.derived
+
+    @property
+    def replica(self) -> Replica:
+        """A worker's copy of the control process's state."""
+        if not isinstance(self.derived, Replica):
+            raise AttributeError("only a worker process of --workers N follows a control process")
+        return self.derived
 
     async def start(self) -> None:
         await _start_all(self.components)
@@ -221,38 +208,49 @@ async def _stop_all(components: list[tuple[str, Component]]) -> None:
             log.exception("stopping a component failed", extra={"fields": {"component": name}})
 
 
-def build_gateway(options: Options) -> Gateway:
-    """Wire every component the options ask for."""
+def build_gateway(
+    options: Options, *, replica: Replica | None = None, metrics: GatewayMetrics | None = None
+) -> Gateway:
+    """Wire every component the options ask for.
+
+    With `replica`, the gateway of one worker process of `--workers N`: the same request path,
+    with no object source, availability checks, discovery or OpenAPI fetches and no leader
+    election; what those derive comes from the control process through `replica` (`workers/`),
+    and `metrics` is the registry the replica reports to the control's scrapes.
+    """
     # 1. observability and state
-    metrics = GatewayMetrics.declare()
+    metrics = metrics or GatewayMetrics.declare()
     health = HealthChecks()
-    store = Store()
+    store = replica.store if replica is not None else Store()
     components: list[tuple[str, Component]] = []
-    # --tracing-config-file: the request spans (stopped last: what is batched is exported)
+    # --tracing-config-file: the request spans (stopped last: what is batched is exported); each
+    # worker exports its own
     tracer = options.tracing.tracer(audit_id=AUDIT_ID.get)
     if tracer is not None:
         components.append(("tracing", tracer))
-    # The audit log starts first and stops last: every request's final event is written.
-    auditor = build_auditor(options.audit, metrics.audit)
+    # The audit log starts first and stops last: every request's final event is written. A worker
+    # applies the policy; the control process writes the log (one owner of rotation).
+    auditor = build_auditor(
+        options.audit, metrics.audit, sink=replica.audit_sink() if replica is not None else None
+    )
     if auditor is not None:
         components.append(("audit-log", AuditLog(auditor)))
 
-    # 2. kube-apiserver and the object source
+    # 2. kube-apiserver and, in a single or control process, the object source
     kube = options.source.kube_client()
     if kube is not None:
         components.append(("kube-client", kube))
-    kube_source: KubeSource | None = None
-    folder: FolderSource | None = None
-    if options.kube_mode and kube is not None:
-        kube_source = KubeSource(kube, store, metrics.watches)
-        components.append(("kube-source", kube_source))
-    if options.source.apiservices_dir is not None:
-        folder = FolderSource(options.source.apiservices_dir, store, read_elsewhere=is_rbac)
-        components.append(("folder-source", folder))
+    sources = _sources(options, store, kube, metrics.watches) if replica is None else Sources(None, None)
+    components += sources.components
 
-    # 3. who is calling, and may they
+    # 3. who is calling, and may they (caches stay per process; a worker's copies of the cluster's
+    # ConfigMap and of the folder's RBAC are the control's)
     authentication = build_authentication(
-        options.authentication, options.source, kube=kube, metrics=metrics.auth
+        options.authentication,
+        options.source,
+        kube=kube,
+        metrics=metrics.auth,
+        cluster_copies=replica.cluster_auth if replica is not None else None,
     )
     authorization = build_authorization(
         options.authorization,
@@ -260,37 +258,160 @@ def build_gateway(options: Options) -> Gateway:
         anonymous=options.authentication.anonymous,
         kube=kube,
         metrics=metrics.auth,
+        rbac_source=replica.rbac if replica is not None else None,
     )
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
-    if folder is not None:
+    if sources.folder is not None:
         # What the folder holds but the gateway does not load (objects, RBAC): /readyz?verbose
         # notes (a warning, never unready) and aggregator_manifest_errors.
         rbac_problems = [authorization.rbac.problems] if authorization.rbac is not None else []
-        problems = merged_problems(folder.problems, *rbac_problems)
+        problems = merged_problems(sources.folder.problems, *rbac_problems)
         health.add_notes("readyz", ManifestReport(problems, metrics.registry).notes)
 
     # 4. the backends; every identity header the front-proxy configuration names is stripped,
     # including names the cluster's ConfigMap sets later; every request carries this gateway's
-    # loop mark, and any request arriving with one is refused (proxy loops)
-    hop = new_instance()
+    # loop mark (a group's one mark: a probe the control sends through any worker is a loop), and
+    # any request arriving with one is refused (proxy loops)
+    hop = replica.hello.hop if replica is not None else new_instance()
     backends = build_backends(
         options, store, metrics.backends, identity=_identity_policy(options, authenticator), hop=hop
     )
     components.append(("backends", backends))
-    _report_expiry(metrics.certificate_expiry, backends.client_certificate)
-    _follow_ca_expiry(metrics.certificate_expiry, authenticator)
-    if options.backends.proxy_client_cert_file is None:
-        components.append(("front-proxy-warning", MissingClientCertificateWarning(store)))
 
-    # 5. availability, before the proxy that asks it; with --write-apiservice-status in kube mode a
-    # Lease elects the one replica that writes (started before the checker, so it stops after it
-    # and the Lease is released only once no status write can still be under way)
+    # 5. what derives state: availability (before the proxy that asks it), discovery, OpenAPI
+    derived: Control | Replica
+    if replica is None:
+        derived = control = _control(options, store, kube, metrics, backends, sources, health)
+        control.cluster_auth, control.rbac = authentication.cluster, authorization.rbac
+        if control.elector is not None:
+            components.append(("leader-election", control.elector))
+        _report_expiry(metrics.certificate_expiry, backends.client_certificate)
+        _follow_ca_expiry(metrics.certificate_expiry, authenticator)
+        if options.backends.proxy_client_cert_file is None:
+            components.append(("front-proxy-warning", MissingClientCertificateWarning(store)))
+        availability: Availability = control.availability
+        recheck: Recheck = control.availability
+        ejections: EjectionReport = control.ejections
+        aggregated: AggregatedEndpoint = control.discovery
+        published: PublishedOpenAPI = control.openapi
+        legacy = control.discovery.legacy
+    else:
+        derived = availability = recheck = ejections = published = aggregated = replica
+        legacy = LegacyDiscovery(store, quarantine=replica)
+        store.add_listener(legacy.on_store_event)
+        replica.add_quarantine_listener(legacy.quarantine_changed)
+
+    # 6. what serves requests; a request that cannot reach its backend has availability re-check it
+    # (requests in flight are counted for a graceful shutdown, which ends watches and tunnels)
+    forwarding = _forwarding(options, kube, metrics.proxy, backends, authenticator, recheck=recheck, hop=hop)
+    if forwarding.delegate is not None:
+        components.append(("delegate", forwarding.delegate))
+    if isinstance(derived, Control):
+        components += _control_components(derived)
+    apiregistration = _apiregistration(options, store)
+    discovery_routes = DiscoveryRoutes(legacy, aggregated, forwarding.fallback.handler)
+
+    # 7. the request path: routes, the APIService proxy, gates
+    path = build_request_path(
+        options,
+        store=store,
+        metrics=metrics,
+        health=health,
+        forwarding=forwarding,
+        backends=backends,
+        availability=availability,
+        authenticator=authenticator,
+        authorizer=authorizer,
+        auditor=auditor,
+        hop=hop,
+        metrics_route=Route(
+            metrics.exposition.handle if replica is None else replica.serve_metrics, RouteKind.OWN, "metrics"
+        ),
+        routes=[discovery_routes, OpenAPIRoutes(published), *_local_routes(apiregistration, authorizer)],
+        ejections=ejections,
+        tracer=tracer,
+    )
+    components.append(("endpoint-probes", path.proxy.handling))
+
+    gateway = Gateway(
+        options=options,
+        metrics=metrics,
+        health=health,
+        store=store,
+        kube=kube,
+        authenticator=authenticator,
+        authorizer=authorizer,
+        backends=backends,
+        delegate=forwarding.delegate,
+        proxy=path.proxy,
+        apiregistration=apiregistration,
+        router=path.router,
+        pipeline=path.pipeline,
+        limits=path.limits,
+        timeouts=path.timeouts,
+        auditor=auditor,
+        in_flight=forwarding.in_flight,
+        derived=derived,
+        components=components,
+        auth_summary=authentication.summary + authorization.summary,
+        hop=hop,
+    )
+    health.add("ping", lambda: None)
+    health.add("shutdown", gateway.shutdown_check, livez=False)
+    # This process's own copy of the cluster's ConfigMap (a worker's too).
+    _cluster_auth_check(health, authentication.cluster)
+    if replica is None:
+        _control_checks(health, store, gateway.control, kube)
+    else:
+        _replica_checks(health, replica)
+    return gateway
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where a single or control process reads APIService, Service and EndpointSlice objects."""
+
+    kube_source: KubeSource | None
+    folder: FolderSource | None
+
+    @property
+    def components(self) -> list[tuple[str, Component]]:
+        named: list[tuple[str, Component | None]] = [
+            ("kube-source", self.kube_source),
+            ("folder-source", self.folder),
+        ]
+        return [(name, component) for name, component in named if component is not None]
+
+
+def _sources(options: Options, store: Store, kube: KubeClient | None, metrics: WatchMetrics) -> Sources:
+    """The kube watch (kube mode) and/or the folder (local mode, or beside kube mode)."""
+    kube_source = KubeSource(kube, store, metrics) if options.kube_mode and kube is not None else None
+    folder = None
+    if options.source.apiservices_dir is not None:
+        folder = FolderSource(options.source.apiservices_dir, store, read_elsewhere=is_rbac)
+    return Sources(kube_source, folder)
+
+
+def _control(
+    options: Options,
+    store: Store,
+    kube: KubeClient | None,
+    metrics: GatewayMetrics,
+    backends: BackendRegistry,
+    sources: Sources,
+    health: HealthChecks,
+) -> Control:
+    """Availability, discovery and OpenAPI, each subscribed to what it follows.
+
+    With --write-apiservice-status in kube mode a Lease elects the one replica that writes
+    (started before the checker, so it stops after it and the Lease is released only once no
+    status write can still be under way).
+    """
     elector: LeaderElector | None = None
     status_writes = options.availability.write_apiservice_status
     if options.kube_mode and status_writes and options.leader_election.leader_elect and kube is not None:
         elector = elector_for_options(options.leader_election, kube, metrics.leader_election)
-        components.append(("leader-election", elector))
     sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
     ejections = EjectionBook()
     # Discovery quarantine (opt-in per APIService): fed every verdict by the checker.
@@ -307,21 +428,11 @@ def build_gateway(options: Options) -> Gateway:
     store.add_listener(availability.on_store_event)
     if elector is not None:
         elector.add_listener(availability.leadership_changed)
-
-    # 6. what serves requests; a request that cannot reach its backend has availability re-check it
-    # (requests in flight are counted for a graceful shutdown, which ends watches and tunnels)
-    forwarding = _forwarding(
-        options, kube, metrics.proxy, backends, authenticator, recheck=availability, hop=hop
-    )
-    fallback = forwarding.fallback
-    if forwarding.delegate is not None:
-        components.append(("delegate", forwarding.delegate))
     discovery = Discovery(
         store,
         backends=backends,
         kube=kube if options.kube_mode else None,
         metrics=metrics.discovery,
-        fallback=fallback.handler,
         reachability=availability,
         quarantine=quarantine,
     )
@@ -346,83 +457,55 @@ def build_gateway(options: Options) -> Gateway:
     quarantine.add_listener(discovery.quarantine_changed)
     quarantine.add_listener(openapi.quarantine_changed)
     quarantine.add_listener(lambda name: availability.poke(name) if name in quarantine.quarantined else None)
-    apiregistration = _apiregistration(options, store)
-    components += [
-        ("discovery", discovery),
-        ("openapi", openapi),
-        ("availability", availability),
-        ("discovery-quarantine", quarantine),
-    ]
-
-    # 7. the request path: routes, the APIService proxy, gates
-    path = build_request_path(
-        options,
-        store=store,
-        metrics=metrics,
-        health=health,
-        forwarding=forwarding,
-        backends=backends,
+    return Control(
+        kube_source=sources.kube_source,
+        folder=sources.folder,
         availability=availability,
-        authenticator=authenticator,
-        authorizer=authorizer,
-        auditor=auditor,
-        hop=hop,
-        metrics_route=Route(metrics.exposition.handle, RouteKind.OWN, "metrics"),
-        routes=[discovery.routes, OpenAPIRoutes(openapi), *_local_routes(apiregistration, authorizer)],
         ejections=ejections,
-        tracer=tracer,
-    )
-    components.append(("endpoint-probes", path.proxy.handling))
-
-    gateway = Gateway(
-        options=options,
-        metrics=metrics,
-        health=health,
-        store=store,
-        kube=kube,
-        folder=folder,
-        kube_source=kube_source,
-        authenticator=authenticator,
-        authorizer=authorizer,
-        backends=backends,
-        availability=availability,
-        delegate=forwarding.delegate,
-        proxy=path.proxy,
+        quarantine=quarantine,
         discovery=discovery,
         openapi=openapi,
-        apiregistration=apiregistration,
         elector=elector,
-        router=path.router,
-        pipeline=path.pipeline,
-        limits=path.limits,
-        timeouts=path.timeouts,
-        auditor=auditor,
-        in_flight=forwarding.in_flight,
-        components=components,
-        auth_summary=authentication.summary + authorization.summary,
-        hop=hop,
-        cluster_auth=authentication.cluster,
-        rbac=authorization.rbac,
-        quarantine=quarantine,
     )
-    health.add("ping", lambda: None)
-    health.add("shutdown", gateway.shutdown_check, livez=False)
+
+
+def _control_components(control: Control) -> list[tuple[str, Component]]:
+    """Started after the backends they dial and the delegate, in this order."""
+    return [
+        ("discovery", control.discovery),
+        ("openapi", control.openapi),
+        ("availability", control.availability),
+        ("discovery-quarantine", control.quarantine),
+    ]
+
+
+def _control_checks(health: HealthChecks, store: Store, control: Control, kube: KubeClient | None) -> None:
+    """The health checks of what a single or control process derives."""
     health.add("apiservice-registry-synced", store.synced_check, livez=False)
-    _cluster_auth_check(health, authentication.cluster)
     # Ready once the first verdicts are in (a dead backend delays this by one probe timeout at
     # most; it never makes the gateway unready), and the unavailable ones listed in the notes.
-    health.add(FIRST_ROUND_CHECK, availability.first_round_check, livez=False)
-    health.add_notes("readyz", availability.notes)
-    if discovery.delegate is not None:
-        health.add(KUBE_DISCOVERY_CHECK, discovery.kube_ready, livez=False)
-    if openapi.kube_mode and kube is not None:
+    health.add(FIRST_ROUND_CHECK, control.availability.first_round_check, livez=False)
+    health.add_notes("readyz", control.availability.notes)
+    if control.discovery.delegate is not None:
+        health.add(KUBE_DISCOVERY_CHECK, control.discovery.kube_ready, livez=False)
+    if control.openapi.kube_mode and kube is not None:
         # kubectl explain of built-in types works from the first 200 (bounded: readiness.py).
-        health.add(KUBE_OPENAPI_CHECK, openapi.kube_ready, livez=False)
-    if elector is not None:
+        health.add(KUBE_OPENAPI_CHECK, control.openapi.kube_ready, livez=False)
+    if control.elector is not None:
         # Never fails for a follower: who leads shows in `/readyz?verbose`, not in readiness.
-        health.add(LEADER_CHECK, elector.check)
-        health.add_notes("readyz", elector.notes)
-    return gateway
+        health.add(LEADER_CHECK, control.elector.check)
+        health.add_notes("readyz", control.elector.notes)
+
+
+def _replica_checks(health: HealthChecks, replica: Replica) -> None:
+    """A worker's: its channel, then the control's checks by name (store synced, first
+    availability round, kube-apiserver's discovery and OpenAPI, leader election) as it last
+    reported them, and its notes."""
+    health.add(CONTROL_CHECK, replica.channel_check, livez=False)
+    for check in replica.hello.checks:
+        health.add(check.name, replica.check(check.name), livez=check.livez, readyz=check.readyz)
+    for endpoint in ENDPOINTS:
+        health.add_notes(endpoint, replica.notes(endpoint))
 
 
 def _cluster_auth_check(health: HealthChecks, cluster: AuthConfigMap | None) -> None:
@@ -596,113 +679,6 @@ def build_request_path(
         tracer=tracer,
     )
     return RequestPath(router, proxy, pipeline, limits, timeouts)
-
-
-def build_worker_gateway(options: Options, replica: Replica) -> WorkerGateway:
-    """One worker process of `--workers N`: the same request path as `build_gateway`, with no
-    object source, availability checks, discovery or OpenAPI fetches and no leader election;
-    what those produce comes from the control process through `replica` (`workers/`)."""
-    metrics = GatewayMetrics.declare()
-    health = HealthChecks()
-    store = replica.store
-    components: list[tuple[str, Component]] = []
-    # Each worker exports its own spans.
-    tracer = options.tracing.tracer(audit_id=AUDIT_ID.get)
-    if tracer is not None:
-        components.append(("tracing", tracer))
-    kube = options.source.kube_client()
-    if kube is not None:
-        components.append(("kube-client", kube))
-
-    # The audit policy applies here; the control process writes the log (one owner of rotation).
-    auditor = build_auditor(options.audit, metrics.audit, sink=replica.audit_sink())
-    if auditor is not None:
-        components.append(("audit-log", AuditLog(auditor)))
-
-    # Caches stay per worker; the cluster's ConfigMap and the folder's RBAC are the control's copies.
-    authentication = build_authentication(
-        options.authentication, options.source, kube=kube, metrics=metrics.auth, watch_cluster=False
-    )
-    authorization = build_authorization(
-        options.authorization,
-        options.source,
-        anonymous=options.authentication.anonymous,
-        kube=kube,
-        metrics=metrics.auth,
-        rbac_source=replica.rbac,
-    )
-    components += authentication.components + authorization.components
-    authenticator, authorizer = authentication.authenticator, authorization.authorizer
-    replica.bind_cluster_auth(authentication.cluster)
-
-    # The group's one loop mark: a probe the control sends through any worker is a loop.
-    hop = replica.hello.hop
-    backends = build_backends(
-        options, store, metrics.backends, identity=_identity_policy(options, authenticator), hop=hop
-    )
-    components.append(("backends", backends))
-
-    # A request that cannot reach its backend asks the control to re-check it.
-    forwarding = _forwarding(options, kube, metrics.proxy, backends, authenticator, recheck=replica, hop=hop)
-    if forwarding.delegate is not None:
-        components.append(("delegate", forwarding.delegate))
-    legacy = LegacyDiscovery(store, quarantine=replica)
-    store.add_listener(legacy.on_store_event)
-    discovery = DiscoveryRoutes(legacy, None, forwarding.fallback.handler)
-    replica.bind_discovery(discovery)
-    replica.bind_metrics(lambda: list(metrics.registry.collect()))
-    apiregistration = _apiregistration(options, store)
-    path = build_request_path(
-        options,
-        store=store,
-        metrics=metrics,
-        health=health,
-        forwarding=forwarding,
-        backends=backends,
-        availability=replica,
-        authenticator=authenticator,
-        authorizer=authorizer,
-        auditor=auditor,
-        hop=hop,
-        metrics_route=Route(replica.serve_metrics, RouteKind.OWN, "metrics"),
-        routes=[discovery, OpenAPIRoutes(replica), *_local_routes(apiregistration, authorizer)],
-        ejections=replica,
-        tracer=tracer,
-    )
-    components.append(("endpoint-probes", path.proxy.handling))
-
-    gateway = WorkerGateway(
-        options=options,
-        metrics=metrics,
-        health=health,
-        replica=replica,
-        kube=kube,
-        authenticator=authenticator,
-        authorizer=authorizer,
-        backends=backends,
-        delegate=forwarding.delegate,
-        proxy=path.proxy,
-        router=path.router,
-        pipeline=path.pipeline,
-        limits=path.limits,
-        timeouts=path.timeouts,
-        in_flight=forwarding.in_flight,
-        components=components,
-        auth_summary=authentication.summary + authorization.summary,
-        hop=hop,
-    )
-    health.add("ping", lambda: None)
-    health.add("shutdown", gateway.shutdown_check, livez=False)
-    health.add(CONTROL_CHECK, replica.channel_check, livez=False)
-    # This worker's own copy of the cluster's ConfigMap, not the control's.
-    _cluster_auth_check(health, authentication.cluster)
-    # The control's checks by name (store synced, first availability round, kube-apiserver's
-    # discovery and OpenAPI, leader election), as it last reported them.
-    for check in replica.hello.checks:
-        health.add(check.name, replica.check(check.name), livez=check.livez, readyz=check.readyz)
-    for endpoint in ENDPOINTS:
-        health.add_notes(endpoint, replica.notes(endpoint))
-    return gateway
 
 
 def _local_routes(apiregistration: APIRegistration | None, authorizer: Authorizer) -> list[RouteInstaller]:

@@ -36,7 +36,7 @@ from aggregator.auth.modes import PolicyHolder, RBACMode
 from aggregator.auth.rbacobjects import compile_policy, decode
 from aggregator.auth.verdict import Decision
 from aggregator.model.userinfo import UserInfo
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.web.context import RequestContext
 from aggregator.web.requestinfo import RequestInfo
 from tests.support.contexts import RecordedRequest

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: a session PKI and an in-process gateway factory."""
+"""Fixtures shared by every test: a session PKI and an in-process gateway factory; and the order
+in which `make test`'s workers take the modules (the longest first)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,29 @@ from typing import Any
 
 import pytest
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.support.fakekube import FakeKube, running_fake_kube
 from tests.support.gateway import local_options, running_gateway
 from tests.support.pki import PKI, make_pki
 
 pytest_plugins = ("tests.support.fixtures",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked `long(seconds)` first, the longest first; the others keep pytest's order.
+
+    `make test` hands whole modules to its workers in this order (`--dist loadfile`), so a
+    module that takes a minute starts at once instead of being picked up last and running alone
+    while the other workers sit idle. A module stays in one piece, so its module fixtures are
+    made once. Every worker sorts the same items the same way, as xdist requires.
+    """
+    weight: dict[str, float] = {}
+    for item in items:
+        marker = item.get_closest_marker("long")
+        seconds = 0.0 if marker is None else float(marker.args[0]) if marker.args else 1.0
+        module = item.nodeid.split("::", 1)[0]
+        weight[module] = max(weight.get(module, 0.0), seconds)
+    items.sort(key=lambda item: -weight[item.nodeid.split("::", 1)[0]])
 
 
 @pytest.fixture(scope="session")

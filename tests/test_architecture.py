@@ -115,13 +115,12 @@ def test_the_detector_finds_a_cycle() -> None:
 
 def test_only_the_composition_root_and_the_commands_import_the_root() -> None:
     importers = {mod for mod, deps in import_graph().items() if "aggregator.assembly" in deps}
-    # The workers' runners compose too: the control process (the whole gateway) and a worker's
-    # request path (`build_worker_gateway`).
-    runners = {"aggregator.workers.supervisor", "aggregator.workers.worker"}
-    assert importers <= {"aggregator.server", "aggregator.commands.check", *runners}, importers
+    # The process runners compose: one process, the control process and each worker.
+    runners = {"aggregator.runners.supervisor", "aggregator.runners.worker"}
+    assert importers <= {"aggregator.runners.server", "aggregator.commands.check", *runners}, importers
 
 
 def test_features_do_not_import_the_runner() -> None:
-    importers = {mod for mod, deps in import_graph().items() if "aggregator.server" in deps}
-    runners = {"aggregator.workers.supervisor", "aggregator.workers.worker"}
+    importers = {mod for mod, deps in import_graph().items() if "aggregator.runners.server" in deps}
+    runners = {"aggregator.runners.supervisor", "aggregator.runners.worker"}
     assert importers <= {"aggregator.commands.cli", "aggregator.commands.demo", *runners}, importers

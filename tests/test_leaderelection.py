@@ -34,6 +34,7 @@ from aggregator.leaderelection import (
 )
 from aggregator.util.flags import ConfigError
 from tests.support.fakekube import FakeKube
+from tests.support.polling import until
 
 NAMESPACE = "aggregator-system"
 NAME = "aggregator"
@@ -51,13 +52,6 @@ FAST: Timings = {"lease_duration": 1.0, "renew_deadline": 0.6, "retry_period": 0
 # The longest a candidate waits between tries: RetryPeriod * (1 + JitterFactor).
 MAX_RETRY_WAIT = 0.2 * 2.2
 MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def lease(fake: FakeKube) -> dict[str, Any]:
@@ -247,7 +241,7 @@ async def test_a_lease_someone_else_renews_is_never_taken(
         for n in range(1, 10_000):
             fake_kube.update_object("leases", other_holder(f"2026-01-01T00:00:00.{n:06d}Z"))
             last_renewal = time.monotonic()
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the other holder's renewal cadence, well inside its 1 s lease
 
     renewer = asyncio.create_task(renew_forever())
     try:

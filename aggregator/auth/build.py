@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aggregator.auth.authconfigmap import SOURCE as CLUSTER_SOURCE
-from aggregator.auth.authconfigmap import AuthConfigMap
+from aggregator.auth.authconfigmap import AuthConfigMap, ClusterAuthentication
 from aggregator.auth.authn import Authenticator, TokenAuthenticator
 from aggregator.auth.authz import Authorizer, Mode, SubjectAccessReviewer, WebhookMode
 from aggregator.auth.cafiles import CAFiles
@@ -43,6 +43,7 @@ from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
 from aggregator.sources.options import SourceOptions
 from aggregator.tls.verify import CAPool
+from aggregator.util.latest import Latest
 from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
@@ -72,18 +73,20 @@ def build_authentication(
     *,
     kube: KubeClient | None,
     metrics: AuthMetrics,
-    watch_cluster: bool = True,
+    cluster_copies: Latest[ClusterAuthentication] | None = None,
 ) -> Authentication:
-    """`watch_cluster=False` (a worker process): the ConfigMap is not watched here but fed with
-    the control process's copy (`AuthConfigMap.use`)."""
+    """With `cluster_copies` (a worker process) the cluster's ConfigMap is not watched here: it
+    follows the control process's copies (`AuthConfigMap.use`)."""
     files = CAFiles(options)
     components: list[tuple[str, Component]] = [("ca-files", files)]
     client_ca: Callable[[], CAPool | None] = files.client_ca_pool
     requestheader: Callable[[], RequestHeaderConfig | None] = files.requestheader_config
     cluster = _cluster_configmap(options, source, kube, files)
     if cluster is not None:
-        if watch_cluster:
+        if cluster_copies is None:
             components.append(("authentication-configmap", cluster))
+        else:
+            cluster_copies.follow(cluster.use)
         if cluster.want_client_ca:
             client_ca = cluster.client_ca_pool
         if cluster.want_requestheader:

@@ -1,4 +1,4 @@
-"""`gateway.availability`: every APIService re-checked on a timer and on change; the proxy asks it.
+"""`gateway.control.availability`: every APIService re-checked on a timer and on change; the proxy asks it.
 
 One loop per APIService on the shared engine (`util/loops.py`), at most `workers` checks at a time
 (upstream runs 5 workers): a check at

@@ -144,8 +144,8 @@ def _certs_init(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from aggregator.server import run
-    from aggregator.workers.supervisor import run as run_workers
+    from aggregator.runners.server import run
+    from aggregator.runners.supervisor import run as run_workers
 
     options = options_from_args(args)
     stop_logging = None

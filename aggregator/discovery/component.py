@@ -1,5 +1,5 @@
-"""Discovery as the gateway serves it: the documents, the routes, the backend fetcher and, in kube
-mode, kube-apiserver's own aggregated discovery (`delegated.py`)."""
+"""Discovery as the gateway derives it: the documents, the backend fetcher and, in kube mode,
+kube-apiserver's own aggregated discovery (`delegated.py`). `routes.py` serves them."""
 
 from __future__ import annotations
 
@@ -17,21 +17,21 @@ from aggregator.discovery.delegated import DelegateDiscovery
 from aggregator.discovery.fetcher import DiscoveryFetcher, FetchState
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.metrics import DiscoveryMetrics
-from aggregator.discovery.routes import DiscoveryRoutes
 from aggregator.kube.client import KubeClient
 from aggregator.sources.store import Event, Store
-from aggregator.web.routing import Handler
+from aggregator.web.context import RequestContext
+from aggregator.web.serverrequest import Response
+from aggregator.wire.negotiation import MediaType
 
 # The /readyz check that waits for kube-apiserver's discovery (kube mode).
 KUBE_DISCOVERY_CHECK = "kube-apiserver-discovery"
 
 
 class Discovery:
-    """Serves `/apis` (legacy and aggregated) and `/apis/<group>`.
+    """The documents of `/apis` (legacy and aggregated) and `/apis/<group>`, kept up to date.
 
     `kube` is kube-apiserver in kube mode (its own groups, built-ins and CRDs, come from its
     aggregated `/apis`), None in local mode (the gateway lists `apiregistration.k8s.io` itself).
-    `fallback` answers `/apis/<group>` for a group that vanished while the request was in flight.
     `quarantine` names the APIServices left out of every document (`availability/quarantine.py`).
     """
 
@@ -42,7 +42,6 @@ class Discovery:
         backends: BackendFetcher,
         kube: KubeClient | None,
         metrics: DiscoveryMetrics,
-        fallback: Handler,
         reachability: Reachability | None = None,
         quarantine: Quarantined | None = None,
     ) -> None:
@@ -57,7 +56,6 @@ class Discovery:
         self.fetcher = DiscoveryFetcher(
             store, backends, self.aggregated.invalidate, metrics=metrics, reachability=reachability
         )
-        self.routes = DiscoveryRoutes(self.legacy, self.aggregated, fallback)
 
     def on_store_event(self, event: Event) -> None:
         """Subscribe to the store (the composition root does): the legacy documents, kube-apiserver's
@@ -89,10 +87,16 @@ class Discovery:
     def group_metadata(self, name: str) -> dict[str, Any]:
         return self.delegate.group_metadata(name) if self.delegate is not None else group_metadata(name)
 
+    @property
+    def legacy_only(self) -> bool:
+        """A kube-apiserver without aggregated discovery: `/apis` answers as it does, legacy only."""
+        return self.delegate is not None and self.delegate.legacy_only
+
+    def serve_aggregated(self, ctx: RequestContext, media: MediaType) -> Response | None:
+        """`routes.AggregatedEndpoint`: the aggregated document, unless kube-apiserver serves none."""
+        return None if self.legacy_only else self.aggregated.serve(ctx, media)
+
     def _delegate_changed(self) -> None:
-        assert self.delegate is not None
-        # A kube-apiserver without aggregated discovery: `/apis` answers as it does, legacy only.
-        self.routes.aggregated = None if self.delegate.legacy_only else self.aggregated
         self.aggregated.invalidate()
 
     def kube_ready(self) -> str | None:

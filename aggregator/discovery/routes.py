@@ -24,7 +24,10 @@ ROUTE_NAME = "discovery"
 class AggregatedEndpoint(Protocol):
     """What `/apis` needs from the aggregated document."""
 
-    def serve(self, ctx: RequestContext, media: MediaType) -> Response: ...
+    def serve_aggregated(self, ctx: RequestContext, media: MediaType) -> Response | None:
+        """The aggregated document in `media`; None while `/apis` serves the legacy document only
+        (a kube-apiserver without aggregated discovery)."""
+        ...
 
 
 class DiscoveryRoutes:
@@ -32,7 +35,7 @@ class DiscoveryRoutes:
         self, legacy: LegacyDiscovery, aggregated: AggregatedEndpoint | None, fallback: Handler
     ) -> None:
         self.legacy = legacy
-        # None: `/apis` serves the legacy document only (a kube-apiserver without aggregated discovery).
+        # None: `/apis` serves the legacy document only.
         self.aggregated = aggregated
         self.fallback = fallback
         self._aggregated_negotiator = Negotiator(discovery_restriction)
@@ -56,9 +59,11 @@ class DiscoveryRoutes:
         if self.aggregated is not None:
             media = self._aggregated_negotiator(ctx.headers.get("Accept", ""))
             if media is not None and media.aggregated_version is not None:
-                # aggregated.NewResourceManager("apis") instruments only the aggregated document
-                instrument_as(ctx, "apis", APISERVER)
-                return self.aggregated.serve(ctx, media)
+                response = self.aggregated.serve_aggregated(ctx, media)
+                if response is not None:
+                    # aggregated.NewResourceManager("apis") instruments only the aggregated document
+                    instrument_as(ctx, "apis", APISERVER)
+                    return response
         return self.legacy.serve_group_list(ctx)
 
     async def serve_legacy_apis(self, ctx: RequestContext) -> Response:

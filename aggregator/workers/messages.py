@@ -1,9 +1,9 @@
 """What the control process and its workers tell each other (pickled frames, `channel.py`).
 
-Control -> worker: `Hello` (once: the options and who the worker is), `State` (a full snapshot
-first, then only what changed: a few verdicts, a note, a re-rendered document), `ObjectChange`
-(each store event, in order), `Collect` (a
-`/metrics` scrape wants this worker's figures), `Scraped` (the group's figures for a scrape it
+Control -> worker: `Hello` (once, after the runner's options: who the worker is), `State` (a
+full snapshot first, then only what changed: a few verdicts, a note, a re-rendered document),
+`ObjectChange` (each store event, in order), `Collect` (a `/metrics` scrape wants this worker's
+figures), `Scraped` (the group's figures for a scrape it
 asked for). Worker -> control: `Suspect` (a proxied request failed: re-check the APIService now),
 `Scrape`, `Collected`.
 """
@@ -16,7 +16,6 @@ from prometheus_client.core import Metric
 
 from aggregator.auth.authconfigmap import ClusterAuthentication
 from aggregator.auth.rbac import RBACPolicy
-from aggregator.config import Options
 from aggregator.openapi.component import V2Published
 from aggregator.openapi.documents import Document
 from aggregator.sources.store import Kind, Obj
@@ -40,7 +39,9 @@ class HealthCheck:
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    options: Options
+    """The worker's place in the group; it follows the `Options` the runner sent first
+    (`runners/worker.py`), which this package does not know."""
+
     index: int  # 0..count-1, kept by a restarted worker
     count: int
     hop: str  # the group's one loop mark (`backends/hops.py`): a probe through any worker is a loop

@@ -439,7 +439,7 @@ class Publisher:
 
     def _discovery(self) -> AggregatedDocs | None:
         """The aggregated document when it was re-rendered (or `/apis` went legacy-only)."""
-        legacy_only = self.discovery.routes.aggregated is None
+        legacy_only = self.discovery.legacy_only
         aggregated = self.discovery.aggregated
         rendered: list[tuple[str, Rendered]] = []
         for version in ("v2", "v2beta1"):

@@ -7,9 +7,9 @@ It answers the request path through the same narrow interfaces the control's com
 real `Store`, replaying the control's events with the control's revisions, so routes, address
 resolution, legacy discovery and `apiregistration.k8s.io` work locally exactly as in one process.
 
-Everything received is held here first, and whatever is bound later (the worker's gateway is built
-after the first snapshot arrived) starts from what is held: no state in the snapshot waits for a
-change to reach the worker.
+The worker's gateway is built after the first snapshot arrived, from this object: what it follows
+(verdicts, the quarantine, the cluster's authentication ConfigMap, local mode's RBAC policy) it reads
+from what is held, then hears of each change; nothing is bound to it afterwards.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
-from aggregator.auth.authconfigmap import AuthConfigMap, ClusterAuthentication
+from aggregator.auth.authconfigmap import ClusterAuthentication
 from aggregator.auth.modes import PolicyHolder
 from aggregator.discovery.aggregated import HEADERS as AGGREGATED_HEADERS
-from aggregator.discovery.routes import DiscoveryRoutes
 from aggregator.model.apiservice import Condition
 from aggregator.openapi.component import EMPTY_V3, V2Input, V2Published, V3Published, base_document, build_v2
 from aggregator.openapi.documents import Document
 from aggregator.sources.store import Store
+from aggregator.util.latest import Latest
 from aggregator.util.logs import fields
 from aggregator.web.context import RequestContext
 from aggregator.web.rendering import respond
@@ -117,8 +117,14 @@ class Replica:
     """State received from the control; `run()` applies it until the channel closes."""
 
     def __init__(
-        self, channel: Channel, hello: Hello, *, timer: Callable[[], float] = time.monotonic
+        self,
+        channel: Channel,
+        hello: Hello,
+        *,
+        collect: Callable[[], list[Metric]],
+        timer: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`collect`: this worker's own metric families (its gateway's registry), for scrapes."""
         self.channel = channel
         self.hello = hello
         self.store = Store()
@@ -131,38 +137,21 @@ class Replica:
         self._ordered_notes: dict[str, list[str]] = {}
         self._aggregated: dict[str, Rendered] = {}
         self._legacy_only = False
-        self._routes: DiscoveryRoutes | None = None
         # `contracts.Quarantined`: the control's book, for this worker's legacy `/apis`.
         self.quarantined: frozenset[str] = frozenset()
+        self._quarantine_listeners: list[Callable[[str], None]] = []
         self._v2: V2Published = build_v2([V2Input("gateway", base_document())])
         self._v3: V3Published = EMPTY_V3
-        self._cluster: AuthConfigMap | None = None
-        self._cluster_auth: ClusterAuthentication | None = None
+        # Kube mode: the control's copies of the cluster's authentication ConfigMap.
+        self.cluster_auth: Latest[ClusterAuthentication] = Latest()
         # Local mode: the control's RBAC policy (the snapshot carries it, before anything is built).
         self.rbac = PolicyHolder()
-        self._collect: Callable[[], list[Metric]] = list
+        self._collect = collect
         self._suspected: dict[str, float] = {}
         self._scrapes: dict[int, asyncio.Future[list[Metric]]] = {}
         self._ids = itertools.count(1)
         self.connected = True
         self.first_state = asyncio.Event()
-
-    # --- wiring (assembly) -------------------------------------------------------------------------
-
-    def bind_discovery(self, routes: DiscoveryRoutes) -> None:
-        """The routes whose `/apis` goes legacy-only when the control's does."""
-        self._routes = routes
-        routes.aggregated = None if self._legacy_only or not self._aggregated else self
-
-    def bind_cluster_auth(self, cluster: AuthConfigMap | None) -> None:
-        """Where the control's copy of the cluster's authentication ConfigMap goes (kube mode); it
-        takes the copy held now at once."""
-        self._cluster = cluster
-        if cluster is not None and self._cluster_auth is not None:
-            cluster.use(self._cluster_auth)
-
-    def bind_metrics(self, collect: Callable[[], list[Metric]]) -> None:
-        self._collect = collect
 
     # --- the channel -------------------------------------------------------------------------------
 
@@ -239,17 +228,15 @@ class Replica:
                     documents[key] = document
             self._v3 = V3Published(state.openapi_v3_index or self._v3.index, documents)
         if state.cluster_auth is not None:
-            self._cluster_auth = state.cluster_auth
-            if self._cluster is not None:
-                self._cluster.use(state.cluster_auth)
+            self.cluster_auth.publish(state.cluster_auth)
         if state.rbac is not None:
             self.rbac.use(state.rbac)
         if state.quarantined is not None and state.quarantined != self.quarantined:
             changed = state.quarantined ^ self.quarantined
             self.quarantined = state.quarantined
-            if self._routes is not None:
-                for name in changed:
-                    self._routes.legacy.quarantine_changed(name)
+            for name in changed:
+                for listener in self._quarantine_listeners:
+                    listener(name)
         self.first_state.set()
 
     def _apply_discovery(self, docs: AggregatedDocs) -> None:
@@ -257,8 +244,6 @@ class Replica:
             version: _Received(_UNPARSED, body, etag) for version, body, etag in docs.documents
         }
         self._legacy_only = docs.legacy_only
-        if self._routes is not None:
-            self._routes.aggregated = None if docs.legacy_only else self
 
     # --- contracts.Availability, contracts.Recheck -------------------------------------------------
 
@@ -273,6 +258,10 @@ class Replica:
     def add_listener(self, listener: Callable[[str], None]) -> None:
         """Told of every APIService whose verdict the control sent."""
         self._verdict_listeners.append(listener)
+
+    def add_quarantine_listener(self, listener: Callable[[str], None]) -> None:
+        """Told of every APIService that entered or left discovery quarantine."""
+        self._quarantine_listeners.append(listener)
 
     def reason(self, name: str) -> str:
         view = self._verdicts.get(name)
@@ -304,8 +293,11 @@ class Replica:
 
     # --- discovery and OpenAPI ---------------------------------------------------------------------
 
-    def serve(self, ctx: RequestContext, media: MediaType) -> Response:
-        """`/apis` in the aggregated form, from the control's rendering (`AggregatedDiscovery.serve`)."""
+    def serve_aggregated(self, ctx: RequestContext, media: MediaType) -> Response | None:
+        """`/apis` in the aggregated form, from the control's rendering (`AggregatedDiscovery.serve`);
+        None while the control's `/apis` is legacy only (`discovery/routes.py` `AggregatedEndpoint`)."""
+        if self._legacy_only or not self._aggregated:
+            return None
         version = media.aggregated_version or "v2"
         content_type = f"{media.media_type};g={DISCOVERY_GROUP};v={version};as={DISCOVERY_KIND}"
         return respond(

@@ -12,13 +12,13 @@ import pytest
 
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.model.apiservice import APIService, Condition
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.tls.issue import load_pair
 from tests.conftest import StartGateway
 from tests.discovery.manifests import apiservice, write_manifests
 from tests.support.e2e import Kubectl, kubectl_binaries
-from tests.support.gateway import gateway_of
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 RESOURCE_LIST = (
     b'{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"apiregistration.k8s.io/v1","resources":['
@@ -34,11 +34,10 @@ BASE = "/apis/apiregistration.k8s.io/v1"
 async def conditions_recorded(server: GatewayServer, *names: str) -> None:
     """Wait for the availability checker's first verdicts, so later writes cannot race the test."""
     store = server.gateway.store
-    for _ in range(500):
-        if all((svc := store.apiservice(n)) is not None and svc.conditions for n in names):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"no Available condition recorded for {names}")
+    await until(
+        lambda: all((svc := store.apiservice(n)) is not None and svc.conditions for n in names),
+        what=f"an Available condition recorded for {names}",
+    )
 
 
 async def test_group_resources_list_get_and_errors(
@@ -232,7 +231,7 @@ async def test_watch_from_a_listed_resource_version(
         async with session.get(url, ssl=ssl) as resp:
             assert resp.status == 200
             write_manifests(apiservices_dir, [apiservice("v1.b.example.com", 100, 10)])
-            source = gateway_of(server).folder
+            source = server.gateway.control.folder
             assert source is not None
             source.reload()
             events = [json.loads(await asyncio.wait_for(resp.content.readline(), 5)) for _ in range(2)]

@@ -22,6 +22,8 @@ from tests.support.pki import PKI
 from tests.support.polling import until, until_async
 from tests.workers.group import Group, running_group
 
+pytestmark = pytest.mark.long(10)
+
 POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",

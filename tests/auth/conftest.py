@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.web.context import RequestContext
 from aggregator.web.responses import json_response
 from aggregator.web.routing import Route, RouteKind

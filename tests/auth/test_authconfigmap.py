@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -14,14 +13,14 @@ import aiohttp
 import pytest
 
 from aggregator.auth.authconfigmap import ConfigMapError, parse_configmap
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.tls.issue import issue_client_cert, new_ca, write_pair
 from tests.auth.conftest import add_test_routes
 from tests.support.fakekube import CLUSTER_CAS, FakeKube, kube_options
 from tests.support.fakereviews import FakeReviews
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
-from tests.support.polling import until
+from tests.support.polling import until, until_async
 
 UNAUTHORIZED = (
     b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized",'
@@ -81,13 +80,15 @@ async def start_kube_gateway(fake_kube: FakeKube, pki: PKI) -> AsyncIterator[Sta
         yield start
 
 
-async def eventually_status(call: Call, cert: str, expected: int, timeout: float = 5.0) -> tuple[int, Any]:
-    async with asyncio.timeout(timeout):
-        while True:
-            result = await call(cert)
-            if result[0] == expected:
-                return result
-            await asyncio.sleep(0.05)
+async def eventually_status(call: Call, cert: str, expected: int, timeout: float = 10.0) -> tuple[int, Any]:
+    results: list[tuple[int, Any]] = []
+
+    async def answered() -> bool:
+        results.append(await call(cert))
+        return results[-1][0] == expected
+
+    await until_async(answered, timeout, lambda: f"{expected} for {cert} (last answer {results[-1][0]})")
+    return results[-1]
 
 
 async def test_client_ca_and_front_proxy_settings_come_from_the_configmap(
@@ -141,7 +142,10 @@ async def test_changes_after_a_compacted_watch_are_still_seen(
     assert (await call("later-user"))[0] == 401
     fake_kube.expire_history()
     fake_kube.drop_watches()
-    await asyncio.sleep(0.1)
+    await until(
+        lambda: fake_kube.count("list", "configmaps") == 2 and fake_kube.open_watches("configmaps") == 1,
+        what="the ConfigMap listed again and watched",
+    )
     fake_kube.update_object("configmaps", auth_configmap(pki, client_ca=later.cert_pem))
     await eventually_status(call, "later-user", 200)
     assert fake_kube.count("list", "configmaps") == 2  # 410 Gone: list it again, then watch on
@@ -185,9 +189,7 @@ async def test_an_unusable_version_keeps_the_previous_settings(
     fake_kube.update_object(
         "configmaps", auth_configmap(pki, data={"requestheader-allowed-names": "not json"})
     )
-    async with asyncio.timeout(5):
-        while "ignoring an unusable version" not in caplog.text:
-            await asyncio.sleep(0.02)
+    await until(lambda: "ignoring an unusable version" in caplog.text, what="the unusable version logged")
     assert (await call("alice"))[0] == 200
 
 

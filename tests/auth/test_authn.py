@@ -27,6 +27,7 @@ from aggregator.wire.wsprotocol import (
 from tests.conftest import StartGateway
 from tests.support.contexts import user_of
 from tests.support.pki import PKI
+from tests.support.polling import until_async
 
 UNAUTHORIZED = (
     b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized",'
@@ -202,14 +203,12 @@ async def test_rotated_client_ca_file_is_picked_up(
         async with session.get(server.url + "/version", ssl=pki.client_context("next-user")) as resp:
             assert resp.status == 401
         ca_file.write_bytes(Path(pki.path("client-ca.crt")).read_bytes() + new.cert_pem)
-        import asyncio
 
-        for _ in range(50):
+        async def accepted() -> bool:
             async with session.get(server.url + "/version", ssl=pki.client_context("next-user")) as resp:
-                if resp.status == 200:
-                    break
-            await asyncio.sleep(0.1)
-        assert resp.status == 200
+                return resp.status == 200
+
+        await until_async(accepted, what="the new client CA in force")
 
 
 # --- a bearer token offered as a WebSocket subprotocol -------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 
 from tests.auth.conftest import GROUP_PREFIX, Reviewed, StartReviewed, add_test_routes
 from tests.conftest import StartGateway
+from tests.support.polling import until
 
 FLUNDER = f"{GROUP_PREFIX}v1alpha1/namespaces/default/flunders/foo"
 
@@ -30,15 +31,17 @@ async def burst(reviewed: Reviewed, path: str, n: int = 100, cert: str = "alice"
 
 
 async def wait_for_misses(reviewed: Reviewed, count: float, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while reviewed.metric("aggregator_authorization_cache_total", result="miss") < count:
-            await asyncio.sleep(0.01)
+    await until(
+        lambda: reviewed.metric("aggregator_authorization_cache_total", result="miss") >= count,
+        timeout,
+        f"{count:g} authorization cache misses",
+    )
 
 
 async def test_concurrent_identical_requests_make_one_review_then_the_cache_answers(
     start_reviewed: StartReviewed,
 ) -> None:
-    ttl = 1.5
+    ttl = 5.0  # long enough for the second burst to land inside it on a loaded machine
     reviewed = await start_reviewed(authorization_webhook_cache_authorized_ttl=ttl)
     reviewed.reviews.hold()
     first = asyncio.create_task(burst(reviewed, FLUNDER))
@@ -55,6 +58,7 @@ async def test_concurrent_identical_requests_make_one_review_then_the_cache_answ
     assert len(reviewed.reviews.access_reviews) == 1
     assert reviewed.metric("aggregator_authorization_cache_total", result="hit") == 100
 
+    # the TTL itself must pass for the cached answer to expire: time, not an event
     await asyncio.sleep(max(0.0, ttl + 0.05 - (time.monotonic() - reviewed_at)))
     assert await reviewed.call(FLUNDER) == (
         200,
@@ -68,15 +72,19 @@ async def test_concurrent_identical_requests_make_one_review_then_the_cache_answ
 
 
 async def test_denials_follow_the_unauthorized_ttl(start_reviewed: StartReviewed) -> None:
+    ttl = 1.5  # long enough for the second call to land inside it on a loaded machine
     reviewed = await start_reviewed(
-        authorization_webhook_cache_authorized_ttl=30.0, authorization_webhook_cache_unauthorized_ttl=0.4
+        authorization_webhook_cache_authorized_ttl=30.0, authorization_webhook_cache_unauthorized_ttl=ttl
     )
     reviewed.reviews.deny("bob")
     assert (await reviewed.call(FLUNDER, cert="alice"))[0] == 200
     assert (await reviewed.call(FLUNDER, cert="bob"))[0] == 403
+    denied_at = time.monotonic()
     assert (await reviewed.call(FLUNDER, cert="bob"))[0] == 403
+    assert time.monotonic() - denied_at < ttl, "the second call must land inside the TTL for this test"
     assert [s["user"] for s in reviewed.reviews.access_reviews] == ["alice", "bob"]
-    await asyncio.sleep(0.45)
+    # the TTL itself must pass for the cached denial to expire: time, not an event
+    await asyncio.sleep(max(0.0, ttl + 0.05 - (time.monotonic() - denied_at)))
     assert (await reviewed.call(FLUNDER, cert="bob"))[0] == 403
     assert (await reviewed.call(FLUNDER, cert="alice"))[0] == 200  # allowed answers are still cached
     assert [s["user"] for s in reviewed.reviews.access_reviews] == ["alice", "bob", "bob"]

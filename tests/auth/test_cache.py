@@ -43,7 +43,7 @@ async def test_identical_concurrent_lookups_share_one_call() -> None:
     clock, backend = Clock(), Backend()
     cache = cache_for(clock)
     waiters = [asyncio.create_task(cache.fetch("k", lambda: backend.lookup("v"))) for _ in range(100)]
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: every task has started its fetch and now waits on the gate
     assert cache.inflight == 1
     backend.gate.set()
     assert await asyncio.gather(*waiters) == ["v"] * 100
@@ -90,7 +90,7 @@ async def test_failures_reach_every_waiter_and_are_not_cached() -> None:
     cache = cache_for(clock)
     backend.fail = RuntimeError("kube-apiserver down")
     waiters = [asyncio.create_task(cache.fetch("k", lambda: backend.lookup("v"))) for _ in range(50)]
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: every task has started its fetch and now waits on the gate
     backend.gate.set()
     results = await asyncio.gather(*waiters, return_exceptions=True)
     assert all(isinstance(r, RuntimeError) for r in results)
@@ -106,7 +106,7 @@ async def test_a_cancelled_waiter_does_not_cancel_the_shared_lookup() -> None:
     cache = cache_for(clock)
     first = asyncio.create_task(cache.fetch("k", lambda: backend.lookup("v")))
     second = asyncio.create_task(cache.fetch("k", lambda: backend.lookup("v")))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: both tasks have joined the one lookup
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first

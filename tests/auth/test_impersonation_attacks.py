@@ -38,6 +38,8 @@ from tests.support.rawhttp import on_worker, request_bytes
 from tests.support.rbac import cluster_role, cluster_role_binding, may_impersonate, rule, user
 from tests.workers.group import Group, running_group
 
+pytestmark = pytest.mark.long(20)
+
 THINGS = f"{PREFIX}/namespaces/default/things"
 EXEC = f"{THINGS}/t1/exec?command=sh"
 WEBSOCKET = [

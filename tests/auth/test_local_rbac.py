@@ -23,11 +23,11 @@ import pytest
 
 from aggregator.auth.modes import IMPERSONATION_HINT
 from aggregator.auth.rbacfolder import RBACFolder
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.util.flags import ConfigError
 from tests.auth.conftest import GROUP_PREFIX, add_test_routes
 from tests.conftest import StartGateway
-from tests.support.gateway import gateway_of, local_options
+from tests.support.gateway import local_options
 from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until, until_async
@@ -70,7 +70,7 @@ class Local:
 
     @property
     def rbac(self) -> RBACFolder:
-        rbac = gateway_of(self.server).rbac
+        rbac = self.server.gateway.control.rbac
         assert rbac is not None
         return rbac
 

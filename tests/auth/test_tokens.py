@@ -17,6 +17,7 @@ from aggregator.model.userinfo import UserInfo
 from tests.auth.conftest import Reviewed, StartReviewed, add_test_routes
 from tests.conftest import StartGateway
 from tests.support.pki import PKI
+from tests.support.polling import until, until_async
 
 UNAUTHORIZED = (
     b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized",'
@@ -85,10 +86,11 @@ async def test_token_file_users_and_bad_tokens(start_gateway: StartGateway, pki:
 
         # the file is re-read on change: the old token stops working, the new one starts
         csv_file.write_text("newtoken,dave,uid-d\n")
-        for _ in range(60):
-            if (await call("newtoken"))[0] == 200:
-                break
-            await asyncio.sleep(0.1)
+
+        async def new_token_works() -> bool:
+            return (await call("newtoken"))[0] == 200
+
+        await until_async(new_token_works, what="the new token file in force")
         assert json.loads((await call("newtoken"))[1])["name"] == "dave"
         assert await call(SECRET) == (401, UNAUTHORIZED)
 
@@ -121,9 +123,10 @@ def token_authenticator(reviewed: Reviewed) -> TokenReviewAuthenticator:
 
 
 async def wait_for_authn_misses(reviewed: Reviewed, count: float) -> None:
-    async with asyncio.timeout(10):
-        while reviewed.metric("aggregator_authentication_cache_total", result="miss") < count:
-            await asyncio.sleep(0.01)
+    await until(
+        lambda: reviewed.metric("aggregator_authentication_cache_total", result="miss") >= count,
+        what=f"{count:g} authentication cache misses",
+    )
 
 
 async def test_token_review_user_reaches_the_request(start_reviewed: StartReviewed) -> None:
@@ -141,7 +144,7 @@ async def test_token_review_user_reaches_the_request(start_reviewed: StartReview
 async def test_concurrent_identical_tokens_make_one_review_cached_for_the_ttl(
     start_reviewed: StartReviewed,
 ) -> None:
-    ttl = 1.5
+    ttl = 5.0  # long enough for the second burst to land inside it on a loaded machine
     reviewed = await start_reviewed(authentication_token_webhook_cache_ttl=ttl)
     reviewed.reviews.add_user(SECRET, "erin")
     reviewed.reviews.hold()
@@ -162,6 +165,7 @@ async def test_concurrent_identical_tokens_make_one_review_cached_for_the_ttl(
     assert len(reviewed.reviews.token_reviews) == 1
     assert reviewed.metric("aggregator_authentication_cache_total", result="hit") == 100
 
+    # the TTL itself must pass for the cached review to expire: time, not an event
     await asyncio.sleep(max(0.0, ttl + 0.05 - (time.monotonic() - reviewed_at)))
     assert (await reviewed.call("/whoami", cert=None, headers=bearer(SECRET)))[0] == 200
     assert len(reviewed.reviews.token_reviews) == 2

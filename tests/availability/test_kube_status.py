@@ -19,7 +19,7 @@ from aggregator.availability.status import ALWAYS_LEADS, KubeStatusWriter
 from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import LeaderElector
 from aggregator.model.apiservice import APIService, ServiceReference, decode_apiservice
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.sources.store import Store
 from tests.availability.conftest import StartBackend
 from tests.support.backend import (
@@ -61,7 +61,7 @@ async def kube_gateway(pki: PKI, fake_kube: FakeKube) -> AsyncIterator[Callable[
             assert fake_kube.kubeconfig is not None
             opts = kube_options(pki, fake_kube.kubeconfig, **options)
             gateway = build_gateway(opts)
-            checker = gateway.availability
+            checker = gateway.control.availability
             assert isinstance(checker, AvailabilityChecker)
             checker.interval, checker.retry_initial = 0.05, 0.05
             checker.probe.timeout = 1.0
@@ -265,11 +265,11 @@ async def test_replicas_elect_one_status_writer_and_the_next_one_takes_over(
         for _ in range(2):
             opts = kube_options(pki, fake_kube.kubeconfig, write_apiservice_status=True, **FAST_ELECTION)
             gateway = build_gateway(opts)
-            checker = gateway.availability
+            checker = gateway.control.availability
             assert isinstance(checker, AvailabilityChecker)
             checker.interval, checker.retry_initial = 0.05, 0.05
             checker.probe.timeout = 1.0
-            elector = gateway.elector
+            elector = gateway.control.elector
             assert elector is not None
             server = GatewayServer(opts, gateway)
             await server.start()
@@ -325,7 +325,7 @@ async def test_a_replica_that_starts_leading_writes_what_it_found_at_once(
     assert fake_kube.kubeconfig is not None
     opts = kube_options(pki, fake_kube.kubeconfig, write_apiservice_status=True, **FAST_ELECTION)
     gateway = build_gateway(opts)
-    checker, elector = gateway.availability, gateway.elector
+    checker, elector = gateway.control.availability, gateway.control.elector
     assert isinstance(checker, AvailabilityChecker) and elector is not None
     checker.interval = 3600.0  # no periodic check within the test
     server = GatewayServer(opts, gateway)

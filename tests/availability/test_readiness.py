@@ -20,12 +20,13 @@ import pytest
 from aggregator.assembly import build_gateway
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import TIMEOUT
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.conftest import StartGateway
 from tests.support.backend import apiservice_manifest, backend_service, write_manifests
-from tests.support.gateway import gateway_of, local_options
+from tests.support.gateway import local_options
 from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
+from tests.support.polling import until, until_async
 
 NAME = "v1.demo.example.com"
 
@@ -36,11 +37,14 @@ class HangingBackend:
     def __init__(self) -> None:
         self.port = 0
         self.connections = 0
+        self.first_at: float | None = None  # time.monotonic() of the first connection: a probe's start
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
 
     async def _hold(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        if self.first_at is None:
+            self.first_at = time.monotonic()
         self._writers.append(writer)
 
     async def start(self) -> int:
@@ -91,7 +95,6 @@ async def test_ready_once_the_first_round_lands_even_with_a_dead_backend(
     get: Callable[[GatewayServer], Get],
 ) -> None:
     register(apiservices_dir, "demo", hanging.port)
-    started = time.monotonic()
     server = await start_gateway()
     call = get(server)
 
@@ -103,14 +106,21 @@ async def test_ready_once_the_first_round_lands_even_with_a_dead_backend(
     assert (status, body) == (500, f"internal server error: no availability verdict yet for {NAME}\n")
     assert (await call("/livez"))[0] == 200  # not ready is not unhealthy
 
-    # Still waiting while the check itself waits for the silent backend...
-    await asyncio.sleep(max(0.0, started + TIMEOUT - 1.5 - time.monotonic()))
+    # Timed from the probe's connection, not from start-up (which a loaded machine drags out).
+    await until(lambda: hanging.first_at is not None, what="the first probe's connection")
+    assert hanging.first_at is not None
+    probed = hanging.first_at
+    # Still waiting while the check itself waits for the silent backend (the probe timeout is
+    # time, not an event: a negative check up to just before it)...
+    await asyncio.sleep(max(0.0, probed + TIMEOUT - 1.5 - time.monotonic()))
     assert (await call("/readyz"))[0] == 500
+
     # ...and ready as soon as its verdict (unavailable) lands: one probe timeout, not more.
-    while (await call("/readyz"))[0] != 200:
-        assert time.monotonic() - started < TIMEOUT + 1.5, "not ready after the first round"
-        await asyncio.sleep(0.05)
-    assert time.monotonic() - started >= TIMEOUT - 0.5
+    async def ready() -> bool:
+        return (await call("/readyz"))[0] == 200
+
+    await until_async(ready, max(0.0, probed + TIMEOUT + 1.5 - time.monotonic()), "ready after the first round")
+    assert time.monotonic() - probed >= TIMEOUT - 0.5
     assert hanging.connections >= 1
 
     status, body = await call("/readyz?verbose")
@@ -118,15 +128,18 @@ async def test_ready_once_the_first_round_lands_even_with_a_dead_backend(
     assert f"[+]{FIRST_ROUND_CHECK} ok\n" in body
     assert f"warn: APIService {NAME} is unavailable: FailedDiscoveryCheck: " in body
     assert body.endswith("readyz check passed\n")
-    checker = gateway_of(server).availability
+    checker = server.gateway.control.availability
     assert isinstance(checker, AvailabilityChecker) and not checker.is_available(NAME)
 
     # Only the APIServices present at start-up are waited for: a new dead one changes nothing.
     later = apiservice_manifest(port=hanging.port, ca_pem=None, group="later.example.com")
     write_manifests(apiservices_dir, "later", later)  # the same dead Service
-    while server.gateway.store.apiservice("v1.later.example.com") is None:
+
+    async def listed_and_still_ready() -> bool:
         assert (await call("/readyz"))[0] == 200
-        await asyncio.sleep(0.05)
+        return server.gateway.store.apiservice("v1.later.example.com") is not None
+
+    await until_async(listed_and_still_ready, what="the later APIService listed")
     assert (await call("/readyz"))[0] == 200
     assert checker.verdict("v1.later.example.com") is None  # still being checked
 
@@ -141,15 +154,16 @@ async def test_a_refused_backend_is_a_verdict_at_once(
     options = local_options(pki, str(apiservices_dir))
     gateway = build_gateway(options)
     # readiness would wait an hour for a missing verdict: being ready at all means the refusal was one
-    gateway.availability.first_round_limit = 3600
+    gateway.control.availability.first_round_limit = 3600
     server = GatewayServer(options, gateway)
     await server.start()
     try:
         call = get(server)
-        started = time.monotonic()
-        while (await call("/readyz"))[0] != 200:
-            assert time.monotonic() - started < 60
-            await asyncio.sleep(0.02)
+
+        async def ready() -> bool:
+            return (await call("/readyz"))[0] == 200
+
+        await until_async(ready, 60, "ready", every=0.02)
         _, body = await call("/readyz?verbose")
     finally:
         await server.stop()
@@ -168,7 +182,7 @@ async def test_the_wait_is_bounded(
     register(apiservices_dir, "demo", hanging.port)
     options = local_options(pki, str(apiservices_dir))
     gateway = build_gateway(options)
-    checker = gateway.availability
+    checker = gateway.control.availability
     assert isinstance(checker, AvailabilityChecker)
     checker.first_round_limit = 0.5
     checker.probe.timeout = 3600  # without the limit, readiness would wait an hour for the verdict
@@ -178,9 +192,11 @@ async def test_the_wait_is_bounded(
     await server.start()
     try:
         call = get(server)
-        while (await call("/readyz"))[0] != 200:
-            assert time.monotonic() - started < 60
-            await asyncio.sleep(0.02)
+
+        async def ready() -> bool:
+            return (await call("/readyz"))[0] == 200
+
+        await until_async(ready, max(0.0, started + 60 - time.monotonic()), "ready", every=0.02)
         assert checker.verdict(NAME) is None  # its check is still waiting for the backend
         warned = [r for r in caplog.records if "ready without a first availability verdict" in r.getMessage()]
         assert len(warned) == 1 and fields_of(warned[0]) == {"apiservices": NAME}

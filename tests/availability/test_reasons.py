@@ -345,7 +345,7 @@ class ScriptedProbe(DiscoveryProbe):
     ) -> Attempt:
         delay, result = self.script.pop(0)
         self.started.append(asyncio.get_running_loop().time())
-        await asyncio.sleep(delay)
+        await asyncio.sleep(delay)  # the scripted attempt takes this long
         return result
 
 

@@ -32,7 +32,7 @@ from tests.support.backend import (
     write_manifests,
 )
 from tests.support.fakekube import FakeKube, kube_options
-from tests.support.gateway import gateway_of, running_gateway
+from tests.support.gateway import running_gateway
 from tests.support.options import flag_options
 from tests.support.pki import PKI
 from tests.support.polling import until
@@ -355,7 +355,7 @@ async def test_unspecified_backend_addresses_are_never_dialed(
         return [address]
 
     server.gateway.backends.resolver.lookup = lookup
-    checker = gateway_of(server).availability
+    checker = server.gateway.control.availability
     checker.poke(APISERVICE)
     await until(lambda: getattr(checker.verdict(APISERVICE), "reason", "") == "ForbiddenEndpoint")
     verdict = checker.verdict(APISERVICE)
@@ -392,7 +392,7 @@ async def test_kube_mode_denies_loopback_by_default_and_local_mode_does_not(
     )
     options = kube_options(pki, fake_kube.kubeconfig, backend_deny_cidrs=None)
     async with running_gateway(options) as server:
-        checker = gateway_of(server).availability
+        checker = server.gateway.control.availability
         await until(lambda: getattr(checker.verdict(APISERVICE), "reason", "") == "ForbiddenEndpoint")
         verdict = checker.verdict(APISERVICE)
         assert verdict is not None

@@ -103,7 +103,7 @@ async def test_a_connection_the_server_closes_is_not_reused(server: PlainServer)
 async def test_idle_connections_expire_after_the_keepalive(server: PlainServer) -> None:
     pool = backend(keepalive=0.05).pool
     await get(pool, server.port)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # the keep-alive must pass: time, not an event
     await get(pool, server.port)
     assert server.connections == 2
 
@@ -169,7 +169,7 @@ async def test_spare_idle_connections_close_but_the_warm_one_stays(server: Plain
     pool = backend(spare_keepalive=0.05).pool
     await asyncio.gather(*(get(pool, server.port) for _ in range(4)))  # a burst: four connections
     assert pool.idle_count() == 4
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # the spares' keep-alive must pass: time, not an event
     assert await get(pool, server.port) == b"hello"  # reuses the newest; the stale spares close
     assert pool.idle_count() == 1
     await until(lambda: server.open == 1, what="the spares closed at the backend")

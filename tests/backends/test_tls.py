@@ -31,7 +31,7 @@ from tests.support.backend import (
     write_manifests,
 )
 from tests.support.fakekube import GATEWAY_TOKEN, GATEWAY_USER, FakeKube, kube_options
-from tests.support.gateway import gateway_of, running_gateway
+from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -80,12 +80,12 @@ async def test_a_common_name_only_backend_is_refused_on_every_path(
         *backend_service(cn_backend.port),
     )
     server = await start_gateway()
-    gateway = gateway_of(server)
+    gateway = server.gateway
     url = f"https://127.0.0.1:{cn_backend.port}"
 
     # The availability probe.
-    await until(lambda: gateway.availability.verdict(APISERVICE) is not None)
-    verdict = gateway.availability.verdict(APISERVICE)
+    await until(lambda: gateway.control.availability.verdict(APISERVICE) is not None)
+    verdict = gateway.control.availability.verdict(APISERVICE)
     assert verdict is not None and verdict.reason == "FailedDiscoveryCheck"
     assert verdict.message.startswith(
         f'failing or missing response from {url}{PREFIX}: Get "{url}{PREFIX}": {TLS_CAUSE} [hop: tls; '
@@ -94,7 +94,7 @@ async def test_a_common_name_only_backend_is_refused_on_every_path(
     assert "certificate names: none (no subject alternative names)" in verdict.message
 
     # Discovery and OpenAPI fetches.
-    state = gateway.discovery.fetcher.states[APISERVICE]
+    state = gateway.control.discovery.fetcher.states[APISERVICE]
     await until(lambda: LEGACY_CN in state.last_error)
 
     force_available(server)

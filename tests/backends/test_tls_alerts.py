@@ -23,7 +23,7 @@ from aggregator.backends.backend import ALERT_TTL, Address, Backend
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.backends.tls import client_context
 from aggregator.model.userinfo import AGGREGATOR
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.tls.pem import read_pair
 from tests.conftest import StartGateway
 from tests.support.backend import (
@@ -146,7 +146,7 @@ async def test_failures_close_together_share_one_look(
         *(backend.diagnose(Hop.CONNECT, "EOF", Address("127.0.0.1", alerting.port, SERVER_NAME)) for _ in range(20))
     )
     assert set(answers) == {(Hop.TLS, ALERT)}
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # the backend counts an alert after sending it; a second must not come
     assert alerting.alerts_sent == 1
     # Other failures are left as they are, without a look.
     refused = await backend.diagnose(

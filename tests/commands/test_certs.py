@@ -6,11 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from aggregator.commands.certs import PKI_FILES
+
+pytestmark = pytest.mark.long(15)
 
 
 def certs_init(*args: str) -> subprocess.CompletedProcess[str]:

@@ -36,6 +36,8 @@ from tests.support.fakekube import FakeKube
 from tests.support.pki import PKI
 from tests.support.ports import free_port
 
+pytestmark = pytest.mark.long(10)
+
 DISCOVERY = "/apis/demo.example.com/v1"
 REPO = Path(__file__).resolve().parents[2]
 

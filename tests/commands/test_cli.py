@@ -7,14 +7,16 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.support.pki import PKI
+from tests.support.polling import until_blocking
 from tests.support.ports import free_port
+
+pytestmark = pytest.mark.long(80)
 
 AGGREGATOR = [sys.executable, "-m", "aggregator"]
 
@@ -298,20 +300,20 @@ def test_mismatched_serving_pair_exits_2(pki: PKI, tmp_path: Path) -> None:
     assert "private key does not match the certificate" in result.stderr
 
 
-def _wait_for_port(port: int, log_path: Path, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+def _wait_for_port(port: int, log_path: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
     """Until the gateway accepts TCP connections (log lines alone say nothing about the socket)."""
     import socket
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if proc.poll() is not None:
             raise AssertionError(log_path.read_text())
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
+            return True
         except OSError:
-            time.sleep(0.1)
-    raise AssertionError("gateway did not start: " + log_path.read_text())
+            return False
+
+    until_blocking(listening, timeout, lambda: "the gateway to start: " + log_path.read_text(), every=0.1)
 
 
 def test_certs_init_then_serve_answers_healthz_over_mutual_tls(tmp_path: Path) -> None:

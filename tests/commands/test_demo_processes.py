@@ -12,7 +12,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +20,17 @@ import pytest
 
 from aggregator.commands.demofiles import port_in_use
 from aggregator.util import parentdeath
+from tests.support.polling import until_blocking
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 60.0
 EXIT_TIMEOUT = 30.0
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+pytestmark = [
+    pytest.mark.long(15),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's"),
+]
 
 
 def parent_of(pid: int) -> int | None:
@@ -98,12 +101,10 @@ def start_demo(workdir: Path, certs: Path, port: int) -> RunningDemo:
 def wait_for(
     predicate: Callable[[], bool], timeout: float, what: str | Callable[[], str], demo: RunningDemo | None = None
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            said = what() if callable(what) else what
-            raise AssertionError(f"timed out waiting for {said}" + (f":\n{demo.output()}" if demo else ""))
-        time.sleep(0.1)
+    def said() -> str:
+        return (what() if callable(what) else what) + (f":\n{demo.output()}" if demo else "")
+
+    until_blocking(predicate, timeout, said, every=0.1)
 
 
 @pytest.fixture
@@ -136,7 +137,7 @@ def test_a_second_demo_names_the_first_and_every_process_of_the_first_dies_with_
     commands = {pid: command_line(pid) for pid in tree}
     sample = [p for p, c in commands.items() if "-m sample_apiserver" in c]
     gateway = [p for p, c in commands.items() if "-m aggregator serve" in c]
-    workers = [p for p, c in commands.items() if "-m aggregator.workers" in c]
+    workers = [p for p, c in commands.items() if "-m aggregator.runners.worker" in c]
     assert len(sample) == 1 and len(gateway) == 1, commands
     if len(os.sched_getaffinity(0)) >= 2:
         # The gateway's default is a worker per CPU it may use: a control process and its workers.

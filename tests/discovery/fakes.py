@@ -122,5 +122,5 @@ def serve_legacy(group: str, version: str, resources: list[dict[str, Any]]) -> H
 
 
 async def hang(_path: str, _headers: Mapping[str, str]) -> FakeResponse:
-    await asyncio.sleep(3600)
+    await asyncio.sleep(3600)  # never answers
     raise AssertionError("unreachable")

@@ -24,7 +24,7 @@ from aggregator.discovery.aggregated import (
 )
 from aggregator.discovery.component import Discovery
 from aggregator.discovery.fetcher import is_aggregated_content_type
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.wire.jsonenc import go_marshal
 from tests.conftest import StartGateway
 from tests.discovery.fakes import (
@@ -38,7 +38,6 @@ from tests.discovery.fakes import (
     serve_legacy,
 )
 from tests.discovery.manifests import apiservice, write_manifests
-from tests.support.gateway import gateway_of
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -181,7 +180,7 @@ def test_aggregated_content_type(value: str | None, ok: bool) -> None:
 
 
 def discovery_of(server: GatewayServer, fakes: FakeBackends) -> Discovery:
-    discovery = gateway_of(server).discovery
+    discovery = server.gateway.control.discovery
     discovery.fetcher.backends = fakes
     # The availability checker dials the real (absent) backends the fakes stand in for: its
     # verdicts say nothing about the fakes.

@@ -118,7 +118,7 @@ async def test_service_and_endpoint_changes_trigger_a_refetch_and_deletion_forge
         store.upsert(EndpointSlice(namespace="ns", name="svc-abc", service_name="svc"))
         await until(lambda: len(fakes.calls) > calls)
         store.upsert(Service(namespace="ns", name="other"))  # unrelated: no fetch
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a negative check: time for a fetch that must not come
         assert len(fakes.calls) == calls + 1
         store.delete(Kind.APISERVICE, "", "v1.a.example.com")
         assert fetcher.states == {}
@@ -133,7 +133,7 @@ async def test_hung_backend_times_out() -> None:
     fakes = FakeBackends()
 
     async def slow(_path: str, _headers: Mapping[str, str]) -> FakeResponse:
-        await asyncio.sleep(10)
+        await asyncio.sleep(10)  # hangs past the fetch timeout
         return FakeResponse(200)
 
     fakes.handlers["v1.a.example.com"] = slow
@@ -155,7 +155,7 @@ async def test_nothing_is_fetched_before_the_store_has_synced() -> None:
     fetcher = DiscoveryFetcher(store, fakes, lambda: None)
     await fetcher.start()
     try:
-        for _ in range(20):
+        for _ in range(20):  # a negative check: loop turns for a fetch that must not come
             await asyncio.sleep(0)
         assert fakes.calls == [] and fetcher.loops.wakeups == 0  # the engine has not even started
         store.mark_synced()
@@ -191,7 +191,7 @@ async def test_a_backend_the_checker_found_unreachable_is_not_dialed_until_it_is
         assert state.entry().freshness == "Stale"
         assert state.last_error == "backend unreachable: dial tcp 10.0.0.5:443: connect: connection refused"
         # no backoff while it is down: parked until the checker says it is back, not retried in 10 ms
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # a negative check: time for retries that must not come
         assert state.failures == 1 and fakes.calls == []
         # the checker reaches it again and tells the fetcher (its listener): fetched at once
         del verdicts.down["v1.a.example.com"]

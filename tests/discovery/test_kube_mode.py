@@ -10,7 +10,6 @@ must be kube-apiserver's, byte for byte, and so must its ETag.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -40,14 +39,14 @@ from aggregator.discovery.delegated import (
 from aggregator.discovery.fetcher import FetchState
 from aggregator.kube.calls import GET_APIS, is_declared
 from aggregator.model.apiservice import decode_apiservice
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.sources.store import Store
 from aggregator.tls.issue import load_pair
 from tests.support.backend import BackendPKI, FakeBackend, endpointslice_manifest, service_manifest
 from tests.support.e2e import Kubectl, kubectl_binaries, logged_requests
 from tests.support.fakekube import GATEWAY_USER, FakeKube, kube_options
 from tests.support.fixtures import backend_pki  # noqa: F401 - fixture
-from tests.support.gateway import gateway_of, running_gateway
+from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -350,7 +349,7 @@ class Cluster:
     @property
     def discovery(self) -> Discovery:
         assert self.server is not None
-        return gateway_of(self.server).discovery
+        return self.server.gateway.control.discovery
 
     @property
     def delegate(self) -> DelegateDiscovery:
@@ -660,8 +659,9 @@ async def test_new_crd_groups_appear_after_their_apiservice_and_at_the_refresh(
     # kube-apiserver publishes a new CRD's group a moment after the crdregistration controller
     # created its APIService: the follow-up fetches after the APIService event catch it
     backups = [res("backups", "Backup", short=["bk"])]
+    fetches = fake.counts[("GET", "/apis")]
     fake.add_object("apiservices", local_apiservice("ops.example.com", "v1", 1000, 100, "true"))
-    await asyncio.sleep(0.2)
+    await until(lambda: fake.counts[("GET", "/apis")] > fetches, what="the fetch the APIService event asks for")
     endpoints.apis.insert(8, item("ops.example.com", ("v1", backups)))  # 1000, before stable.example.com
     await until(lambda: "ops.example.com" in names(json.loads(cluster.discovery.aggregated.document().json)),
                 what="the new CRD group")  # fmt: skip
@@ -841,8 +841,8 @@ async def test_no_backend_is_reported_missing_while_the_services_are_still_being
     cluster = await start_cluster()
     await cluster.settled()
     assert cluster.server is not None
-    gateway = gateway_of(cluster.server)
-    assert gateway.availability.is_available(f"v1beta1.{METRICS}")
+    gateway = cluster.server.gateway
+    assert gateway.control.availability.is_available(f"v1beta1.{METRICS}")
     missing = [str(getattr(r, "fields", "")) for r in caplog.records if "not found" in str(getattr(r, "fields", ""))]
     assert missing == [], missing
     registry = gateway.metrics.registry

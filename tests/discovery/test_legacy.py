@@ -11,7 +11,6 @@ from aggregator.discovery.legacy import group_document, group_list_document
 from aggregator.model.apiservice import decode_apiservice
 from tests.conftest import StartGateway
 from tests.discovery.manifests import apiservice, write_manifests
-from tests.support.gateway import gateway_of
 from tests.support.pki import PKI
 
 FIXTURE = [
@@ -152,7 +151,7 @@ async def test_documents_follow_folder_changes(
         write_manifests(
             apiservices_dir, [apiservice("v1.a.example.com", 100, 10), apiservice("v1.c.example.com", 200, 1)]
         )
-        source = gateway_of(server).folder
+        source = server.gateway.control.folder
         assert source is not None
         source.reload()
         async with session.get(server.url + "/apis", ssl=ssl, headers={"If-None-Match": first_etag}) as resp:

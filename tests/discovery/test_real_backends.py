@@ -13,14 +13,13 @@ from aggregator.discovery.component import Discovery
 from tests.discovery.fakes import AGG_TYPE, aggregated_doc, resource
 from tests.support.backend import GROUP, PREFIX, VERSION
 from tests.support.fixtures import Proxied, StartProxied, backend, backend_pki, start_proxied  # noqa: F401 - fixtures
-from tests.support.gateway import gateway_of
 from tests.support.polling import until
 
 DOC = aggregated_doc({GROUP: {VERSION: [resource("widgets", "Widget", short=["wd"])]}})
 
 
 def fast(proxied: Proxied) -> Discovery:
-    discovery = gateway_of(proxied.server).discovery
+    discovery = proxied.server.gateway.control.discovery
     fetcher = discovery.fetcher
     fetcher.backoff_initial, fetcher.backoff_max, fetcher.timeout = 0.02, 0.2, 0.5
     for name in fetcher.states:
@@ -43,7 +42,7 @@ async def test_aggregated_backend_then_304_then_503_then_hang(start_proxied: Sta
             return web.Response(status=503, text="down")
         if state["mode"] == "hang":
             hanging.set()
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # never answers
         if request.headers.get("If-None-Match") == '"V1"':
             return web.Response(status=304, headers={"ETag": '"V1"'})
         return web.Response(body=DOC, headers={"Content-Type": AGG_TYPE, "ETag": '"V1"'})

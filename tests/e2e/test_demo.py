@@ -26,12 +26,17 @@ import yaml
 
 from aggregator.commands.wardle import local_manifests
 from tests.support.e2e import Kubectl, kubectl_binaries
+from tests.support.polling import until, until_async, until_blocking
 from tests.support.ports import free_port
 
 KUBECTLS = kubectl_binaries()
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed")]
+pytestmark = [
+    pytest.mark.long(55),
+    pytest.mark.e2e,
+    pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed"),
+]
 
 
 @dataclass(frozen=True)
@@ -74,11 +79,12 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
             cwd=REPO,
         )
     try:
-        deadline = time.monotonic() + 60
-        while "Press Ctrl-C" not in out.read_text():
+
+        def up() -> bool:
             assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "demo did not come up:\n" + log.read_text()
-            time.sleep(0.2)
+            return "Press Ctrl-C" in out.read_text()
+
+        until_blocking(up, 60, lambda: "the demo to come up:\n" + log.read_text(), every=0.2)
         banner = out.read_text()
         assert f"https://127.0.0.1:{port}" in banner
         assert "kubectl --kubeconfig" in banner and "api-resources" in banner
@@ -93,19 +99,17 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
 
 async def wait_available(kubectl: Kubectl) -> None:
     """The availability checker marks both APIServices Available shortly after start."""
-    deadline = time.monotonic() + 30
-    while True:
+    conditions: dict[str, dict[str, str]] = {}
+
+    async def available() -> bool:
         _, out, _ = await kubectl("get", "apiservices", "-o", "json")
-        conditions = {
-            item["metadata"]["name"]: {
-                c["type"]: c["status"] for c in item.get("status", {}).get("conditions", [])
-            }
-            for item in json.loads(out)["items"]
-        }
-        if all(c.get("Available") == "True" for c in conditions.values()) and len(conditions) == 2:
-            return
-        assert time.monotonic() < deadline, f"APIServices not available: {conditions}"
-        await asyncio.sleep(0.5)
+        conditions.clear()
+        for item in json.loads(out)["items"]:
+            found = item.get("status", {}).get("conditions", [])
+            conditions[item["metadata"]["name"]] = {c["type"]: c["status"] for c in found}
+        return all(c.get("Available") == "True" for c in conditions.values()) and len(conditions) == 2
+
+    await until_async(available, 30, lambda: f"both APIServices available: {conditions}", every=0.5)
 
 
 @pytest.mark.parametrize("binary", KUBECTLS)
@@ -204,12 +208,25 @@ async def test_watch_sees_an_event(demo: Demo, binary: str, tmp_path: Path) -> N
         "flunders",
         "--watch",
         "--output-watch-events",
+        "-v=6",  # logs each response's status: the watch's once the server has started it
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "HOME": str(kubectl.home)},
     )
+    assert watcher.stderr is not None
+    log: list[str] = []
+
+    async def read_log(stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            log.append(line.decode(errors="replace"))
+
+    reader = asyncio.create_task(read_log(watcher.stderr))
     try:
-        await asyncio.sleep(1.5)  # let the watch start
+        await until(
+            lambda: any("watch=true" in line and "200 OK" in line for line in log),
+            20,
+            lambda: "the watch started:\n" + "".join(log),
+        )
         await kubectl(
             "create",
             "-f",
@@ -229,6 +246,7 @@ async def test_watch_sees_an_event(demo: Demo, binary: str, tmp_path: Path) -> N
     finally:
         watcher.kill()
         await watcher.wait()
+        await reader
         await kubectl("delete", "flunder", name, "--ignore-not-found")
 
 
@@ -334,14 +352,15 @@ async def test_the_banner_commands_work_as_printed(demo: Demo, tmp_path: Path) -
 
 
 async def wait_available_via_shell(export: str, home: Path) -> subprocess.CompletedProcess[str]:
-    deadline = time.monotonic() + 30
-    while True:
-        done = shell(f"{export} && kubectl get apiservices", home)
+    said: list[subprocess.CompletedProcess[str]] = []
+
+    async def available() -> bool:
+        said.append(done := shell(f"{export} && kubectl get apiservices", home))
         rows = [line.split() for line in done.stdout.splitlines()[1:]]
-        if done.returncode == 0 and rows and all(row[2] == "True" for row in rows):
-            return done
-        assert time.monotonic() < deadline, done.stdout + done.stderr
-        await asyncio.sleep(0.5)
+        return done.returncode == 0 and bool(rows) and all(row[2] == "True" for row in rows)
+
+    await until_async(available, 30, lambda: said[-1].stdout + said[-1].stderr, every=0.5)
+    return said[-1]
 
 
 async def test_a_second_demo_on_a_busy_port_or_the_same_folder_touches_nothing(
@@ -399,11 +418,11 @@ class DemoProcess:
             )
 
     async def wait_for_output(self, text: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.out.read_text():
+        def printed() -> bool:
             assert self.proc.poll() is None, self.out.read_text() + self.log.read_text()
-            assert time.monotonic() < deadline, f"no {text!r} in:\n" + self.out.read_text()
-            await asyncio.sleep(0.1)
+            return text in self.out.read_text()
+
+        await until(printed, timeout, lambda: f"{text!r} in:\n" + self.out.read_text(), every=0.1)
 
     def press_enter(self) -> None:
         assert self.proc.stdin is not None
@@ -428,6 +447,16 @@ class DemoProcess:
         _, body = await self.get("/apis", AGGREGATED)
         items = {i["metadata"]["name"]: i for i in json.loads(body)["items"]}
         return {v["version"]: v.get("freshness", "Current") for v in items["wardle.example.com"]["versions"]}
+
+    async def wait_for_freshness(self, freshness: str) -> None:
+        """Until both wardle versions in `/apis` are `freshness` (Stale or Current)."""
+        seen: list[dict[str, str]] = []
+
+        async def reached() -> bool:
+            seen.append(await self.freshness())
+            return seen[-1] == {"v1beta1": freshness, "v1alpha1": freshness}
+
+        await until_async(reached, 10, lambda: f"both versions {freshness}: {seen[-1]}", every=0.1)
 
 
 async def available(kubectl: Kubectl) -> dict[str, str]:
@@ -481,15 +510,15 @@ async def test_the_sample_dies_the_gateway_says_so_and_recovers(tmp_path: Path) 
             assert err.strip() in (
                 f"Error from server (ServiceUnavailable): {m}" for m in (refused, "service unavailable")
             )
-        started = time.monotonic()
-        while (now := await available(kubectl)) != {name: "False" for name in WARDLE}:
-            assert time.monotonic() - started < 20, now  # the periodic check is 30 s away
-            await asyncio.sleep(0.1)
+        now: list[dict[str, str]] = []
 
-        deadline = time.monotonic() + 10
-        while (fresh := await demo.freshness()) != {"v1beta1": "Stale", "v1alpha1": "Stale"}:
-            assert time.monotonic() < deadline, fresh
-            await asyncio.sleep(0.1)
+        async def both_false() -> bool:
+            now.append(await available(kubectl))
+            return now[-1] == {name: "False" for name in WARDLE}
+
+        # within 20 s: the re-check the failed requests asked for, not the periodic one 30 s away
+        await until_async(both_false, 20, lambda: f"both APIServices False: {now[-1]}", every=0.1)
+        await demo.wait_for_freshness("Stale")
         # docs/demo.md's answers 2 and 3 of `kubectl get flunders`: with the discovery kubectl cached
         # before the kill, the gateway's own 503; once kubectl reads discovery again, no such type.
         code, _, err = await kubectl("get", "flunders", check=False)
@@ -532,10 +561,7 @@ async def test_the_sample_dies_the_gateway_says_so_and_recovers(tmp_path: Path) 
         await demo.wait_for_output("wardle.example.com is available again", timeout=30)
         assert int((certs / "demo" / "sample.pid").read_text()) != first_pid
         assert await available(kubectl) == {name: "True" for name in WARDLE}
-        deadline = time.monotonic() + 10
-        while (fresh := await demo.freshness()) != {"v1beta1": "Current", "v1alpha1": "Current"}:
-            assert time.monotonic() < deadline, fresh
-            await asyncio.sleep(0.1)
+        await demo.wait_for_freshness("Current")
         await kubectl("get", "flunders,fischers")
         assert manifests.read_bytes() == edited
     finally:

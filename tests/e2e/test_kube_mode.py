@@ -35,6 +35,7 @@ def _binaries(*minors: int) -> list[str]:
 
 KUBECTLS = _binaries(27, 32, 33)
 pytestmark = [
+    pytest.mark.long(45),
     pytest.mark.e2e,
     pytest.mark.skipif(not KUBECTLS, reason="kubectl 1.27/1.32/1.33 not installed"),
 ]

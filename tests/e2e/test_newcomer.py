@@ -31,6 +31,7 @@ import pytest
 
 from aggregator.commands.demofiles import port_in_use
 from tests.support.e2e import kubectl_binaries
+from tests.support.polling import until_blocking
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,6 +41,7 @@ BUDGET = 420.0
 INSTALL_TIMEOUT = 300.0
 
 pytestmark = [
+    pytest.mark.long(90),
     pytest.mark.e2e,
     pytest.mark.skipif(not kubectl_binaries(), reason="kubectl is not installed"),
     pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed"),
@@ -135,12 +137,11 @@ class Terminal:
                 self.output += chunk
 
     def wait_for(self, text: str, timeout: float) -> float:
-        started = time.monotonic()
-        while text not in self.text():
+        def printed() -> bool:
             assert self.process.poll() is None, f"make demo exited:\n{self.text()}"
-            assert time.monotonic() - started < timeout, f"no {text!r} after {timeout:g}s:\n{self.text()}"
-            time.sleep(0.1)
-        return time.monotonic() - started
+            return text in self.text()
+
+        return until_blocking(printed, timeout, lambda: f"{text!r}:\n{self.text()}", every=0.1)
 
     def type(self, keys: bytes) -> None:
         os.write(self.master, keys)
@@ -207,12 +208,7 @@ class Shell:
 
 
 def until(check: Callable[[], bool], timeout: float, what: Callable[[], str]) -> float:
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout:g}s: {what()}")
-        time.sleep(0.2)
-    return time.monotonic() - started
+    return until_blocking(check, timeout, what, every=0.2)
 
 
 def test_a_newcomer_follows_the_readme(terminal: tuple[Terminal, Path, int], tmp_path: Path) -> None:

@@ -22,7 +22,11 @@ from tests.support.pki import PKI
 KUBECTLS = kubectl_binaries(every_version=True)
 PROTOBUF = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed")]
+pytestmark = [
+    pytest.mark.long(15),
+    pytest.mark.e2e,
+    pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed"),
+]
 
 
 @pytest.mark.parametrize("binary", KUBECTLS, ids=lambda b: Path(b).name)

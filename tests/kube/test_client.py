@@ -142,7 +142,7 @@ async def test_rotated_token_file_is_picked_up_on_refresh(
     token_file.write_text("token-b\n")
     del fake_kube.tokens["token-a"]
     fake_kube.add_token("token-b", "bob")
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # past the refresh interval: the next request re-reads the credentials
     assert (await client.request(calls.LIST_APISERVICES)).status == 200
     assert fake_kube.users() == ["alice", "bob"]
 
@@ -194,7 +194,7 @@ async def test_exec_plugin_token_is_used_and_rerun_when_expired(
     client = kubeconfig_client(clients, path, refresh_interval=0.1)
     assert (await client.request(calls.LIST_APISERVICES)).status == 200
     token_file.write_text("exec-b")
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # past the refresh interval: the next request re-reads the credentials
     assert (await client.request(calls.LIST_APISERVICES)).status == 200
     assert fake_kube.users() == ["exec-alice", "exec-bob"]
 
@@ -215,7 +215,7 @@ async def test_in_cluster_token_file_is_reread(
     assert (await client.request(calls.LIST_SERVICES)).status == 200
     token_file.write_text("sa-2")
     fake_kube.tokens = {"sa-2": "rotated"}
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # past the refresh interval: the next request re-reads the credentials
     assert (await client.request(calls.LIST_SERVICES)).status == 200
     assert fake_kube.users() == ["system:serviceaccount:aggregator:gateway", "rotated"]
     assert client.base_url == fake_kube.url
@@ -280,7 +280,7 @@ async def test_rotated_client_certificate_file_gets_a_new_tls_context(
     first_context = client.ssl_context
     fake_kube.issue_client_cert("second", stem="rotating")
     assert load_pair(tmp_path / "fake-kube", "rotating").cert.subject.rfc4514_string() == "CN=second"
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # past the refresh interval: the next request re-reads the credentials
     assert (await client.request(calls.LIST_APISERVICES)).status == 200
     assert client.ssl_context is not first_context
     assert fake_kube.users() == ["first", "second"]

@@ -16,6 +16,8 @@ import pytest
 from tests.support.pki import PKI
 from tests.workers.group import running_group
 
+pytestmark = pytest.mark.long(20)
+
 MISSING = "it is the package's kube extra, pip install 'aggregator[kube]'"
 
 

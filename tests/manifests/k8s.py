@@ -540,10 +540,14 @@ class DiscoveryServer:
 
 
 def kubectl_apply_dry_run(kubeconfig: Path, *source: str) -> subprocess.CompletedProcess[str]:
-    """`kubectl apply --dry-run=client --validate=false` (schemas are checked by `schema_errors`)."""
+    """`kubectl apply --dry-run=client --validate=false` (schemas are checked by `schema_errors`).
+
+    Its discovery cache sits beside the kubeconfig, not in the user's ~/.kube/cache, which `make
+    test`'s workers would otherwise all write at once."""
     assert KUBECTL is not None
+    cache = ["--cache-dir", str(kubeconfig.parent / "cache")]
     return subprocess.run(
-        [KUBECTL, "--kubeconfig", str(kubeconfig), "apply", "--dry-run=client", "--validate=false", *source],
+        [KUBECTL, "--kubeconfig", str(kubeconfig), *cache, "apply", "--dry-run=client", "--validate=false", *source],
         capture_output=True,
         text=True,
         timeout=60,

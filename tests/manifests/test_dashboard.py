@@ -15,7 +15,6 @@ import contextlib
 import json
 import re
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from tests.manifests.test_monitoring import exposed_names, metric_names
 from tests.support.fakereviews import Spec
 from tests.support.kubestack import KubeStack
 from tests.support.pki import PKI
+from tests.support.polling import until_async
 from tests.support.ports import free_port
 from tests.support.prometheus import (
     Prometheus,
@@ -40,6 +40,8 @@ from tests.support.prometheus import (
     running_prometheus,
 )
 from tests.workers.group import running_serve
+
+pytestmark = pytest.mark.long(15)
 
 DASHBOARD = MANIFESTS / "overlays/components/monitoring/aggregator-dashboard.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -307,7 +309,7 @@ async def traffic(url: str, pki: PKI) -> AsyncIterator[dict[str, int]]:
                         async with session.get(url + path, ssl=context) as resp:
                             await resp.read()
                             seen[str(resp.status)] = seen.get(str(resp.status), 0) + 1
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # steady traffic for the rates, not a flood
 
     task = asyncio.create_task(drive())
     try:
@@ -326,11 +328,8 @@ async def evaluate(prom: Prometheus, values: dict[str, str | list[str]]) -> dict
 
 
 async def until_true(check: Any, timeout: float, what: str | Callable[[], str]) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
-        await asyncio.sleep(0.5)
+    """Prometheus scrapes and evaluates at its own pace: asked every half second."""
+    await until_async(check, timeout, what, every=0.5)
 
 
 @needs_prometheus

@@ -417,7 +417,7 @@ def test_the_sample_context_holds_both_packages_and_nothing_else() -> None:
     rules = read_dockerignore(SAMPLE_DOCKERIGNORE)
     context = build_context(rules)
     assert "samples/wardle/sample_apiserver/server.py" in context
-    assert "aggregator/server.py" in context
+    assert "aggregator/runners/server.py" in context
     allowed = ("aggregator/", "samples/wardle/sample_apiserver/")
     top = ("pyproject.toml", "README.md", "LICENSE", "samples/wardle/pyproject.toml")
     assert all(p in top or p.startswith(allowed) for p in context), context

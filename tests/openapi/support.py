@@ -190,7 +190,7 @@ def register(
 
 
 def aggregation_of(gateway: Gateway) -> OpenAPIAggregation:
-    return gateway.openapi
+    return gateway.control.openapi
 
 
 def fast(

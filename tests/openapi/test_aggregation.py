@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from aggregator.openapi.local import build_documents
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.tls.issue import new_ca
 from aggregator.wire.jsonenc import go_marshal
 from tests.conftest import StartGateway
@@ -28,7 +28,6 @@ from tests.openapi.support import (
     v3_document,
 )
 from tests.support.backend import BackendPKI, apiservice_manifest, write_manifests
-from tests.support.gateway import gateway_of
 from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until
@@ -94,7 +93,7 @@ async def test_v3_index_and_documents_as_kube_openapi_serves_them(
     register(apiservices_dir, alpha, backend_pki, "alpha", [("alpha.example.com", "v1", 1000, 15)])
     server = await start_gateway()
     client = Client(server, pki)
-    aggregation = fast(gateway_of(server))
+    aggregation = fast(server.gateway)
     await until(lambda: "apis/alpha.example.com/v1" in aggregation.v3.documents, what="the alpha document")
 
     status, headers, body = await client.get("/openapi/v3")
@@ -161,7 +160,7 @@ async def test_v2_merges_backends_by_priority_renaming_conflicts(
     register(apiservices_dir, high, backend_pki, "high", [("high.example.com", "v1", 2000, 15)])
     server = await start_gateway()
     client = Client(server, pki)
-    aggregation = fast(gateway_of(server))
+    aggregation = fast(server.gateway)
     await until(lambda: len(aggregation.v2.sources) == 3, what="both backends merged")
     assert aggregation.v2.sources == ("gateway", "v1.high.example.com", "v1.low.example.com")
 
@@ -221,7 +220,7 @@ async def test_404_is_retried_with_backoff_until_the_backend_publishes(
     backend.status = {"v2": 404, "v3": 404}
     register(apiservices_dir, backend, backend_pki, "late", [("late.example.com", "v1", 1000, 15)])
     server = await start_gateway()
-    aggregation = fast(gateway_of(server), backoff=0.05, backoff_max=0.4)
+    aggregation = fast(server.gateway, backoff=0.05, backoff_max=0.4)
     started = time.monotonic()
     await until(lambda: len(backend.requests("/openapi/v2")) >= 4, what="retries")
     seen = [r for r in backend.backend.received if r.raw_path == "/openapi/v2"]
@@ -268,7 +267,7 @@ async def test_refreshes_revalidate_share_one_download_per_service_and_keep_docu
         [("multi.example.com", "v1", 1000, 15), ("multi.example.com", "v2", 1000, 20)],
     )
     server = await start_gateway()
-    aggregation = fast(gateway_of(server), interval=0.1)
+    aggregation = fast(server.gateway, interval=0.1)
     await until(lambda: len(backend.requests("/openapi/v2")) >= 3, what="three refreshes")
     # The merge runs in a thread after the download that fed it: wait for it, not for a guess.
     merged = ("gateway", "v2.multi.example.com", "v1.multi.example.com")
@@ -310,7 +309,7 @@ async def test_apiservice_changes_take_effect_without_waiting_for_the_refresh_in
     wardle_like(first, "first.example.com")
     register(apiservices_dir, first, backend_pki, "first", [("first.example.com", "v1", 1000, 15)])
     server = await start_gateway()
-    aggregation = fast(gateway_of(server))  # 60 s interval: only events can explain a quick update
+    aggregation = fast(server.gateway)  # 60 s interval: only events can explain a quick update
     await until(lambda: "apis/first.example.com/v1" in aggregation.v3.documents, what="first")
 
     second = await start_openapi_backend("second")
@@ -338,7 +337,7 @@ async def test_a_backend_without_v3_is_served_converted_from_v2_at_the_normal_in
     backend.status = {"v3": 404}
     register(apiservices_dir, backend, backend_pki, "legacy", [("legacy.example.com", "v1", 1000, 15)])
     server = await start_gateway()
-    aggregation = fast(gateway_of(server))
+    aggregation = fast(server.gateway)
     key = "apis/legacy.example.com/v1"
     await until(lambda: key in aggregation.v3.documents, what="the converted document")
     doc = json.loads(aggregation.v3.documents[key].body)
@@ -374,7 +373,7 @@ async def test_backends_follow_the_same_hash_redirect_rule(
     register(apiservices_dir, settling, backend_pki, "settling", [("settling.example.com", "v1", 1000, 15)])
     register(apiservices_dir, hostile, backend_pki, "hostile", [("hostile.example.com", "v1", 1000, 15)])
     server = await start_gateway()
-    aggregation = fast(gateway_of(server))
+    aggregation = fast(server.gateway)
     key = "apis/settling.example.com/v1"
     await until(lambda: key in aggregation.v3.documents, what="the settling backend's document")
     assert json.loads(aggregation.v3.documents[key].body) == settling.v3[key]  # its settled revision
@@ -421,7 +420,7 @@ async def test_a_bad_ca_beside_a_good_one_on_the_same_service_is_labelled_with_i
     )  # fmt: skip
     write_manifests(apiservices_dir, "bad", bad)
     server = await start_gateway()
-    aggregation = fast(gateway_of(server))
+    aggregation = fast(server.gateway)
     await until(lambda: "apis/good.example.com/v1" in aggregation.v3.documents, what="the good document")
     failed = "OpenAPI v3 download failed; no documents to serve until one succeeds"
     await until(lambda: any(r.getMessage() == failed for r in caplog.records), what="the bad CA's failure")
@@ -460,7 +459,7 @@ async def test_a_failure_after_a_success_says_the_last_good_documents_are_served
     wardle_like(backend, "flaky.example.com")
     register(apiservices_dir, backend, backend_pki, "flaky", [("flaky.example.com", "v1", 1000, 15)])
     server = await start_gateway()
-    aggregation = fast(gateway_of(server), interval=0.1)
+    aggregation = fast(server.gateway, interval=0.1)
     await until(lambda: "apis/flaky.example.com/v1" in aggregation.v3.documents, what="the first download")
     backend.status = {"v3": 500}
     failed = "OpenAPI v3 download failed; serving the last good documents"

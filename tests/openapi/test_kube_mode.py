@@ -15,13 +15,13 @@ import pytest
 from aggregator.kube.calls import GET_OPENAPI_V3_GROUP_VERSION, is_declared
 from aggregator.openapi.component import KUBE_APISERVER
 from aggregator.openapi.readiness import FirstDownload
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.openapi.support import fast, sha512_upper, start_backend, v2_paths, v3_document
 from tests.support.backend import BackendPKI, service_manifest
 from tests.support.fakekube import GATEWAY_USER, FakeKube, Seen, apiservice, kube_options
 from tests.support.fakeopenapi import KubeOpenAPI
 from tests.support.fakereviews import FakeReviews
-from tests.support.gateway import gateway_of, running_gateway
+from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -101,7 +101,7 @@ async def test_kube_apiserver_documents_first_remote_group_versions_from_their_b
 
         assert fake_kube.kubeconfig is not None
         async with running_gateway(kube_options(pki, fake_kube.kubeconfig)) as server:
-            aggregation = fast(gateway_of(server), backoff=0.05)
+            aggregation = fast(server.gateway, backoff=0.05)
             await until(
                 lambda: (
                     aggregation.v2.sources == (KUBE_APISERVER, f"v1.{REMOTE}")
@@ -194,7 +194,7 @@ async def test_a_settling_kube_apiserver_is_read_again_and_published_without_a_f
     kube.settle(2)  # the documents change right after each of the first two index reads
     with caplog.at_level(logging.INFO, logger="aggregator.openapi"):
         async with await kube_gateway(fake_kube, pki) as server:
-            aggregation = gateway_of(server).openapi
+            aggregation = server.gateway.control.openapi
             await until(lambda: len(aggregation.v3.documents) == 3, what="kube-apiserver's documents")
             for key in kube.documents:
                 assert aggregation.v3.documents[key].body == kube.body(key)  # the settled revision
@@ -226,9 +226,9 @@ async def test_readyz_waits_for_kube_apiservers_openapi_then_passes(fake_kube: F
         assert status == 500 and "[-]kube-apiserver-openapi failed" in body
         fake_kube.release()
         await until(
-            lambda: "apis/apps/v1" in gateway_of(server).openapi.v3.documents, what="apps/v1 published"
+            lambda: "apis/apps/v1" in server.gateway.control.openapi.v3.documents, what="apps/v1 published"
         )
-        await until(lambda: gateway_of(server).openapi.kube_ready() is None, what="v2 merged")
+        await until(lambda: server.gateway.control.openapi.kube_ready() is None, what="v2 merged")
         status, body = await readyz(server, pki)
         assert status == 200 and "[+]kube-apiserver-openapi ok" in body
 
@@ -239,7 +239,7 @@ async def test_a_failed_first_download_is_retried_within_a_second_not_on_the_bac
     kube = kube_openapi(fake_kube)
     fake_kube.slow(30, verb="GET", resource="/openapi/v3")  # hold the first attempt to set the knobs
     async with await kube_gateway(fake_kube, pki) as server:
-        aggregation = gateway_of(server).openapi
+        aggregation = server.gateway.control.openapi
         refresher = aggregation.refresher
         refresher.backoff_initial = refresher.backoff_max = (
             60.0  # what the retries would wait without the rule
@@ -260,7 +260,7 @@ async def test_readiness_stops_waiting_after_the_bound(
     kube.fail(10_000)  # kube-apiserver refuses its OpenAPI for good
     now = [0.0]
     async with await kube_gateway(fake_kube, pki) as server:
-        aggregation = gateway_of(server).openapi
+        aggregation = server.gateway.control.openapi
         aggregation.first_download = FirstDownload(bound=30.0, clock=lambda: now[0])
         # downloads start once the objects are listed
         await until(lambda: KUBE_APISERVER in aggregation.sources, what="kube-apiserver's source")

@@ -16,7 +16,7 @@ import aiohttp
 
 from aggregator.openapi.local import KEY, build_documents
 from aggregator.openapi.merge import _refs
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.wire.jsonenc import go_marshal
 from tests.conftest import StartGateway
 from tests.openapi.conftest import StartBackend
@@ -24,7 +24,7 @@ from tests.openapi.support import fast, register, sha512_upper, v2_paths, v3_doc
 from tests.support.backend import BackendPKI
 from tests.support.fakekube import FakeKube, kube_options
 from tests.support.fakereviews import FakeReviews
-from tests.support.gateway import gateway_of, running_gateway
+from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -143,7 +143,7 @@ async def test_a_backend_cannot_replace_it(
     rogue.v2["definitions"] = {"x.Y": {"description": "the rogue's", "type": "object"}}
     register(apiservices_dir, rogue, backend_pki, "rogue", [(group, "v1", 19000, 100)])
     server = await start_gateway()
-    aggregation = fast(gateway_of(server))
+    aggregation = fast(server.gateway)
     await until(lambda: len(aggregation.v2.sources) == 2, what="the rogue's v2 merged")
     await until(lambda: rogue.requests(f"/openapi/v3/{KEY}"), what="the rogue's v3 downloaded")
     assert aggregation.v3.documents[KEY].body == go_marshal(build_documents()[0])
@@ -156,7 +156,7 @@ async def test_not_published_in_kube_mode(fake_kube: FakeKube, pki: PKI) -> None
     FakeReviews(fake_kube)
     assert fake_kube.kubeconfig is not None
     async with running_gateway(kube_options(pki, fake_kube.kubeconfig)) as server:
-        aggregation = fast(gateway_of(server))
+        aggregation = fast(server.gateway)
         assert KEY not in aggregation.v3.documents
         assert not any(
             p.startswith("/apis/apiregistration.k8s.io/")

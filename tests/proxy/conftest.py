@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.conftest import StartGateway
 from tests.support.backend import (
     SERVER_NAME,

@@ -264,7 +264,7 @@ async def test_client_disconnect_cancels_the_backend_request(start_proxied: Star
         await out.write(b"first\n")
         started.set()
         try:
-            await asyncio.sleep(60)
+            await asyncio.sleep(60)  # streams until the test ends it
         except asyncio.CancelledError:
             cancelled.set()
             raise
@@ -321,6 +321,9 @@ async def test_unavailable_apiservice_is_503(
 
         def reason(self, name: str) -> str:
             return "FailedDiscoveryCheck"
+
+        def add_listener(self, listener: Callable[[str], None]) -> None:
+            """Nothing ever changes."""
 
     use_availability(proxied.server, NeverAvailable())
     async with proxied.request("GET", THINGS) as resp:
@@ -466,7 +469,7 @@ async def test_discovery_requests_time_out(start_proxied: StartProxied) -> None:
             )
         # Only the discovery path is bounded: a resource request waits for its backend.
         task = asyncio.ensure_future(proxied.request("GET", THINGS).__aenter__())
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.6)  # a negative check: past the discovery bound, still waiting
         assert not task.done()
         release.set()
         resp = await task

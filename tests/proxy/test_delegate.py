@@ -15,10 +15,11 @@ from aiohttp import web
 from yarl import URL
 
 from aggregator.backends.hops import HOP_HEADER
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.support.fakekube import GATEWAY_USER, USER, FakeKube, apiservice, kube_options
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 StartKube = Callable[..., Awaitable[GatewayServer]]
 
@@ -145,8 +146,8 @@ async def test_built_in_resources_local_apiservices_and_unknown_paths_are_delega
     fake_kube.add_route("GET", "/apis/wardle.example.com/v1/flunders", echo_handler)
     fake_kube.add_route("GET", "/nothing/here", echo_handler)
     server = await start_kube()
-    await asyncio.wait_for(
-        _until(lambda: server.gateway.store.apiservice("v1.wardle.example.com") is not None), 10
+    await until(
+        lambda: server.gateway.store.apiservice("v1.wardle.example.com") is not None, what="the APIService"
     )
 
     status, doc = await get(server, pki, "/api/v1/namespaces/default/configmaps?limit=5")
@@ -216,11 +217,6 @@ async def test_unreachable_kube_apiserver_is_503(
         doc["message"]
         == f"error trying to reach service: dial tcp 127.0.0.1:{fake_kube.port}: connect: connection refused"
     )
-
-
-async def _until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.parametrize("delegate_auth", ["front-proxy", "impersonate"])

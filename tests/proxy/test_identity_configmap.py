@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.support.backend import (
     APISERVICE,
     GROUP,
@@ -42,6 +42,7 @@ from tests.support.fakekube import CLUSTER_CAS, USER, FakeKube, kube_options
 from tests.support.fakereviews import FakeReviews
 from tests.support.gateway import running_gateway
 from tests.support.pki import PKI
+from tests.support.polling import until_async
 
 THINGS = f"{PREFIX}/namespaces/default/things"
 EXEC = f"{PREFIX}/namespaces/default/pods/p1/exec"
@@ -221,10 +222,7 @@ async def test_names_changed_in_the_configmap_are_stripped_from_then_on(cluster:
         ) as resp:
             return resp.status == 200 and (await resp.json())["user"] == "carol"
 
-    deadline = asyncio.get_running_loop().time() + 5
-    while not await new_names_in_force():
-        assert asyncio.get_running_loop().time() < deadline, "the new ConfigMap was not applied"
-        await asyncio.sleep(0.05)
+    await until_async(new_names_in_force, what="the new ConfigMap applied")
 
     async with cluster.get(THINGS, spoofed("X-Proxy-User", "X-Proxy-Group", "X-Proxy-Extra-")) as resp:
         assert resp.status == 200

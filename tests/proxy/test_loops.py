@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from aggregator.backends.hops import HOP_HEADER
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.tls.issue import issue_serving_cert, write_pair
 from tests.support.backend import (
     APISERVICE,
@@ -97,7 +97,7 @@ async def test_a_gateway_as_a_backend_is_a_proxy_loop(
         gateways = [await start_loopable(port_a, port_b), await start_loopable(port_b, port_b)]
 
     for server in gateways:
-        checker = server.gateway.availability
+        checker = server.gateway.control.availability
         # awaited here: the lambda never outlives this iteration's checker
         await until(lambda: checker.reason(APISERVICE) == "ProxyLoop")  # noqa: B023
         verdict = checker.verdict(APISERVICE)

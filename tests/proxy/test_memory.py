@@ -30,6 +30,7 @@ from tests.support.backend import (
     write_manifests,
 )
 from tests.support.pki import PKI
+from tests.support.polling import until_async
 from tests.support.ports import free_port
 
 SIZE = 50 * 1024 * 1024
@@ -56,7 +57,7 @@ class PeakSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.peak = max(self.peak, rss_bytes(self.pid))
-            time.sleep(0.01)
+            time.sleep(0.01)  # the sampling period
 
     def __enter__(self) -> PeakSampler:
         self._thread.start()
@@ -144,17 +145,16 @@ async def test_50_mib_response_does_not_grow_the_gateway(
     url = f"https://127.0.0.1:{port}{big}"
     ctx = pki.client_context()
     async with aiohttp.ClientSession() as session:
-        deadline = time.monotonic() + 20
-        while True:  # ready, and the warm-up request creates the backend's context and pool
+
+        async def warmed_up() -> bool:  # ready, and the warm-up request makes the backend's context and pool
             try:
                 async with session.get(url + "?size=small", ssl=ctx) as resp:
-                    if resp.status == 200 and len(await resp.read()) == BLOCK:
-                        break
+                    return resp.status == 200 and len(await resp.read()) == BLOCK
             except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, "gateway did not come up"
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(0.3)
+                return False
+
+        await until_async(warmed_up, 120, "the gateway to come up", every=0.1)  # 3 processes start
+        await asyncio.sleep(0.3)  # the warm-up's buffers freed before the baseline is read
         baseline = rss_bytes(pid)
         received = 0
         with PeakSampler(pid) as sampler:

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.conftest import StartGateway
 from tests.support.backend import (
     APISERVICE,
@@ -25,12 +25,13 @@ from tests.support.backend import (
     status_of,
     write_manifests,
 )
-from tests.support.gateway import gateway_of
 from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until
 from tests.support.replica import Replicas, endpointslice_for
 from tests.workers.group import running_group, until_async
+
+pytestmark = pytest.mark.long(35)
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 THINGS = f"{PREFIX}/namespaces/default/things"
@@ -122,7 +123,7 @@ async def steady_gets(
 
 async def until_available(server: GatewayServer) -> None:
     """The gateway's first verdict on the APIService is Available (replica processes start slowly)."""
-    await until(lambda: gateway_of(server).availability.is_available(APISERVICE), 15, "the APIService")
+    await until(lambda: server.gateway.control.availability.is_available(APISERVICE), 15, "the APIService")
 
 
 def failed(answers: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
@@ -313,7 +314,7 @@ async def test_bad_annotations_are_named_and_ignored(
 
 
 def _condition_message(server: GatewayServer) -> str:
-    verdict = gateway_of(server).availability.verdict(APISERVICE)
+    verdict = server.gateway.control.availability.verdict(APISERVICE)
     return verdict.message if verdict is not None else ""
 
 
@@ -370,7 +371,7 @@ async def test_a_blackholed_backend_on_a_pooled_connection_answers_within_the_re
         annotations={"aggregator.dev/response-header-timeout": "500ms"},
     )
     server = await start_gateway()
-    availability = gateway_of(server).availability
+    availability = server.gateway.control.availability
     await until(lambda: availability.is_available(APISERVICE), 15, "the APIService")
     context = pki.client_context("admin")
     async with aiohttp.ClientSession() as session:
@@ -410,7 +411,7 @@ async def test_a_request_still_connecting_to_a_blackholed_backend_has_it_checked
         annotations={"aggregator.dev/connect-timeout": "2s", "aggregator.dev/response-header-timeout": "3s"},
     )
     server = await start_gateway()
-    availability = gateway_of(server).availability
+    availability = server.gateway.control.availability
     await until(lambda: availability.is_available(APISERVICE), 15, "the APIService")
     context = pki.client_context("admin")
     async with aiohttp.ClientSession() as session:

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.wire.wsprotocol import BEARER_PROTOCOL_PREFIX
 from tests.proxy.conftest import RawGateway, RawRespond
 from tests.support.backend import (

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from aggregator.proxy.upgrade import BODY_REFUSED
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.proxy.test_upgrade import EXEC, read_body
 from tests.support.backend import RawBackend, Received
 from tests.support.pki import PKI

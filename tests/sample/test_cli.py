@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 
 from tests.support.pki import PKI
+from tests.support.polling import until_async
 from tests.support.ports import free_port
 
 
@@ -36,7 +37,8 @@ async def test_module_serves_until_sigterm(pki: PKI, tmp_path: Path) -> None:
     )
     try:
         async with aiohttp.ClientSession() as session:
-            for _ in range(100):
+
+            async def listed() -> bool:
                 try:
                     async with session.get(
                         f"https://127.0.0.1:{port}/apis/wardle.example.com/v1beta1/namespaces/default/flunders",
@@ -45,11 +47,11 @@ async def test_module_serves_until_sigterm(pki: PKI, tmp_path: Path) -> None:
                     ) as response:
                         assert response.status == 200
                         assert (await response.json())["kind"] == "FlunderList"
-                        break
+                        return True
                 except aiohttp.ClientConnectorError:
-                    await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("the sample server did not start")
+                    return False
+
+            await until_async(listed, 30, "the sample server to start", every=0.1)
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 10) == 0
         assert process.stdout is not None

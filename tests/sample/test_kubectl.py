@@ -20,6 +20,7 @@ from aggregator.tls.issue import load_pair
 from tests.sample.frontproxy import FrontProxy
 from tests.support.e2e import FLUNDER, Kubectl, kubectl_binaries
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 KUBECTLS = kubectl_binaries()
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed")]
@@ -114,10 +115,7 @@ async def test_kubectl_watch_sees_events(proxy: FrontProxy, pki: PKI, tmp_path: 
     )
     try:
         assert process.stdout is not None
-        for _ in range(100):  # wait until the watch is established
-            if any("watch=true" in s.path_qs for s in proxy.seen):
-                break
-            await asyncio.sleep(0.1)
+        await until(lambda: any("watch=true" in s.path_qs for s in proxy.seen), 20, "the watch established")
         await kubectl("create", "-f", "-", stdin=FLUNDER)
         header = await asyncio.wait_for(process.stdout.readline(), 20)
         row = await asyncio.wait_for(process.stdout.readline(), 20)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -157,12 +156,18 @@ async def test_invalid_object_is_skipped_with_every_field_error(
     ) in messages
 
 
-async def test_invalid_edit_keeps_the_previous_valid_version(source: FolderSource, tmp_path: Path) -> None:
+async def test_invalid_edit_keeps_the_previous_valid_version(
+    source: FolderSource, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR)
     path = tmp_path / "wardle.yaml"
     path.write_text(manifest(vp=7))
     await until(lambda: source.store.apiservice("v1alpha1.wardle.example.com") is not None)
     path.write_text(manifest(vp=7).replace("groupPriorityMinimum: 1000", "groupPriorityMinimum: 0"))
-    await asyncio.sleep(0.6)
+    await until(
+        lambda: any(getattr(r, "fields", {}).get("kept_previous") is True for r in caplog.records),
+        what="the invalid edit read and refused",
+    )
     kept = source.store.apiservice("v1alpha1.wardle.example.com")
     assert kept is not None and kept.group_priority_minimum == 1000
 

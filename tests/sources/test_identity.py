@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from aggregator.model.apiservice import APIService, Condition, decode_apiservice, now_rfc3339
 from aggregator.sources.identity import with_system_fields
@@ -17,6 +18,8 @@ from tests.support.backend import APISERVICE, apiservice_manifest, write_manifes
 from tests.support.pki import PKI
 from tests.support.polling import until, until_async
 from tests.workers.group import PID_NOTE, Group, running_group
+
+pytestmark = pytest.mark.long(15)
 
 
 def _svc(**metadata: Any) -> APIService:

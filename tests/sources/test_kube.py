@@ -26,7 +26,7 @@ from tests.support.fakekube import (
     running_fake_kube,
     service,
 )
-from tests.support.gateway import gateway_of, running_gateway
+from tests.support.gateway import running_gateway
 from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until
@@ -69,7 +69,7 @@ class Harness:
         return value or 0.0
 
     async def synced(self) -> None:
-        await asyncio.wait_for(self.store.wait_synced(), 2.0)
+        await asyncio.wait_for(self.store.wait_synced(), 10.0)
         # All three watches open again, so what the test does next is seen live or replayed.
         await until(lambda: self.fake.open_watches() == 3, what="three open watches")
 
@@ -184,7 +184,8 @@ async def test_dropped_watch_resumes_without_losing_or_repeating_events(
     listed_rv = fake.add_object("apiservices", apiservice("a.example.com"))["metadata"]["resourceVersion"]
     await harness.synced()
     seen_rv = fake.add_object("apiservices", apiservice("c.example.com"))["metadata"]["resourceVersion"]
-    await until(lambda: len(harness.store.apiservices()) == 2)
+    # the subscriber's task records an event after the store has it
+    await until(lambda: len(harness.store.apiservices()) == 2 and len(harness.seen) == 2)
     assert harness.seen == [
         ("ADDED", "APIService", "v1alpha1.a.example.com"),
         ("ADDED", "APIService", "v1alpha1.c.example.com"),
@@ -201,7 +202,7 @@ async def test_dropped_watch_resumes_without_losing_or_repeating_events(
     # And live events keep flowing on the resumed watch.
     fake.add_object("apiservices", apiservice("d.example.com"))
     await until(lambda: len(harness.seen) == 5, what="five events")
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # a negative check: time for a duplicate event that must not come
     # The two resources are separate streams: each one's order is exact, their interleaving is not.
     assert [e for e in harness.seen if e[1] == "APIService"] == [
         ("ADDED", "APIService", "v1alpha1.b.example.com"),
@@ -247,7 +248,7 @@ async def test_a_410_causes_exactly_one_relist(harness: Harness, form: str) -> N
         fake.expire_history()
     await until(lambda: all(fake.count("list", r) == 2 for r in RESOURCES), what="one relist each")
     await until(lambda: fake.open_watches() == 3, what="watches reopened")
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # a negative check: time for a second relist that must not come
     for resource in RESOURCES:
         assert fake.count("list", resource) == 2, resource
         assert fake.count("watch", resource) == (2 if form == "error-event-on-open-watch" else 3), resource
@@ -422,10 +423,10 @@ async def test_readyz_waits_for_the_first_sync_in_kube_mode(fake_kube: FakeKube,
         fake_kube.release()
         await asyncio.wait_for(server.gateway.store.wait_synced(), 2.0)
         # Then the first availability verdicts (instant here: the APIService's Service is missing).
-        checker = gateway_of(server).availability
+        checker = server.gateway.control.availability
         await until(lambda: checker.verdict("v1alpha1.wardle.example.com") is not None, what="verdict")
         # And kube-apiserver's OpenAPI, downloaded once the objects are listed (404s here: answered).
-        await until(lambda: gateway_of(server).openapi.kube_ready() is None, what="kube-apiserver's OpenAPI")
+        await until(lambda: server.gateway.control.openapi.kube_ready() is None, what="kube-apiserver's OpenAPI")
         status, body = await get(f"{server.url}/readyz?verbose", ctx)
         assert status == 200, body
         assert "[+]apiservice-registry-synced ok" in body
@@ -451,7 +452,7 @@ async def test_local_mode_with_kubeconfig_gets_a_client_but_no_watch(
 ) -> None:
     assert fake_kube.kubeconfig is not None
     server = await start_gateway(kubeconfig=str(fake_kube.kubeconfig))
-    assert gateway_of(server).kube is not None
-    assert gateway_of(server).kube_source is None
-    await asyncio.sleep(0.2)
+    assert server.gateway.kube is not None
+    assert server.gateway.control.kube_source is None
+    await asyncio.sleep(0.2)  # a negative check: time for a list or watch that must not come
     assert fake_kube.requests == []

@@ -23,6 +23,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from aggregator.contracts import Availability
+from aggregator.runners.server import GatewayServer
 from aggregator.tls.issue import KeyPair, issue_serving_cert, new_ca, write_pair
 from tests.support.polling import until
 from tests.support.threaded import ThreadedTLSServer
@@ -255,13 +257,13 @@ class AlwaysAvailable:
         """Nothing ever changes."""
 
 
-def force_available(server: Any) -> None:
+def force_available(server: GatewayServer) -> None:
     """The proxy treats every APIService as available, whatever the checker finds (for tests of
     the proxy's own failure answers)."""
     use_availability(server, AlwaysAvailable())
 
 
-def use_availability(server: Any, view: Any) -> None:
+def use_availability(server: GatewayServer, view: Availability) -> None:
     """The proxy asks `view` whether each APIService is available, from now on."""
     proxy = server.gateway.proxy
     proxy.availability = view
@@ -269,8 +271,8 @@ def use_availability(server: Any, view: Any) -> None:
         proxy.availability_changed(svc.name)
 
 
-async def wait_available(server: Any, name: str = APISERVICE, timeout: float = 10.0) -> None:
-    await until(lambda: server.gateway.availability.is_available(name), timeout)
+async def wait_available(server: GatewayServer, name: str = APISERVICE, timeout: float = 10.0) -> None:
+    await until(lambda: server.gateway.control.availability.is_available(name), timeout)
 
 
 def write_manifests(folder: Path, name: str, *docs: dict[str, Any]) -> Path:

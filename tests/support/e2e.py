@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,10 +33,11 @@ from sample_apiserver.api import GROUP, VERSIONS
 from aggregator.assembly import build_gateway
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.commands.wardle import local_manifests
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.tls.issue import KeyPair, issue_serving_cert, load_pair, new_ca, write_pair
 from tests.support.gateway import local_options, running_gateway
 from tests.support.pki import PKI
+from tests.support.polling import until_async
 from tests.support.protocols import RequestLog
 
 NAMESPACE = "wardle"
@@ -296,13 +296,7 @@ class WardleStack:
             return resp.status, dict(resp.headers), await resp.read()
 
     async def wait_for(self, predicate: Callable[[], Any], what: str) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            if await predicate():
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.05)
+        await until_async(predicate, self.ready_timeout, what)
 
     async def wait_ready(self) -> None:
         """Until /apis lists wardle.example.com and /openapi/v3 lists both its group-versions."""

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.support.fakekube import FakeKube, status_response
+from tests.support.polling import until
 
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 SUBJECTACCESSREVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
@@ -91,10 +92,8 @@ class FakeReviews:
     def release(self) -> None:
         self._open.set()
 
-    async def wait_for_waiting(self, count: int = 1, timeout: float = 5.0) -> None:
-        async with asyncio.timeout(timeout):
-            while self.waiting < count:
-                await asyncio.sleep(0.005)
+    async def wait_for_waiting(self, count: int = 1, timeout: float = 10.0) -> None:
+        await until(lambda: self.waiting >= count, timeout, f"{count} held reviews", every=0.005)
 
     def fail_with(self, status: int, reason: str, message: str = "injected failure") -> None:
         self._failure = (status, reason, message)

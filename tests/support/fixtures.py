@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 import uvloop
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.conftest import StartGateway
 from tests.support.backend import (
     SERVER_NAME,

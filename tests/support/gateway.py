@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from aggregator.assembly import Gateway
 from aggregator.config import Options, validate
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.support.options import flag_options, with_flags
 from tests.support.pki import PKI
 
@@ -40,12 +40,3 @@ async def running_gateway(options: Options, gateway: Gateway | None = None) -> A
         yield server
     finally:
         await server.stop()
-
-
-def gateway_of(server: GatewayServer) -> Gateway:
-    """The whole gateway `server` runs, typed as such. Servers started in-process run one process,
-    whose gateway owns the availability checker, discovery, OpenAPI and RBAC; a `--workers N`
-    worker's `WorkerGateway` has none of them (the control process does)."""
-    gateway = server.gateway
-    assert isinstance(gateway, Gateway), f"a worker's gateway, not the whole one: {gateway!r}"
-    return gateway

@@ -1,4 +1,9 @@
-"""Wait for a condition instead of racing a background task: the one polling helper of the suite."""
+"""Wait for a condition instead of racing a background task: the polling helpers of the suite.
+
+`until` and `until_async` for event-loop tests, `until_blocking` for tests that drive subprocesses
+from plain (non-async) code. `what` names the condition in the failure; a callable is asked only
+then (for output that says what was seen instead).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+What = str | Callable[[], str]
+
+
+def _timed_out(timeout: float, what: What) -> AssertionError:
+    said = what() if callable(what) else what
+    return AssertionError(f"timed out after {timeout:g}s waiting for {said}")
+
 
 async def until(
-    predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition", *, every: float = 0.01
+    predicate: Callable[[], Any], timeout: float = 10.0, what: What = "condition", *, every: float = 0.01
 ) -> float:
     """Return (the seconds it took) once `predicate()` is truthy; fail after `timeout` seconds.
 
@@ -19,7 +31,7 @@ async def until(
     started = time.monotonic()
     while not predicate():
         if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            raise _timed_out(timeout, what)
         await asyncio.sleep(every)
     return time.monotonic() - started
 
@@ -27,7 +39,7 @@ async def until(
 async def until_async(
     predicate: Callable[[], Awaitable[Any]],
     timeout: float = 10.0,
-    what: str = "condition",
+    what: What = "condition",
     *,
     every: float = 0.05,
 ) -> float:
@@ -35,6 +47,18 @@ async def until_async(
     started = time.monotonic()
     while not await predicate():
         if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            raise _timed_out(timeout, what)
         await asyncio.sleep(every)
+    return time.monotonic() - started
+
+
+def until_blocking(
+    predicate: Callable[[], Any], timeout: float = 10.0, what: What = "condition", *, every: float = 0.05
+) -> float:
+    """`until` for plain code (a subprocess's output, a port): blocks the thread between checks."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            raise _timed_out(timeout, what)
+        time.sleep(every)
     return time.monotonic() - started

@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 import yaml
 
+from tests.support.polling import until_async
 from tests.support.ports import free_port
 
 PROMETHEUS = shutil.which("prometheus")
@@ -126,15 +127,15 @@ async def running_prometheus(workdir: Path, scrape: Scrape) -> AsyncIterator[Pro
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
-            deadline = asyncio.get_running_loop().time() + 30
-            while True:
+
+            async def ready() -> bool:
                 assert process.returncode is None, f"prometheus exited:\n{log.read_text()}"
                 with contextlib.suppress(aiohttp.ClientError, OSError):
                     async with session.get(url + "/-/ready") as resp:
-                        if resp.status == 200:
-                            break
-                assert asyncio.get_running_loop().time() < deadline, f"prometheus not ready:\n{log.read_text()}"
-                await asyncio.sleep(0.1)
+                        return resp.status == 200
+                return False
+
+            await until_async(ready, 30, lambda: f"prometheus to be ready:\n{log.read_text()}", every=0.1)
             yield Prometheus(url, session)
     finally:
         if process.returncode is None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aggregator.assembly import Gateway
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.web.context import HTTP1, HTTP2, is_upgrade_request
 from aggregator.web.serverrequest import ServerRequest
 

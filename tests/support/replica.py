@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import contextlib
 import signal
-import socket
 import ssl
 import sys
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from pathlib import Path
 from aiohttp import web
 
 from tests.support.backend import GROUP, PREFIX, VERSION
+from tests.support.ports import free_port
 
 DISCOVERY = {
     "kind": "APIResourceList",
@@ -52,7 +52,7 @@ def _serve(args: argparse.Namespace) -> None:
         if request.path == PREFIX:
             return web.json_response(DISCOVERY)
         if args.delay:
-            await asyncio.sleep(args.delay)
+            await asyncio.sleep(args.delay)  # a slow replica, as the test asked
         body = {
             "kind": "ThingList",
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -175,21 +175,7 @@ class Replicas:
 
 def _port_free_on(hosts: Sequence[str]) -> int:
     """A port free on every one of `hosts` right now."""
-    for _ in range(100):
-        with socket.socket() as first:
-            first.bind((hosts[0], 0))
-            port = int(first.getsockname()[1])
-            ok = True
-            for host in hosts[1:]:
-                with socket.socket() as other:
-                    try:
-                        other.bind((host, port))
-                    except OSError:
-                        ok = False
-                        break
-            if ok:
-                return port
-    raise AssertionError("no port free on every replica address")
+    return free_port(hosts)
 
 
 def endpointslice_for(replicas: Replicas, ready: dict[str, bool] | None = None) -> dict[str, object]:

@@ -96,7 +96,7 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def serving(
-    args: Sequence[str], port: int, ca_file: str, log_path: Path, *, ready_timeout: float = 60.0
+    args: Sequence[str], port: int, ca_file: str, log_path: Path, *, ready_timeout: float = 120.0
 ) -> AsyncIterator[Served]:
     """Run `aggregator serve <args>` (listening on `port`) until the block ends; ready on entry."""
     with log_path.open("wb") as log_file:

@@ -25,7 +25,6 @@ from tests.support.backend import (
     write_manifests,
 )
 from tests.support.fixtures import Proxied, StartProxied
-from tests.support.gateway import gateway_of
 from tests.support.h2client import H2Client
 from tests.support.otlp import (
     CLIENT,
@@ -59,7 +58,7 @@ async def test_a_sampled_caller_gateway_and_backend_share_one_trace(
     async with otlp_receiver() as receiver:
         proxied = await start_proxied(tracing_config_file=tracing_config(tmp_path, receiver))  # rate 0
         # No pooled connection from availability's or discovery's calls: this request dials.
-        gateway_of(proxied.server).backends.retire_all()
+        proxied.server.gateway.backends.retire_all()
         trace_id, caller, traceparent = new_parent()
         audit_id = "3f0c3a6e-54b1-4d4e-9d58-6a2b2b1f0d11"
         status = await get(proxied, protocol, PATH, {"traceparent": traceparent, "Audit-ID": audit_id})

@@ -96,7 +96,7 @@ async def test_a_poke_during_a_run_runs_again_right_after() -> None:
         loops.poke("a")  # several pokes during one run mean one more run, not several
         gate.set()
         await until(lambda: runs == 2, what="the run after the poke")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a negative check: time for a third run that must not come
         assert runs == 2
         loops.poke("a")
         await until(lambda: runs == 3, what="a run for a poke while idle")
@@ -144,7 +144,7 @@ async def test_at_most_concurrency_runs_at_a_time() -> None:
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the run takes a moment, so runs overlap
         running -= 1
         done[key] += 1
         return True
@@ -224,7 +224,7 @@ async def test_jitter_spreads_the_interval_downwards() -> None:
     draws = iter([0.0, 1.0, 0.5])
     loops: KeyedLoops[str] = KeyedLoops(
         "jitter",
-        lambda _k: asyncio.sleep(0, True),
+        lambda _k: asyncio.sleep(0, True),  # a run that returns True at once
         interval=10.0,
         backoff_initial=1.0,
         backoff_max=8.0,

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from tests.conftest import StartGateway
-from tests.support.gateway import gateway_of, local_options, running_gateway
+from tests.support.gateway import local_options, running_gateway
 from tests.support.pki import PKI, make_pki
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -68,7 +68,7 @@ async def test_the_exposition_has_exactly_the_pinned_families_and_help_texts(
 
 async def test_every_metric_keeps_its_labels_and_buckets(start_gateway: StartGateway) -> None:
     server = await start_gateway()
-    assert layout(gateway_of(server).metrics.registry) == LAYOUT.read_text().splitlines()
+    assert layout(server.gateway.metrics.registry) == LAYOUT.read_text().splitlines()
 
 
 async def _rewrite() -> None:
@@ -81,7 +81,7 @@ async def _rewrite() -> None:
         apiservices.mkdir()
         async with running_gateway(local_options(pki, str(apiservices))) as server:
             FAMILIES.write_text("\n".join(exposition_heads(await scrape(server.url, pki))) + "\n")
-            LAYOUT.write_text("\n".join(layout(gateway_of(server).metrics.registry)) + "\n")
+            LAYOUT.write_text("\n".join(layout(server.gateway.metrics.registry)) + "\n")
 
 
 if __name__ == "__main__":

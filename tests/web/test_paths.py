@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from aggregator.web.paths import path_problem
 from tests.support.backend import PREFIX
 from tests.support.fakekube import FakeKube, kube_options

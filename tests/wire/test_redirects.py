@@ -19,7 +19,6 @@ from aggregator.availability.conditions import REDIRECT_REJECTED
 from aggregator.wire.redirects import REDIRECT_MESSAGE, is_redirect, without_redirect_headers
 from tests.support.backend import APISERVICE, GROUP, PREFIX, VERSION, Handler, status_of
 from tests.support.fixtures import Proxied, StartProxied
-from tests.support.gateway import gateway_of
 from tests.support.polling import until
 
 THINGS = f"{PREFIX}/namespaces/default/things"
@@ -141,16 +140,16 @@ async def test_the_gateways_own_fetches_and_probe_never_follow_a_redirect(
     redirect = answer(302, [("Location", ""), ("Location", attacker.url)])
     for path in ("/apis", PREFIX, "/openapi/v3", "/openapi/v2"):
         backend.routes[path] = redirect
-    gateway = gateway_of(proxied.server)
-    gateway.availability.poke(APISERVICE)
-    gateway.discovery.fetcher.poke(APISERVICE)
-    await until(lambda: getattr(gateway.availability.verdict(APISERVICE), "reason", "") == REDIRECT_REJECTED)
-    verdict = gateway.availability.verdict(APISERVICE)
+    gateway = proxied.server.gateway
+    gateway.control.availability.poke(APISERVICE)
+    gateway.control.discovery.fetcher.poke(APISERVICE)
+    await until(lambda: getattr(gateway.control.availability.verdict(APISERVICE), "reason", "") == REDIRECT_REJECTED)
+    verdict = gateway.control.availability.verdict(APISERVICE)
     assert verdict is not None and verdict.status == "False"
     assert "bad status from" in verdict.message and "[hop: redirect;" in verdict.message
     assert "redirects are not followed" in verdict.message
 
-    state = gateway.discovery.fetcher.states[APISERVICE]
+    state = gateway.control.discovery.fetcher.states[APISERVICE]
     await until(lambda: REDIRECT_MESSAGE in state.last_error)
     assert state.last_error == f"GET /apis: 302: {REDIRECT_MESSAGE}"
     await until(

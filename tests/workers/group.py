@@ -9,8 +9,7 @@ import re
 import signal
 import ssl
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from tests.support.pki import PKI
+from tests.support.polling import until_async as until_async  # also imported from here by tests
 from tests.support.ports import free_port
 
 PID_NOTE = re.compile(r"info: worker (\d+) of (\d+), pid (\d+)")
@@ -163,7 +163,10 @@ async def running_serve(pki: PKI, args: list[str], port: int, log_path: Path) ->
         return status == 200
 
     try:
-        await until_async(ready, 30.0, "the gateway to be ready")
+        try:  # a loaded 2-core machine starts the four interpreters of `--workers 2` slowly
+            await until_async(ready, 60.0, "the gateway to be ready")
+        except AssertionError as err:
+            raise AssertionError(f"{err}:\n{group.log()}") from None
         yield group
     finally:
         await session.close()
@@ -175,12 +178,3 @@ async def running_serve(pki: PKI, args: list[str], port: int, log_path: Path) ->
             except TimeoutError:
                 process.kill()
                 await process.wait()
-
-
-async def until_async(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    """`until` for a condition that needs a request to find out."""
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.05)

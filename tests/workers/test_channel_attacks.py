@@ -61,10 +61,10 @@ def holders(inode: int) -> set[int]:
 
 
 def channel_fd(pid: int) -> int:
-    """The worker's channel: the descriptor named on its command line (`-m aggregator.workers FD`)."""
+    """The worker's channel: the descriptor named on its command line (`-m aggregator.runners.worker FD`)."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    assert b"aggregator.workers" in argv, argv
-    return int(argv[argv.index(b"aggregator.workers") + 1])
+    assert b"aggregator.runners.worker" in argv, argv
+    return int(argv[argv.index(b"aggregator.runners.worker") + 1])
 
 
 async def worker_pids(group: Group) -> set[int]:

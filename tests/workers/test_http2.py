@@ -7,11 +7,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+from tests.runners.test_supervisor import _register
 from tests.support.backend import PREFIX, BackendPKI, FakeBackend
 from tests.support.h2client import H2Client, negotiated_alpn
 from tests.support.pki import PKI
 from tests.workers.group import PID_NOTE, running_group
-from tests.workers.test_supervisor import _register
+
+pytestmark = pytest.mark.long(10)
 
 
 async def test_every_worker_serves_http2(

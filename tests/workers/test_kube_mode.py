@@ -17,6 +17,8 @@ from tests.support.kubestack import WARDLE_ADMINS, KubeStack
 from tests.support.pki import PKI
 from tests.support.polling import until, until_async
 
+pytestmark = pytest.mark.long(50)
+
 FLUNDERS = "/apis/wardle.example.com/v1beta1/namespaces/default/flunders"
 # Enough fresh connections that two workers both answer (each lands on either with p=1/2).
 SPREAD = 24

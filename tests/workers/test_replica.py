@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import web
 
-from aggregator.assembly import Gateway, WorkerGateway, build_gateway, build_worker_gateway
+from aggregator.assembly import Gateway, build_gateway
 from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
+from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.tls.issue import new_ca
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import Hello, State
@@ -37,6 +38,7 @@ from tests.support.fakekube import (
 from tests.support.fakereviews import FakeReviews
 from tests.support.pki import PKI
 from tests.support.polling import until
+from tests.support.ports import free_port
 
 DEAD = "v1.dead.example.com"
 
@@ -46,10 +48,10 @@ class Pair:
     control: Gateway
     publisher: Publisher
     replica: Replica
-    worker: WorkerGateway
+    worker: Gateway
 
 
-def readyz(gateway: Gateway | WorkerGateway, name: str) -> str | None:
+def readyz(gateway: Gateway, name: str) -> str | None:
     (check,) = [c for c in gateway.health.checks_for("readyz") if c.name == name]
     return check.check()
 
@@ -65,9 +67,7 @@ async def started_pair(fake_kube: FakeKube, pki: PKI, *, settled: bool = False) 
     """`settled`: the worker connects once the control has its first verdict (so the snapshot
     holds one); otherwise at once, as a worker started with the control does."""
     FakeReviews(fake_kube)
-    with socket.socket() as probe:  # a port nothing listens on: the backend refuses connections
-        probe.bind(("127.0.0.1", 0))
-        dead_port = probe.getsockname()[1]
+    dead_port = free_port()  # a port nothing listens on: the backend refuses connections
     registration = apiservice("dead.example.com", "v1", service=("dead", "api"))
     registration["spec"]["service"]["port"] = dead_port
     fake_kube.add_object("apiservices", registration)
@@ -79,25 +79,32 @@ async def started_pair(fake_kube: FakeKube, pki: PKI, *, settled: bool = False) 
     await control.start()
     publisher = Publisher(
         store=control.store,
-        availability=control.availability,
+        availability=control.control.availability,
         health=control.health,
-        discovery=control.discovery,
-        openapi=control.openapi,
-        cluster_auth=control.cluster_auth,
+        discovery=control.control.discovery,
+        openapi=control.control.openapi,
+        cluster_auth=control.control.cluster_auth,
         collectors=lambda: families([control.metrics.registry]),
     )
     ours, theirs = socket.socketpair()
     tasks: list[asyncio.Task[None]] = []
     try:
         if settled:
-            await until(lambda: control.availability.verdict(DEAD) is not None, what="the first verdict")
+            await until(
+                lambda: control.control.availability.verdict(DEAD) is not None, what="the first verdict"
+            )
         await publisher.start()
         to_worker, from_control = await Channel.open(ours), await Channel.open(theirs)
         tasks.append(asyncio.create_task(publisher.serve(0, to_worker)))
-        # As `workers/worker.py` does: the snapshot first, then the request path, then the updates.
-        replica = Replica(from_control, Hello(options, 0, 2, control.hop, publisher.checks()))
+        # As `runners/worker.py` does: the snapshot first, then the request path, then the updates.
+        metrics = GatewayMetrics.declare()
+        replica = Replica(
+            from_control,
+            Hello(0, 2, control.hop, publisher.checks()),
+            collect=lambda: list(metrics.registry.collect()),
+        )
         replica.apply(await from_control.receive())
-        worker = build_worker_gateway(options, replica)
+        worker = build_gateway(options, replica=replica, metrics=metrics)
         tasks.append(asyncio.create_task(replica.run()))
         yield Pair(control, publisher, replica, worker)
     finally:
@@ -159,10 +166,10 @@ async def test_the_snapshot_reaches_the_request_path_built_after_it(pair: Pair) 
     )
     assert any(DEAD in line for line in replica.notes("readyz")())
     # discovery and OpenAPI, as rendered by the control
-    assert worker.router is not None and control.discovery.routes.aggregated is not None
-    assert replica.v2.json.body == control.openapi.v2.json.body
-    assert replica.v3.index.body == control.openapi.v3.index.body
-    assert replica.v3.documents.keys() == control.openapi.v3.documents.keys()
+    assert worker.router is not None and not control.control.discovery.legacy_only
+    assert replica.v2.json.body == control.control.openapi.v2.json.body
+    assert replica.v3.index.body == control.control.openapi.v3.index.body
+    assert replica.v3.documents.keys() == control.control.openapi.v3.documents.keys()
 
 
 async def test_a_changed_client_ca_reaches_the_worker(pair: Pair, fake_kube: FakeKube) -> None:
@@ -198,10 +205,12 @@ async def test_a_worker_is_ready_only_once_it_holds_the_clusters_authentication(
         assert readyz(pair.control, CLUSTER_AUTH_CHECK) is None
 
 
-async def test_an_interval_of_the_publisher_reads_no_apiservice(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_interval_of_the_publisher_reads_no_apiservice(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Nothing on the publisher's timer walks the APIServices or their verdicts: at 5000 APIServices
     a walk every 100 ms cost two thirds of the control's CPU. Verdicts and notes reach the
-    workers as they change (the tests above and tests/workers/test_supervisor.py)."""
+    workers as they change (the tests above and tests/runners/test_supervisor.py)."""
     reads: Counter[str] = Counter()
 
     def counting(name: str, method: Callable[..., object]) -> Callable[..., object]:
@@ -211,7 +220,7 @@ async def test_an_interval_of_the_publisher_reads_no_apiservice(pair: Pair, monk
 
         return counted
 
-    store, availability = pair.control.store, pair.control.availability
+    store, availability = pair.control.store, pair.control.control.availability
     for name in ("apiservices", "objects"):
         monkeypatch.setattr(store, name, counting(f"store.{name}", getattr(store, name)))
     monkeypatch.setattr(availability, "verdict", counting("availability.verdict", availability.verdict))

@@ -20,7 +20,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from aggregator.server import GatewayServer
+from aggregator.runners.server import GatewayServer
 from tests.support.backend import PREFIX
 from tests.support.fixtures import StartProxied
 from tests.support.h2client import H2Client, RawH2
@@ -29,7 +29,7 @@ from tests.support.pki import PKI
 from tests.support.polling import until
 
 # The production loop: its TLS transport is no asyncio.Transport, and it reports failures its own way.
-pytestmark = pytest.mark.uvloop
+pytestmark = [pytest.mark.long(15), pytest.mark.uvloop]
 
 THINGS = f"{PREFIX}/namespaces/default/things"
 CALM = ErrorCodes.ENHANCE_YOUR_CALM

@@ -6,7 +6,7 @@ leader election, discovery and OpenAPI fetches and renders, the requestheader Co
 and starts it without a listener; `publisher.py` feeds every worker from it. So backends and
 kube-apiserver see the same background traffic with 1 worker as with 8.
 
-Workers are fresh interpreters (`python -m aggregator.workers.worker`), never forks: the control
+Workers are fresh interpreters (`python -m aggregator.runners.worker`), never forks: the control
 has an event loop and threads by then. Each gets one end of a socketpair as its channel. A
 worker that dies is logged with its exit cause and started again (its index kept, after a delay
 that grows while it keeps dying young). SIGTERM or SIGINT: the control fails readiness, every
@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from aggregator.assembly import Gateway, build_gateway
 from aggregator.backends.h1 import MAX_IDLE
 from aggregator.config import Options
-from aggregator.server import serving_certificate, shutdown_bound
+from aggregator.runners.server import serving_certificate, shutdown_bound
 from aggregator.util.backoff import exponential_delay
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
@@ -47,7 +47,7 @@ from aggregator.workers.publisher import Publisher, families
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "aggregator.workers"
+WORKER_MODULE = "aggregator.runners.worker"
 # A worker that ran at least this long before dying is restarted at once; one that dies younger
 # is restarted after a delay doubling from RESTART_INITIAL up to RESTART_MAX.
 STEADY_AFTER = 10.0
@@ -103,17 +103,18 @@ class Supervisor:
         self.count = count
         self.control = control
         self.metrics = WorkerMetrics(count)
+        derived = control.control
         self.publisher = Publisher(
             store=control.store,
-            availability=control.availability,
+            availability=derived.availability,
             health=control.health,
-            discovery=control.discovery,
-            openapi=control.openapi,
-            cluster_auth=control.cluster_auth,
+            discovery=derived.discovery,
+            openapi=derived.openapi,
+            cluster_auth=derived.cluster_auth,
             collectors=lambda: families([control.metrics.registry, self.metrics.registry]),
             audit=control.auditor.writer if control.auditor is not None else None,
-            rbac=control.rbac,
-            quarantine=control.quarantine,
+            rbac=derived.rbac,
+            quarantine=derived.quarantine,
         )
         self.workers = [_Worker(index) for index in range(count)]
         self.stopping = False
@@ -150,7 +151,8 @@ class Supervisor:
         worker.started = time.monotonic()
         worker.listening = asyncio.get_running_loop().create_future()
         channel = await Channel.open(ours)
-        channel.send(Hello(self.options, worker.index, self.count, self.control.hop, self.publisher.checks()))
+        channel.send(self.options)  # first: the worker builds its gateway from the control's options
+        channel.send(Hello(worker.index, self.count, self.control.hop, self.publisher.checks()))
         self._tasks.spawn(self._follow(worker, worker.process, channel), name=f"worker-{worker.index}")
 
     async def _follow(self, worker: _Worker, process: asyncio.subprocess.Process, channel: Channel) -> None:

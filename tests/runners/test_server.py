@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from aggregator import __version__
-from aggregator.server import shut_down
+from aggregator.runners.server import shut_down
 from tests.conftest import StartGateway
 from tests.support.backend import (
     PREFIX,
@@ -33,8 +32,10 @@ from tests.support.backend import (
 from tests.support.fixtures import StartProxied
 from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
-from tests.support.polling import until_async
+from tests.support.polling import until_async, until_blocking
 from tests.support.ports import free_port
+
+pytestmark = pytest.mark.long(15)
 
 
 async def test_unknown_path_in_local_mode_is_a_404_status(start_gateway: StartGateway, pki: PKI) -> None:
@@ -216,7 +217,7 @@ async def test_sigterm_fails_readyz_then_ends_watches_and_tunnels_and_exits_0(
                 assert proc.poll() is None, log_path.read_text()
                 return await get_status(probes, f"{url}/readyz", pki) == (200, "ok")
 
-            await until_async(ready, 20, "the gateway to be ready")
+            await until_async(ready, 60, "the gateway to be ready")
             watch = await session.get(f"{url}{WATCH_PATH}?watch=true", ssl=pki.client_context())
             assert watch.status == 200
             assert b"ADDED" in await asyncio.wait_for(watch.content.readline(), 10)
@@ -327,30 +328,27 @@ def test_sigint_stops_cleanly_and_a_second_signal_during_the_delay_exits_1(
 
 
 def wait_for_port(proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         assert proc.poll() is None, log_path.read_text()
         with contextlib.suppress(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        time.sleep(0.05)
-    raise AssertionError("the gateway did not start: " + log_path.read_text())
+            return True
+        return False
+
+    until_blocking(listening, 60, lambda: "the gateway to start: " + log_path.read_text())
 
 
 def wait_for_line(log_path: Path, text: str) -> None:
-    deadline = time.monotonic() + 20
-    while text not in log_path.read_text():
-        assert time.monotonic() < deadline, log_path.read_text()
-        time.sleep(0.05)
+    until_blocking(lambda: text in log_path.read_text(), 20, lambda: f"{text!r} in:\n{log_path.read_text()}")
 
 
 def test_generated_serving_certificate_is_announced_only_when_generated(
     pki: PKI, apiservices_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from aggregator.server import GatewayServer
+    from aggregator.runners.server import GatewayServer
     from tests.support.gateway import local_options
 
-    caplog.set_level(logging.INFO, logger="aggregator.server")
+    caplog.set_level(logging.INFO, logger="aggregator.runners.server")
     options = local_options(
         pki,
         str(apiservices_dir),

@@ -1,9 +1,9 @@
-"""One worker process: `python -m aggregator.workers <fd>`, started by the supervisor.
+"""One worker process: `python -m aggregator.runners.worker <fd>`, started by the supervisor.
 
-It reads its `Hello` and the first snapshot from the channel (file descriptor `fd`, one end of a
-socketpair), builds the request path (`assembly.build_worker_gateway`), listens on the shared
-port with SO_REUSEPORT, and serves until SIGTERM/SIGINT or until the control process goes away.
-Shutdown is the single process's (`server.shut_down`): /readyz fails at once, the listener stays
+It reads the options, its `Hello` and the first snapshot from the channel (file descriptor `fd`,
+one end of a socketpair), builds its gateway from them (`assembly.build_gateway` with the
+replica), listens on the shared port with SO_REUSEPORT, and serves until SIGTERM/SIGINT or until
+the control process goes away. Shutdown is the single process's (`server.shut_down`): /readyz fails at once, the listener stays
 open for --shutdown-delay-duration, then closes, in-flight requests drain and watches and tunnels
 are ended.
 """
@@ -18,8 +18,10 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from aggregator.assembly import build_worker_gateway
-from aggregator.server import GatewayServer, shut_down
+from aggregator.assembly import build_gateway
+from aggregator.config import Options
+from aggregator.gatewaymetrics import GatewayMetrics
+from aggregator.runners.server import GatewayServer, shut_down
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import configure_logging, fields
 from aggregator.util.runtime import new_event_loop, settle_heap, wait_for_termination
@@ -47,17 +49,21 @@ class _WorkerField(logging.Filter):
 
 async def serve(fd: int) -> int:
     channel = await Channel.open(socket.socket(fileno=fd))
+    options = await channel.receive()
+    if not isinstance(options, Options):
+        raise RuntimeError(f"expected the options from the control process, got {type(options).__name__}")
     hello = await channel.receive()
     if not isinstance(hello, Hello):
         raise RuntimeError(f"expected a Hello from the control process, got {type(hello).__name__}")
-    options = hello.options
     stop_logging = configure_logging(options.logging.format, options.logging.verbosity)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_WorkerField(hello.index))
     try:
-        replica = Replica(channel, hello)
+        metrics = GatewayMetrics.declare()
+        replica = Replica(channel, hello, collect=lambda: list(metrics.registry.collect()))
         replica.apply(await channel.receive())  # the snapshot: the store is full before routing
-        server = GatewayServer(options, build_worker_gateway(options, replica), reuse_port=True)
+        gateway = build_gateway(options, replica=replica, metrics=metrics)
+        server = GatewayServer(options, gateway, reuse_port=True)
         following = asyncio.create_task(replica.run(), name="replica")
         stop = asyncio.create_task(wait_for_termination(), name="signals")
         try:
@@ -90,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or not args[0].isdigit():
         print(
-            "usage: python -m aggregator.workers <channel fd> (started by aggregator serve)",
+            "usage: python -m aggregator.runners.worker <channel fd> (started by aggregator serve)",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -100,3 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except EOFError:
             log.error("the control process closed the channel before the worker started", extra=fields())
             return EXIT_CONTROL_LOST
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from aggregator import __version__
-from aggregator.assembly import Gateway, WorkerGateway, build_gateway
+from aggregator.assembly import Gateway, build_gateway
 from aggregator.config import Options
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
@@ -67,7 +67,9 @@ def http2_library(options: Options) -> nghttp2.Nghttp2 | None:
     if binding is None:
         log.warning(
             "HTTP/2 is not served: clients will use HTTP/1.1",
-            extra=fields(reason=why, fix="install libnghttp2 (Debian and Ubuntu: apt-get install libnghttp2-14)"),
+            extra=fields(
+                reason=why, fix="install libnghttp2 (Debian and Ubuntu: apt-get install libnghttp2-14)"
+            ),
         )
     return binding
 
@@ -98,9 +100,7 @@ def serving_certificate(options: Options, *, http2: bool = True) -> ServingCerti
 class GatewayServer:
     """A gateway listening on its TLS port: what `serve` runs, and what tests start in-process."""
 
-    def __init__(
-        self, options: Options, gateway: Gateway | WorkerGateway | None = None, *, reuse_port: bool = False
-    ) -> None:
+    def __init__(self, options: Options, gateway: Gateway | None = None, *, reuse_port: bool = False) -> None:
         self.options = options
         library = http2_library(options)
         self.serving = serving_certificate(options, http2=library is not None)

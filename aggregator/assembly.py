@@ -38,6 +38,7 @@ from aggregator.auth.authn import Authenticator, limit_unauthenticated_http2
 from aggregator.auth.authz import Authorizer
 from aggregator.auth.build import build_authentication, build_authorization
 from aggregator.auth.impersonation import Impersonator
+from aggregator.auth.options import RequestHeaderOptions
 from aggregator.auth.rbacfolder import RBACFolder
 from aggregator.auth.rbacobjects import is_rbac
 from aggregator.auth.selfreviews import SelfReviews
@@ -59,8 +60,9 @@ from aggregator.backends.frontproxy import MissingClientCertificateWarning
 from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.backends.hops import new_instance
 from aggregator.backends.metrics import BackendMetrics
+from aggregator.backends.options import BackendConfig
 from aggregator.backends.registry import BackendRegistry
-from aggregator.config import Options
+from aggregator.config import Config
 from aggregator.contracts import Availability, Component, EjectionReport, Recheck
 from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
 from aggregator.discovery.legacy import LegacyDiscovery
@@ -68,7 +70,7 @@ from aggregator.discovery.routes import AggregatedEndpoint, DiscoveryRoutes
 from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
-from aggregator.leaderelection import LeaderElector, elector_for_options
+from aggregator.leaderelection import LeaderElector, elector_for
 from aggregator.openapi.component import OpenAPIAggregation
 from aggregator.openapi.readiness import CHECK_NAME as KUBE_OPENAPI_CHECK
 from aggregator.openapi.routes import OpenAPIRoutes, PublishedOpenAPI
@@ -81,13 +83,15 @@ from aggregator.proxy.metrics import ProxyMetrics
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
+from aggregator.sources.options import SourceConfig
 from aggregator.sources.problems import ManifestReport, merged_problems
 from aggregator.sources.reflector import WatchMetrics
 from aggregator.sources.store import Store
 from aggregator.tls.verify import CAPool
 from aggregator.tracing.api import RequestTracer
 from aggregator.tracing.gates import AUTHENTICATION, AUTHORIZATION, traced_gate
-from aggregator.web.accesslog import AccessLog
+from aggregator.tracing.options import tracer_for
+from aggregator.web.accesslog import AccessLog, AccessLogPolicy
 from aggregator.web.certexpiry import (
     AUTHENTICATION_CONFIGMAP,
     CLIENT_CA,
@@ -100,6 +104,7 @@ from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.inflight import MaxInFlight
 from aggregator.web.instrumentation import RequestInstrumentation
 from aggregator.web.longrunning import InFlight
+from aggregator.web.options import RequestLimits
 from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Finisher, Gate, Pipeline
 from aggregator.web.responses import serve_not_found
@@ -137,7 +142,7 @@ class Control:
 class Gateway:
     """One gateway process's components, typed; tests reach them directly (`build_gateway`)."""
 
-    options: Options
+    config: Config
     metrics: GatewayMetrics
     health: HealthChecks
     store: Store
@@ -209,9 +214,9 @@ async def _stop_all(components: list[tuple[str, Component]]) -> None:
 
 
 def build_gateway(
-    options: Options, *, replica: Replica | None = None, metrics: GatewayMetrics | None = None
+    config: Config, *, replica: Replica | None = None, metrics: GatewayMetrics | None = None
 ) -> Gateway:
-    """Wire every component the options ask for.
+    """Wire every component the configuration asks for, each given its own part of it.
 
     With `replica`, the gateway of one worker process of `--workers N`: the same request path,
     with no object source, availability checks, discovery or OpenAPI fetches and no leader
@@ -225,37 +230,37 @@ def build_gateway(
     components: list[tuple[str, Component]] = []
     # --tracing-config-file: the request spans (stopped last: what is batched is exported); each
     # worker exports its own
-    tracer = options.tracing.tracer(audit_id=AUDIT_ID.get)
+    tracer = tracer_for(config.tracing, audit_id=AUDIT_ID.get)
     if tracer is not None:
         components.append(("tracing", tracer))
     # The audit log starts first and stops last: every request's final event is written. A worker
     # applies the policy; the control process writes the log (one owner of rotation).
     auditor = build_auditor(
-        options.audit, metrics.audit, sink=replica.audit_sink() if replica is not None else None
+        config.audit, metrics.audit, sink=replica.audit_sink() if replica is not None else None
     )
     if auditor is not None:
         components.append(("audit-log", AuditLog(auditor)))
 
     # 2. kube-apiserver and, in a single or control process, the object source
-    kube = options.source.kube_client()
+    kube = config.source.kube_client()
     if kube is not None:
         components.append(("kube-client", kube))
-    sources = _sources(options, store, kube, metrics.watches) if replica is None else Sources(None, None)
+    sources = _sources(config.source, store, kube, metrics.watches) if replica is None else Sources(None, None)
     components += sources.components
 
     # 3. who is calling, and may they (caches stay per process; a worker's copies of the cluster's
     # ConfigMap and of the folder's RBAC are the control's)
     authentication = build_authentication(
-        options.authentication,
-        options.source,
+        config.authentication,
+        config.source,
         kube=kube,
         metrics=metrics.auth,
         cluster_copies=replica.cluster_auth if replica is not None else None,
     )
     authorization = build_authorization(
-        options.authorization,
-        options.source,
-        anonymous=options.authentication.anonymous,
+        config.authorization,
+        config.source,
+        anonymous=config.authentication.anonymous,
         kube=kube,
         metrics=metrics.auth,
         rbac_source=replica.rbac if replica is not None else None,
@@ -275,20 +280,24 @@ def build_gateway(
     # any request arriving with one is refused (proxy loops)
     hop = replica.hello.hop if replica is not None else new_instance()
     backends = build_backends(
-        options, store, metrics.backends, identity=_identity_policy(options, authenticator), hop=hop
+        config.backends,
+        store,
+        metrics.backends,
+        identity=_identity_policy(config.authentication.requestheader, authenticator),
+        hop=hop,
     )
     components.append(("backends", backends))
 
     # 5. what derives state: availability (before the proxy that asks it), discovery, OpenAPI
     derived: Control | Replica
     if replica is None:
-        derived = control = _control(options, store, kube, metrics, backends, sources, health)
+        derived = control = _control(config, store, kube, metrics, backends, sources)
         control.cluster_auth, control.rbac = authentication.cluster, authorization.rbac
         if control.elector is not None:
             components.append(("leader-election", control.elector))
         _report_expiry(metrics.certificate_expiry, backends.client_certificate)
         _follow_ca_expiry(metrics.certificate_expiry, authenticator)
-        if options.backends.proxy_client_cert_file is None:
+        if config.backends.proxy_client_cert_file is None:
             components.append(("front-proxy-warning", MissingClientCertificateWarning(store)))
         availability: Availability = control.availability
         recheck: Recheck = control.availability
@@ -304,17 +313,31 @@ def build_gateway(
 
     # 6. what serves requests; a request that cannot reach its backend has availability re-check it
     # (requests in flight are counted for a graceful shutdown, which ends watches and tunnels)
-    forwarding = _forwarding(options, kube, metrics.proxy, backends, authenticator, recheck=recheck, hop=hop)
+    forwarding = _forwarding(
+        config.delegate_auth if config.kube_mode else None,
+        kube,
+        metrics.proxy,
+        backends,
+        _identity_policy(
+            config.authentication.requestheader,
+            authenticator,
+            keep_impersonation=config.delegate_auth == FRONT_PROXY,
+        ),
+        recheck=recheck,
+        hop=hop,
+    )
     if forwarding.delegate is not None:
         components.append(("delegate", forwarding.delegate))
     if isinstance(derived, Control):
         components += _control_components(derived)
-    apiregistration = _apiregistration(options, store)
+    apiregistration = _apiregistration(config.local_mode, store)
     discovery_routes = DiscoveryRoutes(legacy, aggregated, forwarding.fallback.handler)
 
     # 7. the request path: routes, the APIService proxy, gates
     path = build_request_path(
-        options,
+        config.requests,
+        config.logging.access_log,
+        local_mode=config.local_mode,
         store=store,
         metrics=metrics,
         health=health,
@@ -335,7 +358,7 @@ def build_gateway(
     components.append(("endpoint-probes", path.proxy.handling))
 
     gateway = Gateway(
-        options=options,
+        config=config,
         metrics=metrics,
         health=health,
         store=store,
@@ -384,23 +407,22 @@ class Sources:
         return [(name, component) for name, component in named if component is not None]
 
 
-def _sources(options: Options, store: Store, kube: KubeClient | None, metrics: WatchMetrics) -> Sources:
+def _sources(source: SourceConfig, store: Store, kube: KubeClient | None, metrics: WatchMetrics) -> Sources:
     """The kube watch (kube mode) and/or the folder (local mode, or beside kube mode)."""
-    kube_source = KubeSource(kube, store, metrics) if options.kube_mode and kube is not None else None
+    kube_source = KubeSource(kube, store, metrics) if source.kube_mode and kube is not None else None
     folder = None
-    if options.source.apiservices_dir is not None:
-        folder = FolderSource(options.source.apiservices_dir, store, read_elsewhere=is_rbac)
+    if source.apiservices_dir is not None:
+        folder = FolderSource(source.apiservices_dir, store, read_elsewhere=is_rbac)
     return Sources(kube_source, folder)
 
 
 def _control(
-    options: Options,
+    config: Config,
     store: Store,
     kube: KubeClient | None,
     metrics: GatewayMetrics,
     backends: BackendRegistry,
     sources: Sources,
-    health: HealthChecks,
 ) -> Control:
     """Availability, discovery and OpenAPI, each subscribed to what it follows.
 
@@ -409,10 +431,9 @@ def _control(
     status write can still be under way).
     """
     elector: LeaderElector | None = None
-    status_writes = options.availability.write_apiservice_status
-    if options.kube_mode and status_writes and options.leader_election.leader_elect and kube is not None:
-        elector = elector_for_options(options.leader_election, kube, metrics.leader_election)
-    sink = _status_sink(options, store, kube, elector or ALWAYS_LEADS)
+    if config.leader_election is not None and kube is not None:
+        elector = elector_for(config.leader_election, kube, metrics.leader_election)
+    sink = _status_sink(config, store, kube, elector or ALWAYS_LEADS)
     ejections = EjectionBook()
     # Discovery quarantine (opt-in per APIService): fed every verdict by the checker.
     quarantine = DiscoveryQuarantine(store, metrics.quarantine)
@@ -431,7 +452,7 @@ def _control(
     discovery = Discovery(
         store,
         backends=backends,
-        kube=kube if options.kube_mode else None,
+        kube=kube if config.kube_mode else None,
         metrics=metrics.discovery,
         reachability=availability,
         quarantine=quarantine,
@@ -446,7 +467,7 @@ def _control(
         backends=backends,
         kube=kube,
         metrics=metrics.openapi,
-        local_mode=options.local_mode,
+        local_mode=config.local_mode,
         reachability=availability,
         quarantine=quarantine,
     )
@@ -527,37 +548,35 @@ class Forwarding:
 
 
 def _forwarding(
-    options: Options,
+    delegate_auth: str | None,
     kube: KubeClient | None,
     metrics: ProxyMetrics,
     backends: BackendRegistry,
-    authenticator: Authenticator,
+    identity: LiveIdentityPolicy,
     *,
     recheck: Recheck,
     hop: str,
 ) -> Forwarding:
     """The proxy's hot path and its upgrade tunnel (a failed request has `recheck` look at its
     APIService again), and everything the gateway does not serve itself: kube-apiserver in kube
-    mode, a 404 in local mode."""
+    mode (`delegate_auth` says how the caller's identity reaches it), a 404 in local mode."""
     in_flight = InFlight()
     tunnel = UpgradeTunnel(metrics, recheck=recheck, in_flight=in_flight)
     forwarder = Forwarder(metrics, tunnel, recheck=recheck, in_flight=in_flight)
-    if not (options.kube_mode and kube is not None):
+    if delegate_auth is None or kube is None:
         return Forwarding(in_flight, forwarder, None, Route(serve_not_found, RouteKind.OWN, "not-found"))
     delegate = Delegate(
         kube,
-        mode=options.delegation.delegate_auth,
+        mode=delegate_auth,
         forwarder=forwarder,
         client_certificate=backends.client_certificate,
-        identity=_identity_policy(
-            options, authenticator, keep_impersonation=options.delegation.delegate_auth == FRONT_PROXY
-        ),
+        identity=identity,
         hop=hop,
     )
     return Forwarding(in_flight, forwarder, delegate, delegate.route)
 
 
-def _own_routes(options: Options, fallback: Route, health: HealthChecks, metrics: Route) -> Router:
+def _own_routes(local_mode: bool, fallback: Route, health: HealthChecks, metrics: Route) -> Router:
     """The router with the gateway's own endpoints: health, metrics, and local mode's /version."""
     router = Router(fallback)
     for endpoint in ENDPOINTS:
@@ -565,7 +584,7 @@ def _own_routes(options: Options, fallback: Route, health: HealthChecks, metrics
         router.add_exact(f"/{endpoint}", route)
         router.add_prefix(f"/{endpoint}/", route)
     router.add_exact("/metrics", metrics)
-    if options.local_mode:
+    if local_mode:
         router.add_exact("/version", Route(serve_version, RouteKind.OWN, "version"))
     return router
 
@@ -588,8 +607,10 @@ class RequestPath:
 
 
 def build_request_path(
-    options: Options,
+    requests: RequestLimits,
+    access_log: AccessLogPolicy,
     *,
+    local_mode: bool,
     store: Store,
     metrics: GatewayMetrics,
     health: HealthChecks,
@@ -605,7 +626,7 @@ def build_request_path(
     ejections: EjectionReport | None = None,
     tracer: RequestTracer | None = None,
 ) -> RequestPath:
-    """The request path, the same for `build_gateway` and `build_worker_gateway`: the router (the
+    """The request path of every gateway process, single, control or worker: the router (the
     gateway's own paths, the features' `routes`, then the APIService proxy's claim), and the
     pipeline in kube-apiserver's filter order (server/config.go DefaultBuildHandlerChain): the
     request deadline around everything, then authentication, audit, impersonation, max-in-flight
@@ -613,13 +634,13 @@ def build_request_path(
     before them, looped requests and paths a backend could read as another resource are refused.
     A feature that is off has no stage: no audit policy, no audit gate; no limits, no
     max-in-flight gate; no timeouts, no deadline."""
-    router = _own_routes(options, forwarding.fallback, health, metrics_route)
+    router = _own_routes(local_mode, forwarding.fallback, health, metrics_route)
     for installer in routes:
         installer.install(router)
     timeouts = RequestTimeouts(
         metrics.apiserver,
-        request_timeout=options.server.request_timeout,
-        min_request_timeout=options.server.min_request_timeout,
+        request_timeout=requests.request_timeout,
+        min_request_timeout=requests.min_request_timeout,
     )
     proxy = APIServiceProxy(
         store,
@@ -637,11 +658,11 @@ def build_request_path(
     backends.client_certificate.add_listener(proxy.client_certificate_changed)
     router.add_claim(proxy.claim)
 
-    access_log = AccessLog(options.logging.access_log_policy())
+    access_lines = AccessLog(access_log)
     limits = MaxInFlight(
         metrics.apiserver,
-        read_only=options.server.max_requests_inflight,
-        mutating=options.server.max_mutating_requests_inflight,
+        read_only=requests.max_requests_inflight,
+        mutating=requests.max_mutating_requests_inflight,
     )
     instrumentation = RequestInstrumentation(metrics.apiserver)
     auditing = RequestAuditing(auditor) if auditor is not None else None
@@ -669,7 +690,7 @@ def build_request_path(
     pipeline = Pipeline(
         router,
         metrics.pipeline.requests,
-        access_log,
+        access_lines,
         in_flight=forwarding.in_flight,
         timeouts=timeouts if timeouts.enabled else None,
         gates=gates,
@@ -688,9 +709,9 @@ def _local_routes(apiregistration: APIRegistration | None, authorizer: Authorize
     return [apiregistration, SelfReviews(authorizer)]
 
 
-def _apiregistration(options: Options, store: Store) -> APIRegistration | None:
+def _apiregistration(local_mode: bool, store: Store) -> APIRegistration | None:
     """Local mode serves `apiregistration.k8s.io/v1` itself (kube mode: kube-apiserver does)."""
-    if not options.local_mode:
+    if not local_mode:
         return None
     apiregistration = APIRegistration(store)
     store.add_listener(apiregistration.on_store_event)
@@ -698,16 +719,16 @@ def _apiregistration(options: Options, store: Store) -> APIRegistration | None:
 
 
 def build_backends(
-    options: Options,
+    flags: BackendConfig,
     store: Store,
     metrics: BackendMetrics,
     *,
-    identity: LiveIdentityPolicy | None = None,
+    identity: LiveIdentityPolicy,
     hop: str | None = None,
 ) -> BackendRegistry:
-    """The backends as the options configure them (also what `aggregator check` dials with: its
-    requests carry a loop mark too, so a check of an APIService served by a gateway says ProxyLoop)."""
-    flags = options.backends
+    """The backends as configured (also what `aggregator check` dials with: its requests carry a
+    loop mark too, so a check of an APIService served by a gateway says ProxyLoop); `identity`
+    names the headers never forwarded."""
     client_certificate = ProxyClientCertificate(flags.proxy_client_cert_file, flags.proxy_client_key_file)
     backends = BackendRegistry(
         store,
@@ -716,10 +737,10 @@ def build_backends(
             store,
             endpoint_routing=flags.enable_aggregator_routing,
             allow_external_name=flags.allow_external_name_services,
-            deny_cidrs=options.deny_cidrs,
+            deny_cidrs=flags.deny_cidrs,
         ),
         client_certificate=client_certificate,
-        identity=identity or flag_identity_policy(options),
+        identity=identity,
         hop=hop or new_instance(),
     )
     # A new front-proxy client certificate retires every backend; an APIService's new TLS
@@ -729,17 +750,19 @@ def build_backends(
     return backends
 
 
-def flag_identity_policy(options: Options, *, keep_impersonation: bool = False) -> LiveIdentityPolicy:
+def flag_identity_policy(
+    requestheader: RequestHeaderOptions, *, keep_impersonation: bool = False
+) -> LiveIdentityPolicy:
     """The identity headers never forwarded: the standard names and the `--requestheader-*` flags'."""
-    return LiveIdentityPolicy(options.authentication.requestheader, keep_impersonation=keep_impersonation)
+    return LiveIdentityPolicy(requestheader, keep_impersonation=keep_impersonation)
 
 
 def _identity_policy(
-    options: Options, authenticator: Authenticator, *, keep_impersonation: bool = False
+    requestheader: RequestHeaderOptions, authenticator: Authenticator, *, keep_impersonation: bool = False
 ) -> LiveIdentityPolicy:
     """The flags' names plus whatever front-proxy configuration the authenticator reads now
     (kube mode: the cluster's ConfigMap, which may change while the gateway runs)."""
-    policy = flag_identity_policy(options, keep_impersonation=keep_impersonation)
+    policy = flag_identity_policy(requestheader, keep_impersonation=keep_impersonation)
     policy.follow(authenticator.requestheader)
     return policy
 
@@ -773,13 +796,11 @@ def _follow_ca_expiry(expiry: CertificateExpiry, authenticator: Authenticator) -
     expiry.follow(REQUESTHEADER_CLIENT_CA, requestheader)
 
 
-def _status_sink(
-    options: Options, store: Store, kube: KubeClient | None, leadership: Leadership
-) -> StatusSink:
+def _status_sink(config: Config, store: Store, kube: KubeClient | None, leadership: Leadership) -> StatusSink:
     """Where Available conditions go: the store (local mode), kube-apiserver (opt-in, written by
     the Lease holder only), or memory."""
-    if options.local_mode:
+    if config.local_mode:
         return StoreStatus(store)
-    if options.availability.write_apiservice_status and kube is not None:
+    if config.write_apiservice_status and kube is not None:
         return KubeStatusWriter(kube, store, leadership)
     return MemoryStatus()

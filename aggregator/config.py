@@ -1,15 +1,18 @@
 """The options of `aggregator serve`: one group per feature, as kube-apiserver's options are
-(`k8s.io/apiserver/pkg/server/options`), and the checks that span groups.
+(`k8s.io/apiserver/pkg/server/options`), the checks that span groups, and the `Config` the groups
+complete.
 
-Each feature owns its group (`XxxOptions` with `add_flags`, `validate`, and what the feature builds
-from it): where objects come from (`sources/options.py`), secure serving (`tls/options.py`), the
-request limits, timeouts and shutdown and the logging flags (`web/options.py`), the worker count
-(`workers/options.py`), authentication and authorization (`auth/options.py`), the backends
-(`backends/options.py`), delegation to kube-apiserver (`proxy/options.py`), status writes
-(`availability/options.py`) and their leader election (`leaderelection.py`), auditing
-(`audit/options.py`) and tracing (`tracing/options.py`). This module only puts the groups together (each flag's destination names its
-group and field: `util/flags.py`) and checks what no one group can: flags that mean nothing in
-local mode, and the front-proxy certificate kube mode requires.
+Each feature owns its group (`XxxOptions` with `add_flags`, `validate` returning every problem,
+and `apply_to(config)` writing the feature's own part of `Config`): where objects come from
+(`sources/options.py`), secure serving (`tls/options.py`), the request limits, timeouts and
+shutdown and the logging flags (`web/options.py`), the worker count (`workers/options.py`),
+authentication and authorization (`auth/options.py`), the backends (`backends/options.py`),
+delegation to kube-apiserver (`proxy/options.py`), status writes (`availability/options.py`) and
+their leader election (`leaderelection.py`), auditing (`audit/options.py`) and tracing
+(`tracing/options.py`). This module only puts the groups together (each flag's destination names
+its group and field: `util/flags.py`), applies them in order (`complete`) and checks what no one
+group can: flags that mean nothing in local mode, and the front-proxy certificate kube mode
+requires.
 
 Flag names follow kube-apiserver's so operators can carry their knowledge over.
 """
@@ -20,19 +23,26 @@ import argparse
 from dataclasses import dataclass, field
 
 from aggregator.audit.options import AuditOptions
-from aggregator.auth.options import AuthenticationOptions, AuthorizationOptions
+from aggregator.auth.options import AuthenticationOptions, AuthorizationConfig, AuthorizationOptions
 from aggregator.availability.options import AvailabilityOptions
-from aggregator.backends.options import BackendOptions
+from aggregator.backends.options import BackendConfig, BackendOptions
 from aggregator.kube.client import missing_kube_client
-from aggregator.leaderelection import LeaderElectionOptions
+from aggregator.leaderelection import LeaderElectionConfig, LeaderElectionOptions
 from aggregator.proxy.delegate import FRONT_PROXY
 from aggregator.proxy.options import DelegationOptions
-from aggregator.sources.options import SourceOptions
+from aggregator.sources.options import SourceConfig, SourceOptions
 from aggregator.tls.options import SECTION as SERVING_SECTION
-from aggregator.tls.options import SecureServingOptions
+from aggregator.tls.options import SecureServingOptions, ServingConfig
+from aggregator.tracing.config import TracingConfiguration
 from aggregator.tracing.options import TracingOptions
 from aggregator.util.flags import ConfigError, InvalidOptions, assign
-from aggregator.web.options import LoggingOptions, ServerRunOptions
+from aggregator.web.options import (
+    LoggingConfig,
+    LoggingOptions,
+    RequestLimits,
+    ServerRunOptions,
+    ShutdownConfig,
+)
 from aggregator.workers.options import WorkersOptions
 
 # Where each group's flags land: its field in `Options`, the prefix of its flags' destinations.
@@ -86,10 +96,58 @@ class Options:
     def kube_mode(self) -> bool:
         return self.source.kube_mode
 
+
+@dataclass
+class Config:
+    """What a gateway is built and run from (kube-apiserver's `server.Config`): each options group's
+    `apply_to` writes its part, resolved and parsed once (the mode's defaults, the in-cluster
+    account, the CPU count, the Lease's namespace, the TLS and access-log policies, the tracing
+    file), and each component is handed its own part. The control process sends it to its workers
+    as it is, so every process of a group runs from the same resolution."""
+
+    source: SourceConfig = field(default_factory=SourceConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    requests: RequestLimits = field(default_factory=RequestLimits)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    workers: int = 1
+    authentication: AuthenticationOptions = field(default_factory=AuthenticationOptions)
+    authorization: AuthorizationConfig = field(default_factory=lambda: AuthorizationConfig(modes=()))
+    backends: BackendConfig = field(default_factory=BackendConfig)
+    delegate_auth: str = FRONT_PROXY
+    write_apiservice_status: bool = False
+    leader_election: LeaderElectionConfig | None = None
+    audit: AuditOptions = field(default_factory=AuditOptions)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    tracing: TracingConfiguration | None = None
+
     @property
-    def deny_cidrs(self) -> list[str]:
-        """`--backend-deny-cidrs`, or this mode's default."""
-        return self.backends.deny_cidrs(kube_mode=self.kube_mode)
+    def local_mode(self) -> bool:
+        return self.source.local_mode
+
+    @property
+    def kube_mode(self) -> bool:
+        return self.source.kube_mode
+
+
+def complete(opts: Options) -> Config:
+    """Every group applied to a new `Config` (validated options: `validate` first), in order: the
+    source before the groups whose defaults depend on the mode, availability before leader
+    election (only status writes elect)."""
+    config = Config()
+    opts.source.apply_to(config)
+    opts.serving.apply_to(config)
+    opts.server.apply_to(config)
+    opts.workers.apply_to(config)
+    opts.authentication.apply_to(config)
+    opts.authorization.apply_to(config)
+    opts.backends.apply_to(config)
+    opts.delegation.apply_to(config)
+    opts.availability.apply_to(config)
+    opts.leader_election.apply_to(config)
+    opts.audit.apply_to(config)
+    opts.logging.apply_to(config)
+    opts.tracing.apply_to(config)
+    return config
 
 
 def add_source_flags(parser: argparse.ArgumentParser, *, command: str = "serve") -> None:

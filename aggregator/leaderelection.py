@@ -51,6 +51,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from aggregator.kube import calls
+from aggregator.sources.options import SourceConfig
 from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration, Problems
 from aggregator.util.logs import fields
 
@@ -170,6 +171,43 @@ class LeaderElectionOptions:
             problems.add(f"--leader-elect-{problem[0]}", problem[1])
         return problems.errors
 
+    def apply_to(self, config: LeaderElectionTarget) -> None:
+        """After the source's and the availability group's: only kube mode's status writes elect a
+        writer. The Lease's namespace is resolved here, once."""
+        elect = self.leader_elect and config.source.kube_mode and config.write_apiservice_status
+        config.leader_election = (
+            LeaderElectionConfig(
+                namespace=lease_namespace(self.resource_namespace),
+                name=self.resource_name,
+                lease_duration=self.lease_duration,
+                renew_deadline=self.renew_deadline,
+                retry_period=self.retry_period,
+            )
+            if elect
+            else None
+        )
+
+
+@dataclass(frozen=True)
+class LeaderElectionConfig:
+    """The Lease that elects the one replica writing APIService status."""
+
+    namespace: str
+    name: str = "aggregator"
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+
+class LeaderElectionTarget(Protocol):
+    @property
+    def source(self) -> SourceConfig: ...
+
+    @property
+    def write_apiservice_status(self) -> bool: ...
+
+    leader_election: LeaderElectionConfig | None
+
 
 def _ns(seconds: float) -> int:
     return round(seconds * 1e9)
@@ -259,18 +297,16 @@ class LeaderElectionMetrics:
         )
 
 
-def elector_for_options(
-    options: LeaderElectionOptions, api: LeaseAPI, metrics: LeaderElectionMetrics
-) -> LeaderElector:
+def elector_for(config: LeaderElectionConfig, api: LeaseAPI, metrics: LeaderElectionMetrics) -> LeaderElector:
     """The `--leader-elect-*` flags as an elector (validated already by `LeaderElectionOptions.validate`)."""
     return LeaderElector(
         api,
         metrics,
-        namespace=lease_namespace(options.resource_namespace),
-        name=options.resource_name,
-        lease_duration=options.lease_duration,
-        renew_deadline=options.renew_deadline,
-        retry_period=options.retry_period,
+        namespace=config.namespace,
+        name=config.name,
+        lease_duration=config.lease_duration,
+        renew_deadline=config.renew_deadline,
+        retry_period=config.retry_period,
     )
 
 

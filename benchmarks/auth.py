@@ -35,6 +35,7 @@ from aggregator.auth.authz import Authorizer
 from aggregator.auth.modes import PolicyHolder, RBACMode
 from aggregator.auth.rbacobjects import compile_policy, decode
 from aggregator.auth.verdict import Decision
+from aggregator.config import complete
 from aggregator.model.userinfo import UserInfo
 from aggregator.runners.server import GatewayServer
 from aggregator.web.context import RequestContext
@@ -145,7 +146,7 @@ async def run(args: argparse.Namespace) -> int:
                 # "warm cache": the one review stays valid for the whole run (default TTL is 10 s)
                 authorization_webhook_cache_authorized_ttl=3600.0,
             )
-            server = GatewayServer(options)
+            server = GatewayServer(complete(options))
             await server.start()
             try:
                 gates = list(server.gateway.pipeline.gates)

@@ -1,6 +1,5 @@
-"""The package's layering: no import cycle among `aggregator` modules, one composition root, and
-the layers of `[tool.importlinter]` in pyproject.toml (import-linter's `layers` and `forbidden`
-contracts: tls never imports commands, wire never imports web or aiohttp).
+"""The package's layering: no import cycle among `aggregator` modules and one composition root
+(the contracts of `[tool.importlinter]` in pyproject.toml are tests/test_import_contracts.py's).
 
 Imports inside functions and under `if TYPE_CHECKING:` count: they are cycles too, only hidden.
 A cycle means two modules cannot be understood (or tested) without each other.
@@ -9,35 +8,10 @@ A cycle means two modules cannot be understood (or tested) without each other.
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "aggregator"
-
-
-def _lint(config: Path) -> int:
-    """import-linter's exit code for `config` (0: every contract kept), run from the repository in
-    a process of its own (it configures logging, which the other tests read)."""
-    lint = Path(sys.executable).parent / "lint-imports"
-    done = subprocess.run([str(lint), "--no-cache", str(config)], cwd=ROOT, capture_output=True, timeout=300)
-    return done.returncode
-
-
-def test_layers_and_forbidden_imports_hold() -> None:
-    assert _lint(ROOT / "pyproject.toml") == 0
-
-
-def test_the_layer_check_finds_an_import_that_breaks_a_layer(tmp_path: Path) -> None:
-    """A contract the package does break (the web frame imports the models) is reported broken."""
-    config = tmp_path / "broken.toml"
-    config.write_text(
-        '[tool.importlinter]\nroot_package = "aggregator"\n\n'
-        '[[tool.importlinter.contracts]]\nname = "inverted"\ntype = "layers"\n'
-        'layers = ["aggregator.model", "aggregator.web"]\n'
-    )
-    assert _lint(config) == 1
 
 
 def module_name(path: Path) -> str:

@@ -9,6 +9,7 @@ by both the authenticator and the proxy's identity-header stripping.
 from __future__ import annotations
 
 import argparse
+import pickle
 import subprocess
 import sys
 from dataclasses import fields, is_dataclass
@@ -18,10 +19,14 @@ from typing import Any
 import pytest
 
 from aggregator.backends.headers import LiveIdentityPolicy
+from aggregator.backends.options import DEFAULT_DENY_CIDRS, KUBE_DEFAULT_DENY_CIDRS
 from aggregator.commands.cli import build_parser
-from aggregator.config import KUBE_MODE_FLAGS, Options, add_serve_flags, options_from_args
+from aggregator.config import KUBE_MODE_FLAGS, Options, add_serve_flags, complete, options_from_args
 from aggregator.tls.verify import CAPool
 from aggregator.util.flags import ConfigError
+from aggregator.web.accesslog import AccessLogPolicy
+from aggregator.web.options import LoggingConfig, ShutdownConfig
+from aggregator.workers.cpus import usable_cpus
 from tests.support.pki import PKI
 
 
@@ -145,7 +150,7 @@ def test_every_problem_of_the_flags_is_reported_at_once(tmp_path: Path) -> None:
     "group",
     [
         "source", "serving", "server", "workers", "authentication", "authorization", "backends",
-        "delegation", "availability", "leader_election", "audit", "logging",
+        "delegation", "availability", "leader_election", "audit", "logging", "tracing",
     ],
 )
 def test_every_options_group_validates_itself_the_same_way(group: str) -> None:
@@ -154,3 +159,60 @@ def test_every_options_group_validates_itself_the_same_way(group: str) -> None:
     options.source.apiservices_dir = "."
     found = getattr(options, group).validate()
     assert isinstance(found, list) and all(isinstance(e, ConfigError) for e in found)
+
+
+def test_every_options_group_applies_itself_to_the_configuration() -> None:
+    """`complete` gives each group its turn (`apply_to`); nothing is left at Config's defaults
+    that the flags set: every group's flags reach the part its component receives."""
+    options = parse(
+        "--apiservices-dir", ".",
+        "--secure-port", "9443",
+        "--max-requests-inflight", "7",
+        "--shutdown-delay-duration", "3s",
+        "--workers", "3",
+        "--token-auth-file", "tokens.csv",
+        "--authorization-mode", "AlwaysAllow",
+        "--enable-aggregator-routing=true",
+        "--audit-log-maxage", "5",
+        "--log-format", "json",
+        "--access-log", "all",
+    )  # fmt: skip
+    config = complete(options)
+    assert (config.source.apiservices_dir, config.local_mode) == (".", True)
+    assert config.serving.port == 9443 and config.serving.tls_policy == options.serving.tls_policy()
+    assert config.requests.max_requests_inflight == 7
+    assert config.shutdown == ShutdownConfig(delay=3.0, watch_grace=0.0, request_grace=60.0)
+    assert config.workers == 3
+    assert config.authentication.token_auth_file == "tokens.csv"
+    assert config.authentication is not options.authentication  # a copy: later edits do not leak
+    assert (config.authorization.modes, config.authorization.defaulted) == (("AlwaysAllow",), False)
+    assert config.backends.enable_aggregator_routing
+    assert config.audit.log_maxage == 5
+    assert config.logging == LoggingConfig("json", 0, AccessLogPolicy("all"))
+    assert config.tracing is None
+
+
+def test_what_depends_on_the_mode_is_resolved_once(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("{}")
+    local = complete(parse("--apiservices-dir", str(tmp_path)))
+    assert local.backends.deny_cidrs == DEFAULT_DENY_CIDRS
+    assert local.authorization.modes == ("RBAC",) and local.authorization.defaulted
+    assert local.leader_election is None  # no status writes in local mode
+    kube = complete(parse("--kubeconfig", str(kubeconfig)))
+    assert kube.backends.deny_cidrs == KUBE_DEFAULT_DENY_CIDRS
+    assert kube.authorization.modes == ("Webhook",)
+    assert kube.leader_election is None  # elects only a writer of APIService status
+    elect = ["--write-apiservice-status=true", "--leader-elect-resource-namespace", "ops"]
+    writing = complete(parse("--kubeconfig", str(kubeconfig), *elect))
+    assert writing.leader_election is not None and writing.leader_election.namespace == "ops"
+    assert complete(parse("--apiservices-dir", ".")).workers == usable_cpus()
+
+
+def test_the_configuration_reaches_a_worker_unchanged(tmp_path: Path) -> None:
+    """The control sends its `Config` to each worker over the channel (pickled)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("{}")
+    flags = ["--write-apiservice-status=true", "--access-log", "sampled:5"]
+    config = complete(parse("--kubeconfig", str(kubeconfig), *flags))
+    assert pickle.loads(pickle.dumps(config)) == config

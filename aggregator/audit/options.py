@@ -4,7 +4,9 @@ mode; docs/audit.md), with its defaults and refusals."""
 from __future__ import annotations
 
 import argparse
+import copy
 from dataclasses import dataclass
+from typing import Protocol
 
 from aggregator.audit.policy import PolicyError, load_policy_file
 from aggregator.util.flags import ConfigError, FlagSet, Problems
@@ -89,3 +91,11 @@ class AuditOptions:
             except PolicyError as err:
                 problems.add("--audit-policy-file", str(err))
         return problems.errors
+
+    def apply_to(self, config: AuditTarget) -> None:
+        """The auditor reads the flags as they are (`factory.build_auditor`): a copy."""
+        config.audit = copy.copy(self)
+
+
+class AuditTarget(Protocol):
+    audit: AuditOptions

@@ -31,7 +31,7 @@ from aggregator.auth.modes import (
     RBACMode,
     WithoutManifests,
 )
-from aggregator.auth.options import AuthenticationOptions, AuthorizationOptions
+from aggregator.auth.options import AuthenticationOptions, AuthorizationConfig
 from aggregator.auth.rbac import RBACPolicy
 from aggregator.auth.rbacfolder import RBACFolder
 from aggregator.auth.requestheader import RequestHeaderConfig
@@ -41,7 +41,7 @@ from aggregator.auth.webhook import WebhookClient
 from aggregator.contracts import Component
 from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
-from aggregator.sources.options import SourceOptions
+from aggregator.sources.options import SourceConfig
 from aggregator.tls.verify import CAPool
 from aggregator.util.latest import Latest
 from aggregator.util.logs import fields
@@ -69,7 +69,7 @@ class Authorization:
 
 def build_authentication(
     options: AuthenticationOptions,
-    source: SourceOptions,
+    source: SourceConfig,
     *,
     kube: KubeClient | None,
     metrics: AuthMetrics,
@@ -147,7 +147,7 @@ def _warn_no_authenticator(options: AuthenticationOptions) -> None:
 
 
 def _cluster_configmap(
-    options: AuthenticationOptions, source: SourceOptions, kube: KubeClient | None, files: CAFiles
+    options: AuthenticationOptions, source: SourceConfig, kube: KubeClient | None, files: CAFiles
 ) -> AuthConfigMap | None:
     """Kube mode reads the CA settings the flags left unset from the cluster, as upstream does."""
     if not source.kube_mode or options.skip_lookup or kube is None:
@@ -160,8 +160,8 @@ def _cluster_configmap(
 
 
 def build_authorization(
-    options: AuthorizationOptions,
-    source: SourceOptions,
+    options: AuthorizationConfig,
+    source: SourceConfig,
     *,
     anonymous: bool,
     kube: KubeClient | None,
@@ -175,10 +175,10 @@ def build_authorization(
     if options.kubeconfig:
         client = KubeClient.from_kubeconfig(options.kubeconfig)
         components.append(("authorization-client", client))
-    names = authorization_modes(options, source)
+    names = options.modes
     without = WithoutManifests.EVALUATE
-    if options.modes is None:
-        without = WithoutManifests.ALLOW_AUTHENTICATED if names == [RBAC] else WithoutManifests.DEFER
+    if options.defaulted:
+        without = WithoutManifests.ALLOW_AUTHENTICATED if names == (RBAC,) else WithoutManifests.DEFER
     folder: RBACFolder | None = None
     modes: list[Mode] = []
     summary: list[str] = []
@@ -226,12 +226,6 @@ _WITHOUT = {
     WithoutManifests.DEFER: " (while it holds RBAC manifests)",
     WithoutManifests.ALLOW_AUTHENTICATED: "; without RBAC manifests: every authenticated caller, never impersonation",
 }
-
-
-def authorization_modes(options: AuthorizationOptions, source: SourceOptions) -> list[str]:
-    """`--authorization-mode`, or the default for where the gateway runs (`modes.default_modes`)."""
-    has_kubeconfig = bool(source.kubeconfig or options.kubeconfig)
-    return options.modes_for(local_mode=source.local_mode, has_kubeconfig=has_kubeconfig)
 
 
 def _warn_always_allow(anonymous: bool) -> None:

@@ -5,11 +5,14 @@ with kube-apiserver's names, defaults and refusals."""
 from __future__ import annotations
 
 import argparse
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from aggregator.auth.modes import ModeError, check_modes, default_modes
 from aggregator.auth.requestheader import RequestHeaderConfig
+from aggregator.sources.options import SourceConfig
 from aggregator.tls.verify import CAPool
 from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration, Problems, check_readable, csv_list
 
@@ -163,6 +166,19 @@ class AuthenticationOptions:
             problems.add("--authentication-token-webhook-cache-ttl", "must not be negative")
         return problems.errors
 
+    def apply_to(self, config: AuthenticationTarget) -> None:
+        """Authentication reads its flags as they are (`build.build_authentication`): a copy, so
+        nothing done to the options later reaches a running gateway."""
+        config.authentication = copy.deepcopy(self)
+
+    def client_ca_files(self) -> list[str]:
+        """The CAs whose clients the serving TLS asks for a certificate."""
+        return [f for f in (self.client_ca_file, self.requestheader.client_ca_file) if f]
+
+
+class AuthenticationTarget(Protocol):
+    authentication: AuthenticationOptions
+
 
 def _same_file_content(a: str, b: str) -> bool:
     try:
@@ -249,6 +265,20 @@ class AuthorizationOptions:
                 problems.add("--authorization-always-allow-paths", f"{entry!r}: '*' is only allowed at the end")
         return problems.errors
 
+    def apply_to(self, config: AuthorizationTarget) -> None:
+        """After the source's: the default modes depend on the mode and on a kubeconfig."""
+        source = config.source
+        has_kubeconfig = bool(source.kubeconfig or self.kubeconfig)
+        config.authorization = AuthorizationConfig(
+            modes=tuple(self.modes_for(local_mode=source.local_mode, has_kubeconfig=has_kubeconfig)),
+            defaulted=self.modes is None,
+            kubeconfig=self.kubeconfig,
+            always_allow_paths=tuple(self.always_allow_paths),
+            always_allow_groups=tuple(self.always_allow_groups),
+            webhook_cache_authorized_ttl=self.webhook_cache_authorized_ttl,
+            webhook_cache_unauthorized_ttl=self.webhook_cache_unauthorized_ttl,
+        )
+
     def modes_problem(self, *, local_mode: bool, has_kubeconfig: bool) -> ConfigError | None:
         """`--authorization-mode` against where the gateway runs (`has_kubeconfig`: reviews can be
         sent: a kubeconfig, or kube mode's account)."""
@@ -259,3 +289,24 @@ class AuthorizationOptions:
         except ModeError as err:
             return ConfigError("--authorization-mode", str(err))
         return None
+
+
+@dataclass(frozen=True)
+class AuthorizationConfig:
+    """The authorizers to build (`build.build_authorization`), the modes resolved for the mode."""
+
+    modes: tuple[str, ...]
+    # `--authorization-mode` not given: RBAC without manifests then defers or allows (`modes.py`)
+    defaulted: bool = True
+    kubeconfig: str | None = None
+    always_allow_paths: tuple[str, ...] = DEFAULT_ALWAYS_ALLOW_PATHS
+    always_allow_groups: tuple[str, ...] = ("system:masters",)
+    webhook_cache_authorized_ttl: float = 10.0
+    webhook_cache_unauthorized_ttl: float = 10.0
+
+
+class AuthorizationTarget(Protocol):
+    @property
+    def source(self) -> SourceConfig: ...
+
+    authorization: AuthorizationConfig

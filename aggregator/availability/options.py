@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Protocol
 
 from aggregator.util.flags import ConfigError, FlagSet, GoBool
 
@@ -28,3 +29,10 @@ class AvailabilityOptions:
         """Nothing this group can get wrong on its own (whether it may be given is checked across
         groups: a kube-mode-only flag)."""
         return []
+
+    def apply_to(self, config: AvailabilityTarget) -> None:
+        config.write_apiservice_status = self.write_apiservice_status
+
+
+class AvailabilityTarget(Protocol):
+    write_apiservice_status: bool

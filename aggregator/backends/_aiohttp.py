@@ -1,5 +1,7 @@
 """The aiohttp internals the backend client relies on (the server side's are in
-`web/http1/server.py`).
+`web/http1/server.py`); nothing else outside web/http1 imports aiohttp's private modules
+(pyproject.toml's `aiohttp-internals` contract). The proxy reads a backend's answer as the types
+below, and handles the parser's `HttpProcessingError` as a malformed answer.
 
 The proxy's hot path reads a backend's answer with aiohttp's own C parser (llhttp) on a connection
 it manages (`ResponseHandler`), keeps that parser between exchanges of a pooled connection
@@ -16,9 +18,11 @@ from typing import Any
 
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.http import RawResponseMessage
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 
 __all__ = [
+    "HttpProcessingError",
     "RawResponseMessage",
     "ResponseHandler",
     "StreamReader",

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import aiohttp
-from aiohttp.http_exceptions import HttpProcessingError
 from cryptography import x509
 
 from aggregator.backends import tlsdiag
-from aggregator.backends._aiohttp import ResponseHandler, response_protocol
+from aggregator.backends._aiohttp import HttpProcessingError, ResponseHandler, response_protocol
 from aggregator.backends.errors import BackendError, Hop, classify
 from aggregator.backends.h1 import KEEPALIVE, DialTimes, H1Pool, IdleConnections, serialize_head
 from aggregator.backends.tls import client_context

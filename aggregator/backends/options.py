@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 from dataclasses import dataclass
+from typing import Protocol
 
+from aggregator.sources.options import SourceConfig
 from aggregator.util.flags import ConfigError, FlagSet, GoBool, Problems, check_pair, check_readable, csv_list
 
 SECTION = "proxy"
@@ -85,3 +87,31 @@ class BackendOptions:
             except ValueError:
                 problems.add("--backend-deny-cidrs", f"{cidr!r} is not a CIDR")
         return problems.errors
+
+    def apply_to(self, config: BackendTarget) -> None:
+        """After the source's: the deny list's default depends on the mode."""
+        config.backends = BackendConfig(
+            proxy_client_cert_file=self.proxy_client_cert_file,
+            proxy_client_key_file=self.proxy_client_key_file,
+            enable_aggregator_routing=self.enable_aggregator_routing,
+            allow_external_name_services=self.allow_external_name_services,
+            deny_cidrs=tuple(self.deny_cidrs(kube_mode=config.source.kube_mode)),
+        )
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """How backends are reached (`build_backends`), the deny list resolved for the mode."""
+
+    proxy_client_cert_file: str | None = None
+    proxy_client_key_file: str | None = None
+    enable_aggregator_routing: bool = False
+    allow_external_name_services: bool = False
+    deny_cidrs: tuple[str, ...] = DEFAULT_DENY_CIDRS
+
+
+class BackendTarget(Protocol):
+    @property
+    def source(self) -> SourceConfig: ...
+
+    backends: BackendConfig

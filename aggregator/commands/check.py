@@ -39,7 +39,7 @@ from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry
 
-from aggregator.assembly import build_backends
+from aggregator.assembly import build_backends, flag_identity_policy
 from aggregator.availability.ejections import EJECTED
 from aggregator.availability.probe import (
     DISCOVERY_HOP,
@@ -56,7 +56,14 @@ from aggregator.availability.probe import (
 from aggregator.backends.addresses import Target
 from aggregator.backends.errors import BackendError
 from aggregator.backends.metrics import BackendMetrics
-from aggregator.config import Options, add_backend_flags, add_source_flags, options_from_args
+from aggregator.config import (
+    Config,
+    Options,
+    add_backend_flags,
+    add_source_flags,
+    complete,
+    options_from_args,
+)
 from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, missing_kube_client
 from aggregator.model.apiservice import APIService, service_column
 from aggregator.model.decode import DecodeError
@@ -381,9 +388,9 @@ def _port(svc: APIService) -> str:
 # --- running -----------------------------------------------------------------------------------------
 
 
-async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO) -> int:
+async def run_check(config: Config, name: str | None, out: TextIO, err: TextIO) -> int:
     printer = Printer(out)
-    client = options.source.kube_client() if options.kube_mode else None
+    client = config.source.kube_client() if config.kube_mode else None
     # Counted but never served: the check is a command, not a process Prometheus scrapes.
     metrics = BackendMetrics(CollectorRegistry())
     try:
@@ -395,17 +402,18 @@ async def run_check(options: Options, name: str | None, out: TextIO, err: TextIO
                 print(f"aggregator check: cannot list APIServices: {problem}", file=err)
                 return EXIT_USAGE
         else:
-            assert options.source.apiservices_dir is not None
-            loaded = load_folder(options.source.apiservices_dir)
+            assert config.source.apiservices_dir is not None
+            loaded = load_folder(config.source.apiservices_dir)
         for warning in loaded.warnings:
             print(f"warning: {warning}", file=err)
-        if options.backends.proxy_client_cert_file is None:
+        if config.backends.proxy_client_cert_file is None:
             print(
                 "warning: no --proxy-client-cert-file: backends that require a front-proxy client "
                 "certificate will refuse the check",
                 file=err,
             )
-        backends = build_backends(options, loaded.store, metrics)
+        identity = flag_identity_policy(config.authentication.requestheader)
+        backends = build_backends(config.backends, loaded.store, metrics, identity=identity)
         await backends.start()
         try:
             probe = DiscoveryProbe(backends)
@@ -505,4 +513,4 @@ def main(args: argparse.Namespace) -> int:
     if args.verbosity < 4:
         # The printed hops say it all; library chatter only with -v.
         logging.getLogger().setLevel(logging.INFO if args.verbosity >= 1 else logging.ERROR)
-    return asyncio.run(run_check(options, args.name, sys.stdout, sys.stderr))
+    return asyncio.run(run_check(complete(options), args.name, sys.stdout, sys.stderr))

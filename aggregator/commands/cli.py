@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from aggregator import __version__
-from aggregator.config import add_serve_flags, options_from_args, validate
+from aggregator.config import add_serve_flags, complete, options_from_args, validate
 from aggregator.util.flags import ConfigError, FlagParser, GoBool, csv_list, nearest_flag
 from aggregator.util.logs import configure_logging
 
@@ -151,11 +151,11 @@ def _serve(args: argparse.Namespace) -> int:
     stop_logging = None
     try:
         validate(options)
-        stop_logging = configure_logging(options.logging.format, options.logging.verbosity)
-        workers = options.workers.processes()
-        if workers > 1:
-            return run_workers(options, workers)
-        return run(options)
+        config = complete(options)
+        stop_logging = configure_logging(config.logging.format, config.logging.verbosity)
+        if config.workers > 1:
+            return run_workers(config)
+        return run(config)
     except ConfigError as err:
         if stop_logging is not None:
             stop_logging()  # whatever was logged before the failure goes out before the one line

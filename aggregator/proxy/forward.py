@@ -21,13 +21,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import aiohttp
-from aiohttp.http import RawResponseMessage
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.streams import StreamReader
 from multidict import CIMultiDict
 
 from aggregator.audit.body import BodyCapture
 from aggregator.audit.recorder import AUDIT
+from aggregator.backends._aiohttp import HttpProcessingError, RawResponseMessage, StreamReader
 from aggregator.backends.backend import IDEMPOTENT
 from aggregator.backends.bounds import DEFAULT_BOUNDS, Bounds
 from aggregator.backends.errors import BackendError, Hop, classify

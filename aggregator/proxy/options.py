@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Protocol
 
 from aggregator.backends.options import SECTION
 from aggregator.proxy.delegate import FRONT_PROXY, IMPERSONATE
@@ -30,3 +31,10 @@ class DelegationOptions:
         """argparse refuses a value other than the two (`choices`); whether the flag may be given,
         and what front-proxy needs, are checked across groups."""
         return []
+
+    def apply_to(self, config: DelegationTarget) -> None:
+        config.delegate_auth = self.delegate_auth
+
+
+class DelegationTarget(Protocol):
+    delegate_auth: str

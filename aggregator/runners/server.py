@@ -21,7 +21,8 @@ from aiohttp import web
 
 from aggregator import __version__
 from aggregator.assembly import Gateway, build_gateway
-from aggregator.config import Options
+from aggregator.config import Config
+from aggregator.tls.options import ServingConfig
 from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.util.flags import ConfigError
@@ -36,6 +37,7 @@ from aggregator.web.http2.limits import H2Limits
 from aggregator.web.http2.listener import alpn_protocols, dispatching
 from aggregator.web.http2.metrics import ConnectionMetrics
 from aggregator.web.http2.serving import Http2Serving
+from aggregator.web.options import ShutdownConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +54,16 @@ IDLE_TIMEOUT = 90.0
 CLOSE_TIMEOUT = 1.0
 
 
-def _serving_hosts(options: Options) -> list[str]:
+def _serving_hosts(serving: ServingConfig) -> list[str]:
     hosts = [socket.gethostname()]
-    if options.serving.bind_address not in ("0.0.0.0", "::"):
-        hosts.append(options.serving.bind_address)
+    if serving.bind_address not in ("0.0.0.0", "::"):
+        hosts.append(serving.bind_address)
     return hosts
 
 
-def http2_library(options: Options) -> nghttp2.Nghttp2 | None:
+def http2_library(serving: ServingConfig) -> nghttp2.Nghttp2 | None:
     """libnghttp2 when HTTP/2 is to be served; None (and a warning naming why) when it cannot be."""
-    if options.serving.disable_http2_serving:
+    if not serving.http2:
         return None
     binding, why = nghttp2.load()
     if binding is None:
@@ -74,23 +76,22 @@ def http2_library(options: Options) -> nghttp2.Nghttp2 | None:
     return binding
 
 
-def serving_certificate(options: Options, *, http2: bool = True) -> ServingCertificate:
-    """The serving pair the flags name (or one generated in --cert-dir), hot-reloaded once started."""
-    serving = options.serving
+def serving_certificate(config: Config, *, http2: bool = True) -> ServingCertificate:
+    """The serving pair the flags name (or one generated in --cert-dir), hot-reloaded once
+    started, asking for client certificates of the CAs authentication trusts."""
+    serving = config.serving
     cert_file, key_file, generated = resolve_serving_files(
-        serving.cert_file, serving.key_file, serving.cert_dir, _serving_hosts(options)
+        serving.cert_file, serving.key_file, serving.cert_dir, _serving_hosts(serving)
     )
     if generated:
         log.info("generated a self-signed serving certificate", extra=fields(cert_file=cert_file))
-    authn = options.authentication
-    client_cas = [f for f in (authn.client_ca_file, authn.requestheader.client_ca_file) if f]
     try:
         return ServingCertificate(
             cert_file,
             key_file,
-            client_ca_files=client_cas,
-            policy=serving.tls_policy(),
-            alpn=alpn_protocols(http2 and not serving.disable_http2_serving),
+            client_ca_files=config.authentication.client_ca_files(),
+            policy=serving.tls_policy,
+            alpn=alpn_protocols(http2 and serving.http2),
         )
     except PEMError as err:
         flag = "--tls-cert-file" if serving.cert_file else "--cert-dir"
@@ -100,11 +101,11 @@ def serving_certificate(options: Options, *, http2: bool = True) -> ServingCerti
 class GatewayServer:
     """A gateway listening on its TLS port: what `serve` runs, and what tests start in-process."""
 
-    def __init__(self, options: Options, gateway: Gateway | None = None, *, reuse_port: bool = False) -> None:
-        self.options = options
-        library = http2_library(options)
-        self.serving = serving_certificate(options, http2=library is not None)
-        self.gateway = gateway or build_gateway(options)
+    def __init__(self, config: Config, gateway: Gateway | None = None, *, reuse_port: bool = False) -> None:
+        self.config = config
+        library = http2_library(config.serving)
+        self.serving = serving_certificate(config, http2=library is not None)
+        self.gateway = gateway or build_gateway(config)
         self.gateway.metrics.certificate_expiry.follow(
             SERVING, lambda: (self.serving.cert_file, [self.serving.current.leaf])
         )
@@ -115,7 +116,7 @@ class GatewayServer:
         if library is not None:
             self.http2 = Http2Serving(
                 self.gateway.pipeline.handle,
-                H2Limits.for_flag(options.serving.http2_max_streams_per_connection),
+                H2Limits.for_flag(config.serving.http2_max_streams_per_connection),
                 self.connection_metrics,
                 library,
             )
@@ -128,7 +129,7 @@ class GatewayServer:
 
     @property
     def url(self) -> str:
-        host = self.options.serving.bind_address
+        host = self.config.serving.bind_address
         host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         return f"https://{host}:{self.port}"
 
@@ -159,8 +160,8 @@ class GatewayServer:
         assert self._runner.server is not None
         site = TimedSite(
             self._runner,
-            self.options.serving.bind_address,
-            self.options.serving.port,
+            self.config.serving.bind_address,
+            self.config.serving.port,
             ssl_context=self.serving.context,
             backlog=LISTEN_BACKLOG,
             reuse_port=self.reuse_port or None,
@@ -172,19 +173,19 @@ class GatewayServer:
         except OSError as err:
             await self._runner.cleanup()
             await self.gateway.stop()
-            address = f"{self.options.serving.bind_address}:{self.options.serving.port}"
+            address = f"{self.config.serving.bind_address}:{self.config.serving.port}"
             reason = os.strerror(err.errno) if err.errno else str(err)
             raise ConfigError("--secure-port", f"cannot listen on {address}: {reason}") from err
         self._site = site
         self.serving.start()
         addresses = self._runner.addresses
-        self.port = int(addresses[0][1]) if addresses else self.options.serving.port
+        self.port = int(addresses[0][1]) if addresses else self.config.serving.port
         log.info(
             "serving",
             extra=fields(
-                mode="local" if self.options.local_mode else "kube",
-                address=f"https://{self.options.serving.bind_address}:{self.port}",
-                objects=self.options.source.apiservices_dir or self.options.source.kubeconfig or "in-cluster",
+                mode="local" if self.config.local_mode else "kube",
+                address=f"https://{self.config.serving.bind_address}:{self.port}",
+                objects=self.config.source.apiservices_dir or self.config.source.kubeconfig or "in-cluster",
                 auth=", ".join(self.gateway.auth_summary) or "none configured",
                 version=__version__,
             ),
@@ -223,11 +224,11 @@ class GatewayServer:
     async def stop(self, *, request_grace: float | None = None) -> None:
         """Stop now: no delay, long-running requests ended at once, ordinary ones drained (for
         --request-timeout unless `request_grace` says otherwise)."""
-        grace = self.options.server.request_timeout if request_grace is None else request_grace
-        await shut_down(self, delay=0.0, watch_grace=0.0, request_grace=grace)
+        grace = self.config.requests.request_timeout if request_grace is None else request_grace
+        await shut_down(self, ShutdownConfig(request_grace=grace))
 
 
-async def shut_down(server: GatewayServer, *, delay: float, watch_grace: float, request_grace: float) -> None:
+async def shut_down(server: GatewayServer, shutdown: ShutdownConfig) -> None:
     """kube-apiserver's graceful termination (genericapiserver.go `RunWithContext`), in its order.
 
     1. ShutdownInitiated: `/readyz` fails at once (its `shutdown` check), everything else serves;
@@ -237,6 +238,7 @@ async def shut_down(server: GatewayServer, *, delay: float, watch_grace: float, 
        (--shutdown-watch-termination-grace-period; at once when 0);
     4. the server closes what is left, then the components stop.
     """
+    delay, watch_grace, request_grace = shutdown.delay, shutdown.watch_grace, shutdown.request_grace
     gateway = server.gateway
     gateway.shutting_down = True
     if delay > 0:
@@ -258,29 +260,23 @@ async def shut_down(server: GatewayServer, *, delay: float, watch_grace: float, 
     await server.close()
 
 
-def shutdown_bound(options: Options) -> float:
-    """The longest `shut_down` takes with these options, before the components stop (a second or
-    so): what a Deployment's terminationGracePeriodSeconds must exceed."""
-    drain = max(options.server.request_timeout, options.server.shutdown_watch_termination_grace_period)
-    return options.server.shutdown_delay_duration + drain + 2 * CLOSE_TIMEOUT
+def shutdown_bound(shutdown: ShutdownConfig) -> float:
+    """The longest `shut_down` takes, before the components stop (a second or so): what a
+    Deployment's terminationGracePeriodSeconds must exceed."""
+    return shutdown.delay + shutdown.drain + 2 * CLOSE_TIMEOUT
 
 
-async def serve(options: Options) -> int:
+async def serve(config: Config) -> int:
     """Run until SIGTERM or SIGINT; returns the process exit code (0, as kube-apiserver's; 1 when
     a second signal cut the graceful shutdown short, as component-base's `SetupSignalContext`)."""
     signals = TerminationSignals()
-    server = GatewayServer(options)
+    server = GatewayServer(config)
     await server.start()
     settle_heap()
     received = await signals.first()
     log.info("shutting down", extra=fields(signal=received))
     stopping = asyncio.ensure_future(
-        shut_down(
-            server,
-            delay=options.server.shutdown_delay_duration,
-            watch_grace=options.server.shutdown_watch_termination_grace_period,
-            request_grace=options.server.request_timeout,
-        )
+        shut_down(server, config.shutdown)
     )
     second = asyncio.ensure_future(signals.second())
     try:
@@ -297,6 +293,6 @@ async def serve(options: Options) -> int:
     return 1
 
 
-def run(options: Options) -> int:
+def run(config: Config) -> int:
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        return runner.run(serve(options))
+        return runner.run(serve(config))

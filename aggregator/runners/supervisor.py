@@ -30,8 +30,9 @@ from dataclasses import dataclass, replace
 
 from aggregator.assembly import Gateway, build_gateway
 from aggregator.backends.h1 import MAX_IDLE
-from aggregator.config import Options
+from aggregator.config import Config
 from aggregator.runners.server import serving_certificate, shutdown_bound
+from aggregator.tls.options import ServingConfig
 from aggregator.util.backoff import exponential_delay
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
@@ -42,7 +43,6 @@ from aggregator.web.certexpiry import SERVING
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import Hello, Listening
 from aggregator.workers.metrics import WorkerMetrics
-from aggregator.workers.options import WorkersOptions
 from aggregator.workers.publisher import Publisher, families
 
 log = logging.getLogger(__name__)
@@ -72,17 +72,17 @@ def exit_cause(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-def reserve_port(options: Options) -> int:
+def reserve_port(serving: ServingConfig) -> int:
     """Bind the address once without SO_REUSEPORT: a port anyone holds (even another gateway's
     group, which SO_REUSEPORT alone would silently share) is a start-up error, and port 0 is
     resolved to one port every worker then joins."""
-    family = socket.AF_INET6 if ":" in options.serving.bind_address else socket.AF_INET
+    family = socket.AF_INET6 if ":" in serving.bind_address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind((options.serving.bind_address, options.serving.port))
+            probe.bind((serving.bind_address, serving.port))
         except OSError as err:
-            address = f"{options.serving.bind_address}:{options.serving.port}"
+            address = f"{serving.bind_address}:{serving.port}"
             reason = os.strerror(err.errno) if err.errno else str(err)
             raise ConfigError("--secure-port", f"cannot listen on {address}: {reason}") from err
         return int(probe.getsockname()[1])
@@ -98,11 +98,11 @@ class _Worker:
 
 
 class Supervisor:
-    def __init__(self, options: Options, count: int, control: Gateway) -> None:
-        self.options = options
-        self.count = count
+    def __init__(self, config: Config, control: Gateway) -> None:
+        self.config = config
+        self.count = config.workers
         self.control = control
-        self.metrics = WorkerMetrics(count)
+        self.metrics = WorkerMetrics(config.workers)
         derived = control.control
         self.publisher = Publisher(
             store=control.store,
@@ -116,7 +116,7 @@ class Supervisor:
             rbac=derived.rbac,
             quarantine=derived.quarantine,
         )
-        self.workers = [_Worker(index) for index in range(count)]
+        self.workers = [_Worker(index) for index in range(config.workers)]
         self.stopping = False
         self._tasks = TaskSet("supervisor")
 
@@ -151,7 +151,7 @@ class Supervisor:
         worker.started = time.monotonic()
         worker.listening = asyncio.get_running_loop().create_future()
         channel = await Channel.open(ours)
-        channel.send(self.options)  # first: the worker builds its gateway from the control's options
+        channel.send(self.config)  # first: the worker builds its gateway from the control's configuration
         channel.send(Hello(worker.index, self.count, self.control.hop, self.publisher.checks()))
         self._tasks.spawn(self._follow(worker, worker.process, channel), name=f"worker-{worker.index}")
 
@@ -211,7 +211,7 @@ class Supervisor:
         for process in running:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
-        deadline = shutdown_bound(self.options) + DRAIN_GRACE
+        deadline = shutdown_bound(self.config.shutdown) + DRAIN_GRACE
         waits = [asyncio.ensure_future(p.wait()) for p in running]
         if waits:
             _, late = await asyncio.wait(waits, timeout=deadline)
@@ -227,23 +227,19 @@ class Supervisor:
         await self.control.stop()
 
 
-async def supervise(options: Options, count: int) -> int:
-    """Run the control and `count` workers until SIGTERM or SIGINT; the process exit code."""
+async def supervise(config: Config) -> int:
+    """Run the control and `config.workers` workers until SIGTERM or SIGINT; the process exit code."""
     # refused (or generated, once) before the port and before any worker, as a single process does
-    serving = serving_certificate(options)
-    options = replace(
-        options,
-        serving=replace(options.serving, port=reserve_port(options)),
-        workers=WorkersOptions(count),
-    )
-    control = build_gateway(options)
+    serving = serving_certificate(config)
+    config = replace(config, serving=replace(config.serving, port=reserve_port(config.serving)))
+    control = build_gateway(config)
     # Its idle connections cost a page or two each (`run`): enough for every backend's probes to
     # find theirs warm, within the file descriptors the process may open.
     control.backends.idle.limit = control_idle_limit()
     # The group's metrics take gauges from the control: it follows the serving pair too.
     control.metrics.certificate_expiry.follow(SERVING, lambda: (serving.cert_file, [serving.current.leaf]))
     serving.start()
-    supervisor = Supervisor(options, count, control)
+    supervisor = Supervisor(config, control)
     # Signals are caught from here on: a SIGTERM during start-up stops the group once it started.
     signals = TerminationSignals()
     stop = asyncio.create_task(signals.first(), name="signals")
@@ -257,7 +253,7 @@ async def supervise(options: Options, count: int) -> int:
         await serving.stop()
         raise
     received = await stop
-    log.info("shutting down", extra=fields(workers=count, signal=received))
+    log.info("shutting down", extra=fields(workers=config.workers, signal=received))
     stopping = asyncio.ensure_future(supervisor.stop())
     second = asyncio.ensure_future(signals.second())
     try:
@@ -285,9 +281,9 @@ def control_idle_limit() -> int:
     return max(MAX_IDLE, min(CONTROL_MAX_IDLE, soft // 2))
 
 
-def run(options: Options, count: int) -> int:
+def run(config: Config) -> int:
     # The control probes and fetches every backend and proxies nothing: its TLS connections keep
     # only what their answers wrote of their read buffers (`util/memory.py`).
     map_large_allocations()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        return runner.run(supervise(options, count))
+        return runner.run(supervise(config))

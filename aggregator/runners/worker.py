@@ -1,6 +1,6 @@
 """One worker process: `python -m aggregator.runners.worker <fd>`, started by the supervisor.
 
-It reads the options, its `Hello` and the first snapshot from the channel (file descriptor `fd`,
+It reads the configuration, its `Hello` and the first snapshot from the channel (file descriptor `fd`,
 one end of a socketpair), builds its gateway from them (`assembly.build_gateway` with the
 replica), listens on the shared port with SO_REUSEPORT, and serves until SIGTERM/SIGINT or until
 the control process goes away. Shutdown is the single process's (`server.shut_down`): /readyz fails at once, the listener stays
@@ -17,9 +17,10 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from aggregator.assembly import build_gateway
-from aggregator.config import Options
+from aggregator.config import Config
 from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.runners.server import GatewayServer, shut_down
 from aggregator.util.flags import ConfigError
@@ -49,21 +50,21 @@ class _WorkerField(logging.Filter):
 
 async def serve(fd: int) -> int:
     channel = await Channel.open(socket.socket(fileno=fd))
-    options = await channel.receive()
-    if not isinstance(options, Options):
-        raise RuntimeError(f"expected the options from the control process, got {type(options).__name__}")
+    config = await channel.receive()
+    if not isinstance(config, Config):
+        raise RuntimeError(f"expected the configuration from the control process, got {type(config).__name__}")
     hello = await channel.receive()
     if not isinstance(hello, Hello):
         raise RuntimeError(f"expected a Hello from the control process, got {type(hello).__name__}")
-    stop_logging = configure_logging(options.logging.format, options.logging.verbosity)
+    stop_logging = configure_logging(config.logging.format, config.logging.verbosity)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_WorkerField(hello.index))
     try:
         metrics = GatewayMetrics.declare()
         replica = Replica(channel, hello, collect=lambda: list(metrics.registry.collect()))
         replica.apply(await channel.receive())  # the snapshot: the store is full before routing
-        gateway = build_gateway(options, replica=replica, metrics=metrics)
-        server = GatewayServer(options, gateway, reuse_port=True)
+        gateway = build_gateway(config, replica=replica, metrics=metrics)
+        server = GatewayServer(config, gateway, reuse_port=True)
         following = asyncio.create_task(replica.run(), name="replica")
         stop = asyncio.create_task(wait_for_termination(), name="signals")
         try:
@@ -78,9 +79,7 @@ async def serve(fd: int) -> int:
         log.info("shutting down" if not lost else "shutting down: the control process is gone")
         await shut_down(
             server,
-            delay=0.0 if lost else options.server.shutdown_delay_duration,
-            watch_grace=options.server.shutdown_watch_termination_grace_period,
-            request_grace=options.server.request_timeout,
+            replace(config.shutdown, delay=0.0) if lost else config.shutdown,
         )
         stop.cancel()
         following.cancel()

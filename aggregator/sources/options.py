@@ -7,6 +7,7 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from aggregator.kube.client import KubeClient
 from aggregator.util.flags import ConfigError, FlagSet, Problems, check_readable
@@ -49,7 +50,6 @@ class SourceOptions:
 
     @property
     def local_mode(self) -> bool:
-        """Objects come from a folder; the kubeconfig (if any) is only used for reviews."""
         return self.apiservices_dir is not None
 
     @property
@@ -75,6 +75,29 @@ class SourceOptions:
             )
         return problems.errors
 
+    def apply_to(self, config: SourceTarget) -> None:
+        """Whether a pod's service account is mounted is looked at here, once."""
+        config.source = SourceConfig(self.kubeconfig, self.apiservices_dir, self.in_cluster)
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Where objects come from (`SourceOptions.apply_to`): kube mode watches kube-apiserver (with
+    `kubeconfig`, or the pod's account), local mode reads `apiservices_dir`."""
+
+    kubeconfig: str | None = None
+    apiservices_dir: str | None = None
+    in_cluster: bool = False
+
+    @property
+    def local_mode(self) -> bool:
+        """Objects come from a folder; the kubeconfig (if any) is only used for reviews."""
+        return self.apiservices_dir is not None
+
+    @property
+    def kube_mode(self) -> bool:
+        return not self.local_mode
+
     def kube_client(self) -> KubeClient | None:
         """The gateway's client: `--kubeconfig` if given, else the pod's service account in kube mode.
 
@@ -85,3 +108,7 @@ class SourceOptions:
         if self.kube_mode:
             return KubeClient.in_cluster()
         return None
+
+
+class SourceTarget(Protocol):
+    source: SourceConfig

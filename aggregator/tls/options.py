@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from aggregator.tls.policy import DEFAULT_MIN_VERSION, VERSIONS, PolicyError, TLSPolicy
 from aggregator.util.flags import ConfigError, FlagSet, GoBool, Problems, check_pair, check_readable, csv_list
@@ -111,3 +112,33 @@ class SecureServingOptions:
         problems.check(check_readable, "--tls-cert-file", self.cert_file)
         problems.check(check_readable, "--tls-private-key-file", self.key_file)
         return problems.errors
+
+    def apply_to(self, config: ServingTarget) -> None:
+        config.serving = ServingConfig(
+            bind_address=self.bind_address,
+            port=self.port,
+            cert_file=self.cert_file,
+            key_file=self.key_file,
+            cert_dir=self.cert_dir,
+            tls_policy=self.tls_policy(),
+            http2=not self.disable_http2_serving,
+            http2_max_streams_per_connection=self.http2_max_streams_per_connection,
+        )
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """The listener and its TLS (`SecureServingOptions.apply_to`), the TLS policy parsed."""
+
+    bind_address: str = "0.0.0.0"
+    port: int = 8443
+    cert_file: str | None = None
+    key_file: str | None = None
+    cert_dir: str = DEFAULT_CERT_DIR
+    tls_policy: TLSPolicy = field(default_factory=TLSPolicy)
+    http2: bool = True
+    http2_max_streams_per_connection: int = 0
+
+
+class ServingTarget(Protocol):
+    serving: ServingConfig

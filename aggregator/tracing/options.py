@@ -13,7 +13,7 @@ import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aggregator.tracing.config import TracingConfigError, TracingConfiguration, read_tracing_configuration
 from aggregator.util.flags import ConfigError, FlagSet
@@ -89,14 +89,23 @@ class TracingOptions:
         except TracingConfigError as err:
             raise ConfigError(FLAG, str(err)) from err
 
-    def tracer(self, *, audit_id: Callable[[Any], str | None] | None = None) -> RequestTracer | None:
-        """The process's tracer, None when tracing is off (OpenTelemetry is imported only then).
-        `audit_id` reads a request's audit ID, named on its span."""
-        config = self.configuration()
-        if config is None:
-            return None
-        if missing_modules():
-            raise ConfigError(FLAG, f"tracing needs '{EXTRA}': pip install '{EXTRA}'")
-        from aggregator.tracing.otel import OtelTracing
+    def apply_to(self, config: TracingTarget) -> None:
+        config.tracing = self.configuration()
 
-        return OtelTracing(config) if audit_id is None else OtelTracing(config, audit_id=audit_id)
+
+class TracingTarget(Protocol):
+    tracing: TracingConfiguration | None
+
+
+def tracer_for(
+    config: TracingConfiguration | None, *, audit_id: Callable[[Any], str | None] | None = None
+) -> RequestTracer | None:
+    """The process's tracer, None when tracing is off (OpenTelemetry is imported only then).
+    `audit_id` reads a request's audit ID, named on its span."""
+    if config is None:
+        return None
+    if missing_modules():
+        raise ConfigError(FLAG, f"tracing needs '{EXTRA}': pip install '{EXTRA}'")
+    from aggregator.tracing.otel import OtelTracing
+
+    return OtelTracing(config) if audit_id is None else OtelTracing(config, audit_id=audit_id)

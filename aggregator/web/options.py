@@ -4,7 +4,8 @@ kube-apiserver's names, defaults and refusals), and the logging flags."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from aggregator.util.flags import ConfigError, FlagSet, GoDuration, Problems
 from aggregator.web.accesslog import AccessLogError, AccessLogPolicy
@@ -104,6 +105,49 @@ class ServerRunOptions:
                 problems.add(flag, "can not be negative value")
         return problems.errors
 
+    def apply_to(self, config: ServerRunTarget) -> None:
+        config.requests = RequestLimits(
+            max_requests_inflight=self.max_requests_inflight,
+            max_mutating_requests_inflight=self.max_mutating_requests_inflight,
+            request_timeout=self.request_timeout,
+            min_request_timeout=self.min_request_timeout,
+        )
+        config.shutdown = ShutdownConfig(
+            delay=self.shutdown_delay_duration,
+            watch_grace=self.shutdown_watch_termination_grace_period,
+            request_grace=self.request_timeout,
+        )
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What the request path enforces: max-in-flight (`inflight.py`) and deadlines (`timeout.py`)."""
+
+    max_requests_inflight: int = DEFAULT_MAX_REQUESTS_INFLIGHT
+    max_mutating_requests_inflight: int = DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    min_request_timeout: float = DEFAULT_MIN_REQUEST_TIMEOUT
+
+
+@dataclass(frozen=True)
+class ShutdownConfig:
+    """A graceful shutdown (`runners/server.py` `shut_down`): /readyz fails for `delay` with the
+    listener open; then requests get `request_grace`, watches and tunnels `watch_grace`."""
+
+    delay: float = 0.0
+    watch_grace: float = 0.0
+    request_grace: float = DEFAULT_REQUEST_TIMEOUT
+
+    @property
+    def drain(self) -> float:
+        """The longest the drain after the delay takes (before the closes' own timeouts)."""
+        return max(self.request_grace, self.watch_grace)
+
+
+class ServerRunTarget(Protocol):
+    requests: RequestLimits
+    shutdown: ShutdownConfig
+
 
 @dataclass
 class LoggingOptions:
@@ -143,3 +187,17 @@ class LoggingOptions:
         problems = Problems()
         problems.check(self.access_log_policy)
         return problems.errors
+
+    def apply_to(self, config: LoggingTarget) -> None:
+        config.logging = LoggingConfig(self.format, self.verbosity, self.access_log_policy())
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    format: str = "text"
+    verbosity: int = 0
+    access_log: AccessLogPolicy = field(default_factory=lambda: AccessLogPolicy("errors"))
+
+
+class LoggingTarget(Protocol):
+    logging: LoggingConfig

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Protocol
 
 from aggregator.tls.options import SECTION
 from aggregator.util.flags import ConfigError, FlagSet
@@ -35,3 +36,11 @@ class WorkersOptions:
     def processes(self) -> int:
         """The worker count to run: `--workers`, or the usable CPUs."""
         return self.count if self.count is not None else usable_cpus()
+
+    def apply_to(self, config: WorkersTarget) -> None:
+        """The CPUs are counted here, once: the control and every worker see the same count."""
+        config.workers = self.processes()
+
+
+class WorkersTarget(Protocol):
+    workers: int

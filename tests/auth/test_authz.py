@@ -276,7 +276,7 @@ async def test_local_mode_without_kubeconfig_allows_every_authenticated_caller_a
     add_test_routes(server)
     assert any("NO RBAC MANIFESTS in --apiservices-dir" in r.getMessage() for r in caplog.records)
     assert (
-        f"authorization: RBAC from {server.gateway.options.source.apiservices_dir}; without RBAC manifests: every "
+        f"authorization: RBAC from {server.gateway.config.source.apiservices_dir}; without RBAC manifests: every "
         "authenticated caller, never impersonation"
     ) in server.gateway.auth_summary
     import aiohttp

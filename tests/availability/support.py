@@ -11,11 +11,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from aggregator.assembly import build_backends
+from aggregator.assembly import build_backends, flag_identity_policy
 from aggregator.availability.metrics import AvailabilityMetrics
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
 from aggregator.backends.metrics import BackendMetrics
-from aggregator.config import Options
+from aggregator.config import Options, complete
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.objects import decode_endpointslice, decode_service
 from aggregator.sources.store import Store
@@ -64,7 +64,10 @@ class Harness:
         self.store = Store()
         registry = CollectorRegistry()
         self.metrics = AvailabilityMetrics(registry)  # for the checkers the tests build
-        self.backends = build_backends(options, self.store, BackendMetrics(registry))
+        identity = flag_identity_policy(options.authentication.requestheader)
+        self.backends = build_backends(
+            complete(options).backends, self.store, BackendMetrics(registry), identity=identity
+        )
         self.probe = DiscoveryProbe(self.backends, timeout=timeout)
 
     def add(self, *manifests: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from aggregator.assembly import build_gateway
 from aggregator.availability.checker import AvailabilityChecker
+from aggregator.config import complete
 from aggregator.model.apiservice import Condition
 from aggregator.runners.server import GatewayServer
 from aggregator.sources.store import MODIFIED, Kind
@@ -128,12 +129,13 @@ async def start_checked(pki: PKI, apiservices_dir: Path) -> AsyncIterator[StartC
 
         async def start(interval: float = 0.2, retry_initial: float = 0.05, **options: Any) -> Running:
             opts = local_options(pki, str(apiservices_dir), **options)
-            gateway = build_gateway(opts)
+            config = complete(opts)
+            gateway = build_gateway(config)
             checker = gateway.control.availability
             assert isinstance(checker, AvailabilityChecker)
             checker.interval, checker.retry_initial = interval, retry_initial
             checker.probe.timeout = 1.0
-            server = GatewayServer(opts, gateway)
+            server = GatewayServer(config, gateway)
             await server.start()
             stack.push_async_callback(server.stop)
             return Running(server, pki, session)

@@ -16,6 +16,7 @@ from aggregator.assembly import build_gateway
 from aggregator.availability.checker import AvailabilityChecker
 from aggregator.availability.conditions import failed_discovery_check, passed, service_not_found
 from aggregator.availability.status import ALWAYS_LEADS, KubeStatusWriter
+from aggregator.config import complete
 from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import LeaderElector
 from aggregator.model.apiservice import APIService, ServiceReference, decode_apiservice
@@ -60,12 +61,13 @@ async def kube_gateway(pki: PKI, fake_kube: FakeKube) -> AsyncIterator[Callable[
         async def start(**options: Any) -> AvailabilityChecker:
             assert fake_kube.kubeconfig is not None
             opts = kube_options(pki, fake_kube.kubeconfig, **options)
-            gateway = build_gateway(opts)
+            config = complete(opts)
+            gateway = build_gateway(config)
             checker = gateway.control.availability
             assert isinstance(checker, AvailabilityChecker)
             checker.interval, checker.retry_initial = 0.05, 0.05
             checker.probe.timeout = 1.0
-            server = GatewayServer(opts, gateway)
+            server = GatewayServer(config, gateway)
             await server.start()
             stack.push_async_callback(server.stop)
             return checker
@@ -264,14 +266,15 @@ async def test_replicas_elect_one_status_writer_and_the_next_one_takes_over(
         replicas: list[tuple[GatewayServer, AvailabilityChecker, LeaderElector]] = []
         for _ in range(2):
             opts = kube_options(pki, fake_kube.kubeconfig, write_apiservice_status=True, **FAST_ELECTION)
-            gateway = build_gateway(opts)
+            config = complete(opts)
+            gateway = build_gateway(config)
             checker = gateway.control.availability
             assert isinstance(checker, AvailabilityChecker)
             checker.interval, checker.retry_initial = 0.05, 0.05
             checker.probe.timeout = 1.0
             elector = gateway.control.elector
             assert elector is not None
-            server = GatewayServer(opts, gateway)
+            server = GatewayServer(config, gateway)
             await server.start()
             stack.push_async_callback(server.stop)
             replicas.append((server, checker, elector))
@@ -324,11 +327,12 @@ async def test_a_replica_that_starts_leading_writes_what_it_found_at_once(
     )  # fmt: skip
     assert fake_kube.kubeconfig is not None
     opts = kube_options(pki, fake_kube.kubeconfig, write_apiservice_status=True, **FAST_ELECTION)
-    gateway = build_gateway(opts)
+    config = complete(opts)
+    gateway = build_gateway(config)
     checker, elector = gateway.control.availability, gateway.control.elector
     assert isinstance(checker, AvailabilityChecker) and elector is not None
     checker.interval = 3600.0  # no periodic check within the test
-    server = GatewayServer(opts, gateway)
+    server = GatewayServer(config, gateway)
     await server.start()
     try:
         await until(lambda: checker.verdict(APISERVICE) is not None, what="the first verdict")

@@ -20,6 +20,7 @@ import pytest
 from aggregator.assembly import build_gateway
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.probe import TIMEOUT
+from aggregator.config import complete
 from aggregator.runners.server import GatewayServer
 from tests.conftest import StartGateway
 from tests.support.backend import apiservice_manifest, backend_service, write_manifests
@@ -152,10 +153,11 @@ async def test_a_refused_backend_is_a_verdict_at_once(
     await hanging.stop()  # nothing listens there any more: connection refused
     register(apiservices_dir, "demo", port)
     options = local_options(pki, str(apiservices_dir))
-    gateway = build_gateway(options)
+    config = complete(options)
+    gateway = build_gateway(config)
     # readiness would wait an hour for a missing verdict: being ready at all means the refusal was one
     gateway.control.availability.first_round_limit = 3600
-    server = GatewayServer(options, gateway)
+    server = GatewayServer(config, gateway)
     await server.start()
     try:
         call = get(server)
@@ -181,13 +183,14 @@ async def test_the_wait_is_bounded(
     """Checks that never end (here: a limit shorter than the probe timeout) do not hold readiness."""
     register(apiservices_dir, "demo", hanging.port)
     options = local_options(pki, str(apiservices_dir))
-    gateway = build_gateway(options)
+    config = complete(options)
+    gateway = build_gateway(config)
     checker = gateway.control.availability
     assert isinstance(checker, AvailabilityChecker)
     checker.first_round_limit = 0.5
     checker.probe.timeout = 3600  # without the limit, readiness would wait an hour for the verdict
     caplog.set_level(logging.WARNING, logger="aggregator.availability.checker")
-    server = GatewayServer(options, gateway)
+    server = GatewayServer(config, gateway)
     started = time.monotonic()
     await server.start()
     try:

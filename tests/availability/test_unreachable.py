@@ -22,6 +22,7 @@ from aiohttp import web
 
 from aggregator.assembly import Gateway, build_gateway
 from aggregator.backends.errors import BackendError
+from aggregator.config import complete
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.runners.server import GatewayServer
 from tests.availability.conftest import StartBackend
@@ -89,10 +90,11 @@ async def start_dead(pki: PKI, apiservices_dir: Path, backend_pki: BackendPKI) -
             del docs[0]["status"]
             (apiservices_dir / "dead.yaml").write_text(yaml.safe_dump_all(docs))
             options = local_options(pki, str(apiservices_dir))
-            gateway = build_gateway(options)
+            config = complete(options)
+            gateway = build_gateway(config)
             gateway.control.availability.interval, gateway.control.availability.retry_initial = 0.3, 0.05
             gateway.control.availability.probe.timeout = 0.5
-            server = GatewayServer(options, gateway)
+            server = GatewayServer(config, gateway)
             await server.start()
             stack.push_async_callback(server.stop)
             return Dead(gateway, port)

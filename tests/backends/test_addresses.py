@@ -14,6 +14,7 @@ import pytest
 from aggregator.backends.addresses import AddressResolver, PendingLookup, Target
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.backends.options import DEFAULT_DENY_CIDRS
+from aggregator.config import complete
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice, Service, ServicePort
 from aggregator.sources.store import Store
@@ -379,9 +380,12 @@ async def test_kube_mode_denies_loopback_by_default_and_local_mode_does_not(
     pki: PKI, fake_kube: FakeKube, backend: FakeBackend, backend_pki: BackendPKI, tmp_path: Path
 ) -> None:
     assert fake_kube.kubeconfig is not None
-    assert flag_options(apiservices_dir=str(tmp_path)).deny_cidrs == list(DEFAULT_DENY_CIDRS)
-    assert flag_options(kubeconfig="k").deny_cidrs == [*DEFAULT_DENY_CIDRS, "127.0.0.0/8", "::1/128"]
-    assert flag_options(kubeconfig="k", backend_deny_cidrs=[]).deny_cidrs == []
+    def deny_cidrs(**flags: object) -> tuple[str, ...]:
+        return complete(flag_options(**flags)).backends.deny_cidrs
+
+    assert deny_cidrs(apiservices_dir=str(tmp_path)) == DEFAULT_DENY_CIDRS
+    assert deny_cidrs(kubeconfig="k") == (*DEFAULT_DENY_CIDRS, "127.0.0.0/8", "::1/128")
+    assert deny_cidrs(kubeconfig="k", backend_deny_cidrs=[]) == ()
 
     apiservice = apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem)
     del apiservice["status"]

@@ -18,6 +18,7 @@ from aiohttp import web
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.commands.check import check_options, kubeconfig_from_environment, run_check
 from aggregator.commands.cli import build_parser
+from aggregator.config import complete
 from aggregator.tls.issue import load_pair
 from aggregator.util.flags import ConfigError
 from tests.availability.support import StartBackend, backends
@@ -116,7 +117,7 @@ async def run_inline(*argv: str) -> tuple[int, str, str]:
     """The same command in-process (faster), output captured."""
     args = build_parser().parse_args(["check", *argv])
     out, err = io.StringIO(), io.StringIO()
-    code = await run_check(check_options(args), args.name, out, err)
+    code = await run_check(complete(check_options(args)), args.name, out, err)
     return code, out.getvalue(), err.getvalue()
 
 

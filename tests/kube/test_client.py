@@ -22,7 +22,7 @@ from aggregator.kube.client import (
     KubeUnreachable,
     NotLoaded,
 )
-from aggregator.sources.options import SourceOptions
+from aggregator.sources.options import SourceConfig
 from aggregator.tls.issue import load_pair
 from aggregator.tls.pem import load_pair_into, read_pair
 from aggregator.util.flags import ConfigError
@@ -296,15 +296,15 @@ async def test_refused_connection_is_kube_unreachable_naming_the_address(
         await client.request_json(calls.LIST_APISERVICES)
 
 
-def test_the_source_options_pick_the_client(tmp_path: Path) -> None:
+def test_the_source_configuration_picks_the_client(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "k"
     kubeconfig.write_text("{}")
-    local_without = SourceOptions(apiservices_dir=str(tmp_path))
+    local_without = SourceConfig(apiservices_dir=str(tmp_path))
     assert local_without.kube_client() is None
-    local_with = SourceOptions(apiservices_dir=str(tmp_path), kubeconfig=str(kubeconfig))
+    local_with = SourceConfig(apiservices_dir=str(tmp_path), kubeconfig=str(kubeconfig))
     client = local_with.kube_client()
     assert client is not None and client.credentials.description == f"kubeconfig {kubeconfig}"
-    in_cluster = SourceOptions().kube_client()
+    in_cluster = SourceConfig().kube_client()
     assert in_cluster is not None and in_cluster.credentials.description == "in-cluster service account"
 
 

@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 
 from aggregator.commands.cli import build_parser
-from aggregator.config import Options, options_from_args
+from aggregator.config import Options, complete, options_from_args
 from aggregator.runners.server import shutdown_bound
 from tests.conftest import StartGateway
 from tests.manifests.k8s import (
@@ -428,4 +428,4 @@ def test_a_graceful_shutdown_fits_in_the_termination_grace_period(deployment: Ob
     options = _serve_options(_container(deployment)["args"])
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert options.server.shutdown_delay_duration > 0  # endpoints drop the pod before it stops listening
-    assert shutdown_bound(options) + 5 <= grace
+    assert shutdown_bound(complete(options).shutdown) + 5 <= grace

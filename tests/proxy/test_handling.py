@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.assembly import build_backends
+from aggregator.assembly import build_backends, flag_identity_policy
 from aggregator.backends.addresses import PendingLookup
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.backends.metrics import BackendMetrics
+from aggregator.config import complete
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice, Service
 from aggregator.proxy.apiservices import APIServiceProxy
@@ -66,7 +67,10 @@ class Served:
         registry = CollectorRegistry()
         backend_metrics = BackendMetrics(registry)
         metrics = ProxyMetrics(registry, backend_metrics)
-        self.backends = backends = build_backends(options, store, backend_metrics)
+        identity = flag_identity_policy(options.authentication.requestheader)
+        self.backends = backends = build_backends(
+            complete(options).backends, store, backend_metrics, identity=identity
+        )
         self.handling = HandlingTable(store, backends)
         self.proxy = APIServiceProxy(
             store,

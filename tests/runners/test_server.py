@@ -19,7 +19,9 @@ import pytest
 from aiohttp import web
 
 from aggregator import __version__
+from aggregator.config import complete
 from aggregator.runners.server import shut_down
+from aggregator.web.options import ShutdownConfig
 from tests.conftest import StartGateway
 from tests.support.backend import (
     PREFIX,
@@ -289,7 +291,7 @@ async def test_shut_down_drains_a_request_in_flight_and_closes_idle_connections(
 
     in_flight = asyncio.ensure_future(fetch())
     await asyncio.wait_for(arrived.wait(), 10)
-    stopping = asyncio.ensure_future(shut_down(server, delay=0, watch_grace=0, request_grace=30))
+    stopping = asyncio.ensure_future(shut_down(server, ShutdownConfig(request_grace=30)))
     # The idle connection is closed at once; the busy one finishes its request first.
     assert await asyncio.wait_for(idle_reader.read(), 10) == b""
     idle_writer.close()
@@ -360,9 +362,9 @@ def test_generated_serving_certificate_is_announced_only_when_generated(
     def announced() -> list[str]:
         return [r.getMessage() for r in caplog.records if "self-signed" in r.getMessage()]
 
-    GatewayServer(options)
+    GatewayServer(complete(options))
     assert announced() == ["generated a self-signed serving certificate"]
     first = (tmp_path / "generated" / "apiserver.crt").read_bytes()
-    GatewayServer(options)  # a restart reuses the pair: nothing was generated
+    GatewayServer(complete(options))  # a restart reuses the pair: nothing was generated
     assert announced() == ["generated a self-signed serving certificate"]
     assert (tmp_path / "generated" / "apiserver.crt").read_bytes() == first

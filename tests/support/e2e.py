@@ -33,6 +33,7 @@ from sample_apiserver.api import GROUP, VERSIONS
 from aggregator.assembly import build_gateway
 from aggregator.commands.certs import kubeconfig, write_kubeconfig
 from aggregator.commands.wardle import local_manifests
+from aggregator.config import complete
 from aggregator.runners.server import GatewayServer
 from aggregator.tls.issue import KeyPair, issue_serving_cert, load_pair, new_ca, write_pair
 from tests.support.gateway import local_options, running_gateway
@@ -239,7 +240,8 @@ class WardleStack:
         port = await self.sample.start()
         self.register(port)
         gateway_options = local_options(self.pki, str(self.apiservices_dir), **self.gateway_options)
-        gateway = build_gateway(gateway_options)
+        config = complete(gateway_options)
+        gateway = build_gateway(config)
         self.requests.attach(gateway)
         self._gateway_cm = running_gateway(gateway_options, gateway)
         self.gateway = await self._gateway_cm.__aenter__()

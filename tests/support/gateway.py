@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from aggregator.assembly import Gateway
-from aggregator.config import Options, validate
+from aggregator.config import Config, Options, complete, validate
 from aggregator.runners.server import GatewayServer
 from tests.support.options import flag_options, with_flags
 from tests.support.pki import PKI
@@ -33,8 +33,12 @@ def local_options(pki: PKI, apiservices_dir: str, **overrides: object) -> Option
 
 
 @contextlib.asynccontextmanager
-async def running_gateway(options: Options, gateway: Gateway | None = None) -> AsyncIterator[GatewayServer]:
-    server = GatewayServer(options, gateway)
+async def running_gateway(
+    options: Options | Config, gateway: Gateway | None = None
+) -> AsyncIterator[GatewayServer]:
+    """`options` are completed here (`config.complete`), as `aggregator serve` does."""
+    config = complete(options) if isinstance(options, Options) else options
+    server = GatewayServer(config, gateway)
     await server.start()
     try:
         yield server

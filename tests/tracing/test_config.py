@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from aggregator.tracing.config import TracingConfigError, TracingConfiguration, read_tracing_configuration
-from aggregator.tracing.options import TracingOptions
+from aggregator.tracing.options import TracingOptions, tracer_for
 
 V1 = "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\n"
 
@@ -116,7 +116,7 @@ def test_the_options_report_a_missing_file_as_kube_apiserver_does(tmp_path: Path
     missing = str(tmp_path / "nope.yaml")
     errors = TracingOptions(config_file=missing).validate()
     assert [str(e) for e in errors] == [f"--tracing-config-file: tracing-config-file {missing} does not exist"]
-    assert TracingOptions().validate() == [] and TracingOptions().tracer() is None
+    assert TracingOptions().validate() == [] and tracer_for(TracingOptions().configuration()) is None
 
 
 def serve(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:

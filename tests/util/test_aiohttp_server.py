@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from aggregator.config import complete
 from aggregator.runners.server import IDLE_TIMEOUT, READ_HEADER_TIMEOUT, GatewayServer
 from tests.support.backend import (
     PREFIX,
@@ -52,7 +53,7 @@ async def start_timed(pki: PKI, apiservices_dir: Path) -> AsyncIterator[StartTim
     async with AsyncExitStack() as stack:
 
         async def start(*, header: float, idle: float = 30.0) -> GatewayServer:
-            server = GatewayServer(local_options(pki, str(apiservices_dir)))
+            server = GatewayServer(complete(local_options(pki, str(apiservices_dir))))
             server.read_header_timeout, server.idle_timeout = header, idle
             await server.start()
             stack.push_async_callback(server.stop)

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from aggregator.assembly import Gateway, build_gateway
 from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
+from aggregator.config import complete
 from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.tls.issue import new_ca
 from aggregator.workers.channel import Channel
@@ -75,7 +76,8 @@ async def started_pair(fake_kube: FakeKube, pki: PKI, *, settled: bool = False) 
     fake_kube.add_object("endpointslices", endpointslice("dead", "api-1", addresses=("127.0.0.1",)))
     assert fake_kube.kubeconfig is not None
     options = kube_options(pki, fake_kube.kubeconfig, **CLUSTER_CAS, workers=2)
-    control = build_gateway(options)
+    config = complete(options)
+    control = build_gateway(config)
     await control.start()
     publisher = Publisher(
         store=control.store,
@@ -104,7 +106,7 @@ async def started_pair(fake_kube: FakeKube, pki: PKI, *, settled: bool = False) 
             collect=lambda: list(metrics.registry.collect()),
         )
         replica.apply(await from_control.receive())
-        worker = build_gateway(options, replica=replica, metrics=metrics)
+        worker = build_gateway(config, replica=replica, metrics=metrics)
         tasks.append(asyncio.create_task(replica.run()))
         yield Pair(control, publisher, replica, worker)
     finally:

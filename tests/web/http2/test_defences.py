@@ -20,8 +20,9 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
+from aggregator.backends.bounds import CONNECT_TIMEOUT
 from aggregator.runners.server import GatewayServer
-from tests.support.backend import PREFIX
+from tests.support.backend import PREFIX, BackendPKI, FakeBackend, apiservice_manifest
 from tests.support.fixtures import StartProxied
 from tests.support.h2client import H2Client, RawH2
 from tests.support.holding import Held
@@ -99,17 +100,20 @@ async def test_a_rapid_reset_flood_of_2000_streams_is_cut_and_other_clients_are_
 
 
 async def test_a_client_that_cancels_what_it_waits_for_is_not_cut(
-    start_proxied: StartProxied, pki: PKI
+    start_proxied: StartProxied, pki: PKI, backend: FakeBackend, backend_pki: BackendPKI
 ) -> None:
     """Resets of streams whose handlers run (requests a client gave up on) spend only the general
     reset budget: three rounds of the stream limit, each cancelled, leave the connection open."""
-    proxied = await start_proxied()
+    # 100 TLS dials at once to the fake backend: beyond the default 5 s on a loaded CI machine.
+    registration = apiservice_manifest(port=backend.port, ca_pem=backend_pki.ca.cert_pem)
+    registration["metadata"]["annotations"] = {CONNECT_TIMEOUT: "60s"}
+    proxied = await start_proxied(apiservice=registration)
     held = Held()
     proxied.backend.routes[THINGS] = held
     async with H2Client.connect(proxied.server.port, pki.client_context("admin")) as client:
         for round_ in range(3):
             sids = [client.request("GET", THINGS) for _ in range(100)]
-            await until(lambda: held.in_flight == 100, 30, "100 requests at the backend")
+            await until(lambda: held.in_flight == 100, 90, "100 requests at the backend")
             for sid in sids:
                 client.reset(sid)
             await until(lambda: held.in_flight == 0, 30, "every request cancelled")

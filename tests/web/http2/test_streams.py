@@ -22,6 +22,7 @@ from h2.settings import SettingCodes
 from aggregator.runners.server import GatewayServer, shut_down
 from aggregator.web.http2.connection import H2ServerConnection
 from aggregator.web.http2.stream import H2Stream
+from aggregator.web.options import ShutdownConfig
 from tests.support.backend import PREFIX
 from tests.support.fixtures import StartProxied
 from tests.support.h2client import Goaway, H2Client
@@ -310,7 +311,7 @@ async def test_shutdown_sends_goaway_drains_streams_and_ends_watches_cleanly(
         watching = client.request("GET", watched + "?watch=true")
         await until(lambda: held.in_flight == 1, what="the plain request at the backend")
         await client.until(lambda: bool(client.streams[watching].body))
-        stopping = asyncio.ensure_future(shut_down(server, delay=0, watch_grace=0, request_grace=30))
+        stopping = asyncio.ensure_future(shut_down(server, ShutdownConfig(request_grace=30)))
         await client.until(lambda: client.goaway is not None)
         assert client.goaway == Goaway(watching, ErrorCodes.NO_ERROR)
         # The watch ends as over HTTP/1.1: its answer is complete (END_STREAM), not reset.

@@ -45,7 +45,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -690,10 +690,8 @@ class LeaderElector:
                 return True
 
         # 2. Obtain or create the record.
-        try:
-            old = await self.lock.get()
-        except Exception as err:
-            log.warning("error retrieving lease lock", extra=fields(lock=desc, reason=_describe(err)))
+        old = await self._get_record(desc)
+        if old is False:
             return False
         if old is None:
             try:
@@ -746,10 +744,8 @@ class LeaderElector:
         (a renewal racing the stop) is retried."""
         desc = self.lock.describe()
         while True:
-            try:
-                old = await self.lock.get()
-            except Exception as err:
-                log.warning("error retrieving lease lock", extra=fields(lock=desc, reason=_describe(err)))
+            old = await self._get_record(desc)
+            if old is False:
                 return False
             if old is None:
                 log.info("lease lock not found", extra=fields(lock=desc))
@@ -777,6 +773,15 @@ class LeaderElector:
             self._set_observed(released)
             log.info("released lease", extra=fields(lock=desc))
             return True
+
+    async def _get_record(self, desc: str) -> ElectionRecord | Literal[False] | None:
+        """The Lease's record (None: there is no Lease), or False once the failure to read it is
+        logged (acquiring, renewing and releasing all give up for this round then)."""
+        try:
+            return await self.lock.get()
+        except Exception as err:
+            log.warning("error retrieving lease lock", extra=fields(lock=desc, reason=_describe(err)))
+            return False
 
     # --- bookkeeping ----------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from multidict import CIMultiDict
@@ -94,46 +94,22 @@ class _Failure:
     eject: bool
 
 
+@dataclass(slots=True, eq=False)
 class _Attempts:
     """One request's attempts: where the current one goes, and the bookkeeping of each (the
     endpoint's requests in flight, its answers and failures, metrics, the access log's fields)."""
 
-    __slots__ = (
-        "bounds",
-        "chunked",
-        "ctx",
-        "dest",
-        "endpoint",
-        "endpoints",
-        "head",
-        "head_for",
-        "metrics",
-        "sent",
-        "tries",
-    )
-
-    def __init__(
-        self,
-        ctx: RequestContext,
-        dest: Destination,
-        endpoint: Endpoint | None,
-        endpoints: Endpoints | None,
-        bounds: Bounds,
-        head_for: Callable[[Destination], bytes],
-        chunked: bool,
-        metrics: EndpointMetrics | None = None,
-    ) -> None:
-        self.ctx = ctx
-        self.dest = dest
-        self.endpoint = endpoint
-        self.endpoints = endpoints
-        self.bounds = bounds
-        self.head_for = head_for
-        self.head = head_for(dest)
-        self.chunked = chunked
-        self.metrics = metrics
-        self.tries = 0
-        self.sent = 0.0
+    ctx: RequestContext
+    dest: Destination
+    endpoint: Endpoint | None
+    endpoints: Endpoints | None
+    bounds: Bounds
+    head_for: Callable[[Destination], bytes]
+    head: bytes  # `head_for(dest)`, written again when a retry goes to another endpoint
+    chunked: bool
+    metrics: EndpointMetrics | None = None
+    tries: int = field(default=0, init=False)
+    sent: float = field(default=0.0, init=False)
 
     def begin(self) -> None:
         endpoint = self.endpoint
@@ -305,6 +281,7 @@ class Forwarder:
                 endpoints,
                 bounds,
                 head_for,
+                head_for(dest),
                 chunked,
                 self.endpoint_metrics if endpoint is not None else None,
             )

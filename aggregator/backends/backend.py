@@ -83,7 +83,8 @@ class Backend:
         self.error = error
         self._client_pair = client_pair
         # `idle`: the bound on idle connections this backend shares with the others (the registry's).
-        self.pool = H1Pool(self._dial_http, keepalive=keepalive, idle=idle)
+        everyone_idle = idle if idle is not None else IdleConnections()
+        self.pool = H1Pool(self._dial_http, keepalive=keepalive, everyone_idle=everyone_idle)
         self._diag_context: ssl.SSLContext | None = None
         # (host, port, server name) -> (expiry, the look in progress or done): see `diagnose`.
         self._alerts: dict[tuple[str, int, str], tuple[float, asyncio.Future[str | None]]] = {}

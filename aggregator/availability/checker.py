@@ -324,9 +324,8 @@ class AvailabilityChecker:
             ):
                 self._track(obj.name)
             return
-        for namespace, name in event.services():
-            for svc in self.store.apiservices_for_service(namespace, name):
-                self.poke(svc.name)
+        for svc in self.store.affected_by(event):
+            self.poke(svc.name)
 
     def _track(self, name: str) -> None:
         if not self._running or not self.store.synced:

@@ -198,9 +198,8 @@ class DiscoveryFetcher(LoopComponent):
             else:
                 self._track(event.obj)
             return
-        for namespace, name in event.services():
-            for svc in self.store.apiservices_for_service(namespace, name):
-                self.poke(svc.name)
+        for svc in self.store.affected_by(event):
+            self.poke(svc.name)
 
     def _track(self, svc: APIService) -> None:
         if svc.local:

@@ -149,6 +149,14 @@ class Store:
         found = (self.apiservice(n) for n in names)
         return [svc for svc in found if svc is not None]
 
+    def affected_by(self, event: Event) -> list[APIService]:
+        """The APIServices a change of a Service or an EndpointSlice touches (what availability,
+        discovery and the proxy's endpoints look at again)."""
+        found: list[APIService] = []
+        for namespace, service in event.services():
+            found.extend(self.apiservices_for_service(namespace, service))
+        return found
+
     def get(self, kind: Kind, namespace: str, name: str) -> Obj | None:
         return self._objects[kind].get((namespace, name))
 

@@ -104,6 +104,7 @@ from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.inflight import MaxInFlight
 from aggregator.web.instrumentation import RequestInstrumentation
 from aggregator.web.longrunning import InFlight
+from aggregator.web.metrics import Children
 from aggregator.web.options import RequestLimits
 from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Finisher, Gate, Pipeline
@@ -689,14 +690,13 @@ def build_request_path(
         finishers.append(tracer.finished)  # tracing hook: the request's span ends with its status
     pipeline = Pipeline(
         router,
-        metrics.pipeline.requests,
+        Children(metrics.pipeline.requests),
         access_lines,
         in_flight=forwarding.in_flight,
         timeouts=timeouts if timeouts.enabled else None,
-        gates=gates,
-        head_listeners=[limit_unauthenticated_http2]
-        + ([auditing.head_going_out] if auditing is not None else []),
-        finishers=finishers,
+        gates=tuple(gates),
+        head_listeners=(limit_unauthenticated_http2, *([auditing.head_going_out] if auditing is not None else [])),
+        finishers=tuple(finishers),
         tracer=tracer,
     )
     return RequestPath(router, proxy, pipeline, limits, timeouts)

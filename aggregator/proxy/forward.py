@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import aiohttp
 from multidict import CIMultiDict
@@ -192,26 +192,22 @@ class _Attempts:
                 self.head = self.head_for(self.dest)
 
 
+@dataclass(eq=False)
 class Forwarder:
-    def __init__(
-        self,
-        metrics: ProxyMetrics,
-        tunnel: UpgradeTunnel,
-        *,
-        recheck: Recheck | None = None,
-        in_flight: InFlight | None = None,
-    ) -> None:
-        self.metrics = metrics
-        self.tunnel = tunnel
-        self.recheck = recheck
-        # Ends long-running answers on shutdown (web/longrunning.py).
-        self.in_flight = in_flight or InFlight()
+    metrics: ProxyMetrics
+    tunnel: UpgradeTunnel
+    _: KW_ONLY
+    recheck: Recheck | None = None
+    # Ends long-running answers on shutdown (web/longrunning.py).
+    in_flight: InFlight = field(default_factory=InFlight)
+    _last_logged: dict[tuple[str, str], float] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
         # `aggregator_proxy_requests_total{apiservice, verb, code}` and the duration histogram.
-        self._requests = Children(metrics.requests)
-        self._durations = Children(metrics.duration)
+        self._requests = Children(self.metrics.requests)
+        self._durations = Children(self.metrics.duration)
         # Per APIService and endpoint (the delegate's requests are not counted there).
-        self.endpoint_metrics = metrics.endpoints
-        self._last_logged: dict[tuple[str, str], float] = {}
+        self.endpoint_metrics = self.metrics.endpoints
 
     async def send(
         self,

@@ -283,15 +283,7 @@ class AvailabilityChecker:
     async def start(self) -> None:
         self._running = True
         self.loops.start()
-        if self.store.synced:  # local mode: the folder was read before this component started
-            self._first_round()
-        else:
-            self._tasks.spawn(self._start_when_synced(), name="first-round")
-
-    async def _start_when_synced(self) -> None:
-        # Upstream waits for its informers: a Service not listed yet is not a missing Service.
-        await self.store.wait_synced()
-        self._first_round()
+        self.store.when_synced(self._tasks, self._first_round, name="first-round")
 
     def _first_round(self) -> None:
         """Check every APIService the store holds; readiness waits for these first verdicts."""

@@ -162,14 +162,7 @@ class DiscoveryFetcher(LoopComponent):
 
     async def start(self) -> None:
         """The loops run once the store has synced (at once in local mode)."""
-        if self.store.synced:
-            self.loops.start()
-        else:
-            self._tasks.spawn(self._start_when_synced(), name="start")
-
-    async def _start_when_synced(self) -> None:
-        await self.store.wait_synced()
-        self.loops.start()
+        self.store.when_synced(self._tasks, self.loops.start, name="start")
 
     async def stop(self) -> None:
         await self._tasks.close()

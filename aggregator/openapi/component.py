@@ -297,14 +297,7 @@ class OpenAPIAggregation:
 
     async def start(self) -> None:
         """Downloads begin once the store has synced (at once in local mode)."""
-        if self.store.synced:
-            self._begin()
-        else:
-            self._tasks.spawn(self._begin_when_synced(), name="start")
-
-    async def _begin_when_synced(self) -> None:
-        await self.store.wait_synced()
-        self._begin()
+        self.store.when_synced(self._tasks, self._begin, name="start")
 
     def _begin(self) -> None:
         self._started = True

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aggregator.audit.recorder import AUTHORIZATION_DECISION
 from aggregator.auth.cache import MISSING, CoalescingCache
@@ -98,32 +98,37 @@ _LABEL_OPERATORS = {
     DOES_NOT_EXIST: "DoesNotExist",
 }
 
+R = TypeVar("R")
+
 # Hashable and equal exactly when the JSON specs are: the cache key (upstream keys on the JSON).
 SpecKey = tuple[Any, ...]
 
 
-def _field_requirements(selector: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+def _parsed(selector: str, parse: Callable[[str], tuple[R, ...]]) -> tuple[R, ...]:
+    """A selector's requirements; none when it is empty, or unparsable (upstream drops an
+    unparsable selector from the review)."""
     if not selector:
         return ()
     try:
-        parsed = parse_field_selector(selector)
+        return parse(selector)
     except SelectorError:
-        return ()  # upstream drops an unparsable selector from the review
+        return ()
+
+
+def _field_requirements(selector: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
     return tuple(
-        (r.field, _FIELD_OPERATORS[r.operator], (r.value,)) for r in parsed if r.operator in _FIELD_OPERATORS
+        (r.field, _FIELD_OPERATORS[r.operator], (r.value,))
+        for r in _parsed(selector, parse_field_selector)
+        if r.operator in _FIELD_OPERATORS
     )
 
 
 def _label_requirements(selector: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
-    if not selector:
-        return ()
-    try:
-        parsed = parse_label_selector(selector)
-    except SelectorError:
-        return ()
     # Gt/Lt have no SubjectAccessReview operator: dropping one only broadens what is checked.
     return tuple(
-        (r.key, _LABEL_OPERATORS[r.operator], r.values) for r in parsed if r.operator in _LABEL_OPERATORS
+        (r.key, _LABEL_OPERATORS[r.operator], r.values)
+        for r in _parsed(selector, parse_label_selector)
+        if r.operator in _LABEL_OPERATORS
     )
 
 

@@ -88,11 +88,7 @@ class BackendRegistry:
 
     async def stop(self) -> None:
         await self.client_certificate.stop()
-        for backend in self._backends.values():
-            backend.retire()
-        self._backends.clear()
-        self._users.clear()
-        self._settings.clear()
+        self.retire_all()
 
     # --- backends ----------------------------------------------------------------------------------
 
@@ -162,7 +158,8 @@ class BackendRegistry:
                 self.metrics.insecure.remove(name)
 
     def retire_all(self) -> None:
-        """The client certificate changed: every backend gets a new context on its next request."""
+        """Every backend retired (the client certificate changed, or the registry stops): each gets a
+        new context on its next request."""
         for backend in self._backends.values():
             backend.retire()
         self._backends.clear()

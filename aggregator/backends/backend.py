@@ -11,7 +11,6 @@ certificate: x509: certificate is valid for a.svc, not b.svc`, `remote error: tl
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 import ssl
 from collections.abc import Callable, Iterable
@@ -23,6 +22,7 @@ from cryptography import x509
 
 from aggregator.backends import tlsdiag
 from aggregator.backends._aiohttp import HttpProcessingError, ResponseHandler, response_protocol
+from aggregator.backends.addresses import is_ip
 from aggregator.backends.errors import BackendError, Hop, classify
 from aggregator.backends.h1 import KEEPALIVE, DialTimes, H1Pool, IdleConnections, serialize_head
 from aggregator.backends.tls import client_context
@@ -36,14 +36,6 @@ ALERT_TTL = 5.0
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 
 P = TypeVar("P", bound=asyncio.BaseProtocol)
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +102,7 @@ class Backend:
         failure: BackendError
         try:
             async with asyncio.timeout(within):
-                if times is not None and self.context is not None and _is_ip(address.host):
+                if times is not None and self.context is not None and is_ip(address.host):
                     transport, protocol = await self._dial_timed(address, factory, times)
                 else:
                     transport, protocol = await loop.create_connection(

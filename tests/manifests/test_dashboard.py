@@ -21,7 +21,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
+from aggregator.flowcontrol.metrics import FlowControlMetrics
 from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.workers.metrics import WorkerMetrics
 from tests.manifests.k8s import KUBECTL, MANIFESTS, find, kustomize
@@ -56,6 +58,8 @@ MAY_BE_EMPTY = {
     ("In flight, and refused with 429", "refused with 429 per second"),
     # No APIService here has an aggregator.dev/max-concurrent-requests annotation.
     ("Refused at max-concurrent-requests", "{{apiservice}}"),
+    # Nothing overloads a priority level either.
+    ("Dispatched and refused by priority level", "refused {{priority_level}}: {{reason}}"),
 }
 
 JSON = dict[str, Any]
@@ -176,11 +180,22 @@ def test_the_panels_cover_what_an_operator_watches() -> None:
         "Ejected endpoints",
         "Backend phases, p99",
         "Quarantined from discovery",
+        "Dispatched and refused by priority level",
+        "Waiting in queue and executing, by priority level",
+        "Time waiting in queue, p99",
+        "Seats in use, and each level's limit",
     } <= titles
 
 
 def test_every_metric_the_dashboard_reads_is_one_the_gateway_exposes() -> None:
-    exposed = exposed_names(GatewayMetrics.declare().registry) | exposed_names(WorkerMetrics(2).registry)
+    # every feature's, and API Priority and Fairness's (declared when it runs: on by default)
+    apf = CollectorRegistry()
+    FlowControlMetrics(apf)
+    exposed = (
+        exposed_names(GatewayMetrics.declare().registry)
+        | exposed_names(WorkerMetrics(2).registry)
+        | exposed_names(apf)
+    )
     board = dashboard()
     for title, _legend, expr in targets(board):
         assert metric_names(expr) <= exposed, (title, metric_names(expr) - exposed)
@@ -414,6 +429,11 @@ async def test_every_query_evaluates_against_prometheus_scraping_a_gateway(pki: 
             assert {r["metric"]["apiservice"]: r["value"][1] for r in quarantined} == {DEAD_APISERVICE: "1"}
             workers = results[("Workers and restarts", "workers {{instance}}")]
             assert [r["value"][1] for r in workers] == ["2"]
+            # APF: the admin's requests (system:masters) ran in the exempt level, with the cluster's limits
+            dispatched = results[("Dispatched and refused by priority level", "dispatched {{priority_level}}")]
+            assert "exempt" in {r["metric"]["priority_level"] for r in dispatched}
+            limits = results[("Seats in use, and each level's limit", "limit {{priority_level}}")]
+            assert {r["metric"]["priority_level"] for r in limits} >= {"global-default", "workload-low", "exempt"}
 
             # The APIService variable filters: the dead one only ever answered 503, the healthy one 200.
             for chosen, codes in ((DEAD_APISERVICE, {"503"}), (HEALTHY_APISERVICE, {"200"})):

@@ -26,6 +26,7 @@ from sample_apiserver.api import GROUP, VERSIONS
 from sample_apiserver.options import SampleOptions
 from sample_apiserver.server import SampleServer
 
+from aggregator.flowcontrol.metrics import FlowControlMetrics
 from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.sources.problems import ManifestReport
 from aggregator.web.http2.metrics import ConnectionMetrics
@@ -174,6 +175,7 @@ def test_every_metric_in_the_table_is_served_under_that_name() -> None:
     metrics = GatewayMetrics.declare()
     ConnectionMetrics(metrics.registry)
     ManifestReport(list, metrics.registry)  # local mode's folder
+    FlowControlMetrics(metrics.registry)  # API Priority and Fairness, on by default
     for registry in (metrics.registry, WorkerMetrics(2).registry):
         for line in generate_latest(registry).decode().splitlines():
             if line.startswith("# TYPE "):

@@ -45,7 +45,7 @@ from aggregator.auth.selfreviews import SelfReviews
 from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
 from aggregator.availability.ejections import EjectionBook
 from aggregator.availability.probe import DiscoveryProbe
-from aggregator.availability.quarantine import DiscoveryQuarantine, QuarantineMetrics
+from aggregator.availability.quarantine import DiscoveryQuarantine
 from aggregator.availability.status import (
     ALWAYS_LEADS,
     KubeStatusWriter,
@@ -59,6 +59,7 @@ from aggregator.backends.client_cert import ProxyClientCertificate
 from aggregator.backends.frontproxy import MissingClientCertificateWarning
 from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.backends.hops import new_instance
+from aggregator.backends.metrics import BackendMetrics
 from aggregator.backends.options import BackendConfig
 from aggregator.backends.registry import BackendRegistry
 from aggregator.config import Config
@@ -72,6 +73,7 @@ from aggregator.flowcontrol.options import FlowControlConfig
 from aggregator.flowcontrol.runtime import FlowControl
 from aggregator.flowcontrol.sources import CHECK_NAME as FLOWCONTROL_CHECK
 from aggregator.flowcontrol.sources import ConfigSource, FolderConfig, HeldConfig, KubeConfig, StaticConfig
+from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
 from aggregator.leaderelection import LeaderElector, elector_for
@@ -83,11 +85,13 @@ from aggregator.proxy.delegate import FRONT_PROXY, Delegate
 from aggregator.proxy.forward import Forwarder
 from aggregator.proxy.handling import HandlingTable
 from aggregator.proxy.loops import loop_gate
+from aggregator.proxy.metrics import ProxyMetrics
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
 from aggregator.sources.files import FolderSource
 from aggregator.sources.kube import KubeSource
 from aggregator.sources.options import SourceConfig
 from aggregator.sources.problems import ManifestReport, merged_problems
+from aggregator.sources.reflector import WatchMetrics
 from aggregator.sources.store import Store
 from aggregator.tls.verify import CAPool
 from aggregator.tracing.api import RequestTracer
@@ -106,10 +110,11 @@ from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.inflight import MaxInFlight
 from aggregator.web.instrumentation import RequestInstrumentation
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Metrics
+from aggregator.web.metrics import Children
 from aggregator.web.options import RequestLimits
 from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Finisher, Gate, Pipeline
+from aggregator.web.requestmetrics import RequestMetrics
 from aggregator.web.responses import serve_not_found
 from aggregator.web.routing import Route, RouteKind, Router
 from aggregator.web.timeout import RequestTimeouts
@@ -146,7 +151,7 @@ class Gateway:
     """One gateway process's components, typed; tests reach them directly (`build_gateway`)."""
 
     config: Config
-    metrics: Metrics
+    metrics: GatewayMetrics
     health: HealthChecks
     store: Store
     kube: KubeClient | None
@@ -219,7 +224,7 @@ async def _stop_all(components: list[tuple[str, Component]]) -> None:
 
 
 def build_gateway(
-    config: Config, *, replica: Replica | None = None, metrics: Metrics | None = None
+    config: Config, *, replica: Replica | None = None, metrics: GatewayMetrics | None = None
 ) -> Gateway:
     """Wire every component the configuration asks for, each given its own part of it.
 
@@ -229,7 +234,7 @@ def build_gateway(
     and `metrics` is the registry the replica reports to the control's scrapes.
     """
     # 1. observability and state
-    metrics = metrics or Metrics()
+    metrics = metrics or GatewayMetrics.declare()
     health = HealthChecks()
     store = replica.store if replica is not None else Store()
     components: list[tuple[str, Component]] = []
@@ -241,7 +246,7 @@ def build_gateway(
     # The audit log starts first and stops last: every request's final event is written. A worker
     # applies the policy; the control process writes the log (one owner of rotation).
     auditor = build_auditor(
-        config.audit, metrics, sink=replica.audit_sink() if replica is not None else None
+        config.audit, metrics.audit, sink=replica.audit_sink() if replica is not None else None
     )
     if auditor is not None:
         components.append(("audit-log", AuditLog(auditor)))
@@ -250,7 +255,7 @@ def build_gateway(
     kube = config.source.kube_client()
     if kube is not None:
         components.append(("kube-client", kube))
-    sources = _sources(config.source, store, kube, metrics) if replica is None else Sources(None, None)
+    sources = _sources(config.source, store, kube, metrics.watches) if replica is None else Sources(None, None)
     components += sources.components
 
     # 3. who is calling, and may they (caches stay per process; a worker's copies of the cluster's
@@ -259,7 +264,7 @@ def build_gateway(
         config.authentication,
         config.source,
         kube=kube,
-        metrics=metrics,
+        metrics=metrics.auth,
         cluster_copies=replica.cluster_auth if replica is not None else None,
     )
     authorization = build_authorization(
@@ -267,7 +272,7 @@ def build_gateway(
         config.source,
         anonymous=config.authentication.anonymous,
         kube=kube,
-        metrics=metrics,
+        metrics=metrics.auth,
         rbac_source=replica.rbac if replica is not None else None,
     )
     components += authentication.components + authorization.components
@@ -292,7 +297,7 @@ def build_gateway(
     backends = build_backends(
         config.backends,
         store,
-        metrics,
+        metrics.backends,
         identity=_identity_policy(config.authentication.requestheader, authenticator),
         hop=hop,
     )
@@ -326,7 +331,7 @@ def build_gateway(
     forwarding = _forwarding(
         config.delegate_auth if config.kube_mode else None,
         kube,
-        metrics,
+        metrics.proxy,
         backends,
         _identity_policy(
             config.authentication.requestheader,
@@ -361,7 +366,7 @@ def build_gateway(
         auditor=auditor,
         hop=hop,
         metrics_route=Route(
-            metrics.handle if replica is None else replica.serve_metrics, RouteKind.OWN, "metrics"
+            metrics.exposition.handle if replica is None else replica.serve_metrics, RouteKind.OWN, "metrics"
         ),
         routes=[discovery_routes, OpenAPIRoutes(published), *_local_routes(apiregistration, authorizer)],
         ejections=ejections,
@@ -424,7 +429,7 @@ class Sources:
         return [(name, component) for name, component in named if component is not None]
 
 
-def _sources(source: SourceConfig, store: Store, kube: KubeClient | None, metrics: Metrics) -> Sources:
+def _sources(source: SourceConfig, store: Store, kube: KubeClient | None, metrics: WatchMetrics) -> Sources:
     """The kube watch (kube mode) and/or the folder (local mode, or beside kube mode)."""
     kube_source = KubeSource(kube, store, metrics) if source.kube_mode and kube is not None else None
     folder = None
@@ -439,7 +444,7 @@ def _control(
     config: Config,
     store: Store,
     kube: KubeClient | None,
-    metrics: Metrics,
+    metrics: GatewayMetrics,
     backends: BackendRegistry,
     sources: Sources,
 ) -> Control:
@@ -451,14 +456,19 @@ def _control(
     """
     elector: LeaderElector | None = None
     if config.leader_election is not None and kube is not None:
-        elector = elector_for(config.leader_election, kube, metrics)
+        elector = elector_for(config.leader_election, kube, metrics.leader_election)
     sink = _status_sink(config, store, kube, elector or ALWAYS_LEADS)
     ejections = EjectionBook()
     # Discovery quarantine (opt-in per APIService): fed every verdict by the checker.
-    quarantine = DiscoveryQuarantine(store, QuarantineMetrics(metrics.registry))
+    quarantine = DiscoveryQuarantine(store, metrics.quarantine)
     store.add_listener(quarantine.on_store_event)
     availability = AvailabilityChecker(
-        store, DiscoveryProbe(backends), metrics, sink, ejections=ejections, quarantine=quarantine
+        store,
+        DiscoveryProbe(backends),
+        metrics.availability,
+        sink,
+        ejections=ejections,
+        quarantine=quarantine,
     )
     store.add_listener(availability.on_store_event)
     if elector is not None:
@@ -467,7 +477,7 @@ def _control(
         store,
         backends=backends,
         kube=kube if config.kube_mode else None,
-        metrics=metrics,
+        metrics=metrics.discovery,
         reachability=availability,
         quarantine=quarantine,
     )
@@ -480,7 +490,7 @@ def _control(
         store,
         backends=backends,
         kube=kube,
-        metrics=metrics,
+        metrics=metrics.openapi,
         local_mode=config.local_mode,
         reachability=availability,
         quarantine=quarantine,
@@ -515,7 +525,7 @@ def _control_components(control: Control) -> list[tuple[str, Component]]:
 
 
 def _flowcontrol(
-    config: Config, kube: KubeClient | None, metrics: Metrics, replica: Replica | None
+    config: Config, kube: KubeClient | None, metrics: GatewayMetrics, replica: Replica | None
 ) -> FlowControl | None:
     """API Priority and Fairness from the cluster's FlowSchemas and priority levels (kube mode), the
     folder's (local mode), or the bootstrap ones; in a worker, the control's configuration and this
@@ -531,20 +541,25 @@ def _flowcontrol(
         source = FolderConfig(config.source.apiservices_dir)
     else:
         source = StaticConfig()
-    flowcontrol = build_flowcontrol(config.flowcontrol, source, metrics)
+    # Declared only when APF runs, as kube-apiserver registers its apiserver_flowcontrol_* metrics.
+    flowcontrol = build_flowcontrol(
+        config.flowcontrol, source, FlowControlMetrics(metrics.registry), apiserver=metrics.apiserver
+    )
     if replica is not None:
         flowcontrol.in_worker(replica.channel.send)
         replica.add_message_handler(flowcontrol.receive)
     return flowcontrol
 
 
-def build_flowcontrol(config: FlowControlConfig, source: ConfigSource, metrics: Metrics) -> FlowControl:
+def build_flowcontrol(
+    config: FlowControlConfig, source: ConfigSource, metrics: FlowControlMetrics, *, apiserver: RequestMetrics
+) -> FlowControl:
     """API Priority and Fairness (`--enable-priority-and-fairness`, the default) following `source`."""
     return FlowControl(
         source,
         server_concurrency_limit=config.server_concurrency_limit,
-        metrics=FlowControlMetrics(metrics.registry),
-        apiserver=metrics.apiserver,
+        metrics=metrics,
+        apiserver=apiserver,
         request_timeout=config.request_timeout,
     )
 
@@ -599,7 +614,7 @@ class Forwarding:
 def _forwarding(
     delegate_auth: str | None,
     kube: KubeClient | None,
-    metrics: Metrics,
+    metrics: ProxyMetrics,
     backends: BackendRegistry,
     identity: LiveIdentityPolicy,
     *,
@@ -661,7 +676,7 @@ def build_request_path(
     *,
     local_mode: bool,
     store: Store,
-    metrics: Metrics,
+    metrics: GatewayMetrics,
     health: HealthChecks,
     forwarding: Forwarding,
     backends: BackendRegistry,
@@ -743,7 +758,7 @@ def build_request_path(
     elif limits.enabled:
         gates.append(limits.gate)
         finishers.append(limits.finished)
-    gates += [authorize, upgrade_gate(metrics), *last, instrumentation.gate]  # last: the handler runs
+    gates += [authorize, upgrade_gate(metrics.proxy), *last, instrumentation.gate]  # last: the handler runs
     finishers.append(instrumentation.finished)
     if auditing is not None:
         finishers.append(auditing.finished)
@@ -751,13 +766,13 @@ def build_request_path(
         finishers.append(tracer.finished)  # tracing hook: the request's span ends with its status
     pipeline = Pipeline(
         router,
-        metrics.requests,
+        Children(metrics.pipeline.requests),
         access_lines,
         in_flight=forwarding.in_flight,
         timeouts=timeouts if timeouts.enabled else None,
-        gates=gates,
-        head_listeners=head_listeners,
-        finishers=finishers,
+        gates=tuple(gates),
+        head_listeners=tuple(head_listeners),
+        finishers=tuple(finishers),
         tracer=tracer,
     )
     return RequestPath(router, proxy, pipeline, limits, timeouts)
@@ -782,7 +797,7 @@ def _apiregistration(local_mode: bool, store: Store) -> APIRegistration | None:
 def build_backends(
     flags: BackendConfig,
     store: Store,
-    metrics: Metrics,
+    metrics: BackendMetrics,
     *,
     identity: LiveIdentityPolicy,
     hop: str | None = None,

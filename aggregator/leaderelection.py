@@ -45,17 +45,15 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from aggregator.kube import calls
 from aggregator.sources.options import SourceConfig
 from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration, Problems
 from aggregator.util.logs import fields
-
-if TYPE_CHECKING:
-    from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +275,29 @@ def lease_namespace(
     return "default"
 
 
-def elector_for(config: LeaderElectionConfig, api: LeaseAPI, metrics: Metrics) -> LeaderElector:
+class LeaderElectionMetrics:
+    """client-go's leader election metrics as component-base registers them, with upstream's names
+    and help text (metrics/prometheus/clientgo/leaderelection/metrics.go)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.master_status = Gauge(
+            "leader_election_master_status",
+            "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, "
+            "1 indicates master. 'name' is the string used to identify the lease. Please make sure to group "
+            "by name.",
+            ["name"],
+            registry=registry,
+        )
+        self.slowpath = Counter(
+            "leader_election_slowpath",
+            "[ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string "
+            "used to identify the lease. Please make sure to group by name.",
+            ["name"],
+            registry=registry,
+        )
+
+
+def elector_for(config: LeaderElectionConfig, api: LeaseAPI, metrics: LeaderElectionMetrics) -> LeaderElector:
     """The `--leader-elect-*` flags as an elector (validated already by `LeaderElectionOptions.validate`)."""
     return LeaderElector(
         api,
@@ -493,7 +513,7 @@ class LeaderElector:
     def __init__(
         self,
         api: LeaseAPI,
-        metrics: Metrics,
+        metrics: LeaderElectionMetrics,
         *,
         namespace: str,
         name: str = "aggregator",
@@ -531,7 +551,7 @@ class LeaderElector:
         self._observed_time = 0.0
         self._observed_raw: ElectionRecord | None = None
         self._reported_leader = ""
-        metrics.leader_election_master_status.labels(name).set(0)
+        metrics.master_status.labels(name).set(0)
 
     # --- what the rest of the gateway asks ----------------------------------------------------------
 
@@ -670,10 +690,8 @@ class LeaderElector:
                 return True
 
         # 2. Obtain or create the record.
-        try:
-            old = await self.lock.get()
-        except Exception as err:
-            log.warning("error retrieving lease lock", extra=fields(lock=desc, reason=_describe(err)))
+        old = await self._get_record(desc)
+        if old is False:
             return False
         if old is None:
             try:
@@ -699,7 +717,7 @@ class LeaderElector:
         # 4. Renew (keeping acquireTime and transitions) or take over (one more transition).
         if self._holds_record():
             record = replace(record, acquire_time=old.acquire_time, leader_transitions=old.leader_transitions)
-            self._metrics.leader_election_slowpath.labels(self.name).inc()
+            self._metrics.slowpath.labels(self.name).inc()
         else:
             record = replace(record, leader_transitions=old.leader_transitions + 1)
         try:
@@ -726,10 +744,8 @@ class LeaderElector:
         (a renewal racing the stop) is retried."""
         desc = self.lock.describe()
         while True:
-            try:
-                old = await self.lock.get()
-            except Exception as err:
-                log.warning("error retrieving lease lock", extra=fields(lock=desc, reason=_describe(err)))
+            old = await self._get_record(desc)
+            if old is False:
                 return False
             if old is None:
                 log.info("lease lock not found", extra=fields(lock=desc))
@@ -758,6 +774,15 @@ class LeaderElector:
             log.info("released lease", extra=fields(lock=desc))
             return True
 
+    async def _get_record(self, desc: str) -> ElectionRecord | Literal[False] | None:
+        """The Lease's record (None: there is no Lease), or False once the failure to read it is
+        logged (acquiring, renewing and releasing all give up for this round then)."""
+        try:
+            return await self.lock.get()
+        except Exception as err:
+            log.warning("error retrieving lease lock", extra=fields(lock=desc, reason=_describe(err)))
+            return False
+
     # --- bookkeeping ----------------------------------------------------------------------------------
 
     def _holds_record(self) -> bool:
@@ -784,7 +809,7 @@ class LeaderElector:
         if leading == self._leading:
             return
         self._leading = leading
-        self._metrics.leader_election_master_status.labels(self.name).set(1 if leading else 0)
+        self._metrics.master_status.labels(self.name).set(1 if leading else 0)
         for listener in list(self._listeners):
             try:
                 listener(leading)

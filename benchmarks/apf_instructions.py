@@ -33,11 +33,12 @@ from callgrind import per_iteration
 from multidict import CIMultiDict
 
 from aggregator.assembly import build_flowcontrol
+from aggregator.flowcontrol.metrics import FlowControlMetrics
 from aggregator.flowcontrol.options import FlowControlConfig
 from aggregator.flowcontrol.sources import StaticConfig
+from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.model.userinfo import AUTHENTICATED_GROUP, UserInfo
 from aggregator.web.inflight import MaxInFlight
-from aggregator.web.metrics import Metrics
 from aggregator.web.options import RequestLimits
 
 USER = UserInfo("bench-user", groups=(AUTHENTICATED_GROUP,))
@@ -45,7 +46,7 @@ USER = UserInfo("bench-user", groups=(AUTHENTICATED_GROUP,))
 
 def run(mode: str, iterations: int) -> None:
     limits = RequestLimits()
-    metrics = Metrics()
+    metrics = GatewayMetrics.declare()
     ctx = context()
     ctx.user = USER
     if mode == "max-in-flight":
@@ -65,7 +66,9 @@ def run(mode: str, iterations: int) -> None:
     config = FlowControlConfig(
         limits.max_requests_inflight + limits.max_mutating_requests_inflight, limits.request_timeout
     )
-    apf = build_flowcontrol(config, StaticConfig(), metrics).filter
+    apf = build_flowcontrol(
+        config, StaticConfig(), FlowControlMetrics(metrics.registry), apiserver=metrics.apiserver
+    ).filter
     headers: CIMultiDict[str] = CIMultiDict()
     gc.collect()
     gc.freeze()

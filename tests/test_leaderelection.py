@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from aggregator.commands.cli import build_parser
 from aggregator.config import options_from_args, validate
@@ -24,6 +25,7 @@ from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import (
     CHECK_NAME,
     ElectionRecord,
+    LeaderElectionMetrics,
     LeaderElector,
     LeaseLock,
     LockError,
@@ -31,7 +33,6 @@ from aggregator.leaderelection import (
     lease_namespace,
 )
 from aggregator.util.flags import ConfigError
-from aggregator.web.metrics import Metrics
 from tests.support.fakekube import FakeKube
 from tests.support.polling import until
 
@@ -63,17 +64,22 @@ def spec(fake: FakeKube) -> dict[str, Any]:
     return dict(lease(fake)["spec"])
 
 
-def leader_status(metrics: Metrics) -> float | None:
-    return metrics.registry.get_sample_value("leader_election_master_status", {"name": NAME})
+def leader_status(registry: CollectorRegistry) -> float | None:
+    return registry.get_sample_value("leader_election_master_status", {"name": NAME})
 
 
 class Replica:
     """One elector with its own metrics, and every leadership change it reported, timed."""
 
     def __init__(self, client: KubeClient, identity: str, **overrides: Any) -> None:
-        self.metrics = Metrics()
+        self.registry = CollectorRegistry()
         self.elector = LeaderElector(
-            client, self.metrics, namespace=NAMESPACE, name=NAME, identity=identity, **{**FAST, **overrides}
+            client,
+            LeaderElectionMetrics(self.registry),
+            namespace=NAMESPACE,
+            name=NAME,
+            identity=identity,
+            **{**FAST, **overrides},
         )
         self.events: list[tuple[bool, float]] = []
         self.elector.add_listener(lambda leading: self.events.append((leading, time.monotonic())))
@@ -142,7 +148,7 @@ async def test_of_two_replicas_exactly_one_leads_and_keeps_renewing(
     assert (now["acquireTime"], now["leaseTransitions"]) == (first["acquireTime"], 0)
     assert a.events == [(True, a.became_leader_at())] and b.events == []
     assert (a.leading, b.leading) == (True, False)
-    assert (leader_status(a.metrics), leader_status(b.metrics)) == (1.0, 0.0)
+    assert (leader_status(a.registry), leader_status(b.registry)) == (1.0, 0.0)
     assert fake_kube.counts[("create", "leases")] == 1
     assert b.elector.leader == "replica-a"
 
@@ -186,7 +192,7 @@ async def test_stopping_releases_the_lease(replicas: Callable[..., Any], fake_ku
     assert released["acquireTime"] == released["renewTime"] != acquired
     assert MICRO_TIME.fullmatch(released["renewTime"])
     assert a.events[-1][0] is False and not a.leading
-    assert leader_status(a.metrics) == 0.0
+    assert leader_status(a.registry) == 0.0
 
 
 async def test_a_released_lease_is_taken_over_at_once(
@@ -338,7 +344,7 @@ async def test_a_leader_whose_lease_changed_under_it_renews_by_reading_again(
     await until(
         lambda: (
             int(lease(fake_kube)["metadata"]["resourceVersion"]) > edited_rv
-            and (a.metrics.registry.get_sample_value("leader_election_slowpath_total", slowpath) or 0) >= 1
+            and (a.registry.get_sample_value("leader_election_slowpath_total", slowpath) or 0) >= 1
         )
     )
     renewed = lease(fake_kube)
@@ -360,7 +366,7 @@ async def test_a_leader_that_cannot_renew_steps_down_and_campaigns_again(
         # The next renewal starts within one retry and gives up at the renew deadline: before
         # the lease runs out for the others (a whole lease duration after the last renewal).
         assert lost - slowed <= 0.2 + 0.6 + 0.3, lost - slowed
-        assert leader_status(a.metrics) == 0.0
+        assert leader_status(a.registry) == 0.0
         assert a.elector.notes() == [
             f"info: {CHECK_NAME}: not leading lease {NAMESPACE}/{NAME} (renewal failed; campaigning again)"
         ]
@@ -390,7 +396,7 @@ async def test_the_health_check_shows_leadership_and_fails_only_a_stuck_leader(
     skew = [0.0]
     stuck = LeaderElector(
         client,
-        Metrics(),
+        LeaderElectionMetrics(CollectorRegistry()),
         namespace=NAMESPACE,
         name="stuck",
         identity="s",
@@ -500,13 +506,14 @@ def test_the_defaults_are_kube_controller_managers(objects_dir: str) -> None:
 
 def test_the_elector_refuses_what_client_go_refuses() -> None:
     client_free_api: Any = None  # refused before any call could be made
-    metrics = Metrics()
+    registry = CollectorRegistry()
+    metrics = LeaderElectionMetrics(registry)
     with pytest.raises(ValueError, match=r"^leaseDuration must be greater than renewDeadline$"):
         LeaderElector(client_free_api, metrics, namespace="ns", lease_duration=10, renew_deadline=10)
     with pytest.raises(ValueError, match=r"^renewDeadline must be greater than retryPeriod\*JitterFactor$"):
         LeaderElector(client_free_api, metrics, namespace="ns", renew_deadline=2.4, retry_period=2)
     with pytest.raises(ValueError, match=r"^Lock identity is empty$"):
         LeaderElector(client_free_api, metrics, namespace="ns", identity="")
-    assert leader_status(metrics) is None  # nothing registered a series for a refused elector
+    assert leader_status(registry) is None  # nothing registered a series for a refused elector
     LeaderElector(client_free_api, metrics, namespace="ns", identity="x")
-    assert leader_status(metrics) == 0.0  # upstream sets leaderOff at construction
+    assert leader_status(registry) == 0.0  # upstream sets leaderOff at construction

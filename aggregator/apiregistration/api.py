@@ -181,11 +181,7 @@ class APIRegistration:
         objects = [(self.encode(s), s) for s in selected]
         kind = media.convert.kind if media.convert is not None else None
         if kind == "PartialObjectMetadata":
-            return error_response(
-                ctx,
-                406,
-                "you requested PartialObjectMetadata, but the requested object is a list (*v1.APIServiceList)",
-            )
+            return _not_convertible(ctx, kind, "a list (*v1.APIServiceList)")
         doc: dict[str, Any]
         if kind == "Table":
             assert media.convert is not None
@@ -220,11 +216,7 @@ class APIRegistration:
         obj = self.encode(svc)
         kind = media.convert.kind if media.convert is not None else None
         if kind == "PartialObjectMetadataList":
-            return error_response(
-                ctx,
-                406,
-                "you requested PartialObjectMetadataList, but the requested object is not a list (*v1.APIService)",
-            )
+            return _not_convertible(ctx, kind, "not a list (*v1.APIService)")
         if kind == "Table":
             assert media.convert is not None
             doc = self._table(ctx, media.convert.version, [(obj, svc)], svc.resource_version)
@@ -314,3 +306,9 @@ class APIRegistration:
         elif convert is not None and convert.kind.startswith("PartialObjectMetadata"):
             obj = partial_metadata(obj, convert.version)
         return encode_object({"type": kind, "object": obj})
+
+
+def _not_convertible(ctx: RequestContext, kind: str, shape: str) -> Response:
+    """kube-apiserver's 406 when a list is asked for as one object's metadata or an object as a
+    list's (apiserver's handlers/response.go `asPartialObjectMetadata(List)`)."""
+    return error_response(ctx, 406, f"you requested {kind}, but the requested object is {shape}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 DEFAULT_BODY_LIMIT = 64 * 1024
@@ -36,6 +36,7 @@ class CapturedBody:
     sensitive: bool = False
 
 
+@dataclass(slots=True, eq=False)
 class BodyCapture:
     """A bounded tee over one streamed body: `feed()` every chunk, `finish()` at the end of the body.
 
@@ -43,23 +44,14 @@ class BodyCapture:
     For resources that carry credentials (`sensitive`), nothing is kept; only the size is counted.
     """
 
-    __slots__ = ("_buffer", "_complete", "_total", "content_encoding", "content_type", "limit", "sensitive")
-
-    def __init__(
-        self,
-        limit: int = DEFAULT_BODY_LIMIT,
-        *,
-        content_type: str = "",
-        content_encoding: str = "",
-        sensitive: bool = False,
-    ) -> None:
-        self.limit = limit
-        self.content_type = content_type
-        self.content_encoding = content_encoding
-        self.sensitive = sensitive
-        self._buffer = bytearray()
-        self._total = 0
-        self._complete = False
+    limit: int = DEFAULT_BODY_LIMIT
+    _: KW_ONLY
+    content_type: str = ""
+    content_encoding: str = ""
+    sensitive: bool = False
+    _buffer: bytearray = field(default_factory=bytearray, init=False)
+    _total: int = field(default=0, init=False)
+    _complete: bool = field(default=False, init=False)
 
     def feed(self, chunk: bytes) -> None:
         self._total += len(chunk)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from aggregator.audit.body import CapturedBody, decode_body
+from aggregator.audit.body import CapturedBody, DecodedBody, decode_body
 from aggregator.audit.policy import API_VERSION, Level, Stage
 from aggregator.model.userinfo import UserInfo
 from aggregator.wire.jsonenc import go_marshal
@@ -198,25 +198,26 @@ def _fill_object_ref(ref: ObjectRef, obj: Any) -> ObjectRef:
     )
 
 
+def _body_object(
+    event: Event, body: CapturedBody | None, annotation: str, annotations: dict[str, str]
+) -> DecodedBody | None:
+    """A captured request or response body as the event's object, or None; when it was left out
+    (too large, not JSON, ...), the annotation saying why."""
+    decoded = decode_body(body, omit_managed_fields=event.omit_managed_fields) if body is not None else None
+    if decoded is not None and decoded.omitted:
+        annotations.setdefault(annotation, decoded.omitted)
+        return None
+    return decoded
+
+
 def event_document(event: Event) -> dict[str, Any]:
     """The event as an ordered dict in `audit/v1.Event` field order."""
     annotations = dict(event.annotations)
     object_ref = event.object_ref
-    request_object = response_object = None
-    if event.request_body is not None:
-        decoded = decode_body(event.request_body, omit_managed_fields=event.omit_managed_fields)
-        if decoded is not None and decoded.omitted:
-            annotations.setdefault(REQUEST_OBJECT_ANNOTATION, decoded.omitted)
-        elif decoded is not None:
-            request_object = decoded
-            if object_ref is not None:
-                object_ref = _fill_object_ref(object_ref, decoded.value)
-    if event.response_body is not None:
-        decoded = decode_body(event.response_body, omit_managed_fields=event.omit_managed_fields)
-        if decoded is not None and decoded.omitted:
-            annotations.setdefault(RESPONSE_OBJECT_ANNOTATION, decoded.omitted)
-        elif decoded is not None:
-            response_object = decoded
+    request_object = _body_object(event, event.request_body, REQUEST_OBJECT_ANNOTATION, annotations)
+    response_object = _body_object(event, event.response_body, RESPONSE_OBJECT_ANNOTATION, annotations)
+    if request_object is not None and object_ref is not None:
+        object_ref = _fill_object_ref(object_ref, request_object.value)
 
     doc: dict[str, Any] = {
         "kind": "Event",

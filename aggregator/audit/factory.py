@@ -64,7 +64,7 @@ def build_auditor(opts: AuditOptions, metrics: AuditMetrics, *, sink: LineSink |
     if sink is not None:
         return Auditor(
             policy,
-            BufferedWriter(sink, metrics.audit_errors, buffer_size=opts.log_batch_buffer_size),
+            BufferedWriter(sink, metrics.errors, buffer_size=opts.log_batch_buffer_size),
             metrics,
         )
     try:
@@ -78,7 +78,7 @@ def build_auditor(opts: AuditOptions, metrics: AuditMetrics, *, sink: LineSink |
         raise ConfigError(
             "--audit-log-path", f"cannot create {opts.log_path}: {err.strerror or err}"
         ) from err
-    writer = BufferedWriter(sink, metrics.audit_errors, buffer_size=opts.log_batch_buffer_size)
+    writer = BufferedWriter(sink, metrics.errors, buffer_size=opts.log_batch_buffer_size)
     log.info(
         "auditing",
         extra=fields(path=opts.log_path, policy=opts.policy_file, rules=len(policy.rules)),

@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from aggregator.audit.body import DEFAULT_BODY_LIMIT, BodyCapture
 from aggregator.audit.event import (
@@ -62,12 +62,29 @@ _SENSITIVE = frozenset(
 )
 
 
-class AuditMetrics(Protocol):
-    """The collectors `aggregator.web.metrics.Metrics` registers under upstream's names."""
+class AuditMetrics:
+    """k8s.io/apiserver's audit counters, with upstream's names and help text
+    (pkg/audit/metrics.go: `eventCounter`, `errorCounter`, `levelCounter`)."""
 
-    audit_events: Counter  # apiserver_audit_event_total
-    audit_errors: Counter  # apiserver_audit_error_total{plugin}
-    audit_levels: Counter  # apiserver_audit_level_total{level}
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.events = Counter(
+            "apiserver_audit_event",
+            "[ALPHA] Counter of audit events generated and sent to the audit backend.",
+            registry=registry,
+        )
+        self.errors = Counter(
+            "apiserver_audit_error",
+            "[ALPHA] Counter of audit events that failed to be audited properly. Plugin identifies the "
+            "plugin affected by the error.",
+            ["plugin"],
+            registry=registry,
+        )
+        self.levels = Counter(
+            "apiserver_audit_level",
+            "[ALPHA] Counter of policy levels for audit events (1 per request).",
+            ["level"],
+            registry=registry,
+        )
 
 
 class EventWriter(Protocol):
@@ -168,8 +185,8 @@ class Auditor:
         self.body_limit = body_limit
         self._now = now
         self._new_id = new_id
-        self._events = metrics.audit_events
-        self._levels = {level: metrics.audit_levels.labels(level.value) for level in Level}
+        self._events = metrics.events
+        self._levels = {level: metrics.levels.labels(level.value) for level in Level}
 
     def start(self) -> None:
         self.writer.start()

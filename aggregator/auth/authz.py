@@ -23,10 +23,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aggregator.audit.recorder import AUTHORIZATION_DECISION
 from aggregator.auth.cache import MISSING, CoalescingCache
+from aggregator.auth.metrics import AuthMetrics
 from aggregator.auth.rbac import RuleSet, aggregate
 from aggregator.auth.verdict import ALLOWED, NO_OPINION, Decision, Verdict
 from aggregator.auth.webhook import ReviewFailed, WebhookClient
@@ -47,7 +48,6 @@ from aggregator.model.status import forbidden_details, forbidden_message
 from aggregator.model.userinfo import UserInfo
 from aggregator.util.logs import fields
 from aggregator.web.context import RequestContext
-from aggregator.web.metrics import Metrics
 from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.responses import status_response
 from aggregator.web.routing import RouteKind
@@ -98,32 +98,51 @@ _LABEL_OPERATORS = {
     DOES_NOT_EXIST: "DoesNotExist",
 }
 
+R = TypeVar("R")
+
 # Hashable and equal exactly when the JSON specs are: the cache key (upstream keys on the JSON).
 SpecKey = tuple[Any, ...]
 
 
-def _field_requirements(selector: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+def _parsed(selector: str, parse: Callable[[str], tuple[R, ...]]) -> tuple[R, ...]:
+    """A selector's requirements; none when it is empty, or unparsable (upstream drops an
+    unparsable selector from the review)."""
     if not selector:
         return ()
     try:
-        parsed = parse_field_selector(selector)
+        return parse(selector)
     except SelectorError:
-        return ()  # upstream drops an unparsable selector from the review
+        return ()
+
+
+def _field_requirements(selector: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
     return tuple(
-        (r.field, _FIELD_OPERATORS[r.operator], (r.value,)) for r in parsed if r.operator in _FIELD_OPERATORS
+        (r.field, _FIELD_OPERATORS[r.operator], (r.value,))
+        for r in _parsed(selector, parse_field_selector)
+        if r.operator in _FIELD_OPERATORS
     )
 
 
 def _label_requirements(selector: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
-    if not selector:
-        return ()
-    try:
-        parsed = parse_label_selector(selector)
-    except SelectorError:
-        return ()
     # Gt/Lt have no SubjectAccessReview operator: dropping one only broadens what is checked.
     return tuple(
-        (r.key, _LABEL_OPERATORS[r.operator], r.values) for r in parsed if r.operator in _LABEL_OPERATORS
+        (r.key, _LABEL_OPERATORS[r.operator], r.values)
+        for r in _parsed(selector, parse_label_selector)
+        if r.operator in _LABEL_OPERATORS
+    )
+
+
+def _resource_attributes(info: RequestInfo) -> tuple[str, str, str, str, str, str, str]:
+    """A resource request's attributes, in `ResourceAttributes`' order: what is reviewed, and
+    (with the path) what `shouldCache` measures."""
+    return (
+        info.namespace,
+        info.verb,
+        info.api_group,
+        info.api_version,
+        info.resource,
+        info.subresource,
+        info.name,
     )
 
 
@@ -135,13 +154,7 @@ def spec_key(user: UserInfo, info: RequestInfo) -> SpecKey:
     return (
         *who,
         True,
-        info.namespace,
-        info.verb,
-        info.api_group,
-        info.api_version,
-        info.resource,
-        info.subresource,
-        info.name,
+        *_resource_attributes(info),
         _field_requirements(info.field_selector),
         _label_requirements(info.label_selector),
     )
@@ -195,17 +208,7 @@ def spec_document(key: SpecKey) -> dict[str, Any]:
 def attribute_bytes(info: RequestInfo) -> int:
     """`shouldCache`'s measure: namespace+verb+group+version+resource+subresource+name+path, in bytes."""
     return sum(
-        len(part.encode("utf-8", "surrogateescape"))
-        for part in (
-            info.namespace,
-            info.verb,
-            info.api_group,
-            info.api_version,
-            info.resource,
-            info.subresource,
-            info.name,
-            info.path,
-        )
+        len(part.encode("utf-8", "surrogateescape")) for part in (*_resource_attributes(info), info.path)
     )
 
 
@@ -218,7 +221,7 @@ class SubjectAccessReviewer:
         *,
         allowed_ttl: float,
         denied_ttl: float,
-        metrics: Metrics,
+        metrics: AuthMetrics,
         maxsize: int = MAX_ENTRIES,
         timer: Callable[[], float] = time.monotonic,
     ) -> None:

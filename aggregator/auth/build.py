@@ -22,6 +22,7 @@ from aggregator.auth.authconfigmap import AuthConfigMap, ClusterAuthentication
 from aggregator.auth.authn import Authenticator, TokenAuthenticator
 from aggregator.auth.authz import Authorizer, Mode, SubjectAccessReviewer, WebhookMode
 from aggregator.auth.cafiles import CAFiles
+from aggregator.auth.metrics import AuthMetrics
 from aggregator.auth.modes import (
     ALWAYS_ALLOW,
     RBAC,
@@ -44,7 +45,6 @@ from aggregator.sources.options import SourceConfig
 from aggregator.tls.verify import CAPool
 from aggregator.util.latest import Latest
 from aggregator.util.logs import fields
-from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def build_authentication(
     source: SourceConfig,
     *,
     kube: KubeClient | None,
-    metrics: Metrics,
+    metrics: AuthMetrics,
     cluster_copies: Latest[ClusterAuthentication] | None = None,
 ) -> Authentication:
     """With `cluster_copies` (a worker process) the cluster's ConfigMap is not watched here: it
@@ -165,7 +165,7 @@ def build_authorization(
     *,
     anonymous: bool,
     kube: KubeClient | None,
-    metrics: Metrics,
+    metrics: AuthMetrics,
     rbac_source: PolicySource | None = None,
 ) -> Authorization:
     """The `--authorization-mode` authorizers (`modes.py`). `rbac_source`: where RBAC reads its

@@ -27,10 +27,10 @@ from typing import Any
 
 from aggregator.auth.authn import AuthenticationError
 from aggregator.auth.cache import MISSING, CoalescingCache
+from aggregator.auth.metrics import AuthMetrics
 from aggregator.auth.webhook import ReviewFailed, WebhookClient
 from aggregator.model.userinfo import UserInfo
 from aggregator.util.logs import fields
-from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class TokenReviewAuthenticator:
         webhook: WebhookClient,
         *,
         ttl: float,
-        metrics: Metrics,
+        metrics: AuthMetrics,
         audiences: tuple[str, ...] = (),
         maxsize: int = MAX_ENTRIES,
         timer: Callable[[], float] = time.monotonic,

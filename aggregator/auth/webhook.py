@@ -15,15 +15,15 @@ import logging
 import random
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
 
+from aggregator.auth.metrics import AuthMetrics
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeError, KubeResponse, KubeUnreachable, describe_error
 from aggregator.tracing.api import active_phase
-from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -100,25 +100,17 @@ def _connection_reset(err: BaseException) -> bool:
     return isinstance(cause, ConnectionResetError | aiohttp.ServerDisconnectedError)
 
 
+@dataclass(eq=False)
 class WebhookClient:
     """Creates one kind of review object; records `review_duration` and `reviews_in_flight`."""
 
-    def __init__(
-        self,
-        poster: ReviewPoster,
-        call: ApiCall,
-        *,
-        kind: str,
-        metrics: Metrics,
-        timeout: float = DEFAULT_TIMEOUT,
-        backoff: Backoff | None = None,
-    ) -> None:
-        self.poster = poster
-        self.call = call
-        self.kind = kind
-        self.metrics = metrics
-        self.timeout = timeout
-        self.backoff = backoff or Backoff()
+    poster: ReviewPoster
+    call: ApiCall
+    _: KW_ONLY
+    kind: str
+    metrics: AuthMetrics
+    timeout: float = DEFAULT_TIMEOUT
+    backoff: Backoff = field(default_factory=Backoff)
 
     async def create(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         """The created review object (with its `status`), or ReviewFailed naming the last error."""

@@ -50,6 +50,7 @@ from dataclasses import replace
 from aggregator.availability import conditions as cond
 from aggregator.availability.conditions import Verdict
 from aggregator.availability.ejections import EjectionBook
+from aggregator.availability.metrics import AvailabilityMetrics
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
 from aggregator.availability.quarantine import DiscoveryQuarantine
 from aggregator.availability.status import Change, StatusSink
@@ -57,10 +58,9 @@ from aggregator.backends.bounds import read_bounds
 from aggregator.model.apiservice import APIService, Condition
 from aggregator.sources.store import DELETED, MODIFIED, Event, Store
 from aggregator.util.logs import fields
-from aggregator.util.loops import KeyedLoops
+from aggregator.util.loops import KeyedLoops, LoopKnob
 from aggregator.util.tasks import TaskSet
 from aggregator.web.health import NoteBoard
-from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class AvailabilityChecker:
         self,
         store: Store,
         probe: DiscoveryProbe,
-        metrics: Metrics,
+        metrics: AvailabilityMetrics,
         sink: StatusSink,
         *,
         interval: float = INTERVAL,
@@ -166,13 +166,7 @@ class AvailabilityChecker:
         self.loops.interval = value
         self.loops.backoff_max = value
 
-    @property
-    def retry_initial(self) -> float:
-        return self.loops.backoff_initial
-
-    @retry_initial.setter
-    def retry_initial(self, value: float) -> None:
-        self.loops.backoff_initial = value
+    retry_initial = LoopKnob("backoff_initial")
 
     # --- what the rest of the gateway asks ---------------------------------------------------------
 
@@ -289,15 +283,7 @@ class AvailabilityChecker:
     async def start(self) -> None:
         self._running = True
         self.loops.start()
-        if self.store.synced:  # local mode: the folder was read before this component started
-            self._first_round()
-        else:
-            self._tasks.spawn(self._start_when_synced(), name="first-round")
-
-    async def _start_when_synced(self) -> None:
-        # Upstream waits for its informers: a Service not listed yet is not a missing Service.
-        await self.store.wait_synced()
-        self._first_round()
+        self.store.when_synced(self._tasks, self._first_round, name="first-round")
 
     def _first_round(self) -> None:
         """Check every APIService the store holds; readiness waits for these first verdicts."""
@@ -330,9 +316,8 @@ class AvailabilityChecker:
             ):
                 self._track(obj.name)
             return
-        for namespace, name in event.services():
-            for svc in self.store.apiservices_for_service(namespace, name):
-                self.poke(svc.name)
+        for svc in self.store.affected_by(event):
+            self.poke(svc.name)
 
     def _track(self, name: str) -> None:
         if not self._running or not self.store.synced:
@@ -347,7 +332,7 @@ class AvailabilityChecker:
         self._suspected.pop(name, None)
         self._settled(name)
         had = self._verdicts.pop(name, None)
-        self.metrics.unavailable_apiservice.forget(name)
+        self.metrics.unavailable.forget(name)
         self.sink.forget(name)
         self.probe.forget(name)
         if self.quarantine is not None:
@@ -423,7 +408,7 @@ class AvailabilityChecker:
         self._settled(name)
         if self.quarantine is not None:
             self.quarantine.observe(name, verdict.available)
-        self.metrics.unavailable_apiservice.set(name, not verdict.available)
+        self.metrics.unavailable.set(name, not verdict.available)
         unreachable = report.unreachable and not verdict.available
         reach_changed = unreachable != (name in self._unreachable)
         if unreachable:
@@ -458,7 +443,7 @@ class AvailabilityChecker:
         was, now = _available(change.before), _available(change.after)
         if was != now and not now:
             reason = after.reason if after is not None and after.reason else cond.UNKNOWN_REASON
-            self.metrics.unavailable_apiservice_total.labels(name, reason).inc()
+            self.metrics.unavailable_total.labels(name, reason).inc()
         if was != now or before is None:
             log.info(
                 "APIService availability changed",

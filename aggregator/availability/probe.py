@@ -21,7 +21,7 @@ import datetime as dt
 import functools
 import ssl
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -285,25 +285,21 @@ def tls_summary(svc: APIService) -> str:
     return f"certificate verified for {svc.service.server_name}"
 
 
+@dataclass(eq=False)
 class DiscoveryProbe:
     """The GET hop: hedged attempts through the proxy's own transport, and the words for what failed."""
 
-    def __init__(
-        self,
-        backends: BackendRegistry,
-        *,
-        attempts: int = ATTEMPTS,
-        timeout: float = TIMEOUT,
-        hedge_after: float = HEDGE_AFTER,
-    ) -> None:
-        self.backends = backends
-        self.attempts = attempts
-        self.timeout = timeout
-        self.hedge_after = hedge_after
-        self._diag: tuple[int, ssl.SSLContext] | None = None
-        # The last explanation per APIService, reused while the same objects fail the same way: a
-        # dead backend is re-checked every 30 s, and its words do not change between checks.
-        self._explained: dict[str, tuple[APIService, Service | None, tuple[object, ...], Explained]] = {}
+    backends: BackendRegistry
+    _: KW_ONLY
+    attempts: int = ATTEMPTS
+    timeout: float = TIMEOUT
+    hedge_after: float = HEDGE_AFTER
+    _diag: tuple[int, ssl.SSLContext] | None = field(default=None, init=False)
+    # The last explanation per APIService, reused while the same objects fail the same way: a
+    # dead backend is re-checked every 30 s, and its words do not change between checks.
+    _explained: dict[str, tuple[APIService, Service | None, tuple[object, ...], Explained]] = field(
+        default_factory=dict, init=False
+    )
 
     # --- the attempts ------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -74,24 +74,18 @@ class _Watch:
     timer: Cancellable | None = field(default=None, repr=False)
 
 
+@dataclass(eq=False)
 class DiscoveryQuarantine:
     """Which APIServices are quarantined (`contracts.Quarantined`), kept by verdicts and annotations."""
 
-    def __init__(
-        self,
-        store: Store,
-        metrics: QuarantineMetrics,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        schedule: Schedule = _call_later,
-    ) -> None:
-        self.store = store
-        self.metrics = metrics
-        self._clock = clock
-        self._schedule = schedule
-        self._watches: dict[str, _Watch] = {}
-        self._listeners: list[Callable[[str], None]] = []
-        self.quarantined: frozenset[str] = frozenset()
+    store: Store
+    metrics: QuarantineMetrics
+    _: KW_ONLY
+    clock: Callable[[], float] = time.monotonic
+    schedule: Schedule = _call_later
+    _watches: dict[str, _Watch] = field(default_factory=dict, init=False)
+    _listeners: list[Callable[[str], None]] = field(default_factory=list, init=False)
+    quarantined: frozenset[str] = field(default=frozenset(), init=False)
 
     def add_listener(self, listener: Callable[[str], None]) -> None:
         """Called with the APIService's name when it enters or leaves quarantine."""
@@ -111,7 +105,7 @@ class DiscoveryQuarantine:
                 self._leave(name, watch, "the APIService is Available again")
             return
         if watch.since is None:
-            watch.since = self._clock()
+            watch.since = self.clock()
         if not watch.entered and watch.timer is None:
             self._arm(name, watch)
 
@@ -185,11 +179,11 @@ class DiscoveryQuarantine:
 
     def _arm(self, name: str, watch: _Watch) -> None:
         assert watch.since is not None
-        left = watch.since + watch.after - self._clock()
+        left = watch.since + watch.after - self.clock()
         if left <= 0:
             self._enter(name)
         else:
-            watch.timer = self._schedule(left, lambda: self._enter(name))
+            watch.timer = self.schedule(left, lambda: self._enter(name))
 
     @staticmethod
     def _cancel(watch: _Watch) -> None:
@@ -209,7 +203,7 @@ class DiscoveryQuarantine:
             "APIService quarantined: its group-version leaves discovery and OpenAPI until it is Available",
             extra=fields(
                 apiservice=name,
-                unavailable_seconds=round(self._clock() - watch.since, 3),
+                unavailable_seconds=round(self.clock() - watch.since, 3),
                 annotation=f"{DISCOVERY_QUARANTINE_AFTER}={watch.text}",
             ),
         )

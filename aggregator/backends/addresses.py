@@ -116,7 +116,8 @@ async def system_lookup(host: str) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
-def _is_ip(text: str) -> bool:
+def is_ip(text: str) -> bool:
+    """An IPv4 or IPv6 address (not a host name)."""
     try:
         ipaddress.ip_address(text)
     except ValueError:
@@ -240,7 +241,7 @@ class AddressResolver:
 
     async def finish_lookup(self, pending: PendingLookup) -> Target:
         """Resolve an ExternalName once and pin the first address the deny list allows."""
-        if _is_ip(pending.host):
+        if is_ip(pending.host):
             addresses = [pending.host]
         else:
             try:
@@ -280,7 +281,7 @@ class AddressResolver:
                 raise BackendError(Hop.PORT, f'no service port {ref.port} found for service "{svc.name}"')
             if not svc.cluster_ip:
                 raise BackendError(Hop.SERVICE, f'service "{svc.name}" has no cluster IP')
-            if not _is_ip(svc.cluster_ip):
+            if not is_ip(svc.cluster_ip):
                 raise BackendError(
                     Hop.SERVICE, f'service "{svc.name}" has cluster IP {svc.cluster_ip!r}, not an IP address'
                 )
@@ -311,7 +312,7 @@ class AddressResolver:
         slices = self.store.endpointslices_for(svc.namespace, svc.name)
         if not slices:
             raise BackendError(Hop.ENDPOINTS, f'no endpoints available for service "{svc.name}"')
-        preferred = _family(svc.cluster_ip) if _is_ip(svc.cluster_ip) else "IPv4"
+        preferred = _family(svc.cluster_ip) if is_ip(svc.cluster_ip) else "IPv4"
         for tier in (
             [s for s in slices if s.address_type == preferred],
             [s for s in slices if s.address_type != preferred],
@@ -331,7 +332,7 @@ class AddressResolver:
             found: list[Target | BackendError] = []
             for endpoint in eps.endpoints:
                 # Only addresses[0] is used (as upstream); FQDN slices cannot be pinned to an IP.
-                if endpoint.ready is not False and endpoint.addresses and _is_ip(endpoint.addresses[0]):
+                if endpoint.ready is not False and endpoint.addresses and is_ip(endpoint.addresses[0]):
                     target = Target(endpoint.addresses[0], slice_port.port, ref.server_name)
                     try:
                         found.append(self._checked(target, ref))

@@ -11,11 +11,10 @@ certificate: x509: certificate is valid for a.svc, not b.svc`, `remote error: tl
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 import ssl
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import TypeVar
 
 import aiohttp
@@ -23,6 +22,7 @@ from cryptography import x509
 
 from aggregator.backends import tlsdiag
 from aggregator.backends._aiohttp import HttpProcessingError, ResponseHandler, response_protocol
+from aggregator.backends.addresses import is_ip
 from aggregator.backends.errors import BackendError, Hop, classify
 from aggregator.backends.h1 import KEEPALIVE, DialTimes, H1Pool, IdleConnections, serialize_head
 from aggregator.backends.tls import client_context
@@ -36,14 +36,6 @@ ALERT_TTL = 5.0
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 
 P = TypeVar("P", bound=asyncio.BaseProtocol)
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,30 +56,30 @@ class Address:
         return self.server_name or self.host
 
 
+@dataclass(eq=False)
 class Backend:
     """One TLS setting's context and connection pool (shared by APIServices with equal settings)."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        context: ssl.SSLContext | None,
-        error: str | None = None,
-        client_pair: CertKeyPair | None = None,
-        keepalive: float = KEEPALIVE,
-        idle: IdleConnections | None = None,
-    ) -> None:
-        self.name = name
-        self.context = context
-        # Why the context could not be built (upstream's transportBuildingError): requests get a 500.
-        self.error = error
-        self._client_pair = client_pair
-        # `idle`: the bound on idle connections this backend shares with the others (the registry's).
-        self.pool = H1Pool(self._dial_http, keepalive=keepalive, idle=idle)
-        self._diag_context: ssl.SSLContext | None = None
-        # (host, port, server name) -> (expiry, the look in progress or done): see `diagnose`.
-        self._alerts: dict[tuple[str, int, str], tuple[float, asyncio.Future[str | None]]] = {}
-        self.retired = False
+    name: str
+    _: KW_ONLY
+    context: ssl.SSLContext | None
+    # Why the context could not be built (upstream's transportBuildingError): requests get a 500.
+    error: str | None = None
+    client_pair: CertKeyPair | None = None
+    keepalive: InitVar[float] = KEEPALIVE
+    # The bound on idle connections this backend shares with the others (the registry's).
+    idle: InitVar[IdleConnections | None] = None
+    pool: H1Pool = field(init=False)
+    _diag_context: ssl.SSLContext | None = field(default=None, init=False)
+    # (host, port, server name) -> (expiry, the look in progress or done): see `diagnose`.
+    _alerts: dict[tuple[str, int, str], tuple[float, asyncio.Future[str | None]]] = field(
+        default_factory=dict, init=False
+    )
+    retired: bool = field(default=False, init=False)
+
+    def __post_init__(self, keepalive: float, idle: IdleConnections | None) -> None:
+        everyone_idle = idle if idle is not None else IdleConnections()
+        self.pool = H1Pool(self._dial_http, keepalive=keepalive, everyone_idle=everyone_idle)
 
     # --- connections -------------------------------------------------------------------------------
 
@@ -110,7 +102,7 @@ class Backend:
         failure: BackendError
         try:
             async with asyncio.timeout(within):
-                if times is not None and self.context is not None and _is_ip(address.host):
+                if times is not None and self.context is not None and is_ip(address.host):
                     transport, protocol = await self._dial_timed(address, factory, times)
                 else:
                     transport, protocol = await loop.create_connection(
@@ -227,7 +219,7 @@ class Backend:
         code = int(getattr(cert_err, "verify_code", 0) or 0)
         message = str(getattr(cert_err, "verify_message", "") or cert_err)
         if self._diag_context is None:
-            self._diag_context = client_context(None, insecure=True, client_pair=self._client_pair)
+            self._diag_context = client_context(None, insecure=True, client_pair=self.client_pair)
         cert = await tlsdiag.peer_certificate(
             address.host, address.port, address.tls_name, self._diag_context
         )

@@ -52,22 +52,11 @@ class ProxyClientCertificate:
                 extra=fields(cert_file=self.cert_file, reason=str(err)),
             )
             return
-        if (
-            self.pair is not None
-            and pair.cert_pem == self.pair.cert_pem
-            and pair.key_pem == self.pair.key_pem
-        ):
+        if pair.same_as(self.pair):
             return
         self.pair = pair
         self.generation += 1
-        log.info(
-            "proxy client certificate reloaded",
-            extra=fields(
-                cert_file=self.cert_file,
-                subject=pair.leaf.subject.rfc4514_string(),
-                not_after=pair.leaf.not_valid_after_utc.isoformat(),
-            ),
-        )
+        log.info("proxy client certificate reloaded", extra=fields(cert_file=self.cert_file, **pair.described()))
         for listener in self._listeners:
             listener()
 

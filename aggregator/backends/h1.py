@@ -27,6 +27,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 from aggregator.backends._aiohttp import (
@@ -271,27 +272,20 @@ class IdleConnections:
             pool.drop(key, protocol)
 
 
+@dataclass(eq=False)
 class H1Pool:
     """Idle keep-alive connections per (address, port, TLS name); new ones come from `dial`."""
 
-    def __init__(
-        self,
-        dial: Dial,
-        *,
-        keepalive: float = KEEPALIVE,
-        spare_keepalive: float = SPARE_KEEPALIVE,
-        max_idle: int = MAX_IDLE_PER_KEY,
-        idle: IdleConnections | None = None,
-    ) -> None:
-        self._dial = dial
-        self.keepalive = keepalive
-        self.spare_keepalive = spare_keepalive
-        self.max_idle = max_idle
-        # The bound and the clock of idle connections, shared with every other backend's pool.
-        self.everyone_idle = idle if idle is not None else IdleConnections()
-        self._idle: dict[Key, collections.deque[tuple[ResponseHandler, float]]] = {}
-        self.in_use = 0
-        self.closed = False
+    dial: Dial
+    _: KW_ONLY
+    keepalive: float = KEEPALIVE
+    spare_keepalive: float = SPARE_KEEPALIVE
+    max_idle: int = MAX_IDLE_PER_KEY
+    # The bound and the clock of idle connections, shared with every other backend's pool.
+    everyone_idle: IdleConnections = field(default_factory=IdleConnections)
+    _idle: dict[Key, collections.deque[tuple[ResponseHandler, float]]] = field(default_factory=dict, init=False)
+    in_use: int = field(default=0, init=False)
+    closed: bool = field(default=False, init=False)
 
     async def exchange(self, host: str, port: int, server_name: str | None) -> Exchange:
         """A connection ready for one request: an idle one if there is one, else a new one."""
@@ -329,7 +323,7 @@ class H1Pool:
         times: DialTimes | None = None,
     ) -> Exchange:
         """An exchange on a new connection (dialed within `within` seconds, or the default)."""
-        protocol = await self._dial(host, port, server_name, within, times)
+        protocol = await self.dial(host, port, server_name, within, times)
         self.in_use += 1
         return Exchange(self, (host, port, server_name), protocol, False)
 

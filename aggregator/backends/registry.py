@@ -27,6 +27,7 @@ from aggregator.backends.client_cert import ProxyClientCertificate
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.backends.h1 import IdleConnections
 from aggregator.backends.headers import IdentityHeaderPolicy, LiveIdentityPolicy, request_headers
+from aggregator.backends.metrics import BackendMetrics
 from aggregator.backends.tls import TLSSettings, client_context
 from aggregator.contracts import FetchedResponse
 from aggregator.model.apiservice import APIService
@@ -34,7 +35,6 @@ from aggregator.model.userinfo import UserInfo
 from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.tls.pem import PEMError
 from aggregator.util.logs import fields
-from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class BackendRegistry:
     def __init__(
         self,
         store: Store,
-        metrics: Metrics,
+        metrics: BackendMetrics,
         *,
         resolver: AddressResolver,
         client_certificate: ProxyClientCertificate,
@@ -88,11 +88,7 @@ class BackendRegistry:
 
     async def stop(self) -> None:
         await self.client_certificate.stop()
-        for backend in self._backends.values():
-            backend.retire()
-        self._backends.clear()
-        self._users.clear()
-        self._settings.clear()
+        self.retire_all()
 
     # --- backends ----------------------------------------------------------------------------------
 
@@ -127,7 +123,7 @@ class BackendRegistry:
     def _build(self, apiservice: APIService, settings: TLSSettings) -> Backend:
         pair = self.client_certificate.pair
         if settings.insecure:
-            self.metrics.insecure_backends.labels(apiservice.name).set(1)
+            self.metrics.insecure.labels(apiservice.name).set(1)
             if apiservice.name not in self._warned_insecure:
                 self._warned_insecure.add(apiservice.name)
                 log.warning(
@@ -159,10 +155,11 @@ class BackendRegistry:
         if name in self._warned_insecure:
             self._warned_insecure.discard(name)
             with contextlib.suppress(KeyError):
-                self.metrics.insecure_backends.remove(name)
+                self.metrics.insecure.remove(name)
 
     def retire_all(self) -> None:
-        """The client certificate changed: every backend gets a new context on its next request."""
+        """Every backend retired (the client certificate changed, or the registry stops): each gets a
+        new context on its next request."""
         for backend in self._backends.values():
             backend.retire()
         self._backends.clear()
@@ -247,5 +244,5 @@ class BackendRegistry:
             failure = BackendError(Hop.TIMEOUT, "context deadline exceeded", url=url)
         except BackendError as err:
             failure = err
-        self.metrics.backend_errors.labels(apiservice.name, failure.hop.value).inc()
+        self.metrics.errors.labels(apiservice.name, failure.hop.value).inc()
         raise failure

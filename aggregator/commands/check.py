@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from prometheus_client import CollectorRegistry
+
 from aggregator.assembly import build_backends, flag_identity_policy
 from aggregator.availability.ejections import EJECTED
 from aggregator.availability.probe import (
@@ -53,6 +55,7 @@ from aggregator.availability.probe import (
 )
 from aggregator.backends.addresses import Target
 from aggregator.backends.errors import BackendError
+from aggregator.backends.metrics import BackendMetrics
 from aggregator.config import (
     Config,
     Options,
@@ -70,7 +73,6 @@ from aggregator.sources.problems import ManifestProblem
 from aggregator.sources.store import Kind, Obj, Store
 from aggregator.util.flags import ConfigError, GoBool, InvalidOptions, check_readable
 from aggregator.util.logs import configure_logging
-from aggregator.web.metrics import Metrics
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Every hop in the order it is walked; hops not reached are printed as such.
@@ -394,7 +396,8 @@ def _port(svc: APIService) -> str:
 async def run_check(config: Config, name: str | None, out: TextIO, err: TextIO) -> int:
     printer = Printer(out)
     client = config.source.kube_client() if config.kube_mode else None
-    metrics = Metrics()
+    # Counted but never served: the check is a command, not a process Prometheus scrapes.
+    metrics = BackendMetrics(CollectorRegistry())
     try:
         if client is not None:
             try:

@@ -88,6 +88,15 @@ def normalize_subresource(sub: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _add_names(out: dict[str, Any], res: Mapping[str, Any]) -> None:
+    """`shortNames` and `categories`, after the verbs and only when not empty (omitempty); the
+    aggregated and the legacy resource call them the same."""
+    for key in ("shortNames", "categories"):
+        values = _strings(res.get(key))
+        if values:
+            out[key] = values
+
+
 def normalize_resource(res: Mapping[str, Any]) -> dict[str, Any]:
     """APIResourceDiscovery with Go's field order and omitempty rules, unknown fields dropped."""
     out: dict[str, Any] = {
@@ -97,10 +106,7 @@ def normalize_resource(res: Mapping[str, Any]) -> dict[str, Any]:
         "singularResource": str(res.get("singularResource") or ""),
         "verbs": _strings(res.get("verbs")),
     }
-    for key in ("shortNames", "categories"):
-        values = _strings(res.get(key))
-        if values:
-            out[key] = values
+    _add_names(out, res)
     subs = res.get("subresources")
     if isinstance(subs, list) and subs:
         out["subresources"] = [normalize_subresource(s) for s in subs if isinstance(s, Mapping)]
@@ -130,10 +136,7 @@ def convert_resource_list(resources: Sequence[Mapping[str, Any]]) -> list[dict[s
             "singularResource": str(r.get("singularName") or ""),
             "verbs": _strings(r.get("verbs")),
         }
-        for key in ("shortNames", "categories"):
-            values = _strings(r.get(key))
-            if values:
-                resource[key] = values
+        _add_names(resource, r)
         out.append(resource)
         parents[name] = len(out) - 1
     for r in resources:

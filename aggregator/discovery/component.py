@@ -16,10 +16,10 @@ from aggregator.discovery.aggregated import (
 from aggregator.discovery.delegated import DelegateDiscovery
 from aggregator.discovery.fetcher import DiscoveryFetcher, FetchState
 from aggregator.discovery.legacy import LegacyDiscovery
+from aggregator.discovery.metrics import DiscoveryMetrics
 from aggregator.kube.client import KubeClient
 from aggregator.sources.store import Event, Store
 from aggregator.web.context import RequestContext
-from aggregator.web.metrics import Metrics
 from aggregator.web.serverrequest import Response
 from aggregator.wire.negotiation import MediaType
 
@@ -41,14 +41,14 @@ class Discovery:
         *,
         backends: BackendFetcher,
         kube: KubeClient | None,
-        metrics: Metrics,
+        metrics: DiscoveryMetrics,
         reachability: Reachability | None = None,
         quarantine: Quarantined | None = None,
     ) -> None:
         self.quarantine = quarantine
         self.legacy = LegacyDiscovery(store, quarantine=quarantine)
         self.aggregated = AggregatedDiscovery(
-            self.entries, on_render=metrics.discovery_aggregations.inc, metadata=self.group_metadata
+            self.entries, on_render=metrics.aggregations.inc, metadata=self.group_metadata
         )
         self.delegate: DelegateDiscovery | None = None
         if kube is not None:

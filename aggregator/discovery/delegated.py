@@ -48,6 +48,7 @@ from aggregator.discovery.aggregated import (
     load_builtin_priorities,
 )
 from aggregator.discovery.fetcher import AGGREGATED_ACCEPT, FetchState, is_aggregated_content_type
+from aggregator.discovery.metrics import DiscoveryMetrics
 from aggregator.kube.calls import GET_APIS
 from aggregator.kube.client import describe_error
 from aggregator.model.apiservice import API_VERSION as REGISTRATION_GROUP_VERSION
@@ -59,7 +60,6 @@ from aggregator.wire.negotiation import DISCOVERY_KIND
 
 if TYPE_CHECKING:
     from aggregator.kube.client import KubeClient, KubeResponse
-    from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ class DelegateDiscovery(LoopComponent):
         store: Store,
         on_change: Callable[[], None],
         *,
-        metrics: Metrics | None = None,
+        metrics: DiscoveryMetrics | None = None,
         refresh_interval: float = 60.0,
         backoff_initial: float = 0.5,
         backoff_max: float = 60.0,
@@ -385,7 +385,7 @@ class DelegateDiscovery(LoopComponent):
         self.last_error = ""
         self._count(result)
         if self._metrics is not None:
-            self._metrics.discovery_last_success.labels(KUBE_APISERVER).set(started)
+            self._metrics.last_success.labels(KUBE_APISERVER).set(started)
         if self.state != previous:
             if self.legacy_only:
                 log.warning(
@@ -431,4 +431,4 @@ class DelegateDiscovery(LoopComponent):
 
     def _count(self, result: str) -> None:
         if self._metrics is not None:
-            self._metrics.discovery_fetches.labels(KUBE_APISERVER, result).inc()
+            self._metrics.fetches.labels(KUBE_APISERVER, result).inc()

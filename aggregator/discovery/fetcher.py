@@ -39,13 +39,14 @@ from aggregator.discovery.aggregated import (
     convert_resource_list,
     normalize_resource,
 )
+from aggregator.discovery.metrics import DiscoveryMetrics
 from aggregator.model.apiservice import APIService
 from aggregator.model.userinfo import AGGREGATOR, AGGREGATOR_USER, UserInfo
 from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.util.logs import fields
 from aggregator.util.loops import KeyedLoops, LoopComponent
 from aggregator.util.tasks import TaskSet
-from aggregator.web.metrics import Children, Metrics
+from aggregator.web.metrics import Children
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, DISCOVERY_VERSIONS
 from aggregator.wire.redirects import REDIRECT_MESSAGE, is_redirect
 
@@ -126,7 +127,7 @@ class DiscoveryFetcher(LoopComponent):
         backends: BackendFetcher,
         on_change: Callable[[], None],
         *,
-        metrics: Metrics | None = None,
+        metrics: DiscoveryMetrics | None = None,
         reachability: Reachability | None = None,
         refresh_interval: float = 60.0,
         backoff_initial: float = 0.5,
@@ -140,8 +141,8 @@ class DiscoveryFetcher(LoopComponent):
         self._metrics = metrics
         self.reachability = reachability
         if metrics is not None:
-            self._fetches = Children(metrics.discovery_fetches)
-            self._last_success = Children(metrics.discovery_last_success)
+            self._fetches = Children(metrics.fetches)
+            self._last_success = Children(metrics.last_success)
         self.timeout = timeout
         self.states: dict[str, FetchState] = {}
         self.loops: KeyedLoops[str] = KeyedLoops(
@@ -161,14 +162,7 @@ class DiscoveryFetcher(LoopComponent):
 
     async def start(self) -> None:
         """The loops run once the store has synced (at once in local mode)."""
-        if self.store.synced:
-            self.loops.start()
-        else:
-            self._tasks.spawn(self._start_when_synced(), name="start")
-
-    async def _start_when_synced(self) -> None:
-        await self.store.wait_synced()
-        self.loops.start()
+        self.store.when_synced(self._tasks, self.loops.start, name="start")
 
     async def stop(self) -> None:
         await self._tasks.close()
@@ -197,9 +191,8 @@ class DiscoveryFetcher(LoopComponent):
             else:
                 self._track(event.obj)
             return
-        for namespace, name in event.services():
-            for svc in self.store.apiservices_for_service(namespace, name):
-                self.poke(svc.name)
+        for svc in self.store.affected_by(event):
+            self.poke(svc.name)
 
     def _track(self, svc: APIService) -> None:
         if svc.local:

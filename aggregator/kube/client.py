@@ -21,7 +21,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 import aiohttp
 import yarl
@@ -39,6 +39,23 @@ IN_CLUSTER_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 IN_CLUSTER_CA_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 
 Params = Mapping[str, str | int | float]
+
+
+class JSONCallOptions(TypedDict, total=False):
+    """What a call names besides its `ApiCall`: the object, the query, a JSON body, a timeout."""
+
+    namespace: str | None
+    name: str | None
+    params: Params | None
+    json_body: Any
+    client_timeout: aiohttp.ClientTimeout | None
+
+
+class CallOptions(JSONCallOptions, total=False):
+    """A call's options with a raw body and extra headers (`stream` and `request`)."""
+
+    data: bytes | None
+    headers: Mapping[str, str] | None
 
 
 class KubeError(Exception):
@@ -351,16 +368,7 @@ class KubeClient:
 
     @contextlib.asynccontextmanager
     async def stream(
-        self,
-        call: ApiCall,
-        *,
-        namespace: str | None = None,
-        name: str | None = None,
-        params: Params | None = None,
-        json_body: Any = None,
-        data: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-        client_timeout: aiohttp.ClientTimeout | None = None,
+        self, call: ApiCall, **options: Unpack[CallOptions]
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Open a request and yield the response unread (watches read it line by line).
 
@@ -372,15 +380,17 @@ class KubeClient:
         await self.load()
         request_headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         request_headers.update(await self.auth_headers())
+        data, json_body, headers = options.get("data"), options.get("json_body"), options.get("headers")
         if json_body is not None:
             data = json.dumps(json_body, separators=(",", ":")).encode()
             request_headers["Content-Type"] = "application/json"
         if headers:
             request_headers.update(headers)
-        query: dict[str, str] = {k: str(v) for k, v in (params or {}).items()}
+        query: dict[str, str] = {k: str(v) for k, v in (options.get("params") or {}).items()}
         if call.verb == "watch":
             query["watch"] = "true"
-        url = yarl.URL(self.base_url + call.url_path(namespace=namespace, name=name))
+        path = call.url_path(namespace=options.get("namespace"), name=options.get("name"))
+        url = yarl.URL(self.base_url + path)
         if query:
             url = url.with_query(query)
         session = self._get_session()
@@ -390,7 +400,7 @@ class KubeClient:
                 url,
                 data=data,
                 headers=request_headers,
-                timeout=client_timeout or self.request_timeout,
+                timeout=options.get("client_timeout") or self.request_timeout,
                 allow_redirects=False,
                 **self.connect_kwargs(),
             )
@@ -403,54 +413,18 @@ class KubeClient:
         finally:
             response.release()
 
-    async def request(
-        self,
-        call: ApiCall,
-        *,
-        namespace: str | None = None,
-        name: str | None = None,
-        params: Params | None = None,
-        json_body: Any = None,
-        data: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-        client_timeout: aiohttp.ClientTimeout | None = None,
-    ) -> KubeResponse:
+    async def request(self, call: ApiCall, **options: Unpack[CallOptions]) -> KubeResponse:
         """One call with its whole body read; any status is returned, connection failures raise."""
-        async with self.stream(
-            call,
-            namespace=namespace,
-            name=name,
-            params=params,
-            json_body=json_body,
-            data=data,
-            headers=headers,
-            client_timeout=client_timeout,
-        ) as response:
+        async with self.stream(call, **options) as response:
             try:
                 body = await response.read()
             except (aiohttp.ClientError, TimeoutError, OSError) as err:
                 raise KubeUnreachable(f"{call}: {describe_error(err)}") from err
             return KubeResponse(response.status, dict(response.headers), body)
 
-    async def request_json(
-        self,
-        call: ApiCall,
-        *,
-        namespace: str | None = None,
-        name: str | None = None,
-        params: Params | None = None,
-        json_body: Any = None,
-        client_timeout: aiohttp.ClientTimeout | None = None,
-    ) -> Any:
+    async def request_json(self, call: ApiCall, **options: Unpack[JSONCallOptions]) -> Any:
         """One call returning the decoded JSON body; a non-2xx answer raises KubeAPIError."""
-        response = await self.request(
-            call,
-            namespace=namespace,
-            name=name,
-            params=params,
-            json_body=json_body,
-            client_timeout=client_timeout,
-        )
+        response = await self.request(call, **options)
         if not 200 <= response.status < 300:
             raise KubeAPIError(
                 call, response.status, _status_body(response.body), response.body.decode("utf-8", "replace")

@@ -96,31 +96,35 @@ def regex_error(msg: str, fmt: str, *examples: str) -> str:
     return msg + f"regex used for validation is '{fmt}')"
 
 
-def is_dns1123_label(value: str) -> list[str]:
+def _dns_name_errors(
+    value: str, max_len: int, pattern: re.Pattern[str], msg: str, fmt: str, *examples: str
+) -> list[str]:
+    """The length, then the pattern: how apimachinery's `IsDNS1123Label`, `IsDNS1123Subdomain` and
+    `IsDNS1035Label` each check a name (they differ only in these arguments)."""
     errs = []
-    if len(value) > 63:
-        errs.append(max_len_error(63))
-    if not _DNS1123_LABEL.fullmatch(value):
-        errs.append(regex_error(DNS1123_LABEL_MSG, DNS1123_LABEL_FMT, "my-name", "123-abc"))
+    if len(value) > max_len:
+        errs.append(max_len_error(max_len))
+    if not pattern.fullmatch(value):
+        errs.append(regex_error(msg, fmt, *examples))
     return errs
+
+
+def is_dns1123_label(value: str) -> list[str]:
+    return _dns_name_errors(
+        value, 63, _DNS1123_LABEL, DNS1123_LABEL_MSG, DNS1123_LABEL_FMT, "my-name", "123-abc"
+    )
 
 
 def is_dns1123_subdomain(value: str) -> list[str]:
-    errs = []
-    if len(value) > 253:
-        errs.append(max_len_error(253))
-    if not _DNS1123_SUBDOMAIN.fullmatch(value):
-        errs.append(regex_error(DNS1123_SUBDOMAIN_MSG, DNS1123_SUBDOMAIN_FMT, "example.com"))
-    return errs
+    return _dns_name_errors(
+        value, 253, _DNS1123_SUBDOMAIN, DNS1123_SUBDOMAIN_MSG, DNS1123_SUBDOMAIN_FMT, "example.com"
+    )
 
 
 def is_dns1035_label(value: str) -> list[str]:
-    errs = []
-    if len(value) > 63:
-        errs.append(max_len_error(63))
-    if not _DNS1035_LABEL.fullmatch(value):
-        errs.append(regex_error(DNS1035_LABEL_MSG, DNS1035_LABEL_FMT, "my-name", "abc-123"))
-    return errs
+    return _dns_name_errors(
+        value, 63, _DNS1035_LABEL, DNS1035_LABEL_MSG, DNS1035_LABEL_FMT, "my-name", "abc-123"
+    )
 
 
 def is_valid_path_segment_name(name: str) -> list[str]:

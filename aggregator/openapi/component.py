@@ -50,6 +50,7 @@ from aggregator.openapi.documents import Document
 from aggregator.openapi.gnostic import CONTENT_TYPE as PROTOBUF_CONTENT_TYPE
 from aggregator.openapi.gnostic import encode_document
 from aggregator.openapi.merge import JSON, drop_prefixes, filter_paths, keep_prefixes, merge_documents
+from aggregator.openapi.metrics import OpenAPIMetrics
 from aggregator.openapi.readiness import FirstDownload
 from aggregator.openapi.sources import V2_PATH, V3_ROOT, Answer, OpenAPISource
 from aggregator.sources.store import Event, Kind, Store
@@ -58,7 +59,6 @@ from aggregator.util.coalesce import Throttled
 from aggregator.util.logs import fields
 from aggregator.util.loops import KeyedLoops
 from aggregator.util.tasks import TaskSet
-from aggregator.web.metrics import Metrics
 from aggregator.wire.jsonenc import go_marshal
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ class OpenAPIAggregation:
         *,
         backends: BackendFetcher,
         kube: KubeClient | None,
-        metrics: Metrics,
+        metrics: OpenAPIMetrics,
         local_mode: bool,
         refresh_interval: float = 60.0,
         backoff_initial: float = 1.0,
@@ -297,14 +297,7 @@ class OpenAPIAggregation:
 
     async def start(self) -> None:
         """Downloads begin once the store has synced (at once in local mode)."""
-        if self.store.synced:
-            self._begin()
-        else:
-            self._tasks.spawn(self._begin_when_synced(), name="start")
-
-    async def _begin_when_synced(self) -> None:
-        await self.store.wait_synced()
-        self._begin()
+        self.store.when_synced(self._tasks, self._begin, name="start")
 
     def _begin(self) -> None:
         self._started = True
@@ -564,8 +557,8 @@ class OpenAPIAggregation:
             self._v2.signature = signature
             self.v2 = published
             elapsed = time.monotonic() - started
-            self.metrics.openapi_v2_merges.inc()
-            self.metrics.openapi_v2_merge_duration.set(elapsed)
+            self.metrics.v2_merges.inc()
+            self.metrics.v2_merge_duration.set(elapsed)
             for name, reason in published.skipped:
                 log.warning(
                     "OpenAPI v2 document left out of the merge", extra=fields(source=name, reason=reason)

@@ -78,25 +78,24 @@ def _path_items(paths: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
 
 def used_references(spec: Mapping[str, Any]) -> tuple[set[str], set[str]]:
     """Names of the definitions and shared parameters reachable from the document's paths."""
-    definitions = spec.get("definitions") or {}
-    parameters = spec.get("parameters") or {}
     used_definitions: set[str] = set()
     used_parameters: set[str] = set()
+    # What a reference may point at: its prefix, the names used so far, the document's section.
+    kinds = (
+        (DEFINITION_PREFIX, used_definitions, spec.get("definitions") or {}),
+        (PARAMETER_PREFIX, used_parameters, spec.get("parameters") or {}),
+    )
     pending: list[Any] = [dict(_path_items(spec.get("paths") or {}))]
     while pending:
         for ref in _refs(pending.pop()):
-            if ref.startswith(DEFINITION_PREFIX):
-                name = ref[len(DEFINITION_PREFIX) :]
-                if name not in used_definitions:
-                    used_definitions.add(name)
-                    if name in definitions:
-                        pending.append(definitions[name])
-            elif ref.startswith(PARAMETER_PREFIX):
-                name = ref[len(PARAMETER_PREFIX) :]
-                if name not in used_parameters:
-                    used_parameters.add(name)
-                    if name in parameters:
-                        pending.append(parameters[name])
+            for prefix, used, section in kinds:
+                if ref.startswith(prefix):
+                    name = ref[len(prefix) :]
+                    if name not in used:
+                        used.add(name)
+                        if name in section:
+                            pending.append(section[name])
+                    break
     return used_definitions, used_parameters
 
 

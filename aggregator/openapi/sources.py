@@ -43,14 +43,13 @@ from urllib.parse import parse_qs, urlsplit
 from aggregator.backends.errors import BackendError
 from aggregator.openapi.convert import group_version_document
 from aggregator.openapi.documents import Document
+from aggregator.openapi.metrics import OpenAPIMetrics
 from aggregator.util.logs import fields
 from aggregator.web.metrics import Children
 from aggregator.wire.jsonenc import go_marshal
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
-
-    from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ class OpenAPISource:
     get: Getter
     # Which `/openapi/v3` keys (`apis/<g>/<v>`) to download from this source.
     wants: Callable[[str], bool]
-    metrics: Metrics | None = None
+    metrics: OpenAPIMetrics | None = None
     # The APIServices a backend's documents serve, by name: what logs and metrics are labelled
     # with (APIServices of one Service with different caBundles are different sources, and only
     # these names tell them apart). None for kube-apiserver, which is labelled by its `name`.
@@ -214,7 +213,7 @@ class OpenAPISource:
 
     def __post_init__(self) -> None:
         if self.metrics is not None:
-            self._fetches = Children(self.metrics.openapi_fetches)
+            self._fetches = Children(self.metrics.fetches)
 
     # --- one refresh -----------------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ user here is the impersonated one, and no `Impersonate-*` header reaches the bac
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass, field
+
 from aggregator.backends.addresses import PendingLookup
 from aggregator.backends.bounds import read_bounds
 from aggregator.backends.errors import BackendError
@@ -88,6 +90,7 @@ class ServedAPIService:
         return await self.proxy.serve(self, ctx, discovery=False)
 
 
+@dataclass(eq=False)
 class APIServiceProxy:
     """Serves the routes of remote APIServices (upstream's `proxyHandler`, one per group-version).
 
@@ -96,28 +99,20 @@ class APIServiceProxy:
     does): they keep every `ServedAPIService` current.
     """
 
-    def __init__(
-        self,
-        store: Store,
-        *,
-        availability: Availability,
-        handling: HandlingTable,
-        forwarder: Forwarder,
-        fallback: Handler,
-        recheck: Recheck | None = None,
-        timeouts: RequestTimeouts | None = None,
-    ) -> None:
-        self.store = store
-        self.availability = availability
-        self.recheck = recheck
-        self.handling = handling
-        self.forwarder = forwarder
-        self.fallback = fallback
-        self.timeouts = timeouts
-        # The routing table: (group, version) -> the APIService serving it.
-        self._routes: dict[tuple[str, str], ServedAPIService] = {}
-        self._served: dict[str, ServedAPIService] = {}
-        for svc in store.apiservices():
+    store: Store
+    _: KW_ONLY
+    availability: Availability
+    handling: HandlingTable
+    forwarder: Forwarder
+    fallback: Handler
+    recheck: Recheck | None = None
+    timeouts: RequestTimeouts | None = None
+    # The routing table: (group, version) -> the APIService serving it.
+    _routes: dict[tuple[str, str], ServedAPIService] = field(default_factory=dict, init=False)
+    _served: dict[str, ServedAPIService] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        for svc in self.store.apiservices():
             self._register(svc)
 
     # --- keeping each APIService current -------------------------------------------------------------

@@ -31,8 +31,11 @@ from collections.abc import Callable, Sequence
 
 from aggregator.backends.bounds import DEFAULT_BOUNDS, Bounds
 from aggregator.proxy.destination import Destination
-from aggregator.web.metrics import FIRST_BYTE_BUCKETS
+from aggregator.web.metrics import LATENCY_BUCKETS
 
+# Time-to-first-byte buckets of `aggregator_endpoint_first_byte_duration_seconds` (endpointmetrics.py),
+# counted on each endpoint.
+FIRST_BYTE_BUCKETS = LATENCY_BUCKETS
 # The answers that count towards `consecutive_errors`.
 BAD_ANSWERS = frozenset({502, 503, 504})
 # The weight of the newest time to first byte in an endpoint's moving average.
@@ -72,7 +75,7 @@ class Endpoint:
         self.destination = destination
         self.authority = destination.authority
         self.outstanding = 0
-        # `aggregator_endpoint_requests_total` and the time-to-first-byte histogram (web/metrics.py).
+        # `aggregator_endpoint_requests_total` and the time-to-first-byte histogram (endpointmetrics.py).
         self.attempts = 0
         self.first_byte_counts = [0] * (len(FIRST_BYTE_BUCKETS) + 1)
         self.first_byte_sum = 0.0

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 import aiohttp
 from multidict import CIMultiDict
@@ -37,12 +37,13 @@ from aggregator.proxy.destination import Destination
 from aggregator.proxy.endpointmetrics import IDEMPOTENT as IDEMPOTENT_RETRY
 from aggregator.proxy.endpointmetrics import UNSENT, EndpointMetrics
 from aggregator.proxy.endpoints import BAD_ANSWERS, Endpoint, Endpoints
+from aggregator.proxy.metrics import ProxyMetrics
 from aggregator.proxy.upgrade import BODY_REFUSED, UpgradeTunnel, upgrade_refusal
 from aggregator.util.logs import fields
 from aggregator.web.accesslog import RETRIED
 from aggregator.web.context import RequestContext
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Children, Metrics
+from aggregator.web.metrics import Children
 from aggregator.web.responses import status_response
 from aggregator.web.serverrequest import Answer, Response, StreamedResponse
 from aggregator.wire.redirects import (
@@ -93,46 +94,22 @@ class _Failure:
     eject: bool
 
 
+@dataclass(slots=True, eq=False)
 class _Attempts:
     """One request's attempts: where the current one goes, and the bookkeeping of each (the
     endpoint's requests in flight, its answers and failures, metrics, the access log's fields)."""
 
-    __slots__ = (
-        "bounds",
-        "chunked",
-        "ctx",
-        "dest",
-        "endpoint",
-        "endpoints",
-        "head",
-        "head_for",
-        "metrics",
-        "sent",
-        "tries",
-    )
-
-    def __init__(
-        self,
-        ctx: RequestContext,
-        dest: Destination,
-        endpoint: Endpoint | None,
-        endpoints: Endpoints | None,
-        bounds: Bounds,
-        head_for: Callable[[Destination], bytes],
-        chunked: bool,
-        metrics: EndpointMetrics | None = None,
-    ) -> None:
-        self.ctx = ctx
-        self.dest = dest
-        self.endpoint = endpoint
-        self.endpoints = endpoints
-        self.bounds = bounds
-        self.head_for = head_for
-        self.head = head_for(dest)
-        self.chunked = chunked
-        self.metrics = metrics
-        self.tries = 0
-        self.sent = 0.0
+    ctx: RequestContext
+    dest: Destination
+    endpoint: Endpoint | None
+    endpoints: Endpoints | None
+    bounds: Bounds
+    head_for: Callable[[Destination], bytes]
+    head: bytes  # `head_for(dest)`, written again when a retry goes to another endpoint
+    chunked: bool
+    metrics: EndpointMetrics | None = None
+    tries: int = field(default=0, init=False)
+    sent: float = field(default=0.0, init=False)
 
     def begin(self) -> None:
         endpoint = self.endpoint
@@ -215,26 +192,22 @@ class _Attempts:
                 self.head = self.head_for(self.dest)
 
 
+@dataclass(eq=False)
 class Forwarder:
-    def __init__(
-        self,
-        metrics: Metrics,
-        tunnel: UpgradeTunnel,
-        *,
-        recheck: Recheck | None = None,
-        in_flight: InFlight | None = None,
-    ) -> None:
-        self.metrics = metrics
-        self.tunnel = tunnel
-        self.recheck = recheck
-        # Ends long-running answers on shutdown (web/longrunning.py).
-        self.in_flight = in_flight or InFlight()
+    metrics: ProxyMetrics
+    tunnel: UpgradeTunnel
+    _: KW_ONLY
+    recheck: Recheck | None = None
+    # Ends long-running answers on shutdown (web/longrunning.py).
+    in_flight: InFlight = field(default_factory=InFlight)
+    _last_logged: dict[tuple[str, str], float] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
         # `aggregator_proxy_requests_total{apiservice, verb, code}` and the duration histogram.
-        self._requests = Children(metrics.proxy_requests)
-        self._durations = Children(metrics.proxy_duration)
+        self._requests = Children(self.metrics.requests)
+        self._durations = Children(self.metrics.duration)
         # Per APIService and endpoint (the delegate's requests are not counted there).
-        self.endpoint_metrics = EndpointMetrics(metrics)
-        self._last_logged: dict[tuple[str, str], float] = {}
+        self.endpoint_metrics = self.metrics.endpoints
 
     async def send(
         self,
@@ -304,6 +277,7 @@ class Forwarder:
                 endpoints,
                 bounds,
                 head_for,
+                head_for(dest),
                 chunked,
                 self.endpoint_metrics if endpoint is not None else None,
             )

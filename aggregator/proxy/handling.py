@@ -240,10 +240,7 @@ class HandlingTable:
 
     def affected(self, event: Event) -> list[APIService]:
         """The APIServices a change of a Service or an EndpointSlice touches."""
-        found: list[APIService] = []
-        for namespace, service in event.services():
-            found.extend(self.store.apiservices_for_service(namespace, service))
-        return found
+        return self.store.affected_by(event)
 
     async def start(self) -> None:
         """`contracts.Component`: nothing runs until an endpoint is ejected."""

@@ -42,11 +42,11 @@ from aggregator.backends.headers import request_headers, response_headers
 from aggregator.contracts import Recheck
 from aggregator.model.userinfo import UserInfo
 from aggregator.proxy.destination import Destination
+from aggregator.proxy.metrics import ProxyMetrics
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
 from aggregator.web.context import RequestContext
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Metrics
 from aggregator.web.responses import status_response
 from aggregator.web.serverrequest import Answer, Response, Tunnel
 
@@ -89,7 +89,7 @@ def upgrade_refusal(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> str | 
     return None
 
 
-def upgrade_gate(metrics: Metrics) -> Callable[[RequestContext], Response | None]:
+def upgrade_gate(metrics: ProxyMetrics) -> Callable[[RequestContext], Response | None]:
     """A pipeline gate: upgrade requests on routes that never serve them get a 400 (k/k#72113)."""
 
     def refuse_upgrades(ctx: RequestContext) -> Response | None:
@@ -183,7 +183,7 @@ class _ClientBytes:
 
 class UpgradeTunnel:
     def __init__(
-        self, metrics: Metrics, *, recheck: Recheck | None = None, in_flight: InFlight | None = None
+        self, metrics: ProxyMetrics, *, recheck: Recheck | None = None, in_flight: InFlight | None = None
     ) -> None:
         self.metrics = metrics
         # Told when a backend cannot be dialed or its TLS fails, as the forwarder tells it.

@@ -21,11 +21,11 @@ from dataclasses import replace
 
 from aggregator.assembly import build_gateway
 from aggregator.config import Config
+from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.runners.server import GatewayServer, shut_down
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import configure_logging, fields
 from aggregator.util.runtime import new_event_loop, settle_heap, wait_for_termination
-from aggregator.web.metrics import Metrics
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import Hello, Listening
 from aggregator.workers.replica import Replica
@@ -60,7 +60,7 @@ async def serve(fd: int) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(_WorkerField(hello.index))
     try:
-        metrics = Metrics()
+        metrics = GatewayMetrics.declare()
         replica = Replica(channel, hello, collect=lambda: list(metrics.registry.collect()))
         replica.apply(await channel.receive())  # the snapshot: the store is full before routing
         gateway = build_gateway(config, replica=replica, metrics=metrics)

@@ -20,12 +20,11 @@ from aggregator.kube.client import KubeClient
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.decode import DecodeError
 from aggregator.model.objects import decode_endpointslice, decode_service
-from aggregator.sources.reflector import ListWatch, Reflector, paged_list
+from aggregator.sources.reflector import ListWatch, Reflector, WatchMetrics, paged_list
 from aggregator.sources.store import DELETED, Key, Kind, Obj, Store
 from aggregator.util.backoff import Backoff
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
-from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +159,7 @@ class KubeSource:
         self,
         client: KubeClient,
         store: Store,
-        metrics: Metrics,
+        metrics: WatchMetrics,
         *,
         watch_timeout: float = 300.0,
         read_margin: float = 30.0,

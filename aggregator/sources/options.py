@@ -34,8 +34,23 @@ _HELP = {
 }
 
 
+class _Mode:
+    """The mode a folder selects, read alike from the options and from the config they complete."""
+
+    apiservices_dir: str | None
+
+    @property
+    def local_mode(self) -> bool:
+        """Objects come from a folder; the kubeconfig (if any) is only used for reviews."""
+        return self.apiservices_dir is not None
+
+    @property
+    def kube_mode(self) -> bool:
+        return not self.local_mode
+
+
 @dataclass
-class SourceOptions:
+class SourceOptions(_Mode):
     kubeconfig: str | None = None
     apiservices_dir: str | None = None
 
@@ -47,14 +62,6 @@ class SourceOptions:
             and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
             and IN_CLUSTER_TOKEN.exists()
         )
-
-    @property
-    def local_mode(self) -> bool:
-        return self.apiservices_dir is not None
-
-    @property
-    def kube_mode(self) -> bool:
-        return not self.local_mode
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser, prefix: str, *, command: str = "serve") -> None:
@@ -81,22 +88,13 @@ class SourceOptions:
 
 
 @dataclass(frozen=True)
-class SourceConfig:
+class SourceConfig(_Mode):
     """Where objects come from (`SourceOptions.apply_to`): kube mode watches kube-apiserver (with
     `kubeconfig`, or the pod's account), local mode reads `apiservices_dir`."""
 
     kubeconfig: str | None = None
     apiservices_dir: str | None = None
     in_cluster: bool = False
-
-    @property
-    def local_mode(self) -> bool:
-        """Objects come from a folder; the kubeconfig (if any) is only used for reviews."""
-        return self.apiservices_dir is not None
-
-    @property
-    def kube_mode(self) -> bool:
-        return not self.local_mode
 
     def kube_client(self) -> KubeClient | None:
         """The gateway's client: `--kubeconfig` if given, else the pod's service account in kube mode.

@@ -22,16 +22,16 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
+from prometheus_client import CollectorRegistry, Counter
 
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, describe_error
 from aggregator.util.backoff import Backoff
 from aggregator.util.logs import fields
-from aggregator.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -120,38 +120,44 @@ class WatchErrorEvent(Exception):
     """An in-band ERROR event other than 410: relist after a backoff, as client-go does."""
 
 
+class WatchMetrics:
+    """How often the reflectors had to start a watch again, and to list everything again."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.restarts = Counter(
+            "aggregator_watch_restarts", "Watches restarted, by resource.", ["resource"], registry=registry
+        )
+        self.relists = Counter(
+            "aggregator_watch_relists",
+            "Full relists (410 Gone or ERROR events), by resource.",
+            ["resource"],
+            registry=registry,
+        )
+
+
+@dataclass(eq=False)
 class Reflector:
     """Keeps one target equal to one collection of kube-apiserver's."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        source: ListWatch,
-        target: ReflectorTarget,
-        *,
-        metrics: Metrics | None = None,
-        watch_timeout: float = 300.0,
-        read_margin: float = 30.0,
-        backoff: Backoff | None = None,
-    ) -> None:
-        self.client = client
-        self.source = source
-        self.target = target
-        self.metrics = metrics
-        self.watch_timeout = watch_timeout
-        self.read_margin = read_margin
-        self.backoff = backoff or Backoff()
-        self.resource_version = ""
-        self.synced = asyncio.Event()
-        # Set once the first list has succeeded or failed: a caller may wait for the first answer.
-        self.answered = asyncio.Event()
-        # Observability: consecutive failures and the latest reason (for logs and tests).
-        self.failures = 0
-        self.last_error: str | None = None
-        self._rng = random.Random()
-        self._listed_at = 0.0
-        # The last list's version was gone at once: lists do not reset the backoff until a watch works.
-        self._gone_at_once = False
+    client: KubeClient
+    source: ListWatch
+    target: ReflectorTarget
+    _: KW_ONLY
+    metrics: WatchMetrics | None = None
+    watch_timeout: float = 300.0
+    read_margin: float = 30.0
+    backoff: Backoff = field(default_factory=Backoff)
+    resource_version: str = field(default="", init=False)
+    synced: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    # Set once the first list has succeeded or failed: a caller may wait for the first answer.
+    answered: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    # Observability: consecutive failures and the latest reason (for logs and tests).
+    failures: int = field(default=0, init=False)
+    last_error: str | None = field(default=None, init=False)
+    _rng: random.Random = field(default_factory=random.Random, init=False)
+    _listed_at: float = field(default=0.0, init=False)
+    # The last list's version was gone at once: lists do not reset the backoff until a watch works.
+    _gone_at_once: bool = field(default=False, init=False)
 
     @property
     def name(self) -> str:
@@ -195,11 +201,11 @@ class Reflector:
 
     def _count_relist(self) -> None:
         if self.metrics is not None:
-            self.metrics.watch_relists.labels(self.name).inc()
+            self.metrics.relists.labels(self.name).inc()
 
     def _count_restart(self) -> None:
         if self.metrics is not None:
-            self.metrics.watch_restarts.labels(self.name).inc()
+            self.metrics.restarts.labels(self.name).inc()
 
     async def _fail(self, reason: str) -> None:
         self.answered.set()

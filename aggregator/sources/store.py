@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from aggregator.model.apiservice import APIService, Condition
 from aggregator.model.objects import EndpointSlice, Service
+from aggregator.util.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,14 @@ class Store:
         found = (self.apiservice(n) for n in names)
         return [svc for svc in found if svc is not None]
 
+    def affected_by(self, event: Event) -> list[APIService]:
+        """The APIServices a change of a Service or an EndpointSlice touches (what availability,
+        discovery and the proxy's endpoints look at again)."""
+        found: list[APIService] = []
+        for namespace, service in event.services():
+            found.extend(self.apiservices_for_service(namespace, service))
+        return found
+
     def get(self, kind: Kind, namespace: str, name: str) -> Obj | None:
         return self._objects[kind].get((namespace, name))
 
@@ -170,6 +179,20 @@ class Store:
 
     async def wait_synced(self) -> None:
         await self._synced.wait()
+
+    def when_synced(self, tasks: TaskSet, begin: Callable[[], None], *, name: str) -> None:
+        """Call `begin` once the store has synced: at once when it has (local mode reads its folder
+        before the components start), else from a task of `tasks`. Like upstream's controllers
+        waiting for their informers: a Service not listed yet is not a missing Service."""
+        if self.synced:
+            begin()
+            return
+
+        async def begin_at_sync() -> None:
+            await self.wait_synced()
+            begin()
+
+        tasks.spawn(begin_at_sync(), name=name)
 
     def synced_check(self) -> str | None:
         """The `/readyz` check `apiservice-registry-synced`."""

@@ -62,20 +62,27 @@ def _validity(days: int, not_before: dt.datetime | None) -> tuple[dt.datetime, d
     return start, start + dt.timedelta(days=days)
 
 
-def new_ca(common_name: str, *, days: int = CA_DAYS) -> KeyPair:
-    """A self-signed CA that may only sign certificates."""
-    key = new_key()
-    start, end = _validity(days, None)
-    name = _name(common_name)
-    cert = (
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: PrivateKey,
+    days: int,
+    not_before: dt.datetime | None,
+    *,
+    ca: bool,
+) -> x509.CertificateBuilder:
+    """What a CA and a leaf have alike: names, key, serial, validity, basic constraints, and the
+    key usage (digital signature; a CA signs certificates and CRLs, and nothing else does)."""
+    start, end = _validity(days, not_before)
+    return (
         x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
+        .subject_name(subject)
+        .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -83,13 +90,22 @@ def new_ca(common_name: str, *, days: int = CA_DAYS) -> KeyPair:
                 key_encipherment=False,
                 data_encipherment=False,
                 key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
+                key_cert_sign=ca,
+                crl_sign=ca,
                 encipher_only=False,
                 decipher_only=False,
             ),
             critical=True,
         )
+    )
+
+
+def new_ca(common_name: str, *, days: int = CA_DAYS) -> KeyPair:
+    """A self-signed CA that may only sign certificates."""
+    key = new_key()
+    name = _name(common_name)
+    cert = (
+        _builder(name, name, key, days, None, ca=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -120,30 +136,8 @@ def _issue(
     not_before: dt.datetime | None = None,
 ) -> KeyPair:
     key = new_key()
-    start, end = _validity(days, not_before)
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        _builder(subject, ca.cert.subject, key, days, not_before, ca=False)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False

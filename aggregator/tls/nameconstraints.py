@@ -10,14 +10,12 @@ from __future__ import annotations
 import ipaddress
 import urllib.parse
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 from cryptography import x509
 
 from aggregator.model.fielderrors import go_quote
-
-_T = TypeVar("_T")
-
 
 NOT_AUTHORIZED = "x509: a root or intermediate certificate is not authorized to sign for this name: "
 
@@ -83,21 +81,42 @@ def _match_uri(uri: str, constraint: str) -> bool:
     raise _Unmatchable(f"URI with IP ({go_quote(uri)}) cannot be matched against constraints")
 
 
-def _check(
-    kind: str,
-    name: str,
-    matches: Callable[[_T], bool],
-    permitted: Sequence[_T],
-    excluded: Sequence[_T],
-    shown: Callable[[_T], str],
-) -> str | None:
-    """crypto/x509 `checkNameConstraints`: exclusions first, then at least one permission."""
-    for constraint in excluded:
-        if matches(constraint):
-            return f"{kind} {go_quote(name)} is excluded by constraint {go_quote(shown(constraint))}"
-    if permitted and not any(matches(constraint) for constraint in permitted):
-        return f"{kind} {go_quote(name)} is not permitted by any constraint"
-    return None
+def _match_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, constraint: object) -> bool:
+    """crypto/x509 `matchIPConstraint`: the address lies in a network of its own family."""
+    return (
+        isinstance(constraint, ipaddress.IPv4Network | ipaddress.IPv6Network)
+        and constraint.version == ip.version
+        and ip in constraint
+    )
+
+
+def _parse_dns(dns: str) -> None:
+    if _reverse_labels(dns) is None:
+        raise _Unparsable(f"x509: cannot parse dnsName {go_quote(dns)}")
+
+
+def _parse_email(email: str) -> None:
+    if "@" not in email:
+        raise _Unparsable(f"x509: cannot parse rfc822Name {go_quote(email)}")
+
+
+@dataclass(frozen=True)
+class _NameType:
+    """How Go checks one type of subject-alternative name: what its errors call it, how it parses
+    the name (raising `_Unparsable`), and how a constraint of the same type matches it."""
+
+    kind: str
+    matches: Callable[[Any, object], bool]
+    parse: Callable[[Any], None] = lambda value: None
+
+
+# The four name types `checkNameConstraints` is called for, in Go's order; it ignores the others.
+_NAME_TYPES: dict[type[x509.GeneralName], _NameType] = {
+    x509.DNSName: _NameType("DNS name", lambda dns, c: _match_domain(dns, str(c)), _parse_dns),
+    x509.RFC822Name: _NameType("email address", lambda email, c: _match_email(email, str(c)), _parse_email),
+    x509.UniformResourceIdentifier: _NameType("URI", lambda uri, c: _match_uri(uri, str(c))),
+    x509.IPAddress: _NameType("IP address", _match_ip),
+}
 
 
 def _values(subtrees: Sequence[x509.GeneralName] | None, kind: type[x509.GeneralName]) -> list[object]:
@@ -105,56 +124,19 @@ def _values(subtrees: Sequence[x509.GeneralName] | None, kind: type[x509.General
 
 
 def _violation_for(name: x509.GeneralName, nc: x509.NameConstraints) -> str | None:
-    permitted, excluded = nc.permitted_subtrees, nc.excluded_subtrees
-    if isinstance(name, x509.DNSName):
-        dns = name.value
-        if _reverse_labels(dns) is None:
-            raise _Unparsable(f"x509: cannot parse dnsName {go_quote(dns)}")
-        return _check(
-            "DNS name",
-            dns,
-            lambda c: _match_domain(dns, str(c)),
-            _values(permitted, x509.DNSName),
-            _values(excluded, x509.DNSName),
-            str,
-        )
-    if isinstance(name, x509.RFC822Name):
-        email = name.value
-        if "@" not in email:
-            raise _Unparsable(f"x509: cannot parse rfc822Name {go_quote(email)}")
-        return _check(
-            "email address",
-            email,
-            lambda c: _match_email(email, str(c)),
-            _values(permitted, x509.RFC822Name),
-            _values(excluded, x509.RFC822Name),
-            str,
-        )
-    if isinstance(name, x509.UniformResourceIdentifier):
-        uri = name.value
-        return _check(
-            "URI",
-            uri,
-            lambda c: _match_uri(uri, str(c)),
-            _values(permitted, x509.UniformResourceIdentifier),
-            _values(excluded, x509.UniformResourceIdentifier),
-            str,
-        )
-    if isinstance(name, x509.IPAddress):
-        ip = name.value
-        return _check(
-            "IP address",
-            str(ip),
-            lambda c: (
-                isinstance(c, ipaddress.IPv4Network | ipaddress.IPv6Network)
-                and c.version == ip.version
-                and ip in c
-            ),
-            _values(permitted, x509.IPAddress),
-            _values(excluded, x509.IPAddress),
-            str,
-        )
-    return None  # Go ignores the other name types
+    """crypto/x509 `checkNameConstraints` for one name: exclusions first, then at least one permission."""
+    name_type = _NAME_TYPES.get(type(name))
+    if name_type is None:
+        return None  # Go ignores the other name types
+    value = name.value
+    name_type.parse(value)
+    for constraint in _values(nc.excluded_subtrees, type(name)):
+        if name_type.matches(value, constraint):
+            return f"{name_type.kind} {go_quote(str(value))} is excluded by constraint {go_quote(str(constraint))}"
+    permitted = _values(nc.permitted_subtrees, type(name))
+    if permitted and not any(name_type.matches(value, constraint) for constraint in permitted):
+        return f"{name_type.kind} {go_quote(str(value))} is not permitted by any constraint"
+    return None
 
 
 def violation(names: Sequence[x509.GeneralName], constraints: x509.NameConstraints) -> str | None:

@@ -33,6 +33,17 @@ class CertKeyPair:
     def not_after(self) -> float:
         return self.leaf.not_valid_after_utc.timestamp()
 
+    def same_as(self, other: CertKeyPair | None) -> bool:
+        """The same certificate and key as `other` (a reload that changed nothing)."""
+        return other is not None and self.cert_pem == other.cert_pem and self.key_pem == other.key_pem
+
+    def described(self) -> dict[str, str]:
+        """What a log line says of the certificate (a reload's): its subject and its expiry."""
+        return {
+            "subject": self.leaf.subject.rfc4514_string(),
+            "not_after": self.leaf.not_valid_after_utc.isoformat(),
+        }
+
 
 def parse_certificates(data: bytes, *, source: str) -> list[x509.Certificate]:
     try:

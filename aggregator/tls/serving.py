@@ -86,7 +86,7 @@ class ServingCertificate:
         """Re-read both files; swap the pair in only when it is complete and consistent."""
         try:
             pair = read_pair(self.cert_file, self.key_file)
-            if pair.cert_pem == self.current.cert_pem and pair.key_pem == self.current.key_pem:
+            if pair.same_as(self.current):
                 return
             pair_context = self._context_for(pair)
             request_client_certificates(pair_context, lambda: self._client_ca_files)
@@ -100,14 +100,7 @@ class ServingCertificate:
         self.current = pair
         self._pair_context = pair_context
         self.last_error = None
-        log.info(
-            "serving certificate reloaded",
-            extra=fields(
-                cert_file=self.cert_file,
-                subject=pair.leaf.subject.rfc4514_string(),
-                not_after=pair.leaf.not_valid_after_utc.isoformat(),
-            ),
-        )
+        log.info("serving certificate reloaded", extra=fields(cert_file=self.cert_file, **pair.described()))
 
     def start(self) -> None:
         self._watcher.start()

@@ -21,7 +21,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from aggregator.util.backoff import exponential_delay
 from aggregator.util.logs import fields
@@ -255,35 +255,33 @@ class KeyedLoops(Generic[K]):
             self._schedule(key, entry, self._next_delay(key, ok, entry.failures))
 
 
+class LoopKnob:
+    """A knob of a component's `KeyedLoops`, read and written through (tests shorten them; the
+    engine reads them at each scheduling decision): `retry_initial = LoopKnob("backoff_initial")`."""
+
+    def __init__(self, attribute: str) -> None:
+        self.attribute = attribute
+
+    def __get__(self, component: HasLoops, owner: object = None) -> float:
+        value: float = getattr(component.loops, self.attribute)
+        return value
+
+    def __set__(self, component: HasLoops, value: float) -> None:
+        setattr(component.loops, self.attribute, value)
+
+
+class HasLoops(Protocol):
+    loops: KeyedLoops[Any]
+
+
 class LoopComponent:
-    """A component whose background work is one `KeyedLoops`: its knobs, which tests shorten (the
-    engine reads them at each scheduling decision), and its start and stop."""
+    """A component whose background work is one `KeyedLoops`: its knobs, and its start and stop."""
 
     loops: KeyedLoops[Any]
 
-    @property
-    def refresh_interval(self) -> float:
-        return self.loops.interval
-
-    @refresh_interval.setter
-    def refresh_interval(self, value: float) -> None:
-        self.loops.interval = value
-
-    @property
-    def backoff_initial(self) -> float:
-        return self.loops.backoff_initial
-
-    @backoff_initial.setter
-    def backoff_initial(self, value: float) -> None:
-        self.loops.backoff_initial = value
-
-    @property
-    def backoff_max(self) -> float:
-        return self.loops.backoff_max
-
-    @backoff_max.setter
-    def backoff_max(self, value: float) -> None:
-        self.loops.backoff_max = value
+    refresh_interval = LoopKnob("interval")
+    backoff_initial = LoopKnob("backoff_initial")
+    backoff_max = LoopKnob("backoff_max")
 
     async def start(self) -> None:
         self.loops.start()

@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from aggregator.tracing.api import RequestTracer
 from aggregator.util.logs import fields
@@ -53,31 +54,36 @@ Finisher = Callable[[RequestContext, Answer | None, BaseException | None], None]
 INTERNAL_ERROR = "Internal error occurred: the gateway failed to serve this request"
 
 
+class PipelineMetrics:
+    """`aggregator_requests_total{route, code}`: every request the pipeline answered, by the kind of
+    route that served it (kube-apiserver's `apiserver_request_*` are `requestmetrics.py`'s)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "aggregator_requests",
+            "Requests served, by route kind and HTTP code.",
+            ["route", "code"],
+            registry=registry,
+        )
+
+
+@dataclass(eq=False)
 class Pipeline:
-    def __init__(
-        self,
-        router: Router,
-        requests: Counter,
-        access_log: AccessLog,
-        *,
-        in_flight: InFlight,
-        timeouts: RequestTimeouts | None = None,
-        gates: Sequence[Gate] = (),
-        head_listeners: Sequence[HeadListener] = (),
-        finishers: Sequence[Finisher] = (),
-        tracer: RequestTracer | None = None,
-    ) -> None:
-        self.router = router
-        # Tracing hook (`tracing/`): gives each request its span, None when it is not sampled.
-        self.tracer = tracer
-        self.access_log = access_log
-        self.in_flight = in_flight
-        self.timeouts = timeouts
-        self.gates: tuple[Gate, ...] = tuple(gates)
-        self.head_listeners: tuple[HeadListener, ...] = tuple(head_listeners)
-        self.finishers: tuple[Finisher, ...] = tuple(finishers)
-        # `aggregator_requests_total{route, code}`, one child per (route kind, code).
-        self._requests = Children(requests)
+    """Every request from its context to its answer: the gates in order, the handler, the
+    finishers; fixed once built."""
+
+    router: Router
+    # `aggregator_requests_total{route, code}`, one child per (route kind, code).
+    requests: Children[Counter]
+    access_log: AccessLog
+    _: KW_ONLY
+    in_flight: InFlight
+    timeouts: RequestTimeouts | None = None
+    gates: tuple[Gate, ...] = ()
+    head_listeners: tuple[HeadListener, ...] = ()
+    finishers: tuple[Finisher, ...] = ()
+    # Tracing hook (`tracing/`): gives each request its span, None when it is not sampled.
+    tracer: RequestTracer | None = None
 
     def context(self, request: ServerRequest) -> RequestContext:
         """The context of a request: its facts, and the route that serves it."""
@@ -133,7 +139,7 @@ class Pipeline:
             for finisher in self.finishers:
                 finisher(ctx, answer, error)
             code = CLIENT_GONE if gone or ctx.status is None else ctx.status
-            self._requests(ctx.route.kind.value, code).inc()
+            self.requests(ctx.route.kind.value, code).inc()
             self.access_log.record(ctx, code)
             in_flight.leave(ctx)
 

@@ -138,6 +138,18 @@ async def test_group_resources_list_get_and_errors(
         ]
         assert table["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
 
+    # A list asked for as one object's metadata, an object as a list's: kube-apiserver's 406.
+    async with aiohttp.ClientSession() as session:
+        for path, kind, shape in (
+            ("/apiservices", "PartialObjectMetadata", "a list (*v1.APIServiceList)"),
+            ("/apiservices/v1.apps", "PartialObjectMetadataList", "not a list (*v1.APIService)"),
+        ):
+            accept = f"application/json;as={kind};v=v1;g=meta.k8s.io"
+            async with session.get(server.url + BASE + path, ssl=ssl, headers={"Accept": accept}) as resp:
+                assert resp.status == 406
+                status = await resp.json()
+            assert status["message"] == f"you requested {kind}, but the requested object is {shape}"
+
 
 async def test_kubectl_get_apiservices(
     start_gateway: StartGateway, apiservices_dir: Path, pki: PKI, tmp_path: Path

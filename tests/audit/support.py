@@ -7,11 +7,12 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from aggregator.audit.event import Event, encode_event
 from aggregator.audit.policy import parse_policy
-from aggregator.audit.recorder import Auditor
+from aggregator.audit.recorder import AuditMetrics, Auditor
 from aggregator.web.context import RequestContext
-from aggregator.web.metrics import Metrics
 from aggregator.web.requestinfo import RequestInfo
 from tests.support.contexts import context_for
 
@@ -64,13 +65,13 @@ def policy_for(level: str, **rule: Any) -> str:
 
 
 def auditor(
-    policy: str, *, clock: Clock | None = None, metrics: Metrics | None = None
+    policy: str, *, clock: Clock | None = None, metrics: AuditMetrics | None = None
 ) -> tuple[Auditor, ListWriter]:
     writer = ListWriter()
     made = Auditor(
         parse_policy(policy),
         writer,
-        metrics or Metrics(),
+        metrics or AuditMetrics(CollectorRegistry()),
         now=clock or Clock(),
         new_id=lambda: "00000000-0000-4000-8000-000000000000",
     )

@@ -12,18 +12,22 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from aggregator.audit.factory import build_auditor
-from aggregator.audit.recorder import Auditor
+from aggregator.audit.recorder import AuditMetrics, Auditor
 from aggregator.audit.sinks import AppendFile, LineSink, RotatingFile, StdoutSink
 from aggregator.audit.writer import BufferedWriter
 from aggregator.commands.cli import build_parser
 from aggregator.config import Options, options_from_args, validate
 from aggregator.model.userinfo import UserInfo
 from aggregator.util.flags import ConfigError
-from aggregator.web.metrics import Metrics
 from tests.audit.support import info_of, mocked_request, policy_for
 from tests.support.options import flag_options
+
+
+def metrics() -> AuditMetrics:
+    return AuditMetrics(CollectorRegistry())
 
 
 @pytest.fixture
@@ -71,10 +75,10 @@ def test_flags_and_defaults_follow_kube_apiserver() -> None:
 def test_nothing_is_audited_without_both_path_and_policy(
     tmp_path: Path, policy_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert build_auditor(options(tmp_path).audit, Metrics()) is None
+    assert build_auditor(options(tmp_path).audit, metrics()) is None
     with caplog.at_level(logging.WARNING):
-        assert build_auditor(options(tmp_path, audit_log_path=str(tmp_path / "a.log")).audit, Metrics()) is None
-        assert build_auditor(options(tmp_path, audit_policy_file=str(policy_file)).audit, Metrics()) is None
+        assert build_auditor(options(tmp_path, audit_log_path=str(tmp_path / "a.log")).audit, metrics()) is None
+        assert build_auditor(options(tmp_path, audit_policy_file=str(policy_file)).audit, metrics()) is None
     assert (
         "--audit-log-path is set without --audit-policy-file: no audit events will be recorded" in caplog.text
     )
@@ -92,13 +96,13 @@ def test_log_file_and_rotation_settings(tmp_path: Path, policy_file: Path) -> No
         audit_log_maxbackup=3,
         audit_log_maxage=7,
     )
-    auditor = build_auditor(opts.audit, Metrics())
+    auditor = build_auditor(opts.audit, metrics())
     assert auditor is not None
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # created before serving starts
     sink = sink_of(auditor)
     assert isinstance(sink, RotatingFile)
     assert (sink.max_bytes, sink.max_backups, sink.max_age_days) == (5 * 1024 * 1024, 3, 7)
-    no_rotation = build_auditor(replace(opts.audit, log_maxsize=0), Metrics())
+    no_rotation = build_auditor(replace(opts.audit, log_maxsize=0), metrics())
     assert no_rotation is not None
     assert isinstance(sink_of(no_rotation), AppendFile)
 
@@ -115,14 +119,14 @@ def test_unwritable_log_path_stops_the_start(tmp_path: Path, policy_file: Path) 
     blocker.write_text("")
     opts = options(tmp_path, audit_log_path=str(blocker / "audit.log"), audit_policy_file=str(policy_file))
     with pytest.raises(ConfigError, match=r"^--audit-log-path: cannot create .*audit\.log: Not a directory$"):
-        build_auditor(opts.audit, Metrics())
+        build_auditor(opts.audit, metrics())
 
 
 def test_dash_writes_events_to_stdout(
     tmp_path: Path, policy_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     auditor = build_auditor(
-        options(tmp_path, audit_log_path="-", audit_policy_file=str(policy_file)).audit, Metrics()
+        options(tmp_path, audit_log_path="-", audit_policy_file=str(policy_file)).audit, metrics()
     )
     assert auditor is not None
     assert isinstance(sink_of(auditor), StdoutSink)

@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
 
 from aggregator.audit.event import ResponseStatus, encode_event
 from aggregator.audit.policy import parse_policy
-from aggregator.audit.recorder import AUDIT_ID_RESPONSE_HEADER, Auditor, AuditRequest, audit_id
+from aggregator.audit.recorder import AUDIT_ID_RESPONSE_HEADER, AuditMetrics, Auditor, AuditRequest, audit_id
 from aggregator.audit.sinks import RotatingFile
 from aggregator.audit.writer import BufferedWriter
 from aggregator.model.status import status_body
 from aggregator.model.userinfo import UserInfo
 from aggregator.web.context import RequestContext
-from aggregator.web.metrics import Metrics
 from tests.audit.support import ListWriter, info_of, mocked_request, policy_for
 from tests.audit.support import auditor as make_auditor
 from tests.support.contexts import context_for
@@ -136,8 +136,8 @@ async def audited(aiohttp_client: Any, tmp_path: Path) -> AsyncIterator[Start]:
     log = tmp_path / "audit.log"
 
     async def start(policy: str, *, body_limit: int = 64 * 1024) -> tuple[Any, Events]:
-        metrics = Metrics()
-        writer = BufferedWriter(RotatingFile(str(log), max_bytes=1 << 20), metrics.audit_errors)
+        metrics = AuditMetrics(CollectorRegistry())
+        writer = BufferedWriter(RotatingFile(str(log), max_bytes=1 << 20), metrics.errors)
         auditor = Auditor(parse_policy(policy), writer, metrics, body_limit=body_limit)
         auditor.start()
         auditors.append(auditor)

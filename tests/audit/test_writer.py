@@ -7,13 +7,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from aggregator.audit.event import Event
 from aggregator.audit.policy import Level, Stage, parse_policy
-from aggregator.audit.recorder import Auditor
+from aggregator.audit.recorder import AuditMetrics, Auditor
 from aggregator.audit.writer import BufferedWriter
 from aggregator.model.userinfo import UserInfo
-from aggregator.web.metrics import Metrics
 from tests.audit.support import T0, info_of, mocked_request, policy_for
 
 
@@ -55,13 +55,18 @@ def encode(ev: Event) -> bytes:
     return ev.audit_id.encode() + b"\n"
 
 
-def errors(metrics: Metrics, plugin: str) -> float:
-    return metrics.registry.get_sample_value("apiserver_audit_error_total", {"plugin": plugin}) or 0.0
+def errors(registry: CollectorRegistry, plugin: str) -> float:
+    return registry.get_sample_value("apiserver_audit_error_total", {"plugin": plugin}) or 0.0
 
 
 @pytest.fixture
-def metrics() -> Metrics:
-    return Metrics()
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry: CollectorRegistry) -> AuditMetrics:
+    return AuditMetrics(registry)
 
 
 @pytest.fixture
@@ -71,9 +76,9 @@ def stalled() -> Iterator[StalledSink]:
     sink.release.set()
 
 
-def test_lines_are_written_in_order(metrics: Metrics) -> None:
+def test_lines_are_written_in_order(metrics: AuditMetrics) -> None:
     sink = MemorySink()
-    writer = BufferedWriter(sink, metrics.audit_errors, encode=encode)
+    writer = BufferedWriter(sink, metrics.errors, encode=encode)
     writer.start()
     for n in range(50):
         assert writer.submit(event(n))
@@ -83,44 +88,48 @@ def test_lines_are_written_in_order(metrics: Metrics) -> None:
     assert sink.closed
 
 
-def test_stop_writes_everything_queued_first(metrics: Metrics) -> None:
+def test_stop_writes_everything_queued_first(metrics: AuditMetrics, registry: CollectorRegistry) -> None:
     sink = MemorySink()
-    writer = BufferedWriter(sink, metrics.audit_errors, encode=encode)
+    writer = BufferedWriter(sink, metrics.errors, encode=encode)
     for n in range(20):  # queued before the thread exists
         writer.submit(event(n))
     writer.start()
     assert writer.stop(timeout=10)
     assert len(sink.lines) == 20 and sink.closed
     assert not writer.submit(event(99))  # after stop: dropped and counted, as upstream after shutdown
-    assert errors(metrics, "buffered") == 1
+    assert errors(registry, "buffered") == 1
 
 
-def test_write_failures_are_counted_and_the_writer_carries_on(metrics: Metrics) -> None:
+def test_write_failures_are_counted_and_the_writer_carries_on(
+    metrics: AuditMetrics, registry: CollectorRegistry
+) -> None:
     sink = MemorySink(fail_first=2)
-    writer = BufferedWriter(sink, metrics.audit_errors, encode=encode)
+    writer = BufferedWriter(sink, metrics.errors, encode=encode)
     writer.start()
     for n in range(5):
         writer.submit(event(n))
     assert writer.wait_idle(10)
     assert sink.lines == [b"id-2\n", b"id-3\n", b"id-4\n"]
-    assert errors(metrics, "log") == 2
+    assert errors(registry, "log") == 2
     writer.stop()
 
 
-def test_an_event_that_cannot_be_encoded_is_counted(metrics: Metrics) -> None:
+def test_an_event_that_cannot_be_encoded_is_counted(
+    metrics: AuditMetrics, registry: CollectorRegistry
+) -> None:
     def broken(ev: Event) -> bytes:
         raise ValueError("boom")
 
-    writer = BufferedWriter(MemorySink(), metrics.audit_errors, encode=broken)
+    writer = BufferedWriter(MemorySink(), metrics.errors, encode=broken)
     writer.start()
     writer.submit(event(0))
     assert writer.wait_idle(10)
-    assert errors(metrics, "log") == 1
+    assert errors(registry, "log") == 1
     writer.stop()
 
 
-def test_a_stuck_writer_does_not_hold_stop_forever(metrics: Metrics, stalled: StalledSink) -> None:
-    writer = BufferedWriter(stalled, metrics.audit_errors, encode=encode)
+def test_a_stuck_writer_does_not_hold_stop_forever(metrics: AuditMetrics, stalled: StalledSink) -> None:
+    writer = BufferedWriter(stalled, metrics.errors, encode=encode)
     writer.start()
     writer.submit(event(0))
     assert stalled.entered.wait(10)
@@ -130,9 +139,11 @@ def test_a_stuck_writer_does_not_hold_stop_forever(metrics: Metrics, stalled: St
     assert not stalled.closed  # never closed under a writer that may still use it
 
 
-def test_a_stalled_writer_never_slows_begin_or_complete(metrics: Metrics, stalled: StalledSink) -> None:
+def test_a_stalled_writer_never_slows_begin_or_complete(
+    metrics: AuditMetrics, registry: CollectorRegistry, stalled: StalledSink
+) -> None:
     """A full queue drops the event (apiserver_audit_error_total{plugin="buffered"}) instead of waiting."""
-    writer = BufferedWriter(stalled, metrics.audit_errors, buffer_size=2)
+    writer = BufferedWriter(stalled, metrics.errors, buffer_size=2)
     audit = Auditor(parse_policy(policy_for("Metadata")), writer, metrics)
     audit.start()
     user = UserInfo("alice")
@@ -155,8 +166,8 @@ def test_a_stalled_writer_never_slows_begin_or_complete(metrics: Metrics, stalle
     worker.join(10)
     assert not worker.is_alive(), "begin/complete waited for the stalled writer"
     assert time.monotonic() - started < 5
-    assert metrics.registry.get_sample_value("apiserver_audit_event_total") == 101
-    assert errors(metrics, "buffered") == 98  # two fit in the queue
+    assert registry.get_sample_value("apiserver_audit_event_total") == 101
+    assert errors(registry, "buffered") == 98  # two fit in the queue
 
     stalled.release.set()
     assert audit.stop(timeout=10)

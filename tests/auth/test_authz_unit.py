@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from aggregator.audit.recorder import AUTHORIZATION_DECISION
 from aggregator.auth.authz import (
@@ -22,13 +23,13 @@ from aggregator.auth.authz import (
     spec_key,
     verdict_from_status,
 )
+from aggregator.auth.metrics import AuthMetrics
 from aggregator.auth.verdict import Decision, Verdict
 from aggregator.auth.webhook import Backoff, ReviewFailed, WebhookClient
 from aggregator.kube import calls
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeResponse, KubeUnreachable
 from aggregator.model.userinfo import UserInfo
-from aggregator.web.metrics import Metrics
 from aggregator.web.requestinfo import RequestInfo, new_request_info
 from aggregator.wire.gourl import parse_query
 from tests.support.contexts import context_for
@@ -83,12 +84,18 @@ def allowed(value: bool = True) -> KubeResponse:
     return answer(201, {"kind": "SubjectAccessReview", "status": {"allowed": value}})
 
 
+def in_flight(metrics: AuthMetrics) -> float:
+    """`aggregator_webhook_reviews_in_flight{kind="subjectaccessreview"}`."""
+    value: float = metrics.reviews_in_flight.labels("subjectaccessreview")._value.get()
+    return value
+
+
 def webhook(poster: ScriptedPoster, **kwargs: Any) -> WebhookClient:
     return WebhookClient(
         poster,
         calls.CREATE_SUBJECTACCESSREVIEWS,
         kind="subjectaccessreview",
-        metrics=Metrics(),
+        metrics=AuthMetrics(CollectorRegistry()),
         backoff=Backoff(initial=0.001, factor=1.5, jitter=0.2, steps=5),
         **kwargs,
     )
@@ -190,7 +197,7 @@ def test_equal_requests_share_a_key_and_different_ones_do_not() -> None:
 
 async def test_a_cache_hit_completes_without_suspending() -> None:
     poster = ScriptedPoster(allowed())
-    reviewer = SubjectAccessReviewer(webhook(poster), allowed_ttl=10, denied_ttl=10, metrics=Metrics())
+    reviewer = SubjectAccessReviewer(webhook(poster), allowed_ttl=10, denied_ttl=10, metrics=AuthMetrics(CollectorRegistry()))
     authorizer = Authorizer(always_allow_groups=(), always_allow_paths=(), modes=[WebhookMode(reviewer)])
     path = "/apis/g/v1/things"
 
@@ -200,10 +207,7 @@ async def test_a_cache_hit_completes_without_suspending() -> None:
     assert miss.send(None) is not None
     miss.close()
     await until(
-        lambda: poster.bodies
-        and not reviewer.metrics.registry.get_sample_value(
-            "aggregator_webhook_reviews_in_flight", {"kind": "subjectaccessreview"}
-        ),
+        lambda: poster.bodies and not in_flight(reviewer.metrics),
         5,
         "the review posted and answered",
         every=0.001,
@@ -250,7 +254,7 @@ async def test_retry_after_is_a_reason_to_retry() -> None:
 )
 async def test_other_failures_are_not_retried(step: Step) -> None:
     poster = ScriptedPoster(step)
-    reviewer = SubjectAccessReviewer(webhook(poster), allowed_ttl=10, denied_ttl=10, metrics=Metrics())
+    reviewer = SubjectAccessReviewer(webhook(poster), allowed_ttl=10, denied_ttl=10, metrics=AuthMetrics(CollectorRegistry()))
     with pytest.raises(ReviewFailed):
         await reviewer.review(spec_key(ALICE, info("GET", "/api/v1/pods")))
     assert len(poster.bodies) == 1
@@ -271,16 +275,11 @@ async def test_the_whole_review_has_one_deadline() -> None:
         poster,
         calls.CREATE_SUBJECTACCESSREVIEWS,
         kind="subjectaccessreview",
-        metrics=Metrics(),
+        metrics=AuthMetrics(CollectorRegistry()),
         timeout=0.8,  # attempts at 0 and 0.5 s, the third (1 s) past the deadline: room for a loaded machine
         backoff=Backoff(initial=0.5, factor=1.0, jitter=0.0, steps=5),
     )
     with pytest.raises(ReviewFailed, match=r"no answer within 0.8s"):
         await client.create({})
     assert len(poster.bodies) == 2
-    assert (
-        client.metrics.registry.get_sample_value(
-            "aggregator_webhook_reviews_in_flight", {"kind": "subjectaccessreview"}
-        )
-        == 0
-    )
+    assert in_flight(client.metrics) == 0

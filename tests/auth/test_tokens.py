@@ -274,7 +274,10 @@ async def test_the_cache_key_covers_the_audiences(start_reviewed: StartReviewed)
     reviewed = await start_reviewed(api_audiences=AUDIENCES)
     authenticator = token_authenticator(reviewed)
     other = TokenReviewAuthenticator(
-        authenticator.webhook, ttl=10, metrics=reviewed.server.gateway.metrics, audiences=("aggregator",)
+        authenticator.webhook,
+        ttl=10,
+        metrics=reviewed.server.gateway.metrics.auth,
+        audiences=("aggregator",),
     )
     other._hmac_key = authenticator._hmac_key
     assert other.cache_key(SECRET) != authenticator.cache_key(SECRET)

@@ -9,14 +9,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from aggregator.assembly import build_backends, flag_identity_policy
+from aggregator.availability.metrics import AvailabilityMetrics
 from aggregator.availability.probe import AccessError, DiscoveryProbe, Report, check_apiservice
+from aggregator.backends.metrics import BackendMetrics
 from aggregator.config import Options, complete
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.objects import decode_endpointslice, decode_service
 from aggregator.sources.store import Store
 from aggregator.tls.issue import KeyPair
-from aggregator.web.metrics import Metrics
 from tests.support.backend import (
     APISERVICE,
     SERVER_NAME,
@@ -59,9 +62,12 @@ class Harness:
     def __init__(self, options: Options, *, timeout: float = 2.0) -> None:
         self.options = options
         self.store = Store()
-        self.metrics = Metrics()
+        registry = CollectorRegistry()
+        self.metrics = AvailabilityMetrics(registry)  # for the checkers the tests build
         identity = flag_identity_policy(options.authentication.requestheader)
-        self.backends = build_backends(complete(options).backends, self.store, self.metrics, identity=identity)
+        self.backends = build_backends(
+            complete(options).backends, self.store, BackendMetrics(registry), identity=identity
+        )
         self.probe = DiscoveryProbe(self.backends, timeout=timeout)
 
     def add(self, *manifests: dict[str, Any]) -> None:

@@ -313,7 +313,7 @@ async def test_deleted_apiservice_loses_its_gauge(
     a, b = await start_pair(start_backend, backend_pki, apiservices_dir)
     running = await start_checked()
     await until(lambda: running.checker.is_available(b.name))  # a first check timed out on a loaded machine is retried
-    metrics = running.server.gateway.metrics.unavailable_apiservice
+    metrics = running.server.gateway.metrics.availability.unavailable
     assert metrics.value(b.name) == 0.0
     (apiservices_dir / "b.yaml").unlink()
     await until(lambda: metrics.value(b.name) is None)

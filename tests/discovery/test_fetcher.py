@@ -10,12 +10,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from aggregator.discovery.fetcher import DiscoveryFetcher, FetchState
+from aggregator.discovery.metrics import DiscoveryMetrics
 from aggregator.model.apiservice import decode_apiservice
 from aggregator.model.objects import EndpointSlice, Service
 from aggregator.sources.store import Kind, Store
-from aggregator.web.metrics import Metrics
 from tests.discovery.fakes import FakeBackends, FakeResponse, Unreachable, resource, serve_aggregated
 from tests.discovery.manifests import apiservice
 from tests.support.logrecords import fields_of
@@ -26,7 +27,8 @@ def make(store: Store, fakes: FakeBackends, **options: Any) -> tuple[DiscoveryFe
     """A fetcher over `store`, which a source has listed (synced)."""
     store.mark_synced()
     changes: list[int] = []
-    fetcher = DiscoveryFetcher(store, fakes, lambda: changes.append(1), metrics=Metrics(), **options)
+    metrics = DiscoveryMetrics(CollectorRegistry())
+    fetcher = DiscoveryFetcher(store, fakes, lambda: changes.append(1), metrics=metrics, **options)
     store.add_listener(fetcher.on_store_event)  # as the composition root subscribes it
     return fetcher, changes
 
@@ -49,11 +51,8 @@ async def test_etag_revalidation_and_periodic_refresh() -> None:
     state = fetcher.states["v1.a.example.com"]
     assert state.fresh and state.resources == (resource("as", "A"),)
     assert fetcher._metrics is not None
-    sample = fetcher._metrics.registry.get_sample_value
-    not_modified = sample(
-        "aggregator_discovery_fetches_total", {"apiservice": "v1.a.example.com", "result": "not_modified"}
-    )
-    assert not_modified is not None and not_modified >= 2
+    not_modified = fetcher._metrics.fetches.labels("v1.a.example.com", "not_modified")._value.get()
+    assert not_modified >= 2
 
 
 async def test_failures_back_off_exponentially_up_to_the_cap() -> None:

@@ -23,9 +23,8 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.availability.quarantine import QuarantineMetrics
 from aggregator.flowcontrol.metrics import FlowControlMetrics
-from aggregator.web.metrics import Metrics
+from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.workers.metrics import WorkerMetrics
 from tests.manifests.k8s import KUBECTL, MANIFESTS, find, kustomize
 from tests.manifests.test_monitoring import exposed_names, metric_names
@@ -189,14 +188,12 @@ def test_the_panels_cover_what_an_operator_watches() -> None:
 
 
 def test_every_metric_the_dashboard_reads_is_one_the_gateway_exposes() -> None:
-    # declared by the features, beside the gateway's registry
-    quarantine, apf = CollectorRegistry(), CollectorRegistry()
-    QuarantineMetrics(quarantine)
+    # every feature's, and API Priority and Fairness's (declared when it runs: on by default)
+    apf = CollectorRegistry()
     FlowControlMetrics(apf)
     exposed = (
-        exposed_names(Metrics().registry)
+        exposed_names(GatewayMetrics.declare().registry)
         | exposed_names(WorkerMetrics(2).registry)
-        | exposed_names(quarantine)
         | exposed_names(apf)
     )
     board = dashboard()

@@ -26,11 +26,10 @@ from sample_apiserver.api import GROUP, VERSIONS
 from sample_apiserver.options import SampleOptions
 from sample_apiserver.server import SampleServer
 
-from aggregator.availability.quarantine import QuarantineMetrics
 from aggregator.flowcontrol.metrics import FlowControlMetrics
+from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.sources.problems import ManifestReport
 from aggregator.web.http2.metrics import ConnectionMetrics
-from aggregator.web.metrics import Metrics
 from aggregator.workers.metrics import WorkerMetrics
 from tests.manifests.k8s import MANIFESTS, REPO
 from tests.support.pki import PKI
@@ -173,10 +172,9 @@ def test_every_metric_in_the_table_is_served_under_that_name() -> None:
     exposed = set()
     # A single process's registry (with what its listener adds), and what the supervisor adds
     # with --workers N.
-    metrics = Metrics()
+    metrics = GatewayMetrics.declare()
     ConnectionMetrics(metrics.registry)
     ManifestReport(list, metrics.registry)  # local mode's folder
-    QuarantineMetrics(metrics.registry)
     FlowControlMetrics(metrics.registry)  # API Priority and Fairness, on by default
     for registry in (metrics.registry, WorkerMetrics(2).registry):
         for line in generate_latest(registry).decode().splitlines():

@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from aggregator.assembly import build_backends, flag_identity_policy
 from aggregator.backends.addresses import PendingLookup
 from aggregator.backends.errors import BackendError, Hop
+from aggregator.backends.metrics import BackendMetrics
 from aggregator.config import complete
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import Endpoint, EndpointPort, EndpointSlice, Service
@@ -18,10 +20,10 @@ from aggregator.proxy.destination import Destination
 from aggregator.proxy.endpoints import Endpoint as Balanced
 from aggregator.proxy.forward import Forwarder
 from aggregator.proxy.handling import HandlingInfo, HandlingTable
+from aggregator.proxy.metrics import ProxyMetrics
 from aggregator.proxy.upgrade import UpgradeTunnel
 from aggregator.sources.store import Kind, Store
 from aggregator.tls.issue import issue_client_cert, load_pair, write_pair
-from aggregator.web.metrics import Metrics
 from aggregator.web.responses import serve_not_found
 from tests.backends.test_addresses import service
 from tests.support.backend import AlwaysAvailable
@@ -62,9 +64,13 @@ class Served:
         for obj in objs:
             store.upsert(obj)
         options = flag_options(apiservices_dir=".", enable_aggregator_routing=endpoint_routing, **flags)
-        metrics = Metrics()
+        registry = CollectorRegistry()
+        backend_metrics = BackendMetrics(registry)
+        metrics = ProxyMetrics(registry, backend_metrics)
         identity = flag_identity_policy(options.authentication.requestheader)
-        self.backends = backends = build_backends(complete(options).backends, store, metrics, identity=identity)
+        self.backends = backends = build_backends(
+            complete(options).backends, store, backend_metrics, identity=identity
+        )
         self.handling = HandlingTable(store, backends)
         self.proxy = APIServiceProxy(
             store,

@@ -103,7 +103,7 @@ async def test_an_upgrade_with_a_body_is_refused_before_any_backend_hears_of_it(
     assert await client.closed_by_peer()
     client.close()
     assert raw.seen_by("admin") == []  # not the upgrade, not its body, not the pipelined request
-    assert server.gateway.metrics.upgrade_rejected.labels("body")._value.get() == 1
+    assert server.gateway.metrics.proxy.upgrade_rejected.labels("body")._value.get() == 1
 
 
 @pytest.mark.parametrize("status", [403, 200], ids=["403", "200"])

@@ -11,11 +11,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from aggregator.kube.client import KubeClient
 from aggregator.sources.kube import KubeSource
+from aggregator.sources.reflector import WatchMetrics
 from aggregator.sources.store import Event, Kind, Store, Subscription
-from aggregator.web.metrics import Metrics
 from tests.conftest import StartGateway
 from tests.support.fakekube import (
     FakeKube,
@@ -41,10 +42,10 @@ class Harness:
         self.fake = fake
         self.client = KubeClient.from_kubeconfig(str(kubeconfig))
         self.store = Store()
-        self.metrics = Metrics()
+        self.registry = CollectorRegistry()
         args: dict[str, Any] = {"watch_timeout": 30.0, "backoff_initial": 0.05, "backoff_cap": 0.5}
         args.update(source_args)
-        self.source = KubeSource(self.client, self.store, self.metrics, **args)
+        self.source = KubeSource(self.client, self.store, WatchMetrics(self.registry), **args)
         self.subscription: Subscription = self.store.subscribe()
         self.seen: list[tuple[str, str, str]] = []
         self._collector: asyncio.Task[None] | None = None
@@ -64,7 +65,7 @@ class Harness:
             self._collector.cancel()
 
     def metric(self, name: str, resource: str) -> float:
-        value = self.metrics.registry.get_sample_value(f"aggregator_{name}_total", {"resource": resource})
+        value = self.registry.get_sample_value(f"aggregator_{name}_total", {"resource": resource})
         return value or 0.0
 
     async def synced(self) -> None:

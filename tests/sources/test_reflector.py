@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
-from aggregator.sources.reflector import ListWatch, Reflector, paged_list
+from aggregator.sources.reflector import ListWatch, Reflector, WatchMetrics, paged_list
 from aggregator.util.backoff import Backoff
 from aggregator.util.tasks import TaskSet
-from aggregator.web.metrics import Metrics
 from tests.support.fakekube import FakeKube, apiservice
 from tests.support.polling import until
 from tests.support.ports import free_port
@@ -53,11 +53,13 @@ class RecordedBackoff(Backoff):
 
 
 class Running:
-    def __init__(self, reflector: Reflector, target: Recorder, backoff: RecordedBackoff, metrics: Metrics):
-        self.reflector, self.target, self.backoff, self.metrics = reflector, target, backoff, metrics
+    def __init__(
+        self, reflector: Reflector, target: Recorder, backoff: RecordedBackoff, registry: CollectorRegistry
+    ):
+        self.reflector, self.target, self.backoff, self.registry = reflector, target, backoff, registry
 
     def metric(self, name: str) -> float:
-        value = self.metrics.registry.get_sample_value(
+        value = self.registry.get_sample_value(
             f"aggregator_{name}_total", {"resource": "apiservices"}
         )
         return value or 0.0
@@ -66,12 +68,14 @@ class Running:
 @asynccontextmanager
 async def running(kubeconfig: Path, source: ListWatch = APISERVICES) -> AsyncIterator[Running]:
     client = KubeClient.from_kubeconfig(str(kubeconfig))
-    target, backoff, metrics = Recorder(), RecordedBackoff(), Metrics()
-    reflector = Reflector(client, source, target, metrics=metrics, watch_timeout=30.0, backoff=backoff)
+    target, backoff, registry = Recorder(), RecordedBackoff(), CollectorRegistry()
+    reflector = Reflector(
+        client, source, target, metrics=WatchMetrics(registry), watch_timeout=30.0, backoff=backoff
+    )
     tasks = TaskSet("test-reflector")
     tasks.spawn(reflector.run(), name="reflector")
     try:
-        yield Running(reflector, target, backoff, metrics)
+        yield Running(reflector, target, backoff, registry)
     finally:
         await tasks.close()
         await client.stop()

@@ -20,8 +20,8 @@ from aiohttp import web
 from aggregator.assembly import Gateway, build_gateway
 from aggregator.auth.authconfigmap import CHECK_NAME as CLUSTER_AUTH_CHECK
 from aggregator.config import complete
+from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.tls.issue import new_ca
-from aggregator.web.metrics import Metrics
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import Hello, State
 from aggregator.workers.publisher import Publisher, families
@@ -99,7 +99,7 @@ async def started_pair(fake_kube: FakeKube, pki: PKI, *, settled: bool = False) 
         to_worker, from_control = await Channel.open(ours), await Channel.open(theirs)
         tasks.append(asyncio.create_task(publisher.serve(0, to_worker)))
         # As `runners/worker.py` does: the snapshot first, then the request path, then the updates.
-        metrics = Metrics()
+        metrics = GatewayMetrics.declare()
         replica = Replica(
             from_control,
             Hello(0, 2, control.hop, publisher.checks()),

@@ -51,7 +51,7 @@ def served(server: GatewayServer) -> int:
     return int(
         sum(
             s.value
-            for m in server.gateway.metrics.requests.collect()
+            for m in server.gateway.metrics.pipeline.requests.collect()
             for s in m.samples
             if s.name.endswith("_total")
         )

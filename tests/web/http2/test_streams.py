@@ -144,7 +144,7 @@ async def test_a_reset_stream_cancels_its_handler_and_closes_the_backend_request
         await until(lambda: in_flight.long_running == 0, what="the handler gone")
         assert (await client.response(other)).status == 200  # the connection goes on
         assert (await client.get("/livez")).status == 200
-    code = proxied.server.gateway.metrics.requests.labels("backend", "499")._value.get()
+    code = proxied.server.gateway.metrics.pipeline.requests.labels("backend", "499")._value.get()
     assert code == 1  # counted as a client that went away, as on HTTP/1.1
 
 

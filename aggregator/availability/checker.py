@@ -204,6 +204,13 @@ class AvailabilityChecker:
         """`contracts.Reachability`: the last check's message when it could not reach the backend."""
         return self._unreachable.get(name)
 
+    def awaiting_check(self, name: str) -> bool:
+        """`contracts.Reachability`: the first check of this APIService has not recorded a verdict
+        yet (before the store synced, every APIService is still to be checked)."""
+        if not self._running or name in self._verdicts:
+            return False
+        return name in self.loops or self._awaiting is None
+
     def _note_verdict(self, name: str, verdict: Verdict | None) -> None:
         line = None
         if verdict is not None and not verdict.available:

@@ -22,7 +22,8 @@ down is re-fetched, and its discovery marked Stale, at once.
 A backend the last check could not reach at all (`unreachable`: no Service, port or endpoint, a
 refused or hung connection, a failed handshake) is the one verdict the discovery fetcher and the
 OpenAPI downloads go by: they do not dial it until a check reaches it again, and hear of that at
-once. Its own next check makes one GET instead of hedging with five: the backend was just found
+once. Nor do they dial an APIService before its first verdict (`awaiting_check`): at start-up the
+checks go first, and the fetches that follow each verdict find its connection idle. Its own next check makes one GET instead of hedging with five: the backend was just found
 down, and a dead one then costs one dial per retry (at most every `interval`, jittered).
 
 `/readyz?verbose` names every unavailable APIService and every endpoint the proxy holds ejected:

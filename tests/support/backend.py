@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import select
 import socket
 import ssl
 import struct
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +89,36 @@ async def echo(request: web.Request) -> web.StreamResponse:
     )
 
 
+class Listener(socket.socket):
+    """A listening socket that remembers the connections it accepts, so that they can all be cut.
+
+    aiohttp's cleanup closes the connections its server tracks, and it tracks one only once its
+    TLS handshake has finished: a connection accepted before the listener closed but still in its
+    handshake then is served afterwards. A process that goes away leaves none open. (On uvloop,
+    which accepts in libuv, nothing passes through `accept` and only aiohttp's cleanup applies.)
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self.accepted: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        self.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart binds the same port
+        self.bind((host, port))
+        self.listen(128)
+        self.setblocking(False)
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        conn, address = super().accept()
+        self.accepted.add(conn)
+        return conn, address
+
+    def cut(self) -> None:
+        """End every accepted connection still open: the peer reads EOF at once."""
+        for conn in list(self.accepted):
+            if conn.fileno() != -1:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
+
 @dataclass
 class FakeBackend:
     cert_file: str
@@ -100,6 +132,7 @@ class FakeBackend:
     connections: int = 0
     host: str = "127.0.0.1"  # where it listens ("::1" for IPv6 tests)
     _runner: web.AppRunner | None = None
+    _listener: Listener | None = None
 
     def seen_by(self, user: str) -> list[Received]:
         """Requests made as `user` (the gateway's own discovery calls come as system:kube-aggregator)."""
@@ -138,15 +171,20 @@ class FakeBackend:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.context())
+        self._listener = Listener(self.host, self.port)
+        site = web.SockSite(self._runner, self._listener, ssl_context=self.context())
         await site.start()
         self.port = int(self._runner.addresses[0][1])  # (host, port) of the listening socket
         return self.port
 
     async def stop(self) -> None:
+        """Stop listening and end every connection, as a backend whose process went away would."""
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._listener is not None:
+            self._listener.cut()  # after the cleanup, which let requests in progress finish
+            self._listener = None
 
 
 def apiservice_manifest(

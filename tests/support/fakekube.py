@@ -59,6 +59,7 @@ from aggregator.tls.issue import (
     write_cert,
     write_pair,
 )
+from tests.support.backend import Listener
 from tests.support.options import flag_options, with_flags
 from tests.support.pki import PKI
 
@@ -289,6 +290,7 @@ class FakeKube:
         self._release = asyncio.Event()
         self._snapshots: dict[str, tuple[int, list[Obj]]] = {}
         self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
         self._gate: Gate | None = None
         # A kubeconfig for the default gateway credentials (set by `running_fake_kube`).
         self.kubeconfig: Path | None = None
@@ -317,10 +319,10 @@ class FakeKube:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.server_context())
+        self._listener = Listener("127.0.0.1", self.port)
+        site = web.SockSite(self._runner, self._listener, ssl_context=self.server_context())
         await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        self.port = int(sockets[0].getsockname()[1])
+        self.port = int(self._listener.getsockname()[1])
         return self.url
 
     async def stop(self) -> None:
@@ -329,6 +331,9 @@ class FakeKube:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._listener is not None:
+            self._listener.cut()  # a connection still in its TLS handshake at cleanup is not served on
+            self._listener = None
 
     async def restart(self) -> None:
         await self.stop()

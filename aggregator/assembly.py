@@ -66,6 +66,12 @@ from aggregator.contracts import Availability, Component, EjectionReport, Rechec
 from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.routes import AggregatedEndpoint, DiscoveryRoutes
+from aggregator.flowcontrol.manifests import is_flowcontrol
+from aggregator.flowcontrol.metrics import FlowControlMetrics
+from aggregator.flowcontrol.options import FlowControlConfig
+from aggregator.flowcontrol.runtime import FlowControl
+from aggregator.flowcontrol.sources import CHECK_NAME as FLOWCONTROL_CHECK
+from aggregator.flowcontrol.sources import ConfigSource, FolderConfig, HeldConfig, KubeConfig, StaticConfig
 from aggregator.kube.client import KubeClient
 from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
 from aggregator.leaderelection import LeaderElector, elector_for
@@ -85,7 +91,7 @@ from aggregator.sources.problems import ManifestReport, merged_problems
 from aggregator.sources.store import Store
 from aggregator.tls.verify import CAPool
 from aggregator.tracing.api import RequestTracer
-from aggregator.tracing.gates import AUTHENTICATION, AUTHORIZATION, traced_gate
+from aggregator.tracing.gates import AUTHENTICATION, AUTHORIZATION, PRIORITY_AND_FAIRNESS, traced_gate
 from aggregator.tracing.options import tracer_for
 from aggregator.web.accesslog import AccessLog, AccessLogPolicy
 from aggregator.web.certexpiry import (
@@ -155,6 +161,8 @@ class Gateway:
     limits: MaxInFlight
     timeouts: RequestTimeouts
     auditor: Auditor | None
+    # API Priority and Fairness (None with --enable-priority-and-fairness=false)
+    flowcontrol: FlowControl | None
     in_flight: InFlight
     # Where the derived state comes from: this process (`Control`) or the control process (a worker).
     derived: Control | Replica
@@ -264,11 +272,16 @@ def build_gateway(
     )
     components += authentication.components + authorization.components
     authenticator, authorizer = authentication.authenticator, authorization.authorizer
+    # API Priority and Fairness follows the cluster's or the folder's configuration; a worker, the
+    # control's, with its share of the seats (started with the request path, step 7)
+    flowcontrol = _flowcontrol(config, kube, metrics, replica)
     if sources.folder is not None:
-        # What the folder holds but the gateway does not load (objects, RBAC): /readyz?verbose
-        # notes (a warning, never unready) and aggregator_manifest_errors.
+        # What the folder holds but the gateway does not load (objects, RBAC, APF's objects):
+        # /readyz?verbose notes (a warning, never unready) and aggregator_manifest_errors.
         rbac_problems = [authorization.rbac.problems] if authorization.rbac is not None else []
-        problems = merged_problems(sources.folder.problems, *rbac_problems)
+        apf_source = flowcontrol.source if flowcontrol is not None else None
+        apf_problems = [apf_source.problems] if isinstance(apf_source, FolderConfig) else []
+        problems = merged_problems(sources.folder.problems, *rbac_problems, *apf_problems)
         health.add_notes("readyz", ManifestReport(problems, metrics.registry).notes)
 
     # 4. the backends; every identity header the front-proxy configuration names is stripped,
@@ -331,6 +344,8 @@ def build_gateway(
     discovery_routes = DiscoveryRoutes(legacy, aggregated, forwarding.fallback.handler)
 
     # 7. the request path: routes, the APIService proxy, gates
+    if flowcontrol is not None:
+        components.append(("priority-and-fairness", flowcontrol))
     path = build_request_path(
         config.requests,
         config.logging.access_log,
@@ -351,6 +366,7 @@ def build_gateway(
         routes=[discovery_routes, OpenAPIRoutes(published), *_local_routes(apiregistration, authorizer)],
         ejections=ejections,
         tracer=tracer,
+        flowcontrol=flowcontrol,
     )
     components.append(("endpoint-probes", path.proxy.handling))
 
@@ -371,6 +387,7 @@ def build_gateway(
         limits=path.limits,
         timeouts=path.timeouts,
         auditor=auditor,
+        flowcontrol=flowcontrol,
         in_flight=forwarding.in_flight,
         derived=derived,
         components=components,
@@ -381,6 +398,9 @@ def build_gateway(
     health.add("shutdown", gateway.shutdown_check, livez=False)
     # This process's own copy of the cluster's ConfigMap (a worker's too).
     _cluster_auth_check(health, authentication.cluster)
+    if flowcontrol is not None and isinstance(flowcontrol.source, KubeConfig):
+        # kube mode: not ready until the cluster's FlowSchemas and priority levels are held
+        health.add(FLOWCONTROL_CHECK, flowcontrol.source.ready_check, livez=False)
     if replica is None:
         _control_checks(health, store, gateway.control, kube)
     else:
@@ -409,7 +429,9 @@ def _sources(source: SourceConfig, store: Store, kube: KubeClient | None, metric
     kube_source = KubeSource(kube, store, metrics) if source.kube_mode and kube is not None else None
     folder = None
     if source.apiservices_dir is not None:
-        folder = FolderSource(source.apiservices_dir, store, read_elsewhere=is_rbac)
+        folder = FolderSource(
+            source.apiservices_dir, store, read_elsewhere=lambda doc: is_rbac(doc) or is_flowcontrol(doc)
+        )
     return Sources(kube_source, folder)
 
 
@@ -490,6 +512,41 @@ def _control_components(control: Control) -> list[tuple[str, Component]]:
         ("availability", control.availability),
         ("discovery-quarantine", control.quarantine),
     ]
+
+
+def _flowcontrol(
+    config: Config, kube: KubeClient | None, metrics: Metrics, replica: Replica | None
+) -> FlowControl | None:
+    """API Priority and Fairness from the cluster's FlowSchemas and priority levels (kube mode), the
+    folder's (local mode), or the bootstrap ones; in a worker, the control's configuration and this
+    worker's share of the limits (`flowcontrol/sharing.py`)."""
+    if config.flowcontrol is None:
+        return None
+    source: ConfigSource
+    if replica is not None:
+        source = HeldConfig()
+    elif config.kube_mode and kube is not None:
+        source = KubeConfig(kube)
+    elif config.source.apiservices_dir is not None:
+        source = FolderConfig(config.source.apiservices_dir)
+    else:
+        source = StaticConfig()
+    flowcontrol = build_flowcontrol(config.flowcontrol, source, metrics)
+    if replica is not None:
+        flowcontrol.in_worker(replica.channel.send)
+        replica.add_message_handler(flowcontrol.receive)
+    return flowcontrol
+
+
+def build_flowcontrol(config: FlowControlConfig, source: ConfigSource, metrics: Metrics) -> FlowControl:
+    """API Priority and Fairness (`--enable-priority-and-fairness`, the default) following `source`."""
+    return FlowControl(
+        source,
+        server_concurrency_limit=config.server_concurrency_limit,
+        metrics=FlowControlMetrics(metrics.registry),
+        apiserver=metrics.apiserver,
+        request_timeout=config.request_timeout,
+    )
 
 
 def _control_checks(health: HealthChecks, store: Store, control: Control, kube: KubeClient | None) -> None:
@@ -617,12 +674,14 @@ def build_request_path(
     routes: Sequence[RouteInstaller],
     ejections: EjectionReport | None = None,
     tracer: RequestTracer | None = None,
+    flowcontrol: FlowControl | None = None,
 ) -> RequestPath:
     """The request path of every gateway process, single, control or worker: the router (the
     gateway's own paths, the features' `routes`, then the APIService proxy's claim), and the
     pipeline in kube-apiserver's filter order (server/config.go DefaultBuildHandlerChain): the
-    request deadline around everything, then authentication, audit, impersonation, max-in-flight
-    (after impersonation: system:masters is the impersonated user's group), authorization;
+    request deadline around everything, then authentication, audit, impersonation, API Priority
+    and Fairness or max-in-flight (after impersonation: system:masters is the impersonated user's
+    group), authorization;
     before them, looped requests and paths a backend could read as another resource are refused.
     A feature that is off has no stage: no audit policy, no audit gate; no limits, no
     max-in-flight gate; no timeouts, no deadline."""
@@ -670,10 +729,21 @@ def build_request_path(
     if auditing is not None:
         gates.append(auditing.gate)
     gates.append(Impersonator(authorizer).gate)
-    if limits.enabled:
+    head_listeners = [limit_unauthenticated_http2] + ([auditing.head_going_out] if auditing is not None else [])
+    last: list[Gate] = []
+    if flowcontrol is not None:  # API Priority and Fairness in place of max-in-flight
+        apf = flowcontrol.filter
+        prioritize: Gate = apf.gate
+        if tracer is not None:  # a queued request's wait shows as the phase's length
+            prioritize = traced_gate(PRIORITY_AND_FAIRNESS, prioritize)
+        gates.append(prioritize)
+        finishers.append(apf.finished)
+        head_listeners.append(apf.head_going_out)
+        last.append(apf.delegated)  # a watch's seats go back as its handler starts
+    elif limits.enabled:
         gates.append(limits.gate)
         finishers.append(limits.finished)
-    gates += [authorize, upgrade_gate(metrics), instrumentation.gate]  # last: the handler runs
+    gates += [authorize, upgrade_gate(metrics), *last, instrumentation.gate]  # last: the handler runs
     finishers.append(instrumentation.finished)
     if auditing is not None:
         finishers.append(auditing.finished)
@@ -686,8 +756,7 @@ def build_request_path(
         in_flight=forwarding.in_flight,
         timeouts=timeouts if timeouts.enabled else None,
         gates=gates,
-        head_listeners=[limit_unauthenticated_http2]
-        + ([auditing.head_going_out] if auditing is not None else []),
+        head_listeners=head_listeners,
         finishers=finishers,
         tracer=tracer,
     )

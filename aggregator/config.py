@@ -5,7 +5,8 @@ complete.
 Each feature owns its group (`XxxOptions` with `add_flags`, `validate` returning every problem,
 and `apply_to(config)` writing the feature's own part of `Config`): where objects come from
 (`sources/options.py`), secure serving (`tls/options.py`), the request limits, timeouts and
-shutdown and the logging flags (`web/options.py`), the worker count (`workers/options.py`),
+shutdown and the logging flags (`web/options.py`), API Priority and Fairness
+(`flowcontrol/options.py`), the worker count (`workers/options.py`),
 authentication and authorization (`auth/options.py`), the backends (`backends/options.py`),
 delegation to kube-apiserver (`proxy/options.py`), status writes (`availability/options.py`) and
 their leader election (`leaderelection.py`), auditing (`audit/options.py`) and tracing
@@ -26,6 +27,7 @@ from aggregator.audit.options import AuditOptions
 from aggregator.auth.options import AuthenticationOptions, AuthorizationConfig, AuthorizationOptions
 from aggregator.availability.options import AvailabilityOptions
 from aggregator.backends.options import BackendConfig, BackendOptions
+from aggregator.flowcontrol.options import FlowControlConfig, FlowControlOptions, concurrency_problems
 from aggregator.kube.client import missing_kube_client
 from aggregator.leaderelection import LeaderElectionConfig, LeaderElectionOptions
 from aggregator.proxy.delegate import FRONT_PROXY
@@ -49,6 +51,7 @@ from aggregator.workers.options import WorkersOptions
 SOURCE = "source."
 SERVING = "serving."
 SERVER = "server."
+FLOWCONTROL = "flowcontrol."
 WORKERS = "workers."
 AUTHENTICATION = "authentication."
 AUTHORIZATION = "authorization."
@@ -75,6 +78,7 @@ class Options:
     source: SourceOptions = field(default_factory=SourceOptions)
     serving: SecureServingOptions = field(default_factory=SecureServingOptions)
     server: ServerRunOptions = field(default_factory=ServerRunOptions)
+    flowcontrol: FlowControlOptions = field(default_factory=FlowControlOptions)
     workers: WorkersOptions = field(default_factory=WorkersOptions)
     authentication: AuthenticationOptions = field(default_factory=AuthenticationOptions)
     authorization: AuthorizationOptions = field(default_factory=AuthorizationOptions)
@@ -108,6 +112,8 @@ class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
     requests: RequestLimits = field(default_factory=RequestLimits)
+    # API Priority and Fairness; None with --enable-priority-and-fairness=false (max-in-flight).
+    flowcontrol: FlowControlConfig | None = None
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     workers: int = 1
     authentication: AuthenticationOptions = field(default_factory=AuthenticationOptions)
@@ -137,6 +143,7 @@ def complete(opts: Options) -> Config:
     opts.source.apply_to(config)
     opts.serving.apply_to(config)
     opts.server.apply_to(config)
+    opts.flowcontrol.apply_to(config)  # after the server's limits: it shares them out
     opts.workers.apply_to(config)
     opts.authentication.apply_to(config)
     opts.authorization.apply_to(config)
@@ -168,6 +175,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     ServerRunOptions.add_shutdown_flags(parser, SERVER, section=SERVING_SECTION)
     WorkersOptions.add_flags(parser, WORKERS)
     ServerRunOptions.add_limit_flags(parser, SERVER)
+    FlowControlOptions.add_flags(parser, FLOWCONTROL)
     AuthenticationOptions.add_flags(parser, AUTHENTICATION)
     AuthorizationOptions.add_flags(parser, AUTHORIZATION)
     add_backend_flags(parser)
@@ -198,6 +206,7 @@ def problems(opts: Options) -> list[ConfigError]:
         *opts.authentication.validate(),
         *opts.source.validate(),
         *opts.server.validate(),
+        *opts.flowcontrol.validate(),
         *opts.leader_election.validate(),
         *opts.authorization.validate(),
         *opts.delegation.validate(),
@@ -205,6 +214,7 @@ def problems(opts: Options) -> list[ConfigError]:
         *opts.audit.validate(),
         *opts.tracing.validate(),
     ]
+    found += concurrency_problems(opts.flowcontrol, opts.server)
     if opts.local_mode:
         found += [
             ConfigError(flag, "only applies in kube mode; it means nothing with --apiservices-dir")

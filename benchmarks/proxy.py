@@ -111,13 +111,14 @@ def _upstream(name: str, port: int) -> str:
     return f"upstream {name} {{ server 127.0.0.1:{port}; keepalive 256; }}"
 
 
-def front_conf(work: Path, ports: Ports) -> str:
-    """wrk's side: plain HTTP in, TLS out with the admin client certificate, pooled connections."""
+def front_conf(work: Path, ports: Ports, client: str = "admin") -> str:
+    """wrk's side: plain HTTP in, TLS out with the `client` certificate (`pki/<client>.crt`; the admin,
+    a system:masters member, by default), pooled connections."""
     tls_out = f"""
         proxy_http_version 1.1;
         proxy_set_header Connection "";
-        proxy_ssl_certificate {work}/pki/admin.crt;
-        proxy_ssl_certificate_key {work}/pki/admin.key;
+        proxy_ssl_certificate {work}/pki/{client}.crt;
+        proxy_ssl_certificate_key {work}/pki/{client}.key;
         proxy_ssl_session_reuse on;"""
     direct_out = f"""
         proxy_http_version 1.1;

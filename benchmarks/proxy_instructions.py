@@ -16,7 +16,10 @@ Per request means net of the background work (timers, availability checks) the s
 does over as long a time with no requests. `--tracing-rate N` also measures this tree with
 `--tracing-config-file` at `samplingRatePerMillion: N` in every round (0: configured, nothing
 sampled; the requests carry no `traceparent`), so the cost of tracing that samples nothing is
-read against the same tree without it, and against the baseline. valgrind makes everything about 50x slower, so a few
+read against the same tree without it, and against the baseline. `--compare-apf` also measures
+this tree with `--enable-priority-and-fairness=false` (max-in-flight), and sends every request as a
+user who is not in system:masters (whose requests APF would exempt), so the fast path measured is a
+queued priority level's, `global-default` (`apf_instructions.py` counts APF's own part exactly). valgrind makes everything about 50x slower, so a few
 dozen requests per second are counted; wrk's latencies mean nothing here.
 """
 
@@ -37,6 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy import DOCUMENT, PATH, Ports, backend_conf, front_conf, nginx, prepare
 from wrkbench import gateway_process, run_wrk, wait_for_http
+
+from aggregator.tls.issue import issue_client_cert, load_pair, write_pair
+
+APF_OFF = "--enable-priority-and-fairness=false"
+BENCH_USER = "bench-user"
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,11 @@ def main() -> int:
         type=int,
         help="also measure this tree with --tracing-config-file at this samplingRatePerMillion",
     )
+    parser.add_argument(
+        "--compare-apf",
+        action="store_true",
+        help="also measure this tree with API Priority and Fairness off (max-in-flight), as a user APF does not exempt",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
         work = Path(tmp)
@@ -172,12 +185,18 @@ def main() -> int:
         trees: list[tuple[str, str | None, list[str]]] = [("this tree", None, gateway_args)]
         if args.tracing_rate is not None:
             trees.append((f"tracing {args.tracing_rate}", None, [*gateway_args, *tracing_args(work, args.tracing_rate)]))
+        if args.compare_apf:
+            trees.append(("APF off", None, [*gateway_args, APF_OFF]))
         if args.baseline_src:
             trees.append(("baseline", args.baseline_src, gateway_args))
+        client = "admin"
+        if args.compare_apf:
+            client = BENCH_USER
+            write_pair(pki, client, issue_client_cert(load_pair(pki, "client-ca"), BENCH_USER, ()))
         results: dict[str, list[Counted]] = {label: [] for label, _, _ in trees}
         with (
             nginx(work, "backend", backend_conf(work, ports), None),
-            nginx(work, "front", front_conf(work, ports), None),
+            nginx(work, "front", front_conf(work, ports, client), None),
         ):
             for _ in range(args.rounds):
                 for label, src, flags in trees:
@@ -195,6 +214,8 @@ def main() -> int:
             print(f"{label}: {mean[label] / mean['this tree']:.4f}x this tree's instructions without tracing")
             if "baseline" in mean:
                 print(f"{label}: {mean[label] / mean['baseline']:.4f}x the baseline's")
+    if "APF off" in mean:
+        print(f"API Priority and Fairness on: {mean['this tree'] / mean['APF off']:.3f}x the instructions per request of off")
     if "baseline" in mean:
         ratio = mean["this tree"] / mean["baseline"]
         print(f"this tree: {ratio:.2f}x the baseline's instructions per request")

@@ -17,51 +17,19 @@ with `proxy_instructions.py`'s instructions per request.
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from multidict import CIMultiDict, CIMultiDictProxy
+from benchrequest import context
+from callgrind import per_iteration
 
 from aggregator.tracing.config import TracingConfiguration
 from aggregator.tracing.gates import AUTHENTICATION, AUTHORIZATION, traced_gate
 from aggregator.tracing.otel import OtelTracing
-from aggregator.web.connection import Connection
 from aggregator.web.context import RequestContext
-from aggregator.web.routing import Route, RouteKind
-
-PATH = "/apis/bench.example.com/v1/namespaces/default/things/thing-1"
-# What the benchmark's client sends (proxy.py: wrk behind nginx), no traceparent.
-HEADERS = {"Host": "127.0.0.1", "User-Agent": "wrk", "Accept": "*/*", "Connection": "keep-alive"}
-
-
-class Head:
-    """The head of the benchmark's GET: what `RequestContext` reads of a `ServerRequest` (no
-    handler runs, so nothing is answered)."""
-
-    def __init__(self) -> None:
-        self.method = "GET"
-        self.target = self.raw_path = PATH
-        self.raw_query = ""
-        self.headers = CIMultiDictProxy(CIMultiDict(HEADERS))
-        self.connection = Connection("127.0.0.1", None)
-        self.on_head: Any = None
-
-
-async def _handler(_ctx: RequestContext) -> Any:
-    return None
-
-
-ROUTE = Route(_handler, RouteKind.BACKEND, "bench")
-
-
-def context() -> RequestContext:
-    return RequestContext(Head(), lambda _path: ROUTE, 0.0)  # type: ignore[arg-type]  # only its head is read
 
 
 def gate(_ctx: RequestContext) -> None:
@@ -85,21 +53,6 @@ def run(mode: str, iterations: int) -> None:
         tracer.finished(ctx, None, None)
 
 
-def total(mode: str, iterations: int) -> int:
-    with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp:
-        out = Path(tmp) / "callgrind.out"
-        subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
-             "--child", mode, "--iterations", str(iterations)],
-            check=True,
-            capture_output=True,
-        )  # fmt: skip
-        match = re.search(r"^totals: (\d+)", out.read_text(errors="replace"), re.M)
-        if match is None:
-            raise RuntimeError(f"callgrind wrote no totals in {out}")
-        return int(match.group(1))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=200_000)
@@ -111,7 +64,7 @@ def main() -> int:
     n = args.iterations
     per: dict[str, float] = {}
     for mode in ("bare", "traced"):
-        per[mode] = (total(mode, 2 * n) - total(mode, n)) / n
+        per[mode] = per_iteration(__file__, mode, n)
         print(f"{mode:<7} {per[mode]:8.0f} instructions per request", flush=True)
     print(f"tracing at rate 0 adds {per['traced'] - per['bare']:.0f} instructions to a request that is not sampled")
     return 0

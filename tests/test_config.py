@@ -21,7 +21,8 @@ import pytest
 from aggregator.backends.headers import LiveIdentityPolicy
 from aggregator.backends.options import DEFAULT_DENY_CIDRS, KUBE_DEFAULT_DENY_CIDRS
 from aggregator.commands.cli import build_parser
-from aggregator.config import KUBE_MODE_FLAGS, Options, add_serve_flags, complete, options_from_args
+from aggregator.config import KUBE_MODE_FLAGS, Options, add_serve_flags, complete, options_from_args, problems
+from aggregator.flowcontrol.options import FlowControlConfig
 from aggregator.tls.verify import CAPool
 from aggregator.util.flags import ConfigError
 from aggregator.web.accesslog import AccessLogPolicy
@@ -129,6 +130,8 @@ def test_every_problem_of_the_flags_is_reported_at_once(tmp_path: Path) -> None:
             "--shutdown-delay-duration=-1s",
             "--backend-deny-cidrs", "not-a-cidr",
             "--write-apiservice-status",
+            "--max-requests-inflight", "0",
+            "--max-mutating-requests-inflight", "0",
         ],
         capture_output=True,
         text=True,
@@ -141,6 +144,8 @@ def test_every_problem_of_the_flags_is_reported_at_once(tmp_path: Path) -> None:
         "aggregator serve: --workers: 0 is not a valid worker count (1 or more)",
         "aggregator serve: --backend-deny-cidrs: 'not-a-cidr' is not a CIDR",
         "aggregator serve: --shutdown-delay-duration: can not be negative value",
+        "aggregator serve: --enable-priority-and-fairness: invalid configuration: MaxRequestsInFlight=0 and "
+        "MaxMutatingRequestsInFlight=0; they must add up to something positive",
         "aggregator serve: --write-apiservice-status: only applies in kube mode; it means nothing with "
         "--apiservices-dir",
     ], done.stderr
@@ -150,7 +155,7 @@ def test_every_problem_of_the_flags_is_reported_at_once(tmp_path: Path) -> None:
     "group",
     [
         "source", "serving", "server", "workers", "authentication", "authorization", "backends",
-        "delegation", "availability", "leader_election", "audit", "logging", "tracing",
+        "delegation", "availability", "leader_election", "audit", "logging", "tracing", "flowcontrol",
     ],
 )
 def test_every_options_group_validates_itself_the_same_way(group: str) -> None:
@@ -190,6 +195,19 @@ def test_every_options_group_applies_itself_to_the_configuration() -> None:
     assert config.audit.log_maxage == 5
     assert config.logging == LoggingConfig("json", 0, AccessLogPolicy("all"))
     assert config.tracing is None
+    # API Priority and Fairness (on by default) shares both limits' seats
+    assert config.flowcontrol == FlowControlConfig(server_concurrency_limit=7 + 200, request_timeout=60.0)
+
+
+def test_without_priority_and_fairness_the_limits_are_max_in_flights_own() -> None:
+    """`--enable-priority-and-fairness=false`: no APF configuration (max-in-flight), and limits that
+    add up to nothing are no problem (each kind's 0 lifts its limit)."""
+    options = parse(
+        "--apiservices-dir", ".", "--enable-priority-and-fairness=false",
+        "--max-requests-inflight", "0", "--max-mutating-requests-inflight", "0",
+    )  # fmt: skip
+    assert problems(options) == []
+    assert complete(options).flowcontrol is None
 
 
 def test_what_depends_on_the_mode_is_resolved_once(tmp_path: Path) -> None:

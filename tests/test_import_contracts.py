@@ -86,7 +86,14 @@ WRITTEN = {
             "aggregator.proxy.endpoints",
             "from prometheus_client import Counter",
             "prometheus_client",
-        )
+        ),
+        # API Priority and Fairness declares its metrics in flowcontrol/metrics.py; its gate may not.
+        Injection(
+            "prometheus-client",
+            "aggregator.flowcontrol.filter",
+            "from prometheus_client import Gauge",
+            "prometheus_client",
+        ),
     ],
 }
 

@@ -362,6 +362,8 @@ def forwarded_headers(
             dropped = dropped | connection_tokens((value,))
         elif lowered == "x-forwarded-for":
             forwarded_for.append(value)
+    if "x-forwarded-for" in dropped:  # hop-by-hop here: Go's ReverseProxy removes it before appending
+        forwarded_for = []
     names = policy.names
     prefixes = policy.prefixes
     replaced = _REPLACED_FORWARDED if forwarded_uri is not None else _REPLACED

@@ -195,15 +195,20 @@ class Loaded:
 def load_folder(directory: str) -> Loaded:
     from aggregator.auth.rbacfolder import RBACFolder
     from aggregator.auth.rbacobjects import is_rbac
+    from aggregator.flowcontrol.manifests import is_flowcontrol
+    from aggregator.flowcontrol.sources import FolderConfig
     from aggregator.sources.files import FolderSource
     from aggregator.sources.problems import merged_problems
 
     store = Store()
-    source = FolderSource(directory, store, read_elsewhere=is_rbac)
+    # RBAC and API Priority and Fairness objects are read by their own features: not "skipped"
+    source = FolderSource(directory, store, read_elsewhere=lambda doc: is_rbac(doc) or is_flowcontrol(doc))
     source.reload()
     rbac = RBACFolder(directory)
     rbac.reload(initial=True)
-    return Loaded(store, problems=list(merged_problems(source.problems, rbac.problems)()))
+    apf = FolderConfig(directory)
+    apf.reload(initial=True)
+    return Loaded(store, problems=list(merged_problems(source.problems, rbac.problems, apf.problems)()))
 
 
 async def _list(client: KubeClient, spec: WatchedResource, loaded: Loaded) -> list[Obj]:

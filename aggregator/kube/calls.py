@@ -121,6 +121,14 @@ CREATE_SUBJECTACCESSREVIEWS = ApiCall("create", "authorization.k8s.io", "v1", "s
 LIST_CONFIGMAPS = ApiCall("list", "", "v1", "configmaps", namespaced=True)
 WATCH_CONFIGMAPS = ApiCall("watch", "", "v1", "configmaps", namespaced=True)
 
+# --- API Priority and Fairness (aggregator/flowcontrol/sources.py): the cluster's configuration, kube mode --
+LIST_FLOWSCHEMAS = ApiCall("list", "flowcontrol.apiserver.k8s.io", "v1", "flowschemas")
+WATCH_FLOWSCHEMAS = ApiCall("watch", "flowcontrol.apiserver.k8s.io", "v1", "flowschemas")
+LIST_PRIORITYLEVELCONFIGURATIONS = ApiCall("list", "flowcontrol.apiserver.k8s.io", "v1", "prioritylevelconfigurations")
+WATCH_PRIORITYLEVELCONFIGURATIONS = ApiCall(
+    "watch", "flowcontrol.apiserver.k8s.io", "v1", "prioritylevelconfigurations"
+)
+
 # --- aggregated discovery (aggregator/discovery/delegated.py): kube-apiserver's own `/apis`, kube mode --
 GET_APIS = ApiCall("get", path="/apis")
 

@@ -116,6 +116,8 @@ class Supervisor:
             rbac=derived.rbac,
             quarantine=derived.quarantine,
         )
+        # API Priority and Fairness: every level's limit divided among the workers (flowcontrol/sharing.py).
+        self.seats = control.flowcontrol.shared_by_workers() if control.flowcontrol is not None else None
         self.workers = [_Worker(index) for index in range(config.workers)]
         self.stopping = False
         self._tasks = TaskSet("supervisor")
@@ -159,9 +161,15 @@ class Supervisor:
         """Serve the worker's channel until it exits, then restart it (unless stopping)."""
         listening = worker.listening
         assert listening is not None
-        serving = asyncio.create_task(self.publisher.serve(worker.index, channel, on=self._heard(listening)))
+        if self.seats is not None:
+            self.seats.connect(worker.index, channel.send)
+        serving = asyncio.create_task(
+            self.publisher.serve(worker.index, channel, on=self._heard(listening, worker.index))
+        )
         code = await process.wait()
         await serving
+        if self.seats is not None:
+            self.seats.disconnect(worker.index)
         if not listening.done():
             listening.set_result(code if code != 0 else 1)
             return  # a worker that could not start stops the start-up
@@ -185,14 +193,13 @@ class Supervisor:
         if not self.stopping:
             await self._spawn(worker)
 
-    @staticmethod
-    def _heard(listening: asyncio.Future[int]) -> Callable[[object], bool]:
+    def _heard(self, listening: asyncio.Future[int], index: int) -> Callable[[object], bool]:
         def on(message: object) -> bool:
             if isinstance(message, Listening):
                 if not listening.done():
                     listening.set_result(0)
                 return True
-            return False
+            return self.seats is not None and self.seats.receive(index, message)
 
         return on
 

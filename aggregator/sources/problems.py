@@ -22,10 +22,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 UNREADABLE, REFUSED, SKIPPED = "unreadable", "refused", "skipped"
 
-# The kinds the folder's readers take (files.py for the objects, auth/rbacfolder.py for RBAC).
+# The kinds the folder's readers take (files.py for the objects, auth/rbacfolder.py for RBAC,
+# flowcontrol/sources.py for API Priority and Fairness).
 READ_KINDS = (
-    "APIService (apiregistration.k8s.io/v1), Service (v1), EndpointSlice (discovery.k8s.io/v1), and Role, "
-    "ClusterRole, RoleBinding and ClusterRoleBinding (rbac.authorization.k8s.io/v1)"
+    "APIService (apiregistration.k8s.io/v1), Service (v1), EndpointSlice (discovery.k8s.io/v1), Role, "
+    "ClusterRole, RoleBinding and ClusterRoleBinding (rbac.authorization.k8s.io/v1), and FlowSchema and "
+    "PriorityLevelConfiguration (flowcontrol.apiserver.k8s.io/v1)"
 )
 
 

@@ -159,6 +159,7 @@ class RequestContext:
         "long_running",
         "method",
         "path",
+        "priority",
         "raw_path",
         "raw_query",
         "received",
@@ -224,6 +225,9 @@ class RequestContext:
         # Tracing hook: the request's span when it is sampled (`tracing/`), else None. A slot, not
         # a `ContextKey`: every hook on the fast path reads it (`is None` when not sampled).
         self.span: RequestSpan | None = None
+        # What API Priority and Fairness decided (its FlowSchema, level and seats: flowcontrol/filter.py).
+        # A slot, not a `ContextKey`: its gate, finisher and head listener read it on every request.
+        self.priority: Any = None
         request.on_head = self.head_going_out
 
     # --- facts derived on first use ---------------------------------------------------------------

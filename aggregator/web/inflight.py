@@ -34,13 +34,14 @@ _LOG_EVERY = 10.0
 INFLIGHT_KIND = ContextKey[str]("inflight-kind")
 
 
-def too_many_requests() -> Response:
-    """`tooManyRequests`: `Retry-After`, then Go's `http.Error` (text, nosniff, a trailing newline)."""
+def too_many_requests(retry_after: str = RETRY_AFTER) -> Response:
+    """`tooManyRequests`: `Retry-After` (max-in-flight's 1 s, or API Priority and Fairness's computed
+    delay), then Go's `http.Error` (text, nosniff, a trailing newline)."""
     return Response(
         429,
         (TOO_MANY_REQUESTS + "\n").encode(),
         {
-            "Retry-After": RETRY_AFTER,
+            "Retry-After": retry_after,
             "Content-Type": "text/plain; charset=utf-8",
             "X-Content-Type-Options": "nosniff",
         },

@@ -150,6 +150,19 @@ class InflightWatermark:
         self._current[kind] -= 1
         self._record(kind)
 
+    def moved(self, kind: str, delta: int, now: float | None = None) -> None:
+        """`started` (delta 1) or `finished` (-1) in one call, at `now` when the caller has read the
+        clock already (API Priority and Fairness's request path)."""
+        current = self._current
+        value = current[kind] = current[kind] + delta
+        if now is None:
+            now = self._clock()
+        if now >= self._window_end:
+            self._tick(now)
+        mark = self._mark
+        if value > mark[kind]:
+            mark[kind] = value
+
     def executing(self, kind: str) -> int:
         """Requests of `kind` executing now (what a max-in-flight limit compares with)."""
         return self._current[kind]

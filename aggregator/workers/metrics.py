@@ -5,7 +5,9 @@ collects every worker's families over their channels and merges them with its ow
 - counters, histograms and summaries are summed series by series: `apiserver_request_total` is
   the group's, as kube-apiserver's is its one process's;
 - `*inflight*` / `*in_flight*` gauges are summed too (requests in flight in the group), and so
-  is `aggregator_endpoint_ejected` (each worker ejects on its own: how many hold it ejected);
+  are `aggregator_endpoint_ejected` (each worker ejects on its own: how many hold it ejected) and
+  API Priority and Fairness's requests and seats executing and in queue (`apiserver_flowcontrol_current_*`,
+  `apiserver_current_inqueue_requests`: each worker queues and executes its own);
 - `process_*` series, gauges and counters alike (CPU seconds, memory, file descriptors, start
   time), are per process: one series per process with a `worker` label (`control`, or the
   worker's index), so the CPU of each process shows, not one sum that hides a worker at 100%;
@@ -36,6 +38,9 @@ def _summed(metric: Metric) -> bool:
         metric.type in SUMMED_TYPES
         or "inflight" in metric.name
         or "in_flight" in metric.name
+        or "inqueue" in metric.name
+        or metric.name.startswith("apiserver_flowcontrol_current_executing_")
+        or metric.name == "apiserver_flowcontrol_request_concurrency_in_use"
         or metric.name.endswith("_ejected")
     )
 

@@ -42,7 +42,10 @@ async def test_concurrent_identical_requests_make_one_review_then_the_cache_answ
     start_reviewed: StartReviewed,
 ) -> None:
     ttl = 5.0  # long enough for the second burst to land inside it on a loaded machine
-    reviewed = await start_reviewed(authorization_webhook_cache_authorized_ttl=ttl)
+    # API Priority and Fairness runs before authorization: alice's level (global-default) must have a
+    # seat for each of the 100 at once, or the ones past its seats wait in its queues, not for the review
+    # (its nominal seats: 20/245 of both limits' sum, here 2200)
+    reviewed = await start_reviewed(authorization_webhook_cache_authorized_ttl=ttl, max_requests_inflight=2000)
     reviewed.reviews.hold()
     first = asyncio.create_task(burst(reviewed, FLUNDER))
     await wait_for_misses(reviewed, 100)  # all 100 are waiting for the one review in flight

@@ -23,6 +23,7 @@ from aggregator.tls.issue import load_pair
 from aggregator.util.flags import ConfigError
 from tests.availability.support import StartBackend, backends
 from tests.conftest import StartGateway
+from tests.flowcontrol.support import flow_schema, priority_level
 from tests.support.backend import (
     APISERVICE,
     SERVER_NAME,
@@ -214,11 +215,15 @@ async def test_all_names_every_file_not_loaded_and_fails(
     (apiservices_dir / "d-deployment.yaml").write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n")
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "reader"}}
     (apiservices_dir / "e-rbac.yaml").write_text(yaml.safe_dump({**role, "rules": [{"verbs": [], "apiGroups": [""], "resources": ["pods"]}]}))
+    # API Priority and Fairness's objects: the valid level loads, the invalid FlowSchema is named
+    bad_schema = flow_schema("for-bob", "tenants", users=("bob",))
+    bad_schema["spec"]["matchingPrecedence"] = -5
+    (apiservices_dir / "f-apf.yaml").write_text(yaml.safe_dump_all([priority_level("tenants"), bad_schema]))
     code, out, err = await run_cli(*args)
     assert code == 1, out + err
     lines = out.splitlines()
     assert lines[1].split()[:4] == ["✓", APISERVICE, f"demo/api:{backend.port}", "True"]
-    start = lines.index("Manifests the gateway does not load (5):")
+    start = lines.index("Manifests the gateway does not load (6):")
     folder = str(apiservices_dir)
     broken = lines.pop(start + 3)  # the parser's words differ between libyaml and PyYAML's own
     assert broken.startswith(f"✗ {folder}/c-broken.yaml:3: ") and broken.endswith("']' (file not loaded)")
@@ -228,10 +233,13 @@ async def test_all_names_every_file_not_loaded_and_fails(
         f'✗ {folder}/b-case.yaml: no matches for kind "ApiService" in version "apiregistration.k8s.io/v1": did '
         'you mean "APIService"? (refused)',
         f"✗ {folder}/d-deployment.yaml: apps/v1 Deployment (skipped: the gateway reads only APIService "
-        "(apiregistration.k8s.io/v1), Service (v1), EndpointSlice (discovery.k8s.io/v1), and Role, ClusterRole, "
-        "RoleBinding and ClusterRoleBinding (rbac.authorization.k8s.io/v1))",
+        "(apiregistration.k8s.io/v1), Service (v1), EndpointSlice (discovery.k8s.io/v1), Role, ClusterRole, "
+        "RoleBinding and ClusterRoleBinding (rbac.authorization.k8s.io/v1), and FlowSchema and "
+        "PriorityLevelConfiguration (flowcontrol.apiserver.k8s.io/v1))",
         f'✗ {folder}/e-rbac.yaml: ClusterRole.rbac.authorization.k8s.io "reader" is invalid: rules[0].verbs: '
         "Required value: verbs must contain at least one value (refused)",
+        f'✗ {folder}/f-apf.yaml: FlowSchema.flowcontrol.apiserver.k8s.io "for-bob" is invalid: '
+        "spec.matchingPrecedence: Invalid value: -5: must be a positive value (refused)",
     ]
     # One APIService by name: the folder's problems are warnings, its verdict the exit code.
     code, out, err = await run_cli(APISERVICE, *args[1:])

@@ -24,6 +24,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from aggregator.availability.quarantine import QuarantineMetrics
+from aggregator.flowcontrol.metrics import FlowControlMetrics
 from aggregator.web.metrics import Metrics
 from aggregator.workers.metrics import WorkerMetrics
 from tests.manifests.k8s import KUBECTL, MANIFESTS, find, kustomize
@@ -58,6 +59,8 @@ MAY_BE_EMPTY = {
     ("In flight, and refused with 429", "refused with 429 per second"),
     # No APIService here has an aggregator.dev/max-concurrent-requests annotation.
     ("Refused at max-concurrent-requests", "{{apiservice}}"),
+    # Nothing overloads a priority level either.
+    ("Dispatched and refused by priority level", "refused {{priority_level}}: {{reason}}"),
 }
 
 JSON = dict[str, Any]
@@ -178,14 +181,23 @@ def test_the_panels_cover_what_an_operator_watches() -> None:
         "Ejected endpoints",
         "Backend phases, p99",
         "Quarantined from discovery",
+        "Dispatched and refused by priority level",
+        "Waiting in queue and executing, by priority level",
+        "Time waiting in queue, p99",
+        "Seats in use, and each level's limit",
     } <= titles
 
 
 def test_every_metric_the_dashboard_reads_is_one_the_gateway_exposes() -> None:
-    quarantine = CollectorRegistry()
-    QuarantineMetrics(quarantine)  # declared by the feature, beside the gateway's registry
+    # declared by the features, beside the gateway's registry
+    quarantine, apf = CollectorRegistry(), CollectorRegistry()
+    QuarantineMetrics(quarantine)
+    FlowControlMetrics(apf)
     exposed = (
-        exposed_names(Metrics().registry) | exposed_names(WorkerMetrics(2).registry) | exposed_names(quarantine)
+        exposed_names(Metrics().registry)
+        | exposed_names(WorkerMetrics(2).registry)
+        | exposed_names(quarantine)
+        | exposed_names(apf)
     )
     board = dashboard()
     for title, _legend, expr in targets(board):
@@ -420,6 +432,11 @@ async def test_every_query_evaluates_against_prometheus_scraping_a_gateway(pki: 
             assert {r["metric"]["apiservice"]: r["value"][1] for r in quarantined} == {DEAD_APISERVICE: "1"}
             workers = results[("Workers and restarts", "workers {{instance}}")]
             assert [r["value"][1] for r in workers] == ["2"]
+            # APF: the admin's requests (system:masters) ran in the exempt level, with the cluster's limits
+            dispatched = results[("Dispatched and refused by priority level", "dispatched {{priority_level}}")]
+            assert "exempt" in {r["metric"]["priority_level"] for r in dispatched}
+            limits = results[("Seats in use, and each level's limit", "limit {{priority_level}}")]
+            assert {r["metric"]["priority_level"] for r in limits} >= {"global-default", "workload-low", "exempt"}
 
             # The APIService variable filters: the dead one only ever answered 503, the healthy one 200.
             for chosen, codes in ((DEAD_APISERVICE, {"503"}), (HEALTHY_APISERVICE, {"200"})):

@@ -27,6 +27,7 @@ from sample_apiserver.options import SampleOptions
 from sample_apiserver.server import SampleServer
 
 from aggregator.availability.quarantine import QuarantineMetrics
+from aggregator.flowcontrol.metrics import FlowControlMetrics
 from aggregator.sources.problems import ManifestReport
 from aggregator.web.http2.metrics import ConnectionMetrics
 from aggregator.web.metrics import Metrics
@@ -176,6 +177,7 @@ def test_every_metric_in_the_table_is_served_under_that_name() -> None:
     ConnectionMetrics(metrics.registry)
     ManifestReport(list, metrics.registry)  # local mode's folder
     QuarantineMetrics(metrics.registry)
+    FlowControlMetrics(metrics.registry)  # API Priority and Fairness, on by default
     for registry in (metrics.registry, WorkerMetrics(2).registry):
         for line in generate_latest(registry).decode().splitlines():
             if line.startswith("# TYPE "):

@@ -17,6 +17,8 @@ What it does like the real one:
   in-band ERROR event (`gone_mode`);
 - callers authenticate with a bearer token (`tokens`) or a client certificate signed by its client
   CA or its front-proxy CA; anything else gets a 401 Status;
+- flowcontrol.apiserver.k8s.io/v1 FlowSchemas and PriorityLevelConfigurations, and from the start the
+  bootstrap ones kube-apiserver's ensurer creates (`apf_bootstrap=False` for a cluster without);
 - `kube-system/extension-apiserver-authentication` exists from the start, written as kube-apiserver's
   `ClientCARegistrationHook` writes it (`cluster_authentication_trust_controller.go`
   `getConfigMapDataFor`): the client CA, the front-proxy CA, and the requestheader settings as
@@ -51,6 +53,8 @@ from aiohttp import web
 from aggregator.backends.options import DEFAULT_DENY_CIDRS
 from aggregator.commands.certs import write_kubeconfig
 from aggregator.config import Options, validate
+from aggregator.flowcontrol.bootstrap import ensure
+from aggregator.flowcontrol.manifests import encode
 from aggregator.tls.issue import (
     KeyPair,
     issue_client_cert,
@@ -162,7 +166,12 @@ LEASES = FakeResource(
     decode=_decode_lease,
     validate=_validate_lease,
 )
-BUILTIN = (APISERVICES, SERVICES, ENDPOINTSLICES, CONFIGMAPS, LEASES)
+# flowcontrol.apiserver.k8s.io/v1: cluster-scoped; kube-apiserver's ensurer creates the bootstrap ones.
+FLOWSCHEMAS = FakeResource("flowcontrol.apiserver.k8s.io", "v1", "flowschemas", "FlowSchema", False)
+PRIORITY_LEVELS = FakeResource(
+    "flowcontrol.apiserver.k8s.io", "v1", "prioritylevelconfigurations", "PriorityLevelConfiguration", False
+)
+BUILTIN = (APISERVICES, SERVICES, ENDPOINTSLICES, CONFIGMAPS, LEASES, FLOWSCHEMAS, PRIORITY_LEVELS)
 
 
 @dataclass(frozen=True)
@@ -255,7 +264,9 @@ def status_response(
 class FakeKube:
     """An in-process kube-apiserver stand-in. `await start()`, then point a kubeconfig at `url`."""
 
-    def __init__(self, workdir: Path, *, history: int = 1000, port: int = 0, first_rv: int = 100) -> None:
+    def __init__(
+        self, workdir: Path, *, history: int = 1000, port: int = 0, first_rv: int = 100, apf_bootstrap: bool = True
+    ) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ca = new_ca("fake-kube-ca")
@@ -295,6 +306,8 @@ class FakeKube:
         # A kubeconfig for the default gateway credentials (set by `running_fake_kube`).
         self.kubeconfig: Path | None = None
         self.publish_authentication()
+        if apf_bootstrap:
+            self.ensure_flowcontrol()
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -376,6 +389,15 @@ class FakeKube:
                 **lists,
             ),
         )
+
+    def ensure_flowcontrol(self) -> None:
+        """The FlowSchemas and PriorityLevelConfigurations kube-apiserver's APF ensurer creates in a new
+        cluster (mandatory and suggested), each with its own resourceVersion and UID."""
+        levels, schemas = ensure((), ())
+        for level in levels:
+            self.add_object(PRIORITY_LEVELS, encode(level))
+        for schema in schemas:
+            self.add_object(FLOWSCHEMAS, encode(schema))
 
     def write_kubeconfig(
         self,

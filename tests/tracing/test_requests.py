@@ -7,11 +7,16 @@ backend's parent is the proxied call's span.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import time
 from pathlib import Path
 
 import pytest
 
 from aggregator.tracing.otel import SERVICE_NAME
+from tests.flowcontrol.client import PROTOCOLS, client
+from tests.flowcontrol.support import flow_schema, priority_level
 from tests.support.backend import (
     APISERVICE,
     GROUP,
@@ -26,6 +31,7 @@ from tests.support.backend import (
 )
 from tests.support.fixtures import Proxied, StartProxied
 from tests.support.h2client import H2Client
+from tests.support.holding import Held
 from tests.support.otlp import (
     CLIENT,
     SERVER,
@@ -36,7 +42,7 @@ from tests.support.otlp import (
     tracing_config,
 )
 from tests.support.pki import PKI
-from tests.support.polling import until_async
+from tests.support.polling import until, until_async
 
 PATH = f"/apis/{GROUP}/{VERSION}/namespaces/default/widgets/w1"
 SPAN_NAME = f"GET /apis/{GROUP}/{VERSION}/namespaces/{{:namespace}}/widgets/{{:name}}"
@@ -75,7 +81,11 @@ async def test_a_sampled_caller_gateway_and_backend_share_one_trace(
         assert server.attributes["http.status_code"] == 200 and server.attributes["audit-id"] == audit_id
         assert server.resource["service.name"] == SERVICE_NAME
         children = {s.name: s for s in receiver.children(server)}
-        assert {"authentication", "authorization", "HTTP GET"} <= children.keys(), children.keys()
+        assert {"authentication", "priority-and-fairness", "authorization", "HTTP GET"} <= children.keys(), children.keys()
+        # the gates in kube-apiserver's order, one after the other
+        gates = [children[name] for name in ("authentication", "priority-and-fairness", "authorization")]
+        for before, after in itertools.pairwise(gates):
+            assert before.end_ns <= after.start_ns, (before.name, after.name)
         call = children["HTTP GET"]
         assert call.kind == CLIENT and call.attributes["apiservice"] == APISERVICE
         assert call.attributes["endpoint"] == f"127.0.0.1:{proxied.backend.port}"
@@ -85,7 +95,7 @@ async def test_a_sampled_caller_gateway_and_backend_share_one_trace(
         assert {"connect", "TLS handshake"} <= phases.keys(), phases.keys()
         assert call.start_ns <= phases["connect"].start_ns <= phases["connect"].end_ns
         assert phases["connect"].end_ns <= phases["TLS handshake"].start_ns <= phases["TLS handshake"].end_ns
-        for child in (children["authentication"], children["authorization"], call):
+        for child in (*gates, call):
             assert server.start_ns <= child.start_ns and child.end_ns <= server.end_ns
         # The backend's parent is the gateway's proxied call: client, gateway, backend in one trace.
         (seen,) = [r for r in proxied.backend.received if r.raw_path == PATH]
@@ -180,3 +190,76 @@ async def test_a_dead_replica_is_an_ejection_and_a_retry_in_the_call_that_met_it
         await receiver.wait_for(lambda _: server_span(receiver, trace_id) is not None)
         (after,) = [s for s in receiver.named("HTTP GET") if s.trace_id == trace_id]
         assert after.attributes["endpoint"] == live and after.event("retry") is None
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_priority_and_fairness_is_a_phase_that_lasts_a_queued_requests_wait_and_ends_with_its_429(
+    protocol: str, start_proxied: StartProxied, apiservices_dir: Path, pki: PKI, tmp_path: Path
+) -> None:
+    """One seat in all, alice's: her second GET waits in a queue for the first to finish, her third
+    is refused once the level rejects instead of queuing."""
+    alice = pki.issue_user("alice", "alice", ())
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/default/widgets"
+
+    def config(queues: int | None) -> None:
+        write_manifests(
+            apiservices_dir,
+            "apf",
+            priority_level("tenants", shares=10, lendable=0, borrowing=0, queues=queues),
+            flow_schema("tenants", "tenants", users=("alice",)),
+        )
+
+    config(queues=16)
+    async with otlp_receiver() as receiver:
+        proxied = await start_proxied(
+            tracing_config_file=tracing_config(tmp_path, receiver),
+            max_requests_inflight=1,
+            max_mutating_requests_inflight=0,
+        )
+        held = Held()
+        proxied.backend.routes[path] = held
+        registry = proxied.server.gateway.metrics.registry
+        waiting = {"priority_level": "tenants", "flow_schema": "tenants"}
+        async with client(pki, proxied.server.port, protocol, alice) as as_alice:
+            first = asyncio.create_task(as_alice.request("GET", path))
+            await until(lambda: held.arrived == 1, what="the first GET at the backend")
+            trace_id, _caller, traceparent = new_parent()
+            queued = asyncio.create_task(as_alice.request("GET", path, {"traceparent": traceparent}))
+            await until(
+                lambda: registry.get_sample_value("apiserver_flowcontrol_current_inqueue_requests", waiting) == 1,
+                what="the traced GET in its queue",
+            )
+            released_ns = time.time_ns()
+            held.release.set()
+            assert [(await first).status, (await queued).status] == [200, 200]
+        await receiver.wait_for(lambda _: server_span(receiver, trace_id) is not None, what="the queued GET's spans")
+        server = server_span(receiver, trace_id)
+        assert server is not None
+        children = {span.name: span for span in receiver.children(server)}
+        phase = children["priority-and-fairness"]
+        assert phase.start_ns < released_ns < phase.end_ns <= children["authorization"].start_ns
+        assert phase.status_code != STATUS_ERROR
+
+        # The level rejects past its seat: the refusal ends the phase, and the request, with 429.
+        config(queues=None)
+        flowcontrol = proxied.server.gateway.flowcontrol
+        assert flowcontrol is not None
+        await until(
+            lambda: not flowcontrol.controller.levels["tenants"].queued, what="tenants rejecting instead of queuing"
+        )
+        held.release.clear()
+        async with client(pki, proxied.server.port, protocol, alice) as as_alice:
+            first = asyncio.create_task(as_alice.request("GET", path))
+            await until(lambda: held.arrived == 3, what="another GET at the backend")
+            trace_id, _caller, traceparent = new_parent()
+            refused = await as_alice.request("GET", path, {"traceparent": traceparent})
+            assert refused.status == 429
+            held.release.set()
+            assert (await first).status == 200
+        await receiver.wait_for(lambda _: server_span(receiver, trace_id) is not None, what="the refused GET's spans")
+        server = server_span(receiver, trace_id)
+        assert server is not None and server.attributes["http.status_code"] == 429
+        children = {span.name: span for span in receiver.children(server)}
+        phase = children["priority-and-fairness"]
+        assert phase.attributes["http.status_code"] == 429 and phase.status_code == STATUS_ERROR
+        assert "authorization" not in children  # refused before authorization

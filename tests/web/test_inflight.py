@@ -1,5 +1,6 @@
 """--max-requests-inflight and --max-mutating-requests-inflight through the running gateway, with a
-backend that holds every request until the test lets it go."""
+backend that holds every request until the test lets it go (max-in-flight is kube-apiserver's
+limiter with --enable-priority-and-fairness=false; with APF on, tests/flowcontrol covers it)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def alice(pki: PKI) -> str:
 async def test_past_the_limit_a_get_is_429_at_once_and_watches_do_not_count(
     start_proxied: StartProxied, alice: str
 ) -> None:
-    proxied = await start_proxied(max_requests_inflight=2, max_mutating_requests_inflight=1)
+    proxied = await start_proxied(
+        max_requests_inflight=2, max_mutating_requests_inflight=1, enable_priority_and_fairness=False
+    )
     holding = Holding()
     proxied.backend.routes[THINGS] = holding.handle
     calls: list[asyncio.Task[tuple[int, bytes, Any]]] = []
@@ -101,7 +104,7 @@ async def test_past_the_limit_a_get_is_429_at_once_and_watches_do_not_count(
 
 
 async def test_zero_disables_the_limit(start_proxied: StartProxied, alice: str) -> None:
-    proxied = await start_proxied(max_requests_inflight=0)
+    proxied = await start_proxied(max_requests_inflight=0, enable_priority_and_fairness=False)
     holding = Holding()
     proxied.backend.routes[THINGS] = holding.handle
     calls = [asyncio.create_task(_call(proxied, "GET", THINGS, alice)) for _ in range(5)]

@@ -46,17 +46,26 @@ class Reachability(Protocol):
 
     The discovery fetcher and the OpenAPI downloads ask before they dial: a backend the checker
     found unreachable is not dialed again by them until the checker finds it back (and tells them),
-    so a dead backend costs one probe per check, not a probe plus every fetcher's retries.
+    so a dead backend costs one probe per check, not a probe plus every fetcher's retries. Nor do
+    they dial an APIService before its first check: at start-up with thousands of them, checks
+    alone make the gateway's first verdicts, and each backend's first handshake is the check's.
     """
 
     def unreachable(self, name: str) -> str | None:
         """Why the last check could not reach this APIService's backend (its message); None when
-        it was reached, or has not been checked yet (then callers dial it themselves)."""
+        it was reached, or has not been checked yet."""
+        ...
+
+    def awaiting_check(self, name: str) -> bool:
+        """True while this APIService's first check is queued or under way. Callers wait for its
+        verdict (the checker's listeners hear of it) instead of dialing beside it: the check goes
+        first, and they then find its connection idle instead of each paying a handshake. False
+        once there is a verdict, and for an APIService no running checker tracks."""
         ...
 
 
-# How long a fetcher waits, without dialing, before it looks at an unreachable backend again on its
-# own: the checker's word that it is back normally comes first (a listener pokes the fetcher).
+# How long a fetcher waits, without dialing, before it looks at an unreachable (or not yet checked)
+# backend again on its own: the checker's word normally comes first (a listener pokes the fetcher).
 UNREACHABLE_RECHECK = 600.0
 
 

@@ -22,7 +22,8 @@ down is re-fetched, and its discovery marked Stale, at once.
 A backend the last check could not reach at all (`unreachable`: no Service, port or endpoint, a
 refused or hung connection, a failed handshake) is the one verdict the discovery fetcher and the
 OpenAPI downloads go by: they do not dial it until a check reaches it again, and hear of that at
-once. Its own next check makes one GET instead of hedging with five: the backend was just found
+once. Nor do they dial an APIService before its first verdict (`awaiting_check`): at start-up the
+checks go first, and the fetches that follow each verdict find its connection idle. Its own next check makes one GET instead of hedging with five: the backend was just found
 down, and a dead one then costs one dial per retry (at most every `interval`, jittered).
 
 `/readyz?verbose` names every unavailable APIService and every endpoint the proxy holds ejected:
@@ -197,6 +198,13 @@ class AvailabilityChecker:
     def unreachable(self, name: str) -> str | None:
         """`contracts.Reachability`: the last check's message when it could not reach the backend."""
         return self._unreachable.get(name)
+
+    def awaiting_check(self, name: str) -> bool:
+        """`contracts.Reachability`: the first check of this APIService has not recorded a verdict
+        yet (before the store synced, every APIService is still to be checked)."""
+        if not self._running or name in self._verdicts:
+            return False
+        return name in self.loops or self._awaiting is None
 
     def _note_verdict(self, name: str, verdict: Verdict | None) -> None:
         line = None

@@ -223,9 +223,13 @@ class DiscoveryFetcher(LoopComponent):
     # --- one run ------------------------------------------------------------------------------------
 
     def _next_delay(self, name: str, ok: bool, _failures: int) -> float | None:
-        """While the checker finds the backend unreachable: parked (its flip back pokes this loop;
-        `UNREACHABLE_RECHECK` is the backstop); otherwise the engine's interval or backoff."""
-        if not ok and self.reachability is not None and self.reachability.unreachable(name) is not None:
+        """While the checker finds the backend unreachable, or has not checked it yet: parked (its
+        verdict pokes this loop; `UNREACHABLE_RECHECK` is the backstop); otherwise the engine's
+        interval or backoff."""
+        reachability = self.reachability
+        if reachability is not None and (
+            reachability.awaiting_check(name) or (not ok and reachability.unreachable(name) is not None)
+        ):
             return max(self.loops.interval, UNREACHABLE_RECHECK)
         return None
 
@@ -233,8 +237,11 @@ class DiscoveryFetcher(LoopComponent):
         state = self.states.get(name)
         if state is None:
             return True
+        reachability = self.reachability
+        if reachability is not None and reachability.awaiting_check(name):
+            return True  # the first check goes first; its verdict pokes this loop (nothing to report)
         before = state.entry()
-        unreachable = self.reachability.unreachable(name) if self.reachability is not None else None
+        unreachable = reachability.unreachable(name) if reachability is not None else None
         if unreachable is not None:
             self._stale(state, f"backend unreachable: {unreachable}")  # not dialed: the checker's word
             ok = False

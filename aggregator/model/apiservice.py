@@ -136,6 +136,14 @@ def _decode_annotations(metadata: Mapping[str, Any]) -> tuple[tuple[str, str], .
     return tuple(sorted(annotations.items()))
 
 
+@functools.lru_cache(maxsize=256)
+def _shared_bundle(encoded: str) -> tuple[str, bytes]:
+    """One copy of each distinct caBundle, as text and decoded. The APIServices of one extension
+    server trust one CA: each held its own copies (about 1.5 KB), and so did each worker process;
+    objects sharing one are pickled once in a worker's first state, and stay shared there."""
+    return encoded, base64.b64decode(encoded, validate=True)
+
+
 def decode_apiservice(obj: Mapping[str, Any]) -> APIService:
     """Decode and default (`service.port` -> 443). Raises DecodeError on wrong types or bad base64."""
     metadata = mapping(obj, "metadata", "metadata")
@@ -151,9 +159,11 @@ def decode_apiservice(obj: Mapping[str, Any]) -> APIService:
         )
     raw_bundle = decode_field(spec, "caBundle", str, "spec.caBundle", "")
     try:
-        ca_bundle = base64.b64decode(raw_bundle, validate=True) if raw_bundle else b""
+        shared, ca_bundle = _shared_bundle(raw_bundle) if raw_bundle else ("", b"")
     except (binascii.Error, ValueError) as err:
         raise DecodeError(f"spec.caBundle: illegal base64 data ({err})") from err
+    if shared and isinstance(spec, dict):
+        spec["caBundle"] = shared  # the same text, held once
     return APIService(
         name=decode_field(metadata, "name", str, "metadata.name", ""),
         namespace=decode_field(metadata, "namespace", str, "metadata.namespace", ""),

@@ -1,9 +1,14 @@
-"""`v1` Service and `discovery.k8s.io/v1` EndpointSlice: only the fields routing and availability need."""
+"""`v1` Service and `discovery.k8s.io/v1` EndpointSlice: only the fields routing and availability need.
+
+Unlike an APIService (served back as it was written), their manifests are not kept: nothing reads
+them, and every process of the gateway (the control and each worker) would hold a copy of each,
+about 2 KB a Service or slice, most of the objects' memory at thousands of Services.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aggregator.model.decode import DecodeError, int32, mapping, sequence
@@ -29,7 +34,6 @@ class Service:
     ports: tuple[ServicePort, ...] = ()
     external_name: str = ""
     resource_version: str = ""
-    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def port_by_number(self, port: int) -> ServicePort | None:
         return next((p for p in self.ports if p.port == port), None)
@@ -62,7 +66,6 @@ class EndpointSlice:
     ports: tuple[EndpointPort, ...] = ()
     endpoints: tuple[Endpoint, ...] = ()
     resource_version: str = ""
-    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def _meta(obj: Mapping[str, Any]) -> tuple[str, str, str, Mapping[str, Any]]:
@@ -104,7 +107,6 @@ def decode_service(obj: Mapping[str, Any]) -> Service:
         ports=tuple(ports),
         external_name=decode_field(spec, "externalName", str, "spec.externalName", ""),
         resource_version=rv,
-        raw=obj,
     )
 
 
@@ -149,5 +151,4 @@ def decode_endpointslice(obj: Mapping[str, Any]) -> EndpointSlice:
         ports=tuple(ports),
         endpoints=tuple(endpoints),
         resource_version=rv,
-        raw=obj,
     )

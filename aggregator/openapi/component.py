@@ -342,6 +342,14 @@ class OpenAPIAggregation:
         members = self.members.get(key, [])
         return bool(members) and all(reachability.unreachable(s.name) is not None for s in members)
 
+    def _awaiting(self, key: SourceKey) -> bool:
+        """No APIService of this backend has had its first check yet: that check dials it first."""
+        reachability = self.reachability
+        if reachability is None or isinstance(key, str):
+            return False
+        members = self.members.get(key, [])
+        return bool(members) and all(reachability.awaiting_check(s.name) for s in members)
+
     async def stop(self) -> None:
         self._started = False
         self._coalesced.cancel()
@@ -432,7 +440,7 @@ class OpenAPIAggregation:
         unreachable backend: parked (the checker pokes it when it is back; `UNREACHABLE_RECHECK`
         is the backstop)."""
         if isinstance(key, tuple):
-            if not ok and self._unreachable(key):
+            if self._awaiting(key) or (not ok and self._unreachable(key)):
                 self._parked.add(key)
                 return max(self.refresher.interval, UNREACHABLE_RECHECK)
             self._parked.discard(key)
@@ -474,6 +482,8 @@ class OpenAPIAggregation:
         source = self.sources.get(key)
         if source is None:
             return True
+        if self._awaiting(key):
+            return True  # the first check goes first; its verdict pokes this key (`apiservice_changed`)
         if self._unreachable(key):
             return False  # not dialed: the last good documents stay
         result = await source.refresh()

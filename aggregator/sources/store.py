@@ -67,7 +67,7 @@ class Event:
         return keys
 
 
-def _labels(obj: Obj) -> object:
+def _labels(obj: APIService) -> object:
     metadata = obj.raw.get("metadata")
     return metadata.get("labels") if isinstance(metadata, dict) else None
 
@@ -85,7 +85,9 @@ def _same(old: Obj, new: Obj) -> bool:
     """True when `new` carries nothing `old` does not (a resync, or an unchanged file)."""
     if new.resource_version and new.resource_version != old.resource_version:
         return False
-    return replace(new, resource_version=old.resource_version) == old and old.raw == new.raw
+    if replace(new, resource_version=old.resource_version) != old:
+        return False
+    return not isinstance(old, APIService) or not isinstance(new, APIService) or old.raw == new.raw
 
 
 class Subscription:

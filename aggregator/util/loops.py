@@ -7,6 +7,11 @@ both waits jittered downwards so that thousands of keys added together drift apa
 firing in lockstep. A poke during a run means "run again right after". At most `concurrency` runs are in flight (upstream runs a fixed
 number of workers per controller).
 
+A key added or poked goes ahead of every periodic run, even overdue ones: when the periodic runs
+fall behind (5000 APIServices re-checked every 30 s on a loaded machine), a new APIService, a
+changed one or one the proxy suspects is checked at the next free slot instead of after the
+backlog.
+
 One scheduler task and at most `concurrency` run tasks exist however many keys there are: keys wait
 in a heap of due times, not as sleeping tasks, so 5000 APIServices cost 5000 heap entries rather
 than 5000 tasks with timers.
@@ -36,6 +41,8 @@ K = TypeVar("K", bound=Hashable)
 DelayHook = Callable[[K, bool, int], float | None]
 
 CLOCK_SLACK = 0.002
+# A key's lane in the heap: runs asked for now go before periodic ones, overdue or not.
+ASKED, PERIODIC = 0, 1
 
 
 @dataclass(slots=True)
@@ -71,7 +78,9 @@ class KeyedLoops(Generic[K]):
         self._delay_hook = delay
         self._rng = rng or random.Random().random
         self._entries: dict[K, _Entry] = {}
-        self._heap: list[tuple[float, int, K]] = []
+        # (lane, due, n, key): lane 0 for runs asked for now (a new key, a poke), ahead of lane 1
+        # (periodic runs and retries) even when those are overdue.
+        self._heap: list[tuple[int, float, int, K]] = []
         self._seq = itertools.count()
         # Woken by a due time or by a change; a plain future on the loop (an asyncio.Event looks the
         # running loop up on every wait, which costs a getpid() syscall on Python 3.11).
@@ -162,8 +171,8 @@ class KeyedLoops(Generic[K]):
     def _schedule(self, key: K, entry: _Entry, delay: float) -> None:
         due = self._now() + delay
         entry.due = due
-        heapq.heappush(self._heap, (due, next(self._seq), key))
-        if self._heap[0][2] == key or delay <= 0:
+        heapq.heappush(self._heap, (ASKED if delay <= 0 else PERIODIC, due, next(self._seq), key))
+        if self._heap[0][3] == key or delay <= 0:
             self._set_wake()
 
     def _next_delay(self, key: K, ok: bool, failures: int) -> float:
@@ -191,7 +200,7 @@ class KeyedLoops(Generic[K]):
             now = self._now() + CLOCK_SLACK
             while self._heap and self._active < self.concurrency:
                 heap = self._heap
-                due, _, key = heap[0]
+                _, due, _, key = heap[0]
                 entry = self._entries.get(key)
                 if entry is None or entry.running or entry.due != due:
                     heapq.heappop(heap)  # stale: discarded, running, or rescheduled since
@@ -203,7 +212,7 @@ class KeyedLoops(Generic[K]):
                 self._active += 1
                 self._runs[key] = self._tasks.spawn(self._run(key, entry), name=str(key))
             if self._heap and self._active < self.concurrency:
-                self._wake_at(self._heap[0][0])
+                self._wake_at(self._heap[0][1])
             if not self._woken:
                 self._wake = loop.create_future()
                 try:
@@ -241,7 +250,7 @@ class KeyedLoops(Generic[K]):
             if self._runs.get(key) is asyncio.current_task(self._loop):
                 del self._runs[key]
             heap = self._heap
-            if was_full or (heap and heap[0][0] <= self._now() + CLOCK_SLACK):
+            if was_full or (heap and heap[0][1] <= self._now() + CLOCK_SLACK):
                 self._set_wake()
         self.runs += 1
         if self._entries.get(key) is not entry:

@@ -2,7 +2,7 @@
 
 Control -> worker: `Hello` (once, after the runner's options: who the worker is), `State` (a
 full snapshot first, then only what changed: a few verdicts, a note, a re-rendered document),
-`ObjectChange` (each store event, in order), `Collect` (a `/metrics` scrape wants this worker's
+`ObjectChange` (each store event, in order; `StatusChange` for a status write of ours), `Collect` (a `/metrics` scrape wants this worker's
 figures), `Scraped` (the group's figures for a scrape it
 asked for). Worker -> control: `Suspect` (a proxied request failed: re-check the APIService now),
 `Scrape`, `Collected`.
@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 
 from aggregator.auth.authconfigmap import ClusterAuthentication
 from aggregator.auth.rbac import RBACPolicy
+from aggregator.model.apiservice import Condition
 from aggregator.openapi.component import V2Published
 from aggregator.openapi.documents import Document
 from aggregator.sources.store import Kind, Obj
@@ -69,7 +70,9 @@ class State:
     synced: bool = False
     verdicts: dict[str, VerdictView | None] = field(default_factory=dict)
     health: dict[str, str | None] | None = None  # check name -> failure (None: passing)
-    notes: dict[str, dict[NoteKey, str | None]] = field(default_factory=dict)  # endpoint -> lines (None: removed)
+    notes: dict[str, dict[NoteKey, str | None]] = field(
+        default_factory=dict
+    )  # endpoint -> lines (None: removed)
     discovery: AggregatedDocs | None = None
     openapi_v2: V2Published | None = None
     openapi_v3_index: Document | None = None
@@ -87,6 +90,18 @@ class ObjectChange:
     obj: Obj | None  # the new object; None: deleted
     namespace: str
     name: str
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusChange:
+    """A store event that changed only an APIService's conditions (a local-mode verdict written),
+    replayed on the worker's copy: a few hundred bytes instead of the whole object, and the copy
+    keeps sharing what it shared (its manifest, its caBundle) instead of a fresh copy of each."""
+
+    name: str
+    conditions: tuple[Condition, ...]
+    resource_version: str
     revision: int
 
 

@@ -24,7 +24,7 @@ import functools
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from prometheus_client.core import Metric
@@ -37,6 +37,7 @@ from aggregator.auth.rbac import RBACPolicy
 from aggregator.availability.checker import AvailabilityChecker
 from aggregator.contracts import Quarantined
 from aggregator.discovery.component import Discovery
+from aggregator.model.apiservice import APIService
 from aggregator.openapi.component import OpenAPIAggregation, V2Published
 from aggregator.openapi.documents import Document
 from aggregator.sources.store import DELETED, Event, Kind, Store, key_of
@@ -59,6 +60,7 @@ from aggregator.workers.messages import (
     Scrape,
     Scraped,
     State,
+    StatusChange,
     Suspect,
     VerdictView,
 )
@@ -94,6 +96,23 @@ class _Published:
     rbac: RBACPolicy | None = None
     quarantined: frozenset[str] = frozenset()
     synced: bool = False
+
+
+def message_for(event: Event) -> ObjectChange | StatusChange:
+    """The message for a store event: only the new conditions when that is all that changed on an
+    object the control already sent (our own status write keeps the manifest it had)."""
+    new, old = event.obj, event.old
+    if (
+        event.status_only
+        and event.type != DELETED
+        and isinstance(new, APIService)
+        and isinstance(old, APIService)
+        and new.raw is old.raw
+        and replace(old, conditions=new.conditions, resource_version=new.resource_version) == new
+    ):
+        return StatusChange(new.name, new.conditions, new.resource_version, event.revision)
+    namespace, name = key_of(new)
+    return ObjectChange(event.kind, None if event.type == DELETED else new, namespace, name, event.revision)
 
 
 class Publisher:
@@ -268,11 +287,7 @@ class Publisher:
         if not self._channels:
             return
         self.flush()  # verdicts first: the status write that follows a verdict comes after it
-        namespace, name = key_of(event.obj)
-        change = ObjectChange(
-            event.kind, None if event.type == DELETED else event.obj, namespace, name, event.revision
-        )
-        self._send(change)
+        self._send(message_for(event))
 
     def _on_verdict(self, name: str) -> None:
         verdict = self.availability.verdict(name)

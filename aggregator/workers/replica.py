@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -54,6 +55,7 @@ from aggregator.workers.messages import (
     Scrape,
     Scraped,
     State,
+    StatusChange,
     Suspect,
     VerdictView,
 )
@@ -174,6 +176,8 @@ class Replica:
     def apply(self, message: object) -> None:
         if isinstance(message, ObjectChange):
             self._apply_object(message)
+        elif isinstance(message, StatusChange):
+            self._apply_status(message)
         elif isinstance(message, State):
             self._apply_state(message)
         elif isinstance(message, Collect):
@@ -198,6 +202,19 @@ class Replica:
             store.delete(change.kind, change.namespace, change.name)
         else:
             store.upsert(change.obj)
+        store.revision = change.revision
+
+    def _apply_status(self, change: StatusChange) -> None:
+        store = self.store
+        current = store.apiservice(change.name)
+        if current is None:  # cannot happen: the control sent the object before its status
+            log.error(
+                "a status change for an APIService this worker does not hold",
+                extra=fields(apiservice=change.name),
+            )
+            return
+        store.revision = change.revision - 1
+        store.upsert(replace(current, conditions=change.conditions, resource_version=change.resource_version))
         store.revision = change.revision
 
     def _apply_state(self, state: State) -> None:

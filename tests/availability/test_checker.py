@@ -12,6 +12,7 @@ from aggregator.availability.checker import AvailabilityChecker
 from aggregator.availability.conditions import endpoints_not_found, failed_discovery_check, passed
 from aggregator.availability.probe import Report
 from aggregator.availability.status import MemoryStatus
+from aggregator.sources.store import Kind
 from tests.availability.support import Harness
 from tests.support.backend import APISERVICE, apiservice_manifest
 from tests.support.logrecords import fields_of
@@ -94,3 +95,31 @@ async def test_a_change_of_reason_is_logged_as_well_as_a_flip(
         ("APIService availability reason changed", "EndpointsNotFound", "FailedDiscoveryCheck"),
         ("APIService availability changed", "False", "Passed"),
     ]
+
+
+async def test_an_apiservice_awaits_its_first_check_until_its_verdict(harness: Harness) -> None:
+    """`awaiting_check` (what the discovery fetcher and the OpenAPI downloads ask before they
+    dial): true from start-up until the first verdict, false after it, and false when no checker
+    runs or the APIService is gone."""
+    harness.add(apiservice_manifest(port=443, ca_pem=None, available=True))
+    checker = AvailabilityChecker(harness.store, harness.probe, harness.metrics, MemoryStatus())
+    checker.interval = 3600.0  # one check at start, no other
+    assert not checker.awaiting_check(APISERVICE)  # not running: callers dial themselves
+    checker.loops.concurrency = 0  # the first check stays queued while the test looks
+    await checker.start()  # the store is not synced: nothing is checked yet
+    try:
+        assert checker.awaiting_check(APISERVICE)
+        harness.store.mark_synced()
+        await checker.stop()
+        await checker.start()  # local mode: the store was synced before the checker started
+        assert checker.awaiting_check(APISERVICE)
+        svc = harness.store.apiservice(APISERVICE)
+        assert svc is not None and svc.service is not None
+        await checker.record(Report(APISERVICE, endpoints_not_found(svc.service)))
+        assert not checker.awaiting_check(APISERVICE)
+        deleted = harness.store.delete(Kind.APISERVICE, "", APISERVICE)
+        assert deleted is not None
+        checker.on_store_event(deleted)
+        assert not checker.awaiting_check(APISERVICE)
+    finally:
+        await checker.stop()

@@ -135,6 +135,21 @@ async def test_a_refusing_backend_is_dialed_by_the_checker_alone_and_logs_once(
     assert state.entry().freshness == "Stale"
 
 
+async def test_discovery_and_openapi_wait_for_the_first_check_and_never_dial_a_dead_backend(
+    start_dead: StartDead,
+) -> None:
+    """At start-up the check dials first; the fetches follow its verdict, which here says
+    unreachable: not one discovery fetch or OpenAPI download goes out, before or after it."""
+    dead = await start_dead()
+    checker = dead.gateway.control.availability
+    await verdict_in(dead)
+    await until(lambda: checker.checks >= 3, what="retries")
+    assert dead.background_attempts() == 0
+    state = dead.gateway.control.discovery.fetcher.states[NAME]
+    assert state.entry().freshness == "Stale"
+    assert state.last_error.startswith("backend unreachable: ")
+
+
 async def test_a_failed_fetch_carries_no_exception_chain(start_dead: StartDead) -> None:
     dead = await start_dead()
     svc = dead.gateway.store.apiservice(NAME)

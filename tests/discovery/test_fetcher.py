@@ -169,9 +169,13 @@ class Verdicts:
 
     def __init__(self) -> None:
         self.down: dict[str, str] = {}
+        self.unchecked: set[str] = set()
 
     def unreachable(self, name: str) -> str | None:
         return self.down.get(name)
+
+    def awaiting_check(self, name: str) -> bool:
+        return name in self.unchecked
 
 
 async def test_a_backend_the_checker_found_unreachable_is_not_dialed_until_it_is_back() -> None:
@@ -196,6 +200,34 @@ async def test_a_backend_the_checker_found_unreachable_is_not_dialed_until_it_is
         # the checker reaches it again and tells the fetcher (its listener): fetched at once
         del verdicts.down["v1.a.example.com"]
         fetcher.poke("v1.a.example.com")
+        await until(lambda: state.fresh)
+        assert len(fakes.calls) == 1
+    finally:
+        await fetcher.stop()
+
+
+async def test_an_apiservice_is_fetched_after_its_first_check_not_beside_it() -> None:
+    """At start-up the first check dials each backend first; the fetch follows its verdict (the
+    checker's listener pokes it) and finds the check's connection idle, instead of a second
+    handshake at the same moment."""
+    store = Store()
+    store.upsert(decode_apiservice(apiservice("v1.a.example.com", 100, 10)))
+    fakes = FakeBackends()
+    fakes.handlers["v1.a.example.com"] = serve_aggregated({"a.example.com": {"v1": [resource("as", "A")]}})
+    verdicts = Verdicts()
+    verdicts.unchecked.add("v1.a.example.com")
+    fetcher, _ = make(store, fakes, refresh_interval=0.01, backoff_initial=0.01, backoff_max=0.02)
+    fetcher.reachability = verdicts
+    await fetcher.start()
+    try:
+        state = fetcher.states["v1.a.example.com"]
+        await until(lambda: fetcher.loops.runs >= 1)
+        # not dialed, and not reported as a failure: nothing is known yet
+        assert fakes.calls == [] and not state.attempted
+        await asyncio.sleep(0.1)  # a negative check: ten refresh intervals, for runs that must not come
+        assert fetcher.loops.runs == 1 and fakes.calls == []  # parked until the verdict
+        verdicts.unchecked.clear()
+        fetcher.poke("v1.a.example.com")  # what the checker's listener does with the first verdict
         await until(lambda: state.fresh)
         assert len(fakes.calls) == 1
     finally:

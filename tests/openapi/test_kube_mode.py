@@ -17,7 +17,7 @@ from aggregator.openapi.component import KUBE_APISERVER
 from aggregator.openapi.readiness import FirstDownload
 from aggregator.runners.server import GatewayServer
 from tests.openapi.support import fast, sha512_upper, start_backend, v2_paths, v3_document
-from tests.support.backend import BackendPKI, service_manifest
+from tests.support.backend import BackendPKI, endpointslice_manifest, service_manifest
 from tests.support.fakekube import GATEWAY_USER, FakeKube, Seen, apiservice, kube_options
 from tests.support.fakeopenapi import KubeOpenAPI
 from tests.support.fakereviews import FakeReviews
@@ -98,6 +98,11 @@ async def test_kube_apiserver_documents_first_remote_group_versions_from_their_b
         fake_kube.add_object("apiservices", remote)
         fake_kube.add_object("apiservices", apiservice("apps", "v1", service=None))
         fake_kube.add_object("services", service_manifest(port=backend.port, namespace="remote"))
+        # a ready endpoint: the availability check reaches the backend, and the downloads follow it
+        fake_kube.add_object(
+            "endpointslices",
+            endpointslice_manifest("api-1", [("127.0.0.1", True)], port=backend.port, namespace="remote"),
+        )
 
         assert fake_kube.kubeconfig is not None
         async with running_gateway(kube_options(pki, fake_kube.kubeconfig)) as server:

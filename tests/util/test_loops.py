@@ -253,3 +253,35 @@ async def test_the_scheduler_does_not_spin_while_keys_wait() -> None:
     finally:
         await loops.stop()
     assert loops.wakeups <= 4 * loops.runs, (loops.wakeups, loops.runs)
+
+
+async def test_a_key_added_or_poked_runs_before_periodic_runs_that_fell_behind() -> None:
+    """With every slot busy while periodic runs come due, a new key (a new APIService) and a
+    poked one (a changed or suspected APIService) take the next free slots, ahead of the backlog."""
+    order: list[str] = []
+    gate = asyncio.Event()
+
+    async def work(key: str) -> bool:
+        order.append(key)
+        if key == "busy":
+            await gate.wait()
+        return True
+
+    loops = engine(work, interval=0.01, concurrency=1)
+    for key in ("a", "b", "c", "poked"):
+        loops.ensure(key)
+    loops.start()
+    try:
+        await until(lambda: len(order) >= 4, what="the first runs")
+        loops.ensure("busy")  # takes the only slot
+        await until(lambda: order[-1] == "busy", what="the busy run")
+        due = asyncio.get_running_loop().time() + 0.02
+        await until(lambda: asyncio.get_running_loop().time() > due, what="the periodic runs falling behind")
+        loops.ensure("new")
+        loops.poke("poked")
+        ran = len(order)
+        gate.set()
+        await until(lambda: len(order) >= ran + 2, what="the next two runs")
+    finally:
+        await loops.stop()
+    assert order[ran : ran + 2] == ["new", "poked"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from tests.support.backend import (
 from tests.support.pki import PKI
 from tests.support.polling import until_async
 from tests.support.ports import free_port
+from tests.workers.group import serve_args
 
 SIZE = 50 * 1024 * 1024
 BLOCK = 256 * 1024
@@ -74,32 +74,7 @@ def gateway_process(pki: PKI, apiservices_dir: Path, tmp_path: Path) -> Iterator
     port = free_port()
     log = (tmp_path / "gateway.log").open("w")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "aggregator",
-            "serve",
-            "--apiservices-dir",
-            str(apiservices_dir),
-            "--bind-address",
-            "127.0.0.1",
-            "--secure-port",
-            str(port),
-            "--tls-cert-file",
-            pki.path("serving.crt"),
-            "--tls-private-key-file",
-            pki.path("serving.key"),
-            "--client-ca-file",
-            pki.path("client-ca.crt"),
-            "--requestheader-client-ca-file",
-            pki.path("front-proxy-ca.crt"),
-            "--requestheader-allowed-names",
-            "front-proxy-client",
-            "--proxy-client-cert-file",
-            pki.path("front-proxy-client.crt"),
-            "--proxy-client-key-file",
-            pki.path("front-proxy-client.key"),
-        ],
+        serve_args(pki, apiservices_dir, port),
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

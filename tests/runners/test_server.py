@@ -10,7 +10,6 @@ import logging
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until_async, until_blocking
 from tests.support.ports import free_port
+from tests.workers.group import serve_args
 
 pytestmark = pytest.mark.long(15)
 
@@ -145,29 +145,7 @@ def gateway_process(
 ) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as log_file:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "aggregator",
-                "serve",
-                "--apiservices-dir",
-                str(folder),
-                "--bind-address",
-                "127.0.0.1",
-                "--secure-port",
-                str(port),
-                "--tls-cert-file",
-                pki.path("serving.crt"),
-                "--tls-private-key-file",
-                pki.path("serving.key"),
-                "--client-ca-file",
-                pki.path("client-ca.crt"),
-                "--proxy-client-cert-file",
-                pki.path("front-proxy-client.crt"),
-                "--proxy-client-key-file",
-                pki.path("front-proxy-client.key"),
-                *flags,
-            ],
+            serve_args(pki, folder, port, *flags),
             stderr=log_file,
         )
 

@@ -113,10 +113,10 @@ class Meta:
 
 
 @dataclass(frozen=True, slots=True)
-class FlowSchema:
+class Named:
+    """What both kinds share: their metadata, read by name and UID."""
+
     meta: Meta
-    spec: FlowSchemaSpec
-    conditions: tuple[Condition, ...] = ()
 
     @property
     def name(self) -> str:
@@ -125,6 +125,13 @@ class FlowSchema:
     @property
     def uid(self) -> str:
         return self.meta.uid
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSchema(Named):
+    spec: FlowSchemaSpec
+    conditions: tuple[Condition, ...] = ()
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,20 +169,12 @@ class PriorityLevelSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class PriorityLevel:
+class PriorityLevel(Named):
     """`PriorityLevelConfiguration`."""
 
-    meta: Meta
     spec: PriorityLevelSpec
     conditions: tuple[Condition, ...] = ()
 
-    @property
-    def name(self) -> str:
-        return self.meta.name
-
-    @property
-    def uid(self) -> str:
-        return self.meta.uid
 
     @property
     def is_exempt(self) -> bool:

@@ -32,7 +32,7 @@ from aggregator.auth.rbacobjects import (
     is_rbac,
     key_of,
 )
-from aggregator.sources.files import ParseError, manifest_files, read_documents
+from aggregator.sources.files import ParseError, manifest_files, merge_by_file, read_documents
 from aggregator.sources.manifests import flatten
 from aggregator.sources.problems import REFUSED, ManifestProblem
 from aggregator.util.dirwatch import DirectoryWatcher
@@ -175,17 +175,9 @@ class RBACFolder:
         )
 
     def _publish(self) -> None:
-        merged: dict[ObjectKey, RBACObject] = {}
-        owners: dict[ObjectKey, Path] = {}
-        for path in sorted(self._files):
-            for key, obj in self._files[path].objects.items():
-                if key in owners:
-                    log.warning(
-                        "RBAC object defined in two files; the later file wins",
-                        extra=fields(kind=key[0], name=key[2], first=str(owners[key]), wins=str(path)),
-                    )
-                merged[key] = obj
-                owners[key] = path
+        merged = merge_by_file(
+            {path: state.objects for path, state in self._files.items()}, "RBAC", lambda key: (key[0], key[2])
+        )
         present = any(state.holds_rbac for state in self._files.values())
         previous, self.current = self.current, compile_policy(merged.values(), present=present)
         counts = {kind: n for kind, n in sorted(self.current.counts.items())}

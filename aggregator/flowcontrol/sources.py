@@ -42,7 +42,7 @@ from aggregator.flowcontrol.objects import (
 from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
 from aggregator.model.decode import DecodeError
-from aggregator.sources.files import ParseError, manifest_files, read_documents
+from aggregator.sources.files import ParseError, manifest_files, merge_by_file, read_documents
 from aggregator.sources.manifests import flatten
 from aggregator.sources.problems import REFUSED, ManifestProblem
 from aggregator.sources.reflector import ListWatch, Reflector, paged_list
@@ -343,17 +343,7 @@ class FolderConfig(_Listeners):
         return _FileState(fingerprint, objects, tuple(problems))
 
     def _publish(self) -> None:
-        merged: dict[tuple[str, str], Object] = {}
-        owners: dict[tuple[str, str], Path] = {}
-        for path in sorted(self._files):
-            for key, obj in self._files[path].objects.items():
-                if key in owners:
-                    log.warning(
-                        "APF object defined in two files; the later file wins",
-                        extra=fields(kind=key[0], name=key[1], first=str(owners[key]), wins=str(path)),
-                    )
-                merged[key] = obj
-                owners[key] = path
+        merged = merge_by_file({path: state.objects for path, state in self._files.items()}, "APF", lambda key: key)
         levels = [o for (kind, _), o in merged.items() if kind == PRIORITY_LEVEL and isinstance(o, PriorityLevel)]
         schemas = [o for (kind, _), o in merged.items() if kind == FLOW_SCHEMA and isinstance(o, FlowSchema)]
         ensured_levels, ensured_schemas = ensure(levels, schemas)

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -44,6 +44,30 @@ _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # More changes than this in one reload are logged as a summary.
 BULK_EVENTS = 20
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def merge_by_file(
+    files: Mapping[Path, Mapping[K, V]], what: str, kind_and_name: Callable[[K], tuple[str, str]]
+) -> dict[K, V]:
+    """Every file's objects in one map, the files in name order: an object defined in two files is
+    the later file's, and the log says so (the RBAC and APF folders read their files this way)."""
+    merged: dict[K, V] = {}
+    owners: dict[K, Path] = {}
+    for path in sorted(files):
+        for key, obj in files[path].items():
+            if key in owners:
+                kind, name = kind_and_name(key)
+                log.warning(
+                    f"{what} object defined in two files; the later file wins",
+                    extra=fields(kind=kind, name=name, first=str(owners[key]), wins=str(path)),
+                )
+            merged[key] = obj
+            owners[key] = path
+    return merged
 
 
 class ParseError(ValueError):

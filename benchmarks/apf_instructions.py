@@ -6,8 +6,7 @@ Run from the repository root:
 Issue 35's budget: the fast path with APF on costs at most 5% more instructions per request than
 with it off. `proxy_instructions.py --compare-apf` measures the whole request both ways, but its
 rounds move by more than 5% on a busy machine. The two request paths differ only in the gate each
-puts after impersonation: max-in-flight's gate and finisher, or APF's gate, its `delegated` gate
-(last), its head listener (the `X-Kubernetes-PF-*` headers) and its finisher. This runs exactly
+puts after impersonation: max-in-flight's gate and finisher, or APF's gate, its head listener (the `X-Kubernetes-PF-*` headers) and its finisher. This runs exactly
 those, on a real `RequestContext` for the benchmark's GET, as a user APF does not exempt
 (`global-default`, a queuing level, a seat free: the common case), with the default limits: each
 under callgrind for N and 2N iterations, so the difference of the totals over N is one request's
@@ -76,7 +75,6 @@ def run(mode: str, iterations: int) -> None:
         ctx.priority = None
         if apf.gate(ctx) is not None:
             raise AssertionError("APF did not dispatch the request at once")
-        apf.delegated(ctx)
         apf.head_going_out(ctx, 200, headers)
         apf.finished(ctx, None, None)
         headers.clear()

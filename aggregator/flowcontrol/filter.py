@@ -32,7 +32,14 @@ from multidict import CIMultiDict, istr
 
 from aggregator.flowcontrol.controller import Controller, Level, Schema
 from aggregator.flowcontrol.estimator import WatchTracker, WorkEstimator
-from aggregator.flowcontrol.metrics import EXECUTING, MUTATING, READ_ONLY, WAITING, FlowControlMetrics
+from aggregator.flowcontrol.metrics import (
+    EXECUTING,
+    MUTATING,
+    READ_ONLY,
+    WAITING,
+    FlowControlMetrics,
+    Occupancy,
+)
 from aggregator.flowcontrol.queueset import ONE_SEAT, Request, WorkEstimate
 from aggregator.flowcontrol.retryafter import DroppedRequests
 from aggregator.model.selectors import SelectorError, exact_match, parse_field_selector
@@ -41,7 +48,7 @@ from aggregator.web.context import RequestContext
 from aggregator.web.inflight import too_many_requests
 from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.requestlabels import MUTATING_KIND, READ_ONLY_KIND
-from aggregator.web.requestmetrics import APISERVER, RequestMetrics
+from aggregator.web.requestmetrics import APISERVER, KindCount, RequestMetrics
 from aggregator.web.serverrequest import Answer, Response
 
 log = logging.getLogger(__name__)
@@ -100,7 +107,10 @@ class PriorityAndFairness:
         self.waiting = metrics.waiting
         # Requests waiting and executing, by kind, over time (read_vs_write_current_requests).
         counts = metrics.read_vs_write_counts
-        self._executing_counts = {kind: counts[EXECUTING, _METRIC_KIND[kind]] for kind in _METRIC_KIND}
+        self._lanes = {
+            kind: _Lane(self.executing.counts[kind], counts[EXECUTING, _METRIC_KIND[kind]], self.waiting.counts[kind])
+            for kind in _METRIC_KIND
+        }
         self._waiting_counts = {kind: counts[WAITING, _METRIC_KIND[kind]] for kind in _METRIC_KIND}
         self._notes = {kind: _QueueNote(self, kind) for kind in (READ_ONLY_KIND, MUTATING_KIND)}
         self._rejected = 0
@@ -158,19 +168,14 @@ class PriorityAndFairness:
         request.watch = watch
         ctx.priority = request
         now = request.start
+        lane = self._lanes[kind]
         if request.queue is not None:  # it passed through its queue in an instant
-            self.waiting.passed(kind, now)
-        # _execute, inlined: apiserver_current_inflight_requests' watermark and the executing
-        # count's occupancy (`Occupancy.move`, written out)
-        self.executing.moved(kind, 1, now)
-        occupancy = self._executing_counts[kind]
-        try:
-            occupancy.times[occupancy.value] += now - occupancy.since
-        except IndexError:
-            occupancy.move(now, 1)
-        else:
-            occupancy.since = now
-            occupancy.value += 1
+            waited = lane.waiting  # (`WaitingWatermark.passed`, its commonest case written out)
+            if waited.current or now >= self.waiting.window_end:
+                self.waiting.passed(kind, now)
+            elif not waited.mark:
+                waited.mark = 1
+        self._executing(lane, now, 1)
         if watch:
             self._watching(ctx, request, info)
         return None
@@ -222,8 +227,7 @@ class PriorityAndFairness:
         """The request takes its seats: counted as dispatched and executing."""
         request.stats.dispatched += 1
         kind = request.kind
-        self.executing.moved(kind, 1, request.start)
-        self._executing_counts[kind].move(request.start, 1)
+        self._executing(self._lanes[kind], request.start, 1)
         if request.watch:
             info = ctx.info
             assert info is not None
@@ -243,6 +247,25 @@ class PriorityAndFairness:
             return await handler(ctx)
 
         ctx.route = replace(route, handler=delegated)
+
+    def _executing(self, lane: _Lane, now: float, delta: int) -> None:
+        """A request of the lane's kind starts (1) or stops (-1) executing at `now`: the count
+        `apiserver_current_inflight_requests` publishes (`InflightWatermark.moved`) and its occupancy
+        over time (`Occupancy.move`), both written out: every request comes here twice."""
+        occupancy = lane.occupancy
+        try:
+            occupancy.times[occupancy.value] += now - occupancy.since
+        except IndexError:
+            occupancy.move(now, delta)
+        else:
+            occupancy.since = now
+            occupancy.value += delta
+        count = lane.executing
+        count.current = value = count.current + delta
+        if now >= self.executing.window_end:
+            self.executing.tick(now)
+        if value > count.mark:
+            count.mark = value
 
     def _reject(self, ctx: RequestContext, level: Level) -> Response:
         self.apiserver.dropped(ctx, component=APISERVER)
@@ -274,17 +297,7 @@ class PriorityAndFairness:
         took = now - request.start
         executions.counts[bisect_left(executions.bounds, took)] += 1
         executions.total += took
-        kind = request.kind
-        # the watermark, and `Occupancy.move` written out (as in the gate)
-        self.executing.moved(kind, -1, now)
-        occupancy = self._executing_counts[kind]
-        try:
-            occupancy.times[occupancy.value] += now - occupancy.since
-        except IndexError:
-            occupancy.move(now, -1)
-        else:
-            occupancy.since = now
-            occupancy.value -= 1
+        self._executing(self._lanes[request.kind], now, -1)
         level = request.schema.level
         queues = level.queues
         queues.finish(request, now)
@@ -321,6 +334,19 @@ class PriorityAndFairness:
             extra=fields(priority_level=level.name, flow_schema=schema.fs_name, refused=self._rejected),
         )
         self._rejected = 0
+
+
+class _Lane:
+    """What a request kind's requests move on the request path: the count of those executing that
+    `apiserver_current_inflight_requests` publishes, its occupancy over time
+    (`read_vs_write_current_requests`), and the count of those waiting (`WaitingWatermark`)."""
+
+    __slots__ = ("executing", "occupancy", "waiting")
+
+    def __init__(self, executing: KindCount, occupancy: Occupancy, waiting: KindCount) -> None:
+        self.executing = executing
+        self.occupancy = occupancy
+        self.waiting = waiting
 
 
 class _QueueNote:

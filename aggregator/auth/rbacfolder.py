@@ -33,7 +33,7 @@ from aggregator.auth.rbacobjects import (
     key_of,
 )
 from aggregator.sources.files import ParseError, log_not_loaded, merge_by_file, read_documents
-from aggregator.sources.folder import FileFingerprint, ManifestFolder, problems_by_file
+from aggregator.sources.folder import FileFingerprint, FolderReader, problems_by_file
 from aggregator.sources.manifests import flatten
 from aggregator.sources.problems import REFUSED, ManifestProblem
 from aggregator.util.logs import fields
@@ -62,18 +62,14 @@ def _doc_key(doc: Mapping[str, Any]) -> ObjectKey:
     return (kind, namespace, str(meta.get("name") or ""))
 
 
-class RBACFolder:
+class RBACFolder(FolderReader[_FileState]):
     """Keeps `current` equal to the valid RBAC objects in `directory` (a `modes.PolicySource`)."""
 
     def __init__(self, directory: str | Path, *, interval: float = 1.0, use_inotify: bool = True) -> None:
-        self.directory = Path(directory)
+        super().__init__(directory, name="rbac-manifests", interval=interval, use_inotify=use_inotify)
         self.current: RBACPolicy = compile_policy((), present=False)
-        self._files: dict[Path, _FileState] = {}
         self._listeners: list[Listener] = []
         self._problems: dict[Path, tuple[ManifestProblem, ...]] = {}  # only files with problems
-        self._folder = ManifestFolder(
-            self.directory, self.reload, name="rbac-manifests", interval=interval, use_inotify=use_inotify
-        )
 
     def problems(self) -> list[ManifestProblem]:
         """RBAC objects refused now, file by file (`sources/problems.py`)."""
@@ -83,31 +79,14 @@ class RBACFolder:
         """Called after each change with the new and the previous policy."""
         self._listeners.append(listener)
 
-    async def start(self) -> None:
-        self.reload(initial=True)
-        self._folder.start()
+    def _counts(self, state: _FileState) -> bool:
+        return state.holds_rbac
 
-    async def stop(self) -> None:
-        await self._folder.stop()
-
-    def reload(self, *, initial: bool = False) -> None:
-        """Re-read the files that changed; publish a new policy if any did."""
-        changes = self._folder.changes(self._files)
-        changed = initial
-        for path in changes.removed:
+    def _noted(self, path: Path, state: _FileState | None) -> None:
+        if state is not None and state.problems:
+            self._problems[path] = state.problems
+        else:
             self._problems.pop(path, None)
-            changed |= self._files.pop(path).holds_rbac
-        for change in changes.changed:
-            path, state = change.path, change.previous
-            new = self._read(path, change.fingerprint, state)
-            self._files[path] = new
-            if new.problems:
-                self._problems[path] = new.problems
-            else:
-                self._problems.pop(path, None)
-            changed |= new.holds_rbac or (state is not None and state.holds_rbac)
-        if changed:
-            self._publish()
 
     def _read(self, path: Path, fingerprint: FileFingerprint, previous: _FileState | None) -> _FileState:
         kept = previous.objects if previous is not None else {}

@@ -43,7 +43,7 @@ from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
 from aggregator.model.decode import DecodeError
 from aggregator.sources.files import ParseError, log_not_loaded, merge_by_file, read_documents
-from aggregator.sources.folder import FileFingerprint, ManifestFolder
+from aggregator.sources.folder import FileFingerprint, FolderReader
 from aggregator.sources.manifests import flatten
 from aggregator.sources.problems import REFUSED, ManifestProblem
 from aggregator.sources.reflector import ListWatch, Reflector, paged_list
@@ -256,47 +256,23 @@ class _FileState:
     problems: tuple[ManifestProblem, ...] = ()
 
 
-class FolderConfig(_Listeners):
+class FolderConfig(_Listeners, FolderReader[_FileState]):
     """The folder's FlowSchemas and PriorityLevelConfigurations, ensured as kube-apiserver would."""
 
     def __init__(self, directory: str | Path, *, interval: float = 1.0, use_inotify: bool = True) -> None:
-        super().__init__()
-        self.directory = Path(directory)
-        self._files: dict[Path, _FileState] = {}
-        self.current = bootstrap_config()
-        self._folder = ManifestFolder(
-            self.directory,
-            self.reload,
-            name="flowcontrol-manifests",
-            interval=interval,
-            use_inotify=use_inotify,
+        _Listeners.__init__(self)
+        FolderReader.__init__(
+            self, directory, name="flowcontrol-manifests", interval=interval, use_inotify=use_inotify
         )
-
-    async def start(self) -> None:
-        self.reload(initial=True)
-        self._folder.start()
+        self.current = bootstrap_config()
 
     def problems(self) -> list[ManifestProblem]:
         """The objects refused now, file by file (`sources/problems.py`: `check --all`, `/readyz?verbose`,
         `aggregator_manifest_errors`); the files that do not parse are the folder source's."""
         return [problem for path in sorted(self._files) for problem in self._files[path].problems]
 
-    async def stop(self) -> None:
-        await self._folder.stop()
-
-    def reload(self, *, initial: bool = False) -> None:
-        """Re-read the files that changed; publish the new configuration if anything changed."""
-        changes = self._folder.changes(self._files)
-        changed = initial
-        for path in changes.removed:
-            changed |= bool(self._files.pop(path).objects)
-        for change in changes.changed:
-            state = change.previous
-            new = self._read(change.path, change.fingerprint, state)
-            changed |= bool(new.objects) or (state is not None and bool(state.objects))
-            self._files[change.path] = new
-        if changed:
-            self._publish()
+    def _counts(self, state: _FileState) -> bool:
+        return bool(state.objects)
 
     def _read(self, path: Path, fingerprint: FileFingerprint, previous: _FileState | None) -> _FileState:
         kept = previous.objects if previous is not None else {}

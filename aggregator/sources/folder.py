@@ -11,6 +11,7 @@ the watcher, the walk and the comparison again.
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,56 @@ class ManifestFolder:
             if previous is None or previous.fingerprint != fingerprint:
                 changed.append(Changed(path, fingerprint, previous))
         return FolderChanges(removed, changed)
+
+
+class FolderReader(ABC, Generic[S]):
+    """A reader of one kind of manifest in the folder (local mode's RBAC, APF): what it read per file,
+    a file read again only when it moved, and one `_publish` per reload that changed what counts."""
+
+    def __init__(self, directory: str | Path, *, name: str, interval: float, use_inotify: bool) -> None:
+        self.directory = Path(directory)
+        self._files: dict[Path, S] = {}
+        self._folder = ManifestFolder(
+            self.directory, self.reload, name=name, interval=interval, use_inotify=use_inotify
+        )
+
+    async def start(self) -> None:
+        """Read the folder and publish (even when it holds nothing of this kind), then follow it."""
+        self.reload(initial=True)
+        self._folder.start()
+
+    async def stop(self) -> None:
+        await self._folder.stop()
+
+    def reload(self, *, initial: bool = False) -> None:
+        """Re-read the files that changed; publish if a file that counts went, came or changed."""
+        changes = self._folder.changes(self._files)
+        changed = initial
+        for path in changes.removed:
+            changed |= self._counts(self._files.pop(path))
+            self._noted(path, None)
+        for change in changes.changed:
+            new = self._read(change.path, change.fingerprint, change.previous)
+            self._files[change.path] = new
+            self._noted(change.path, new)
+            changed |= self._counts(new) or (change.previous is not None and self._counts(change.previous))
+        if changed:
+            self._publish()
+
+    @abstractmethod
+    def _read(self, path: Path, fingerprint: FileFingerprint, previous: S | None) -> S:
+        """The file's state now; `previous` is what it held before (kept when it no longer parses)."""
+
+    @abstractmethod
+    def _counts(self, state: S) -> bool:
+        """Whether the file holds something of this kind: only such files' changes are published."""
+
+    @abstractmethod
+    def _publish(self) -> None:
+        """Make what the files hold now current."""
+
+    def _noted(self, path: Path, state: S | None) -> None:
+        """A file was read again (`state`) or went (None); for readers that index their files."""
 
 
 def problems_by_file(problems: Mapping[Path, Sequence[P]]) -> list[P]:

@@ -243,7 +243,8 @@ class PriorityAndFairness:
         release = self._release
 
         async def delegated(ctx: RequestContext) -> Answer:
-            release(request)
+            if request.executing:
+                release(request)
             return await handler(ctx)
 
         ctx.route = replace(route, handler=delegated)
@@ -289,8 +290,7 @@ class PriorityAndFairness:
             forget()
 
     def _release(self, request: Request) -> None:
-        if not request.executing:
-            return
+        """The request's seats go back (its callers know it holds them)."""
         stats = request.stats
         executions = stats.execution("watch") if request.watch else stats.regular
         now = self.clock()

@@ -183,7 +183,7 @@ class GatewayServer:
         log.info(
             "serving",
             extra=fields(
-                mode="local" if self.config.local_mode else "kube",
+                mode="local" if self.config.source.local_mode else "kube",
                 address=f"https://{self.config.serving.bind_address}:{self.port}",
                 objects=self.config.source.apiservices_dir or self.config.source.kubeconfig or "in-cluster",
                 auth=", ".join(self.gateway.auth_summary) or "none configured",

@@ -310,8 +310,8 @@ def build_gateway(
         control.cluster_auth, control.rbac = authentication.cluster, authorization.rbac
         if control.elector is not None:
             components.append(("leader-election", control.elector))
-        _report_expiry(metrics.certificate_expiry, backends.client_certificate)
-        _follow_ca_expiry(metrics.certificate_expiry, authenticator)
+        _report_expiry(metrics.exposition.certificate_expiry, backends.client_certificate)
+        _follow_ca_expiry(metrics.exposition.certificate_expiry, authenticator)
         if config.backends.proxy_client_cert_file is None:
             components.append(("front-proxy-warning", MissingClientCertificateWarning(store)))
         availability: Availability = control.availability

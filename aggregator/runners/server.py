@@ -106,7 +106,7 @@ class GatewayServer:
         library = http2_library(config.serving)
         self.serving = serving_certificate(config, http2=library is not None)
         self.gateway = gateway or build_gateway(config)
-        self.gateway.metrics.certificate_expiry.follow(
+        self.gateway.metrics.exposition.certificate_expiry.follow(
             SERVING, lambda: (self.serving.cert_file, [self.serving.current.leaf])
         )
         # `--workers N`: every worker listens on the same port; the kernel spreads connections.

@@ -23,7 +23,9 @@ count includes the client's one TLS handshake, spread over `--requests`.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,7 +87,13 @@ def h2load(url: str, requests: int, streams: int, *, http1: bool = False) -> int
 
 
 def counted(
-    pid: int, out: Path, label: str, send: Callable[[], int], dumps: list[int], warm: Callable[[], object] | None
+    pid: int,
+    out: Path,
+    label: str,
+    send: Callable[[], int],
+    dumps: list[int],
+    warm: Callable[[], object] | None,
+    keep: Path | None = None,
 ) -> Count:
     """Instructions while `send` runs, net of as long a time with no requests. `warm` runs first,
     uncounted: 8 streams at once need 8 backend connections, and the gateway closes spare idle
@@ -106,6 +114,10 @@ def counted(
     busy_dump, idle_dump = dumps[0] + 1, dumps[0] + 2
     dumps[0] += 2
     busy, idle = _totals(Path(f"{out}.{busy_dump}")), _totals(Path(f"{out}.{idle_dump}"))
+    if keep is not None:  # for callgrind_annotate: the busy dump and the idle one after it
+        name = re.sub(r"[^A-Za-z0-9.]+", "-", label).strip("-")
+        shutil.copy(f"{out}.{busy_dump}", keep / f"{busy_dump:03d}-{name}.busy")
+        shutil.copy(f"{out}.{idle_dump}", keep / f"{busy_dump:03d}-{name}.idle")
     return Count(label, (busy - idle) / requests, requests)
 
 
@@ -120,7 +132,30 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400, help="requests per run")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is printed")
     parser.add_argument("--path", choices=["version", "proxied", "both"], default="both")
+    parser.add_argument("--keep", type=Path, help="a folder to keep callgrind's dumps in (callgrind_annotate)")
+    parser.add_argument(
+        "--baseline-src",
+        help="another checkout (e.g. before a change) whose gateway is measured too, in alternating rounds",
+    )
     args = parser.parse_args()
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    trees: list[tuple[str, str | None]] = [("", None)]
+    if args.baseline_src:
+        trees = [("baseline ", args.baseline_src), ("", None)]
+    results: list[tuple[str, list[Count]]] = []
+    for tree, src in trees:
+        if src is None:
+            os.environ.pop("BENCH_GATEWAY_SRC", None)
+        else:
+            os.environ["BENCH_GATEWAY_SRC"] = src
+        results += measure(args, tree)
+    report(results, args.requests, args.rounds)
+    return 0
+
+
+def measure(args: argparse.Namespace, tree: str) -> list[tuple[str, list[Count]]]:
+    """Every path's three clients, alternating over `args.rounds`, against one gateway process."""
     requests = args.requests
     paths = [("/version", "/version"), ("proxied GET", PATH)]
     if args.path != "both":
@@ -162,15 +197,20 @@ def main() -> int:
                 rounds: list[list[Count]] = [[] for _ in clients]
                 for round_ in range(args.rounds):
                     for index, (label, send, warm) in enumerate(clients):
-                        run = counted(gw.pid, out, label, send, dumps, warm)
+                        run = counted(gw.pid, out, f"{tree}{name} {label}", send, dumps, warm, args.keep)
+                        run = Count(label, run.per_request, run.requests)
                         rounds[index].append(run)
                         base = rounds[0][-1]
-                        print(f"{name} round {round_ + 1}: {run.line(base if index else None)}", flush=True)
-                results.append((name, [median(runs) for runs in rounds]))
+                        print(f"{tree}{name} round {round_ + 1}: {run.line(base if index else None)}", flush=True)
+                results.append((f"{tree}{name}", [median(runs) for runs in rounds]))
+    return results
+
+
+def report(results: list[tuple[str, list[Count]]], requests: int, rounds: int) -> None:
     print(
         f"\nOne gateway process under callgrind, bearer-token callers, one connection, {requests} requests per run,"
     )
-    print(f"median of {args.rounds} alternating rounds")
+    print(f"median of {rounds} alternating rounds")
     worst = 0.0
     for name, runs in results:
         print(f"\n{name}")
@@ -178,9 +218,9 @@ def main() -> int:
         print(h1.line())
         for run in runs[1:]:
             print(run.line(h1))
-            worst = max(worst, run.per_request / h1.per_request)
+            if not name.startswith("baseline "):
+                worst = max(worst, run.per_request / h1.per_request)
     print(f"\nworst HTTP/2 instructions per request: {worst:.2f}x HTTP/1.1's (target <= {TARGET}x)")
-    return 0
 
 
 if __name__ == "__main__":

@@ -326,6 +326,15 @@ class H2Stream:
         queued yet (it waits for `resume`)."""
         out = self._out
         written = 0
+        if out:
+            # The first chunk at `buf` itself (pointer arithmetic makes a cdata object): a small
+            # answer's whole body is this one call.
+            chunk = out[0]
+            size = len(chunk)
+            if size <= length:
+                memmove(buf, chunk, size)
+                out.popleft()
+                written = size
         while out and written < length:
             chunk = out[0]
             size = len(chunk)

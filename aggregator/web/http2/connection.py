@@ -3,9 +3,11 @@
 Frames in: every read is first shown to the frame guard (`guard.py`), then to libnghttp2
 (`nghttp2_session_mem_recv`), whose callbacks drive the streams: a complete request head starts
 a handler (or queues it), DATA feeds its body, a reset cancels it. A callback never raises: what
-must end the connection is recorded and acted on once libnghttp2 returns. Frames out: whatever
-the session has to send is written to the transport once per turn of the event loop
-(`nghttp2_session_mem_send`), so the answers of one turn leave in one TLS write.
+must end the connection is recorded and acted on once libnghttp2 returns. Frames out
+(`nghttp2_session_mem_send`): an answer given while no other handler runs is written at once, in
+its handler's step (one request at a time: no loop turn between the answer and its write);
+otherwise, and for what the session owes on its own (acknowledgements, window updates, resets),
+once per turn of the event loop, so the answers of streams served together leave in one TLS write.
 
 Handlers are bounded as Go's server bounds them (golang.org/x/net/http2 server.go
 `scheduleHandler`, the fix of CVE-2023-44487): at most `max_streams` run at once, counting the
@@ -261,7 +263,18 @@ class H2ServerConnection(asyncio.Protocol):
         if code != 0:
             stream.was_reset()
             raise StreamReset(f"stream {stream.id}: {binding.error(code)}")
-        self.flush()
+
+    def write_answer(self) -> bool:
+        """A stream queued answer frames: written at once when no other handler runs (one request
+        at a time: no loop turn between the answer and its write, and the stream knows at once
+        whether its body left, without asking for the client's window), else once this turn of
+        the loop is over, so the answers of streams served together leave in one TLS write.
+        True when written now."""
+        if self.running > 1:
+            self.flush()
+            return False
+        self.write_out()
+        return True
 
     def resume(self, stream: H2Stream) -> None:
         self.lib.lib.nghttp2_session_resume_data(self.session, stream.id)

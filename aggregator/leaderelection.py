@@ -48,12 +48,14 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from aggregator.kube import calls
+from aggregator.model.decode import field as decode_field
 from aggregator.sources.options import SourceConfig
 from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration, Problems
 from aggregator.util.logs import fields
+from aggregator.web.metrics import Families
 
 log = logging.getLogger(__name__)
 
@@ -280,20 +282,19 @@ class LeaderElectionMetrics:
     and help text (metrics/prometheus/clientgo/leaderelection/metrics.go)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.master_status = Gauge(
+        family = Families(registry)
+        self.master_status = family.gauge(
             "leader_election_master_status",
             "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, "
             "1 indicates master. 'name' is the string used to identify the lease. Please make sure to group "
             "by name.",
             ["name"],
-            registry=registry,
         )
-        self.slowpath = Counter(
+        self.slowpath = family.counter(
             "leader_election_slowpath",
             "[ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string "
             "used to identify the lease. Please make sure to group by name.",
             ["name"],
-            registry=registry,
         )
 
 
@@ -343,19 +344,11 @@ class ElectionRecord:
             raise ValueError("lease spec is not an object")
 
         def text(key: str) -> str:
-            value = spec.get(key)
-            if value is None:
-                return ""
-            if not isinstance(value, str):
-                raise ValueError(f"lease spec.{key} is not a string")
+            value: str = decode_field(spec, key, str, f"lease spec.{key}", "")
             return value
 
         def number(key: str) -> int:
-            value = spec.get(key)
-            if value is None:
-                return 0
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"lease spec.{key} is not an integer")
+            value: int = decode_field(spec, key, int, f"lease spec.{key}", 0)
             return value
 
         return cls(

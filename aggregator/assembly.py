@@ -745,7 +745,6 @@ def build_request_path(
         gates.append(auditing.gate)
     gates.append(Impersonator(authorizer).gate)
     head_listeners = [limit_unauthenticated_http2] + ([auditing.head_going_out] if auditing is not None else [])
-    last: list[Gate] = []
     if flowcontrol is not None:  # API Priority and Fairness in place of max-in-flight
         apf = flowcontrol.filter
         prioritize: Gate = apf.gate
@@ -754,11 +753,10 @@ def build_request_path(
         gates.append(prioritize)
         finishers.append(apf.finished)
         head_listeners.append(apf.head_going_out)
-        last.append(apf.delegated)  # a watch's seats go back as its handler starts
     elif limits.enabled:
         gates.append(limits.gate)
         finishers.append(limits.finished)
-    gates += [authorize, upgrade_gate(metrics.proxy), *last, instrumentation.gate]  # last: the handler runs
+    gates += [authorize, upgrade_gate(metrics.proxy), instrumentation.gate]  # last: the handler runs
     finishers.append(instrumentation.finished)
     if auditing is not None:
         finishers.append(auditing.finished)

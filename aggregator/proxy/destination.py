@@ -33,6 +33,7 @@ class Destination:
 
     @property
     def authority(self) -> str:
+        # `util/hostport.join_host_port` inlined: read on every proxied request (log field, metrics).
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     @property

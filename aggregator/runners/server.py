@@ -106,7 +106,7 @@ class GatewayServer:
         library = http2_library(config.serving)
         self.serving = serving_certificate(config, http2=library is not None)
         self.gateway = gateway or build_gateway(config)
-        self.gateway.metrics.certificate_expiry.follow(
+        self.gateway.metrics.exposition.certificate_expiry.follow(
             SERVING, lambda: (self.serving.cert_file, [self.serving.current.leaf])
         )
         # `--workers N`: every worker listens on the same port; the kernel spreads connections.
@@ -183,7 +183,7 @@ class GatewayServer:
         log.info(
             "serving",
             extra=fields(
-                mode="local" if self.config.local_mode else "kube",
+                mode="local" if self.config.source.local_mode else "kube",
                 address=f"https://{self.config.serving.bind_address}:{self.port}",
                 objects=self.config.source.apiservices_dir or self.config.source.kubeconfig or "in-cluster",
                 auth=", ".join(self.gateway.auth_summary) or "none configured",

@@ -248,7 +248,8 @@ async def supervise(config: Config) -> int:
     # find theirs warm, within the file descriptors the process may open.
     control.backends.idle.limit = control_idle_limit()
     # The group's metrics take gauges from the control: it follows the serving pair too.
-    control.metrics.certificate_expiry.follow(SERVING, lambda: (serving.cert_file, [serving.current.leaf]))
+    expiry = control.metrics.exposition.certificate_expiry
+    expiry.follow(SERVING, lambda: (serving.cert_file, [serving.current.leaf]))
     serving.start()
     supervisor = Supervisor(config, control)
     # Signals are caught from here on: a SIGTERM during start-up stops the group once it started.

@@ -43,7 +43,7 @@ from aggregator.util.logs import fields
 from aggregator.web.accesslog import RETRIED
 from aggregator.web.context import RequestContext
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Children
+from aggregator.web.metrics import Increments, Observers
 from aggregator.web.responses import status_response
 from aggregator.web.serverrequest import Answer, Response, StreamedResponse
 from aggregator.wire.redirects import (
@@ -204,8 +204,8 @@ class Forwarder:
 
     def __post_init__(self) -> None:
         # `aggregator_proxy_requests_total{apiservice, verb, code}` and the duration histogram.
-        self._requests = Children(self.metrics.requests)
-        self._durations = Children(self.metrics.duration)
+        self._requests = Increments(self.metrics.requests)
+        self._durations = Observers(self.metrics.duration)
         # Per APIService and endpoint (the delegate's requests are not counted there).
         self.endpoint_metrics = self.metrics.endpoints
 
@@ -554,4 +554,4 @@ class Forwarder:
         log.warning(message, extra=fields(**values))
 
     def count(self, name: str, verb: str, code: int) -> None:
-        self._requests(name, verb, code).inc()
+        self._requests(name, verb, code)(1)

@@ -24,6 +24,8 @@ of the gateway's own calls it `apiservice`, as kube-aggregator's newer metrics d
 from __future__ import annotations
 
 import contextlib
+from bisect import bisect_left
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from prometheus_client import (
@@ -70,6 +72,61 @@ class Children(Generic[M]):
         self._children.pop(values, None)
         with contextlib.suppress(KeyError):
             self.metric.remove(*(str(v) for v in values))
+
+
+def fast_inc(child: Counter) -> Callable[[float], None]:
+    """A counter child's increment without `Counter.inc`'s checks (labels complete, amount not
+    negative): for the request path, whose children are complete and whose amounts are 1. The
+    value object is the one `Counter.inc` updates, so what Prometheus scrapes is the same."""
+    inc: Callable[[float], None] = child._value.inc
+    return inc
+
+
+class FastHistogram:
+    """A histogram child's `observe`, as prometheus_client computes it (the sum, then the first
+    bucket whose bound is at least the amount) with one bisection instead of its loop over the
+    bounds and its per-call checks: the request path observes three or four histograms a request.
+    The value objects are the child's own, so what Prometheus scrapes is the same."""
+
+    __slots__ = ("_bounds", "_buckets", "_sum")
+
+    def __init__(self, child: Histogram) -> None:
+        self._sum: Callable[[float], None] = child._sum.inc
+        self._buckets: list[Callable[[float], None]] = [bucket.inc for bucket in child._buckets]
+        self._bounds: list[float] = list(child._upper_bounds)  # the last is +Inf
+
+    def observe(self, amount: float) -> None:
+        self._sum(amount)
+        self._buckets[bisect_left(self._bounds, amount)](1)
+
+
+class Increments:
+    """The bound increments (`fast_inc`) of one counter's children, each looked up once: what the
+    request path counts with (`Children` for everything else)."""
+
+    def __init__(self, metric: Counter) -> None:
+        self._children = Children(metric)
+        self._incs: dict[tuple[str | int, ...], Callable[[float], None]] = {}
+
+    def __call__(self, *values: str | int) -> Callable[[float], None]:
+        inc = self._incs.get(values)
+        if inc is None:
+            inc = self._incs[values] = fast_inc(self._children(*values))
+        return inc
+
+
+class Observers:
+    """The bound observes (`FastHistogram`) of one histogram's children, each looked up once."""
+
+    def __init__(self, metric: Histogram) -> None:
+        self._children = Children(metric)
+        self._observers: dict[tuple[str | int, ...], FastHistogram] = {}
+
+    def __call__(self, *values: str | int) -> FastHistogram:
+        observer = self._observers.get(values)
+        if observer is None:
+            observer = self._observers[values] = FastHistogram(self._children(*values))
+        return observer
 
 
 # kubernetes_build_info's labels (component-base/metrics/version.go), from /version's fields.

@@ -35,7 +35,7 @@ from aggregator.util.logs import fields
 from aggregator.web.accesslog import CLIENT_GONE, AccessLog
 from aggregator.web.context import HeadListener, RequestContext
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Children
+from aggregator.web.metrics import Increments
 from aggregator.web.responses import status_response
 from aggregator.web.routing import Router
 from aggregator.web.serverrequest import Answer, Response, ServerRequest
@@ -74,7 +74,7 @@ class Pipeline:
 
     router: Router
     # `aggregator_requests_total{route, code}`, one child per (route kind, code).
-    requests: Children[Counter]
+    requests: Increments
     access_log: AccessLog
     _: KW_ONLY
     in_flight: InFlight
@@ -139,7 +139,7 @@ class Pipeline:
             for finisher in self.finishers:
                 finisher(ctx, answer, error)
             code = CLIENT_GONE if gone or ctx.status is None else ctx.status
-            self.requests(ctx.route.kind.value, code).inc()
+            self.requests(ctx.route.kind.value, code)(1)
             self.access_log.record(ctx, code)
             in_flight.leave(ctx)
 

@@ -290,9 +290,14 @@ class Forwarder:
                 if deadline_seconds:
                     deadline = now + deadline_seconds
                 async with asyncio.timeout_at(now + limit):
-                    exchange, message, payload = await self._attempts(attempts)
+                    answered = await self._attempt(attempts)
+                    if isinstance(answered, _Failure):
+                        answered = await self._retried(attempts, answered)
             else:
-                exchange, message, payload = await self._attempts(attempts)
+                answered = await self._attempt(attempts)
+                if isinstance(answered, _Failure):
+                    answered = await self._retried(attempts, answered)
+            exchange, message, payload = answered
         except TimeoutError:
             attempts.timed_out()
             if limit == header_timeout and header_timeout is not None:
@@ -310,17 +315,21 @@ class Forwarder:
             exchange.finish()
             attempts.done()
 
-    async def _attempts(self, attempts: _Attempts) -> tuple[Exchange, RawResponseMessage, StreamReader]:
-        """The request, sent once, or twice when the first attempt failed in a way that makes a
-        second one safe (`_Attempts.retry_reason`); raises the last failure in Go's words."""
+    async def _retried(
+        self, attempts: _Attempts, failure: _Failure
+    ) -> tuple[Exchange, RawResponseMessage, StreamReader]:
+        """After a failed first attempt (`send` makes it itself: most succeed), the request sent
+        again when the failure makes a second attempt safe (`_Attempts.retry_reason`); raises
+        the last failure in Go's words."""
         while True:
-            failure = await self._attempt(attempts)
-            if isinstance(failure, tuple):
-                return failure
             reason = attempts.retry_reason(failure)
             if reason is None:
                 raise failure.error
             attempts.retry(failure, reason)
+            answered = await self._attempt(attempts)
+            if not isinstance(answered, _Failure):
+                return answered
+            failure = answered
 
     async def _attempt(
         self, attempts: _Attempts

@@ -436,16 +436,10 @@ def request_headers(
 def response_headers(upstream: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
     """A backend response's headers minus hop-by-hop (and `Connection`-named) and CORS headers."""
     pairs = list(upstream)
-    if not any(name.lower() in _RESPONSE_DROPPED for name, _value in pairs):
-        return CIMultiDict(pairs)  # the common case: nothing to drop
-    dropped: frozenset[str] = frozenset()
-    for name, value in pairs:
-        if name.lower() == "connection":
-            dropped = dropped | connection_tokens((value,))
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in pairs:
-        lowered = name.lower()
-        if lowered in HOP_BY_HOP or lowered in CORS_RESPONSE or lowered in dropped:
-            continue
-        out.add(name, value)
-    return out
+    kept = [(name, value) for name, value in pairs if name.lower() not in _RESPONSE_DROPPED]
+    if len(kept) < len(pairs):
+        # `Connection` may name more (after or before it): those go too.
+        named = connection_tokens(value for name, value in pairs if name.lower() == "connection")
+        if not named <= _RESPONSE_DROPPED:
+            kept = [(name, value) for name, value in kept if name.lower() not in named]
+    return CIMultiDict(kept)

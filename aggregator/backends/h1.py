@@ -228,8 +228,8 @@ class IdleConnections:
 
     def expire_at(self, protocol: ResponseHandler, deadline: float) -> None:
         """Close `protocol` at `deadline` (monotonic seconds) unless it is taken before."""
-        if protocol not in self._order:
-            return
+        if protocol not in self._order or self._deadline.get(protocol) == deadline:
+            return  # not idle, or already due then (a spare is told its deadline on every release)
         self._deadline[protocol] = deadline
         heapq.heappush(self._heap, (deadline, next(self._seq), protocol))
         if len(self._heap) > 64 and len(self._heap) > 2 * len(self._deadline):

@@ -24,6 +24,7 @@ of the gateway's own calls it `apiservice`, as kube-aggregator's newer metrics d
 from __future__ import annotations
 
 import contextlib
+import enum
 from bisect import bisect_left
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -106,12 +107,15 @@ class Increments:
 
     def __init__(self, metric: Counter) -> None:
         self._children = Children(metric)
-        self._incs: dict[tuple[str | int, ...], Callable[[float], None]] = {}
+        self._incs: dict[tuple[str | int | enum.Enum, ...], Callable[[float], None]] = {}
 
-    def __call__(self, *values: str | int) -> Callable[[float], None]:
+    def __call__(self, *values: str | int | enum.Enum) -> Callable[[float], None]:
+        """The increment of the child labelled `values`; an enum member is labelled with its
+        value (looked up once: `Enum.value` is a Python property, too dear on every request)."""
         inc = self._incs.get(values)
         if inc is None:
-            inc = self._incs[values] = fast_inc(self._children(*values))
+            labels = (value.value if isinstance(value, enum.Enum) else value for value in values)
+            inc = self._incs[values] = fast_inc(self._children(*labels))
         return inc
 
 

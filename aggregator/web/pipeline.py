@@ -146,7 +146,7 @@ class Pipeline:
             for finisher in self.finishers:
                 finisher(ctx, answer, error)
             code = CLIENT_GONE if gone or ctx.status is None else ctx.status
-            self.requests(ctx.route.kind.value, code)(1)
+            self.requests(ctx.route.kind, code)(1)
             self.access_log.record(ctx, code)
             in_flight.leave(ctx)
 

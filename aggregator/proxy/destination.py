@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aggregator.backends.backend import Address, Backend
 from aggregator.backends.headers import LiveIdentityPolicy
@@ -31,9 +31,12 @@ class Destination:
     def address(self) -> Address:
         return Address(self.host, self.port, self.server_name)
 
-    @property
-    def authority(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+    # `host:port` (an IPv6 host in brackets): read by every proxied request, so made once.
+    authority: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        host, port = self.host, self.port
+        object.__setattr__(self, "authority", f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
 
     @property
     def base_url(self) -> str:

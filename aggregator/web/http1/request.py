@@ -151,12 +151,7 @@ class Http1Request:
         # What was written, for aiohttp to finish (keep-alive, the end of a chunked body).
         self.written: web.StreamResponse | None = None
         self._close = False
-        request.gateway_head = self
-
-    def head_going_out(self, status: int, headers: CIMultiDict[str]) -> None:
-        """aiohttp is about to write a head (`GatewayRequest`)."""
-        if self.on_head is not None:
-            self.on_head(status, headers)
+        request.gateway_head = self  # aiohttp tells `on_head` of the head it is about to write
 
     async def respond(self, response: Response) -> None:
         out = web.Response(

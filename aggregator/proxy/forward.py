@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
 
 import aiohttp
@@ -104,12 +104,37 @@ class _Attempts:
     endpoint: Endpoint | None
     endpoints: Endpoints | None
     bounds: Bounds
-    head_for: Callable[[Destination], bytes]
-    head: bytes  # `head_for(dest)`, written again when a retry goes to another endpoint
+    user: UserInfo
+    raw_path: str  # the request target as the backend gets it, after the destination's base path
     chunked: bool
     metrics: EndpointMetrics | None = None
     tries: int = field(default=0, init=False)
     sent: float = field(default=0.0, init=False)
+    # `head_for(dest)`, made again when a retry goes to another endpoint (UnsafeHead: refused).
+    head: bytes = field(default=b"", init=False)
+
+    def __post_init__(self) -> None:
+        self.head = self.head_for(self.dest)
+
+    def head_for(self, dest: Destination) -> bytes:
+        """The request head for `dest` (a method, not a closure: no cells to allocate per request)."""
+        ctx = self.ctx
+        span = ctx.span
+        raw_path = self.raw_path
+        headers = forwarded_headers(
+            ctx.headers.items() if span is None else span.outgoing(ctx.headers.items()),
+            self.user,
+            dest.identity.current(),
+            authority=dest.authority,
+            client_ip=ctx.remote,
+            forwarded_uri=forwarded_uri(raw_path),
+            impersonate=dest.impersonate,
+            extra=dest.credentials,
+            hop=dest.hop,
+        )
+        if self.chunked:
+            headers.append(("Transfer-Encoding", "chunked"))
+        return serialize_head(ctx.method, dest.base_path + raw_path, headers)
 
     def begin(self) -> None:
         endpoint = self.endpoint
@@ -244,23 +269,6 @@ class Forwarder:
         span = ctx.span
         if span is not None:  # tracing hook: the proxied call's span, whose traceparent the backend gets
             span.proxy_started(dest.name, dest.authority, ctx.method, f"https://{dest.authority}{dest.base_path}{raw_path}")
-
-        def head_for(dest: Destination) -> bytes:
-            headers = forwarded_headers(
-                ctx.headers.items() if span is None else span.outgoing(ctx.headers.items()),
-                user,
-                dest.identity.current(),
-                authority=dest.authority,
-                client_ip=ctx.remote,
-                forwarded_uri=forwarded_uri(raw_path),
-                impersonate=dest.impersonate,
-                extra=dest.credentials,
-                hop=dest.hop,
-            )
-            if chunked:
-                headers.append(("Transfer-Encoding", "chunked"))
-            return serialize_head(ctx.method, dest.base_path + raw_path, headers)
-
         verb = verb_of(ctx)
         name = dest.name
         deadline = None
@@ -276,8 +284,8 @@ class Forwarder:
                 endpoint,
                 endpoints,
                 bounds,
-                head_for,
-                head_for(dest),
+                user,
+                raw_path,
                 chunked,
                 self.endpoint_metrics if endpoint is not None else None,
             )

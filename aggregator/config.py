@@ -92,14 +92,6 @@ class Options:
     # The KUBE_MODE_FLAGS given on the command line (their defaults cannot tell).
     explicit_flags: frozenset[str] = frozenset()
 
-    @property
-    def local_mode(self) -> bool:
-        return self.source.local_mode
-
-    @property
-    def kube_mode(self) -> bool:
-        return self.source.kube_mode
-
 
 @dataclass
 class Config:
@@ -215,13 +207,13 @@ def problems(opts: Options) -> list[ConfigError]:
         *opts.tracing.validate(),
     ]
     found += concurrency_problems(opts.flowcontrol, opts.server)
-    if opts.local_mode:
+    if opts.source.local_mode:
         found += [
             ConfigError(flag, "only applies in kube mode; it means nothing with --apiservices-dir")
             for flag in sorted(KUBE_MODE_FLAGS[dest] for dest in opts.explicit_flags)
         ]
     kube_source = opts.source.kubeconfig or opts.source.in_cluster  # kube mode with somewhere to watch
-    if opts.delegation.delegate_auth == FRONT_PROXY and opts.kube_mode and kube_source and not (
+    if opts.delegation.delegate_auth == FRONT_PROXY and opts.source.kube_mode and kube_source and not (
         opts.backends.proxy_client_cert_file
     ):
         # Without a front-proxy certificate kube-apiserver cannot trust the caller's identity headers.
@@ -233,8 +225,8 @@ def problems(opts: Options) -> list[ConfigError]:
             )
         )
     modes = opts.authorization.modes_problem(
-        local_mode=opts.local_mode,
-        has_kubeconfig=bool(opts.source.kubeconfig or opts.authorization.kubeconfig or opts.kube_mode),
+        local_mode=opts.source.local_mode,
+        has_kubeconfig=bool(opts.source.kubeconfig or opts.authorization.kubeconfig or opts.source.kube_mode),
     )
     if modes is not None:
         found.append(modes)
@@ -256,7 +248,7 @@ def validate(opts: Options) -> None:
 def _kube_client_needed_by(opts: Options) -> str | None:
     """What makes the gateway talk to kube-apiserver (so it needs the `kube` extra), as named in
     the one line that says it is missing."""
-    if opts.kube_mode:
+    if opts.source.kube_mode:
         return "kube mode"
     if opts.source.kubeconfig:
         return "--kubeconfig"

@@ -51,6 +51,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from aggregator.kube import calls
+from aggregator.model.decode import field as decode_field
 from aggregator.sources.options import SourceConfig
 from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration, Problems
 from aggregator.util.logs import fields
@@ -343,19 +344,11 @@ class ElectionRecord:
             raise ValueError("lease spec is not an object")
 
         def text(key: str) -> str:
-            value = spec.get(key)
-            if value is None:
-                return ""
-            if not isinstance(value, str):
-                raise ValueError(f"lease spec.{key} is not a string")
+            value: str = decode_field(spec, key, str, f"lease spec.{key}", "")
             return value
 
         def number(key: str) -> int:
-            value = spec.get(key)
-            if value is None:
-                return 0
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"lease spec.{key} is not an integer")
+            value: int = decode_field(spec, key, int, f"lease spec.{key}", 0)
             return value
 
         return cls(

@@ -517,3 +517,22 @@ def test_the_elector_refuses_what_client_go_refuses() -> None:
     assert leader_status(registry) is None  # nothing registered a series for a refused elector
     LeaderElector(client_free_api, metrics, namespace="ns", identity="x")
     assert leader_status(registry) == 0.0  # upstream sets leaderOff at construction
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"holderIdentity": 5}, "lease spec.holderIdentity: expected string, got int"),
+        ({"leaseDurationSeconds": "15"}, "lease spec.leaseDurationSeconds: expected integer, got str '15'"),
+        ({"leaseTransitions": True}, "lease spec.leaseTransitions: expected integer, got bool True"),
+        ([], "lease spec is not an object"),
+    ],
+)
+def test_a_lease_spec_field_of_the_wrong_type_is_named(spec: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ElectionRecord.from_lease_spec(spec)
+
+
+def test_a_lease_spec_reads_absent_fields_as_empty() -> None:
+    record = ElectionRecord.from_lease_spec({"holderIdentity": "a", "leaseDurationSeconds": 15})
+    assert record == ElectionRecord("a", 15)

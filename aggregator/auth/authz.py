@@ -28,10 +28,10 @@ from typing import Any, Protocol, TypeVar
 from aggregator.audit.recorder import AUTHORIZATION_DECISION
 from aggregator.auth.cache import MISSING, CoalescingCache
 from aggregator.auth.metrics import AuthMetrics
-from aggregator.auth.rbac import RuleSet, aggregate
+from aggregator.auth.rbac import RuleSet
 from aggregator.auth.verdict import ALLOWED, NO_OPINION, Decision, Verdict
 from aggregator.auth.webhook import ReviewFailed, WebhookClient
-from aggregator.model.fielderrors import go_quote
+from aggregator.model.fielderrors import aggregate, go_quote
 from aggregator.model.selectors import (
     DOES_NOT_EXIST,
     DOUBLE_EQUALS,

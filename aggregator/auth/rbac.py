@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from aggregator.auth.verdict import Decision, Verdict
-from aggregator.model.fielderrors import go_quote
+from aggregator.model.fielderrors import aggregate, go_quote
 from aggregator.model.userinfo import UserInfo
 from aggregator.web.requestinfo import RequestInfo
 
@@ -128,14 +128,6 @@ class Binding:
 def not_found(kind: str, name: str) -> str:
     """The lister's NotFound error: `clusterrole.rbac.authorization.k8s.io "x" not found`."""
     return f"{kind.lower()}.{GROUP} {go_quote(name)} not found"
-
-
-def aggregate(errors: list[str]) -> str:
-    """`utilerrors.NewAggregate(...).Error()`: one error bare, several de-duplicated in brackets."""
-    unique = list(dict.fromkeys(errors))
-    if len(unique) == 1:
-        return unique[0]
-    return "[" + ", ".join(unique) + "]"
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,10 +32,10 @@ from aggregator.auth.rbacobjects import (
     is_rbac,
     key_of,
 )
-from aggregator.sources.files import ParseError, manifest_files, merge_by_file, read_documents
+from aggregator.sources.files import ParseError, log_not_loaded, merge_by_file, read_documents
+from aggregator.sources.folder import FileFingerprint, FolderReader, problems_by_file
 from aggregator.sources.manifests import flatten
 from aggregator.sources.problems import REFUSED, ManifestProblem
-from aggregator.util.dirwatch import DirectoryWatcher
 from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ Listener = Callable[[RBACPolicy, RBACPolicy], None]  # (new, previous)
 
 @dataclass
 class _FileState:
-    fingerprint: tuple[int, int, int]
+    fingerprint: FileFingerprint
     objects: dict[ObjectKey, RBACObject] = field(default_factory=dict)
     # The file holds RBAC manifests (valid or not), or fails to parse and mentions the group.
     holds_rbac: bool = False
@@ -62,60 +62,33 @@ def _doc_key(doc: Mapping[str, Any]) -> ObjectKey:
     return (kind, namespace, str(meta.get("name") or ""))
 
 
-class RBACFolder:
+class RBACFolder(FolderReader[_FileState]):
     """Keeps `current` equal to the valid RBAC objects in `directory` (a `modes.PolicySource`)."""
 
     def __init__(self, directory: str | Path, *, interval: float = 1.0, use_inotify: bool = True) -> None:
-        self.directory = Path(directory)
+        super().__init__(directory, name="rbac-manifests", interval=interval, use_inotify=use_inotify)
         self.current: RBACPolicy = compile_policy((), present=False)
-        self._files: dict[Path, _FileState] = {}
         self._listeners: list[Listener] = []
         self._problems: dict[Path, tuple[ManifestProblem, ...]] = {}  # only files with problems
-        self._watcher = DirectoryWatcher(
-            self.directory,
-            lambda: tuple(sorted(manifest_files(self.directory).items())),
-            self.reload,
-            interval=interval,
-            name="rbac-manifests",
-            use_inotify=use_inotify,
-        )
 
     def problems(self) -> list[ManifestProblem]:
         """RBAC objects refused now, file by file (`sources/problems.py`)."""
-        return [problem for path in sorted(self._problems) for problem in self._problems[path]]
+        return problems_by_file(self._problems)
 
     def add_listener(self, listener: Listener) -> None:
         """Called after each change with the new and the previous policy."""
         self._listeners.append(listener)
 
-    async def start(self) -> None:
-        self.reload(initial=True)
-        self._watcher.start()
+    def _counts(self, state: _FileState) -> bool:
+        return state.holds_rbac
 
-    async def stop(self) -> None:
-        await self._watcher.stop()
-
-    def reload(self, *, initial: bool = False) -> None:
-        """Re-read the files that changed; publish a new policy if any did."""
-        current = manifest_files(self.directory)
-        changed = initial
-        for path in set(self._files) - set(current):
+    def _noted(self, path: Path, state: _FileState | None) -> None:
+        if state is not None and state.problems:
+            self._problems[path] = state.problems
+        else:
             self._problems.pop(path, None)
-            changed |= self._files.pop(path).holds_rbac
-        for path, fingerprint in current.items():
-            state = self._files.get(path)
-            if state is None or state.fingerprint != fingerprint:
-                new = self._read(path, fingerprint, state)
-                self._files[path] = new
-                if new.problems:
-                    self._problems[path] = new.problems
-                else:
-                    self._problems.pop(path, None)
-                changed |= new.holds_rbac or (state is not None and state.holds_rbac)
-        if changed:
-            self._publish()
 
-    def _read(self, path: Path, fingerprint: tuple[int, int, int], previous: _FileState | None) -> _FileState:
+    def _read(self, path: Path, fingerprint: FileFingerprint, previous: _FileState | None) -> _FileState:
         kept = previous.objects if previous is not None else {}
         try:
             text = path.read_text(encoding="utf-8")
@@ -127,9 +100,8 @@ class RBACFolder:
             return _FileState(fingerprint)
         try:
             docs = read_documents(path)
-        except (ParseError, OSError, UnicodeDecodeError) as err:
-            reason = str(err) if isinstance(err, ParseError) else f"{path}: {err}"
-            return self._unreadable(path, fingerprint, previous, reason, mentions=True)
+        except ParseError as err:
+            return self._unreadable(path, fingerprint, previous, str(err), mentions=True)
         objects: dict[ObjectKey, RBACObject] = {}
         problems: list[ManifestProblem] = []
         holds_rbac = False
@@ -159,17 +131,14 @@ class RBACFolder:
     @staticmethod
     def _unreadable(
         path: Path,
-        fingerprint: tuple[int, int, int],
+        fingerprint: FileFingerprint,
         previous: _FileState | None,
         reason: str,
         *,
         mentions: bool,
     ) -> _FileState:
         kept = dict(previous.objects) if previous is not None else {}
-        log.error(
-            "RBAC manifest file not loaded; the RBAC objects it held before stay in force",
-            extra=fields(file=str(path), reason=reason, kept=len(kept)),
-        )
+        log_not_loaded(log, "RBAC manifest", path, reason, len(kept))
         return _FileState(
             fingerprint, kept, holds_rbac=mentions or (previous is not None and previous.holds_rbac)
         )

@@ -240,7 +240,7 @@ def _role(doc: Mapping[str, Any], kind: str) -> RoleObject:
             for i, item in enumerate(selectors)
         )
     if errors:
-        raise Refused(_invalid(kind, name, errors))
+        raise Refused(fe.invalid_object(qualified(kind), name, errors))
     return RoleObject(kind, name, rules, namespace, labels, aggregation)
 
 
@@ -297,14 +297,8 @@ def _binding(doc: Mapping[str, Any], kind: str) -> Binding:
         subjects.append(subject)
         errors += problems
     if errors:
-        raise Refused(_invalid(kind, name, errors))
+        raise Refused(fe.invalid_object(qualified(kind), name, errors))
     return Binding(kind, name, RoleRef(ref_kind, ref_name), tuple(subjects), namespace)
-
-
-def _invalid(kind: str, name: str, errors: list[str]) -> str:
-    """`apierrors.NewInvalid(...).Error()`: one error bare, several in brackets."""
-    listed = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
-    return f"{qualified(kind)} {fe.go_quote(name)} is invalid: {listed}"
 
 
 def decode(doc: Mapping[str, Any]) -> RBACObject:

@@ -153,8 +153,7 @@ def _empty_metadata(doc: Mapping[str, Any]) -> bool:
 
 
 def _invalid(kind: str, errors: list[str]) -> BadReview:
-    listed = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
-    return BadReview(422, f'{kind}.{GROUP} "" is invalid: {listed}')
+    return BadReview(422, fe.invalid_object(f"{kind}.{GROUP}", "", errors))
 
 
 def access_attributes(doc: Mapping[str, Any]) -> tuple[RequestInfo, dict[str, Any]]:

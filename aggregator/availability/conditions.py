@@ -94,57 +94,39 @@ def local() -> Verdict:
     return Verdict(TRUE, LOCAL, LOCAL_MESSAGE)
 
 
+def _failed_at(hop: str, reason: str, message: str, detail: Sequence[str]) -> Verdict:
+    """A hop that fails for certain: upstream's reason and message, then the hop and our detail."""
+    return Verdict(FALSE, reason, with_detail(message, [f"hop: {hop}", *detail]))
+
+
+def _cannot_check(hop: str, reason: str, ref: ServiceReference, err: str) -> Verdict:
+    """Upstream's words when reading the Service or its endpoints fails: the answer is unknown."""
+    return Verdict(UNKNOWN, reason, with_detail(f"{_service(ref)} cannot be checked due to: {err}", [f"hop: {hop}"]))
+
+
 def service_not_found(ref: ServiceReference, detail: Sequence[str] = ()) -> Verdict:
-    return Verdict(
-        FALSE, SERVICE_NOT_FOUND, with_detail(f"{_service(ref)} is not present", ["hop: service", *detail])
-    )
+    return _failed_at("service", SERVICE_NOT_FOUND, f"{_service(ref)} is not present", detail)
 
 
 def service_access_error(ref: ServiceReference, err: str) -> Verdict:
-    return Verdict(
-        UNKNOWN,
-        SERVICE_ACCESS_ERROR,
-        with_detail(f"{_service(ref)} cannot be checked due to: {err}", ["hop: service"]),
-    )
+    return _cannot_check("service", SERVICE_ACCESS_ERROR, ref, err)
 
 
 def service_port_error(ref: ServiceReference, detail: Sequence[str] = ()) -> Verdict:
-    return Verdict(
-        FALSE,
-        SERVICE_PORT_ERROR,
-        with_detail(f"{_service(ref)} is not listening on port {ref.port}", ["hop: port", *detail]),
-    )
+    return _failed_at("port", SERVICE_PORT_ERROR, f"{_service(ref)} is not listening on port {ref.port}", detail)
 
 
 def endpoints_access_error(ref: ServiceReference, err: str) -> Verdict:
-    return Verdict(
-        UNKNOWN,
-        ENDPOINTS_ACCESS_ERROR,
-        with_detail(f"{_service(ref)} cannot be checked due to: {err}", ["hop: endpoints"]),
-    )
+    return _cannot_check("endpoints", ENDPOINTS_ACCESS_ERROR, ref, err)
 
 
 def endpoints_not_found(ref: ServiceReference, detail: Sequence[str] = ()) -> Verdict:
-    return Verdict(
-        FALSE,
-        ENDPOINTS_NOT_FOUND,
-        with_detail(
-            f'cannot find endpointslices for service/{ref.name} in "{ref.namespace}"',
-            ["hop: endpoints", *detail],
-        ),
-    )
+    return _failed_at("endpoints", ENDPOINTS_NOT_FOUND, f"cannot find endpointslices for {_service(ref)}", detail)
 
 
 def missing_endpoints(ref: ServiceReference, port_name: str, detail: Sequence[str] = ()) -> Verdict:
-    return Verdict(
-        FALSE,
-        MISSING_ENDPOINTS,
-        with_detail(
-            f'endpointslices for service/{ref.name} in "{ref.namespace}" have no addresses with port name '
-            f"{go_quote(port_name)}",
-            ["hop: endpoints", *detail],
-        ),
-    )
+    message = f"endpointslices for {_service(ref)} have no addresses with port name {go_quote(port_name)}"
+    return _failed_at("endpoints", MISSING_ENDPOINTS, message, detail)
 
 
 def failed_discovery_check(

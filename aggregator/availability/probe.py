@@ -41,6 +41,7 @@ from aggregator.model.objects import EndpointSlice, Service
 from aggregator.model.userinfo import AGGREGATOR
 from aggregator.sources.store import Kind, Store
 from aggregator.tls.pem import PEMError, parse_certificates
+from aggregator.util.hostport import join_host_port
 
 ATTEMPTS = 5
 TIMEOUT = 5.0
@@ -126,15 +127,14 @@ def _ready(slices: Sequence[EndpointSlice], port_name: str) -> list[tuple[str, s
     """(address:port, slice) of every ready endpoint in slices with a port named `port_name`."""
     found = []
     for eps in slices:
-        ports = [p for p in eps.ports if p.name is not None and p.name == port_name and p.port is not None]
+        ports = [p.port for p in eps.ports if p.name is not None and p.name == port_name and p.port is not None]
         if not ports:
             continue
         for endpoint in eps.endpoints:
             if endpoint.ready is False:
                 continue
             for address in endpoint.addresses[:1]:
-                host = f"[{address}]" if ":" in address else address
-                found.append((f"{host}:{ports[0].port}", eps.name))
+                found.append((join_host_port(address, ports[0]), eps.name))
     return found
 
 

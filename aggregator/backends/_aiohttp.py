@@ -21,6 +21,8 @@ from aiohttp.http import RawResponseMessage
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 
+from aggregator.util.internals import missing_attributes
+
 __all__ = [
     "HttpProcessingError",
     "RawResponseMessage",
@@ -69,14 +71,5 @@ async def drain(protocol: Any) -> None:
 
 def missing_internals() -> list[str]:
     """The internals above this aiohttp no longer has (empty when all is well)."""
-    missing = []
-    for owner, name in (
-        (ResponseHandler, "set_response_params"),
-        (ResponseHandler, "read"),
-        (ResponseHandler, "writing_paused"),
-        (ResponseHandler, "_drain_helper"),
-        (ResponseHandler, "_parser"),
-    ):
-        if not hasattr(owner, name):
-            missing.append(f"{owner.__module__}.{owner.__qualname__}.{name}")
-    return missing
+    used = ("set_response_params", "read", "writing_paused", "_drain_helper", "_parser")
+    return missing_attributes((ResponseHandler, name) for name in used)

@@ -29,6 +29,7 @@ from aggregator.backends.errors import BackendError, Hop
 from aggregator.model.apiservice import APIService, ServiceReference
 from aggregator.model.objects import EndpointSlice, Service
 from aggregator.sources.store import Store
+from aggregator.util.hostport import join_host_port
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Lookup = Callable[[str], Awaitable[list[str]]]
@@ -50,8 +51,7 @@ class Target:
 
     @property
     def authority(self) -> str:
-        """`host:port` as Go's `net.JoinHostPort` writes it (IPv6 in brackets)."""
-        return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
+        return join_host_port(self.ip, self.port)
 
     @property
     def base_url(self) -> str:

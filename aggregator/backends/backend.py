@@ -28,6 +28,7 @@ from aggregator.backends.h1 import KEEPALIVE, DialTimes, H1Pool, IdleConnections
 from aggregator.backends.tls import client_context
 from aggregator.contracts import FetchedResponse
 from aggregator.tls.pem import CertKeyPair
+from aggregator.util.hostport import join_host_port
 
 CONNECT_TIMEOUT = 5.0
 # A backend that refused the client certificate is asked why at most this often per address.
@@ -48,8 +49,7 @@ class Address:
 
     @property
     def authority(self) -> str:
-        """`host:port` as Go's `net.JoinHostPort` writes it (IPv6 in brackets)."""
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return join_host_port(self.host, self.port)
 
     @property
     def tls_name(self) -> str:

@@ -57,12 +57,6 @@ def qualified(kind: str) -> str:
     return f"{kind}.{GROUP}"
 
 
-def _invalid(kind: str, name: str, errors: list[str]) -> str:
-    """`apierrors.NewInvalid(...).Error()`: one error bare, several in brackets."""
-    listed = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
-    return f"{qualified(kind)} {fe.go_quote(name)} is invalid: {listed}"
-
-
 def decode_manifest(doc: Mapping[str, Any]) -> Object:
     """One flowcontrol document (`is_flowcontrol`) -> its object; `Refused` with kube-apiserver's words."""
     api_version, kind = doc.get("apiVersion"), str(doc.get("kind"))
@@ -78,12 +72,12 @@ def decode_manifest(doc: Mapping[str, Any]) -> Object:
             schema = decode_flow_schema(doc)
             errors = validate_flow_schema(schema, MANDATORY_SCHEMA_NAMES.get(schema.name))
             if errors:
-                raise Refused(_invalid(kind, schema.name, errors))
+                raise Refused(fe.invalid_object(qualified(kind), schema.name, errors))
             return schema
         level = decode_priority_level(doc)
         errors = validate_priority_level(level, MANDATORY_LEVEL_NAMES.get(level.name))
         if errors:
-            raise Refused(_invalid(kind, level.name, errors))
+            raise Refused(fe.invalid_object(qualified(kind), level.name, errors))
         return level
     except DecodeError as err:
         raise Refused(f"{qualified(kind)} {fe.go_quote(name)} could not be decoded: {err}") from err

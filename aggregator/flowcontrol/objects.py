@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aggregator.model.decode import DecodeError, int32, mapping, sequence
+from aggregator.model.decode import DecodeError, each, int32, mapping, sequence
 from aggregator.model.decode import field as decode_field
 from aggregator.model.strict import OBJECT_META, Fields, ListOf
 
@@ -288,20 +288,17 @@ def decode_meta(doc: Mapping[str, Any]) -> Meta:
 
 
 def _conditions(doc: Mapping[str, Any]) -> tuple[Condition, ...]:
-    status = mapping(doc, "status", "status")
-    out = []
-    for index, item in enumerate(sequence(status, "conditions", "status.conditions")):
-        path = f"status.conditions[{index}]"
-        cond = _object(item, path)
-        out.append(
-            Condition(
-                decode_field(cond, "type", str, f"{path}.type", ""),
-                decode_field(cond, "status", str, f"{path}.status", ""),
-                decode_field(cond, "reason", str, f"{path}.reason", ""),
-                decode_field(cond, "message", str, f"{path}.message", ""),
-            )
-        )
-    return tuple(out)
+    return each(mapping(doc, "status", "status"), "conditions", "status.conditions", _condition)
+
+
+def _condition(item: Any, path: str) -> Condition:
+    cond = _object(item, path)
+    return Condition(
+        decode_field(cond, "type", str, f"{path}.type", ""),
+        decode_field(cond, "status", str, f"{path}.status", ""),
+        decode_field(cond, "reason", str, f"{path}.reason", ""),
+        decode_field(cond, "message", str, f"{path}.message", ""),
+    )
 
 
 def _subject(item: Any, path: str) -> Subject:
@@ -322,35 +319,32 @@ def _subject(item: Any, path: str) -> Subject:
     )
 
 
+def _resource_rule(item: Any, path: str) -> ResourceRule:
+    rule = _object(item, path)
+    return ResourceRule(
+        verbs=_strings(rule, "verbs", f"{path}.verbs"),
+        api_groups=_strings(rule, "apiGroups", f"{path}.apiGroups"),
+        resources=_strings(rule, "resources", f"{path}.resources"),
+        cluster_scope=decode_field(rule, "clusterScope", bool, f"{path}.clusterScope", False),
+        namespaces=_strings(rule, "namespaces", f"{path}.namespaces"),
+    )
+
+
+def _non_resource_rule(item: Any, path: str) -> NonResourceRule:
+    rule = _object(item, path)
+    return NonResourceRule(
+        verbs=_strings(rule, "verbs", f"{path}.verbs"),
+        non_resource_urls=_strings(rule, "nonResourceURLs", f"{path}.nonResourceURLs"),
+    )
+
+
 def _rules(item: Any, path: str) -> PolicyRules:
     obj = _object(item, path)
-    subjects = tuple(
-        _subject(s, f"{path}.subjects[{i}]") for i, s in enumerate(sequence(obj, "subjects", f"{path}.subjects"))
+    return PolicyRules(
+        each(obj, "subjects", f"{path}.subjects", _subject),
+        each(obj, "resourceRules", f"{path}.resourceRules", _resource_rule),
+        each(obj, "nonResourceRules", f"{path}.nonResourceRules", _non_resource_rule),
     )
-    resource_rules = []
-    for i, raw in enumerate(sequence(obj, "resourceRules", f"{path}.resourceRules")):
-        where = f"{path}.resourceRules[{i}]"
-        rule = _object(raw, where)
-        resource_rules.append(
-            ResourceRule(
-                verbs=_strings(rule, "verbs", f"{where}.verbs"),
-                api_groups=_strings(rule, "apiGroups", f"{where}.apiGroups"),
-                resources=_strings(rule, "resources", f"{where}.resources"),
-                cluster_scope=decode_field(rule, "clusterScope", bool, f"{where}.clusterScope", False),
-                namespaces=_strings(rule, "namespaces", f"{where}.namespaces"),
-            )
-        )
-    non_resource_rules = []
-    for i, raw in enumerate(sequence(obj, "nonResourceRules", f"{path}.nonResourceRules")):
-        where = f"{path}.nonResourceRules[{i}]"
-        rule = _object(raw, where)
-        non_resource_rules.append(
-            NonResourceRule(
-                verbs=_strings(rule, "verbs", f"{where}.verbs"),
-                non_resource_urls=_strings(rule, "nonResourceURLs", f"{where}.nonResourceURLs"),
-            )
-        )
-    return PolicyRules(subjects, tuple(resource_rules), tuple(non_resource_rules))
 
 
 def decode_flow_schema(doc: Mapping[str, Any]) -> FlowSchema:
@@ -368,7 +362,7 @@ def decode_flow_schema(doc: Mapping[str, Any]) -> FlowSchema:
             distinguisher=None
             if method is None
             else decode_field(method, "type", str, "spec.distinguisherMethod.type", ""),
-            rules=tuple(_rules(r, f"spec.rules[{i}]") for i, r in enumerate(sequence(spec, "rules", "spec.rules"))),
+            rules=each(spec, "rules", "spec.rules", _rules),
         ),
         _conditions(doc),
     )

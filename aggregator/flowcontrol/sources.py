@@ -42,12 +42,12 @@ from aggregator.flowcontrol.objects import (
 from aggregator.kube import calls
 from aggregator.kube.client import KubeClient
 from aggregator.model.decode import DecodeError
-from aggregator.sources.files import ParseError, manifest_files, merge_by_file, read_documents
+from aggregator.sources.files import ParseError, log_not_loaded, merge_by_file, read_documents
+from aggregator.sources.folder import FileFingerprint, FolderReader
 from aggregator.sources.manifests import flatten
 from aggregator.sources.problems import REFUSED, ManifestProblem
 from aggregator.sources.reflector import ListWatch, Reflector, paged_list
 from aggregator.util.backoff import Backoff
-from aggregator.util.dirwatch import DirectoryWatcher
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
 
@@ -251,56 +251,30 @@ class KubeConfig(_Listeners):
 
 @dataclass
 class _FileState:
-    fingerprint: tuple[int, int, int]
+    fingerprint: FileFingerprint
     objects: dict[tuple[str, str], Object] = field(default_factory=dict)
     problems: tuple[ManifestProblem, ...] = ()
 
 
-class FolderConfig(_Listeners):
+class FolderConfig(_Listeners, FolderReader[_FileState]):
     """The folder's FlowSchemas and PriorityLevelConfigurations, ensured as kube-apiserver would."""
 
     def __init__(self, directory: str | Path, *, interval: float = 1.0, use_inotify: bool = True) -> None:
-        super().__init__()
-        self.directory = Path(directory)
-        self._files: dict[Path, _FileState] = {}
-        self.current = bootstrap_config()
-        self._watcher = DirectoryWatcher(
-            self.directory,
-            lambda: tuple(sorted(manifest_files(self.directory).items())),
-            self.reload,
-            interval=interval,
-            name="flowcontrol-manifests",
-            use_inotify=use_inotify,
+        _Listeners.__init__(self)
+        FolderReader.__init__(
+            self, directory, name="flowcontrol-manifests", interval=interval, use_inotify=use_inotify
         )
-
-    async def start(self) -> None:
-        self.reload(initial=True)
-        self._watcher.start()
+        self.current = bootstrap_config()
 
     def problems(self) -> list[ManifestProblem]:
         """The objects refused now, file by file (`sources/problems.py`: `check --all`, `/readyz?verbose`,
         `aggregator_manifest_errors`); the files that do not parse are the folder source's."""
         return [problem for path in sorted(self._files) for problem in self._files[path].problems]
 
-    async def stop(self) -> None:
-        await self._watcher.stop()
+    def _counts(self, state: _FileState) -> bool:
+        return bool(state.objects)
 
-    def reload(self, *, initial: bool = False) -> None:
-        """Re-read the files that changed; publish the new configuration if anything changed."""
-        current = manifest_files(self.directory)
-        changed = initial
-        for path in set(self._files) - set(current):
-            changed |= bool(self._files.pop(path).objects)
-        for path, fingerprint in current.items():
-            state = self._files.get(path)
-            if state is None or state.fingerprint != fingerprint:
-                new = self._read(path, fingerprint, state)
-                changed |= bool(new.objects) or (state is not None and bool(state.objects))
-                self._files[path] = new
-        if changed:
-            self._publish()
-
-    def _read(self, path: Path, fingerprint: tuple[int, int, int], previous: _FileState | None) -> _FileState:
+    def _read(self, path: Path, fingerprint: FileFingerprint, previous: _FileState | None) -> _FileState:
         kept = previous.objects if previous is not None else {}
         try:
             text = path.read_text(encoding="utf-8")
@@ -310,12 +284,8 @@ class FolderConfig(_Listeners):
             return _FileState(fingerprint)
         try:
             docs = read_documents(path)
-        except (ParseError, OSError, UnicodeDecodeError) as err:
-            reason = str(err) if isinstance(err, ParseError) else f"{path}: {err}"
-            log.error(
-                "APF manifest file not loaded; the objects it held before stay in force",
-                extra=fields(file=str(path), reason=reason, kept=len(kept)),
-            )
+        except ParseError as err:
+            log_not_loaded(log, "APF manifest", path, str(err), len(kept))
             return _FileState(fingerprint, dict(kept))
         objects: dict[tuple[str, str], Object] = {}
         problems: list[ManifestProblem] = []
@@ -332,7 +302,9 @@ class FolderConfig(_Listeners):
                 log.error(
                     "%s manifest refused; %s",
                     kind,
-                    "its previous version stays in force" if previous_obj is not None else "the other objects apply",
+                    "its previous version stays in force"
+                    if previous_obj is not None
+                    else "the other objects apply",
                     extra=fields(file=str(path), document=index, name=name, reason=str(err)),
                 )
                 problems.append(ManifestProblem(path, REFUSED, str(err), int(previous_obj is not None)))
@@ -343,8 +315,12 @@ class FolderConfig(_Listeners):
         return _FileState(fingerprint, objects, tuple(problems))
 
     def _publish(self) -> None:
-        merged = merge_by_file({path: state.objects for path, state in self._files.items()}, "APF", lambda key: key)
-        levels = [o for (kind, _), o in merged.items() if kind == PRIORITY_LEVEL and isinstance(o, PriorityLevel)]
+        merged = merge_by_file(
+            {path: state.objects for path, state in self._files.items()}, "APF", lambda key: key
+        )
+        levels = [
+            o for (kind, _), o in merged.items() if kind == PRIORITY_LEVEL and isinstance(o, PriorityLevel)
+        ]
         schemas = [o for (kind, _), o in merged.items() if kind == FLOW_SCHEMA and isinstance(o, FlowSchema)]
         ensured_levels, ensured_schemas = ensure(levels, schemas)
         config = ConfigObjects(
@@ -364,4 +340,12 @@ class FolderConfig(_Listeners):
         self.publish(config)
 
 
-__all__ = ["API_VERSION", "CHECK_NAME", "ConfigSource", "FolderConfig", "KubeConfig", "StaticConfig", "bootstrap_config"]
+__all__ = [
+    "API_VERSION",
+    "CHECK_NAME",
+    "ConfigSource",
+    "FolderConfig",
+    "KubeConfig",
+    "StaticConfig",
+    "bootstrap_config",
+]

@@ -160,54 +160,50 @@ def _resource_rule(rule: ResourceRule, path: str) -> list[str]:
     return errors
 
 
+# The subject's members in the order upstream checks that the ones its kind does not name are unset.
+_MEMBERS = ((SERVICE_ACCOUNT, "serviceAccount"), (USER, "user"), (GROUP_KIND, "group"))
+
+
 def _subject(subject: Subject, path: str) -> list[str]:
-    """`ValidateFlowSchemaSubject` and the per-kind checks it calls."""
-    errors: list[str] = []
-    user_forbidden = fe.forbidden(f"{path}.user", "user is forbidden when subject kind is not 'User'")
-    group_forbidden = fe.forbidden(f"{path}.group", "group is forbidden when subject kind is not 'Group'")
-    account_forbidden = fe.forbidden(
-        f"{path}.serviceAccount", "serviceAccount is forbidden when subject kind is not 'ServiceAccount'"
-    )
+    """`ValidateFlowSchemaSubject`: the member the kind names is checked, the other two must be unset."""
     if subject.kind == SERVICE_ACCOUNT:
-        where = f"{path}.serviceAccount"
-        if subject.service_account is None:
-            errors.append(fe.required(where, "serviceAccount is required when subject kind is 'ServiceAccount'"))
-        else:
-            namespace, name = subject.service_account
-            if not name:
-                errors.append(fe.required(f"{where}.name"))
-            elif name != NAME_ALL:
-                errors.extend(fe.invalid(f"{where}.name", name, msg) for msg in fe.is_dns1123_subdomain(name))
-            if namespace:
-                errors.extend(fe.invalid(f"{where}.namespace", namespace, msg) for msg in fe.is_dns1123_label(namespace))
-            else:
-                errors.append(fe.required(f"{where}.namespace", "must specify namespace for service account"))
-        if subject.user is not None:
-            errors.append(user_forbidden)
-        if subject.group is not None:
-            errors.append(group_forbidden)
+        errors = _service_account(subject.service_account, f"{path}.serviceAccount")
     elif subject.kind == USER:
-        if subject.user is None:
-            errors.append(fe.required(f"{path}.user", "user is required when subject kind is 'User'"))
-        elif not subject.user:
-            errors.append(fe.required(f"{path}.user.name"))
-        if subject.service_account is not None:
-            errors.append(account_forbidden)
-        if subject.group is not None:
-            errors.append(group_forbidden)
+        errors = _named(subject.user, f"{path}.user", "user", USER)
     elif subject.kind == GROUP_KIND:
-        if subject.group is None:
-            errors.append(fe.required(f"{path}.group", "group is required when subject kind is 'Group'"))
-        elif not subject.group:
-            errors.append(fe.required(f"{path}.group.name"))
-        if subject.service_account is not None:
-            errors.append(account_forbidden)
-        if subject.user is not None:
-            errors.append(user_forbidden)
+        errors = _named(subject.group, f"{path}.group", "group", GROUP_KIND)
     else:
         listed = ", ".join(fe.go_quote(k) for k in SUPPORTED_SUBJECT_KINDS)
-        errors.append(f"{path}.kind: {fe.UNSUPPORTED}: {fe.go_quote(subject.kind)}: supported values: {listed}")
+        return [f"{path}.kind: {fe.UNSUPPORTED}: {fe.go_quote(subject.kind)}: supported values: {listed}"]
+    members = {SERVICE_ACCOUNT: subject.service_account, USER: subject.user, GROUP_KIND: subject.group}
+    for kind, member in _MEMBERS:
+        if kind != subject.kind and members[kind] is not None:
+            errors.append(fe.forbidden(f"{path}.{member}", f"{member} is forbidden when subject kind is not '{kind}'"))
     return errors
+
+
+def _service_account(account: tuple[str, str] | None, where: str) -> list[str]:
+    """`ValidateServiceAccountSubject`."""
+    if account is None:
+        return [fe.required(where, "serviceAccount is required when subject kind is 'ServiceAccount'")]
+    errors: list[str] = []
+    namespace, name = account
+    if not name:
+        errors.append(fe.required(f"{where}.name"))
+    elif name != NAME_ALL:
+        errors.extend(fe.invalid(f"{where}.name", name, msg) for msg in fe.is_dns1123_subdomain(name))
+    if namespace:
+        errors.extend(fe.invalid(f"{where}.namespace", namespace, msg) for msg in fe.is_dns1123_label(namespace))
+    else:
+        errors.append(fe.required(f"{where}.namespace", "must specify namespace for service account"))
+    return errors
+
+
+def _named(name: str | None, where: str, member: str, kind: str) -> list[str]:
+    """`ValidateUserSubject` and `ValidateGroupSubject`: the member is there, with a name."""
+    if name is None:
+        return [fe.required(where, f"{member} is required when subject kind is '{kind}'")]
+    return [] if name else [fe.required(f"{where}.name")]
 
 
 def _policy_rules(rules: PolicyRules, path: str) -> list[str]:

@@ -5,8 +5,10 @@ Go's JSON decoder refuses `port: "443"` for an int32; we do the same instead of 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class DecodeError(ValueError):
@@ -37,6 +39,12 @@ def mapping(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
 def sequence(obj: Mapping[str, Any], key: str, path: str) -> list[Any]:
     value: list[Any] = field(obj, key, list, path, [])
     return value
+
+
+def each(obj: Mapping[str, Any], key: str, path: str, decode: Callable[[Any, str], T]) -> tuple[T, ...]:
+    """Every item of the list at `key`, each decoded with its own path (`rules[2]`), so an error
+    names the item as kube-apiserver's decoder does."""
+    return tuple(decode(item, f"{path}[{i}]") for i, item in enumerate(sequence(obj, key, path)))
 
 
 def int32(obj: Mapping[str, Any], key: str, path: str, default: int | None = None) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 
 REQUIRED = "Required value"
 INVALID = "Invalid value"
@@ -31,6 +32,19 @@ def go_quote(text: str) -> str:
             out.append(f"\\U{ord(ch):08x}")
     out.append('"')
     return "".join(out)
+
+
+def aggregate(errors: Sequence[str]) -> str:
+    """`ErrorList.ToAggregate().Error()` (utilerrors' aggregate): duplicates dropped, one error bare,
+    several in brackets."""
+    unique = list(dict.fromkeys(errors))
+    return unique[0] if len(unique) == 1 else "[" + ", ".join(unique) + "]"
+
+
+def invalid_object(qualified_kind: str, name: str, errors: Sequence[str]) -> str:
+    """`apierrors.NewInvalid(qualifiedKind, name, errs).Error()`, the 422 answer to an object that
+    fails validation: `Role.rbac.authorization.k8s.io "x" is invalid: <errors>`."""
+    return f"{qualified_kind} {go_quote(name)} is invalid: {aggregate(errors)}"
 
 
 def _value(value: object) -> str:

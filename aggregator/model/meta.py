@@ -62,22 +62,23 @@ def human_duration(seconds_total: float) -> str:
         return f"{seconds}s"
     minutes = seconds // 60
     if minutes < 10:
-        s = seconds % 60
-        return f"{minutes}m" if s == 0 else f"{minutes}m{s}s"
+        return _two_units(minutes, "m", seconds % 60, "s")
     if minutes < 60 * 3:
         return f"{minutes}m"
     hours = seconds // 3600
     if hours < 8:
-        m = minutes % 60
-        return f"{hours}h" if m == 0 else f"{hours}h{m}m"
+        return _two_units(hours, "h", minutes % 60, "m")
     if hours < 48:
         return f"{hours}h"
     if hours < 24 * 8:
-        h = hours % 24
-        return f"{hours // 24}d" if h == 0 else f"{hours // 24}d{h}h"
+        return _two_units(hours // 24, "d", hours % 24, "h")
     if hours < 24 * 365 * 2:
         return f"{hours // 24}d"
     if hours < 24 * 365 * 8:
-        days = (hours // 24) % 365
-        return f"{hours // 24 // 365}y" if days == 0 else f"{hours // 24 // 365}y{days}d"
+        return _two_units(hours // 24 // 365, "y", (hours // 24) % 365, "d")
     return f"{hours // 24 // 365}y"
+
+
+def _two_units(major: int, major_unit: str, minor: int, minor_unit: str) -> str:
+    """`5m30s`, or `5m` when the smaller unit is zero: HumanDuration's two-figure forms."""
+    return f"{major}{major_unit}" if minor == 0 else f"{major}{major_unit}{minor}{minor_unit}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from aggregator.backends.backend import Address, Backend
 from aggregator.backends.headers import LiveIdentityPolicy
+from aggregator.util.hostport import join_host_port
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,16 +28,15 @@ class Destination:
     pass_redirects: bool = False
     hop: str | None = None  # this gateway's loop mark (`backends/hops.py`)
 
-    @property
-    def address(self) -> Address:
-        return Address(self.host, self.port, self.server_name)
-
     # `host:port` (an IPv6 host in brackets): read by every proxied request, so made once.
     authority: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        host, port = self.host, self.port
-        object.__setattr__(self, "authority", f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        object.__setattr__(self, "authority", join_host_port(self.host, self.port))
+
+    @property
+    def address(self) -> Address:
+        return Address(self.host, self.port, self.server_name)
 
     @property
     def base_url(self) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,16 +24,15 @@ from typing import Any, TypeVar
 import yaml
 
 from aggregator.model.apiservice import APIService
+from aggregator.sources.folder import FileFingerprint, ManifestFolder, problems_by_file
 from aggregator.sources.identity import with_system_fields
 from aggregator.sources.manifests import Ignored, Rejected, flatten, to_object
 from aggregator.sources.problems import READ_KINDS, REFUSED, SKIPPED, UNREADABLE, ManifestProblem
 from aggregator.sources.store import Event, Key, Kind, Obj, Store, key_of, kind_of
-from aggregator.util.dirwatch import DirectoryWatcher
 from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 
-SUFFIXES = (".yaml", ".yml", ".json")
 ObjKey = tuple[Kind, Key]
 
 
@@ -71,11 +69,17 @@ def merge_by_file(
 
 
 class ParseError(ValueError):
-    """A file that is not valid YAML/JSON; the message starts with `path:line:`."""
+    """A file that cannot be read, is not UTF-8, or is not valid YAML/JSON; the message starts with
+    `path:line:` (or `path:` when there is no line), ready for the log and `ManifestProblem`."""
 
 
 def read_documents(path: Path) -> list[Any]:
-    text = path.read_text(encoding="utf-8")
+    """The file's documents; every reason it has none is a `ParseError`, so each reader of the
+    folder handles one exception and words it the same way."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ParseError(f"{path}: {err}") from err
     if path.suffix == ".json":
         try:
             return [json.loads(text)] if text.strip() else []
@@ -91,29 +95,21 @@ def read_documents(path: Path) -> list[Any]:
         raise ParseError(f"{path}: {err}") from err
 
 
+def log_not_loaded(logger: logging.Logger, what: str, path: Path, reason: str, kept: int) -> None:
+    """A file of the folder that does not parse: the objects it held before stay in force, as
+    kube-apiserver keeps an object whose update it refuses. Each reader of the folder logs it on its
+    own logger (`what` names its kind of manifest), in the same words."""
+    logger.error(
+        f"{what} file not loaded; the objects it held before stay in force",
+        extra=fields(file=str(path), reason=reason, kept=kept),
+    )
+
+
 @dataclass
 class _FileState:
-    fingerprint: tuple[int, int, int]
+    fingerprint: FileFingerprint
     objects: dict[ObjKey, Obj] = field(default_factory=dict)
     problems: tuple[ManifestProblem, ...] = ()
-
-
-def manifest_files(directory: Path) -> dict[Path, tuple[int, int, int]]:
-    """Every manifest file under `directory` (hidden entries skipped) with its (inode, size, mtime)."""
-    found: dict[Path, tuple[int, int, int]] = {}
-    for root, dirs, files in os.walk(directory, followlinks=True):
-        # Skip hidden entries, which includes Kubernetes volume internals (`..data`, `..2026_...`).
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            if name.startswith(".") or not name.endswith(SUFFIXES):
-                continue
-            path = Path(root) / name
-            try:
-                st = path.stat()
-            except OSError:
-                continue
-            found[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
-    return found
 
 
 class FolderSource:
@@ -137,26 +133,21 @@ class FolderSource:
         self._reported: set[tuple[Path, str, str]] = set()  # (file, apiVersion, kind) skipped and said
         # Only the files with problems, so that reading them costs what is wrong, not the folder.
         self._problems: dict[Path, tuple[ManifestProblem, ...]] = {}
-        self._watcher = DirectoryWatcher(
-            self.directory,
-            lambda: tuple(sorted(manifest_files(self.directory).items())),
-            self.reload,
-            interval=interval,
-            name="apiservices-dir",
-            use_inotify=use_inotify,
+        self._folder = ManifestFolder(
+            self.directory, self.reload, name="apiservices-dir", interval=interval, use_inotify=use_inotify
         )
 
     def problems(self) -> list[ManifestProblem]:
         """What the folder holds that is not loaded now, file by file (`problems.py`)."""
-        return [problem for path in sorted(self._problems) for problem in self._problems[path]]
+        return problems_by_file(self._problems)
 
     async def start(self) -> None:
         self.reload()
         self.store.mark_synced()
-        self._watcher.start()
+        self._folder.start()
 
     async def stop(self) -> None:
-        await self._watcher.stop()
+        await self._folder.stop()
 
     def reload(self) -> None:
         """Re-read changed files and apply their differences to the store.
@@ -164,27 +155,26 @@ class FolderSource:
         Only the objects of files that changed are compared: one edit in a folder of thousands of
         APIServices costs what that file holds, not what the folder holds.
         """
-        current = manifest_files(self.directory)
+        changes = self._folder.changes(self._files)
         affected: set[ObjKey] = set()
-        for path in set(self._files) - set(current):
+        for path in changes.removed:
             log.info("manifest file removed", extra=fields(file=str(path)))
             self._reported = {seen for seen in self._reported if seen[0] != path}
             self._problems.pop(path, None)
             affected |= self._forget_file(path)
-        for path, fingerprint in current.items():
-            state = self._files.get(path)
-            if state is None or state.fingerprint != fingerprint:
-                new = self._read(path, fingerprint, state)
-                if state is not None:
-                    affected |= self._forget_file(path)
-                self._files[path] = new
-                if new.problems:
-                    self._problems[path] = new.problems
-                else:
-                    self._problems.pop(path, None)
-                for obj_key in new.objects:
-                    self._owners.setdefault(obj_key, set()).add(path)
-                affected |= set(new.objects)
+        for change in changes.changed:
+            path, state = change.path, change.previous
+            new = self._read(path, change.fingerprint, state)
+            if state is not None:
+                affected |= self._forget_file(path)
+            self._files[path] = new
+            if new.problems:
+                self._problems[path] = new.problems
+            else:
+                self._problems.pop(path, None)
+            for obj_key in new.objects:
+                self._owners.setdefault(obj_key, set()).add(path)
+            affected |= set(new.objects)
         self._apply(affected)
 
     def _forget_file(self, path: Path) -> set[ObjKey]:
@@ -197,17 +187,13 @@ class FolderSource:
                     del self._owners[obj_key]
         return set(state.objects)
 
-    def _read(self, path: Path, fingerprint: tuple[int, int, int], previous: _FileState | None) -> _FileState:
+    def _read(self, path: Path, fingerprint: FileFingerprint, previous: _FileState | None) -> _FileState:
         kept = dict(previous.objects) if previous else {}
         try:
             docs = read_documents(path)
-        except (ParseError, OSError, UnicodeDecodeError) as err:
-            reason = str(err) if isinstance(err, ParseError) else f"{path}: {err}"
-            log.error(
-                "manifest file not loaded; keeping the objects it held before",
-                extra=fields(file=str(path), reason=reason, kept=len(kept)),
-            )
-            return _FileState(fingerprint, kept, (ManifestProblem(path, UNREADABLE, reason, len(kept)),))
+        except ParseError as err:
+            log_not_loaded(log, "manifest", path, str(err), len(kept))
+            return _FileState(fingerprint, kept, (ManifestProblem(path, UNREADABLE, str(err), len(kept)),))
         objects: dict[ObjKey, Obj] = {}
         problems: list[ManifestProblem] = []
         for index, doc in enumerate(d for raw in docs for d in flatten(raw)):
@@ -227,7 +213,10 @@ class FolderSource:
                 log.error(
                     result.message,
                     extra=fields(
-                        file=str(path), document=index, name=name or "", kept_previous=previous_obj is not None
+                        file=str(path),
+                        document=index,
+                        name=name or "",
+                        kept_previous=previous_obj is not None,
                     ),
                 )
                 if previous_obj is not None:

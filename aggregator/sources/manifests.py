@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aggregator.model import apiservice as apisvc
+from aggregator.model import fielderrors as fe
 from aggregator.model.decode import DecodeError
 from aggregator.model.objects import decode_endpointslice, decode_service
 from aggregator.model.strict import (
@@ -72,12 +73,6 @@ def no_match(api_version: str, kind: str, twin: tuple[str, str]) -> str:
     return f'no matches for kind "{kind}" in version "{api_version}": did you mean {meant}?'
 
 
-def invalid_message(qualified_kind: str, name: str, errors: list[str]) -> str:
-    """`apierrors.NewInvalid(...).Error()`: one error bare, several in brackets."""
-    listed = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
-    return f'{qualified_kind} "{name}" is invalid: {listed}'
-
-
 def to_object(doc: Any) -> Obj | Rejected | Ignored | None:
     """One manifest document -> a valid object, a rejection, an ignored kind, or None (empty doc)."""
     if doc is None:
@@ -107,7 +102,7 @@ def to_object(doc: Any) -> Obj | Rejected | Ignored | None:
             svc = apisvc.decode_apiservice(doc)
             errors = apisvc.validate_apiservice(svc) + apisvc.validate_status(svc)
             if errors:
-                return Rejected(invalid_message(qualified, str(name), errors))
+                return Rejected(fe.invalid_object(qualified, str(name), errors))
             return svc
         if kind == "Service":
             return decode_service(doc)

@@ -52,27 +52,29 @@ def _ca_key_usage(_policy: Policy, _cert: x509.Certificate, usage: x509.KeyUsage
         raise ValueError("keyUsage does not allow keyCertSign")
 
 
-def _go_understood(policy: ExtensionPolicy) -> ExtensionPolicy:
-    for kind in (
-        x509.CertificatePolicies,
-        x509.PolicyConstraints,
-        x509.InhibitAnyPolicy,
-        x509.CRLDistributionPoints,
-    ):
+def _allowed(policy: ExtensionPolicy, *kinds: type[x509.ExtensionType]) -> ExtensionPolicy:
+    """Each of these extensions may be present, critical or not, and is not checked further."""
+    for kind in kinds:
         policy = policy.may_be_present(kind, _ANY, None)
     return policy
 
 
-def leaf_policy() -> ExtensionPolicy:
-    return _go_understood(
-        ExtensionPolicy.webpki_defaults_ee()
-        .may_be_present(x509.SubjectAlternativeName, _ANY, None)
-        .may_be_present(x509.AuthorityKeyIdentifier, _ANY, None)
-        .may_be_present(x509.KeyUsage, _ANY, None)
-        .may_be_present(x509.BasicConstraints, _ANY, None)
-        .may_be_present(x509.NameConstraints, _ANY, None)
-        .may_be_present(x509.ExtendedKeyUsage, _ANY, _extended_key_usage)
+def _go_understood(policy: ExtensionPolicy) -> ExtensionPolicy:
+    return _allowed(
+        policy, x509.CertificatePolicies, x509.PolicyConstraints, x509.InhibitAnyPolicy, x509.CRLDistributionPoints
     )
+
+
+def leaf_policy() -> ExtensionPolicy:
+    allowed = _allowed(
+        ExtensionPolicy.webpki_defaults_ee(),
+        x509.SubjectAlternativeName,
+        x509.AuthorityKeyIdentifier,
+        x509.KeyUsage,
+        x509.BasicConstraints,
+        x509.NameConstraints,
+    )
+    return _go_understood(allowed.may_be_present(x509.ExtendedKeyUsage, _ANY, _extended_key_usage))
 
 
 def ca_policy() -> ExtensionPolicy:

@@ -16,10 +16,10 @@ impersonation, so that group is the impersonated user's; a limit of 0 lifts that
 from __future__ import annotations
 
 import logging
-import time
 
 from aggregator.model.userinfo import MASTERS_GROUP
 from aggregator.util.logs import fields
+from aggregator.util.logthrottle import LogThrottle
 from aggregator.web.context import ContextKey, RequestContext
 from aggregator.web.requestlabels import MUTATING_KIND, READ_ONLY_KIND, request_kind
 from aggregator.web.requestmetrics import APISERVER, RequestMetrics
@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER = "1"  # maxinflight.go retryAfter
 TOO_MANY_REQUESTS = "Too many requests, please try again later."
-_LOG_EVERY = 10.0
 # The request kind a request was counted under, to give its place back at the end.
 INFLIGHT_KIND = ContextKey[str]("inflight-kind")
 
@@ -55,8 +54,7 @@ class MaxInFlight:
         self.metrics = metrics
         self.limits = {READ_ONLY_KIND: read_only, MUTATING_KIND: mutating}
         self._watermark = metrics.inflight
-        self._rejected = 0
-        self._last_logged = float("-inf")
+        self._refusals = LogThrottle(10.0)
 
     @property
     def enabled(self) -> bool:
@@ -90,14 +88,10 @@ class MaxInFlight:
 
     def _log(self, kind: str, limit: int) -> None:
         """One line per 10 s however many are refused: a flood must not become a log flood."""
-        self._rejected += 1
-        now = time.monotonic()
-        if now - self._last_logged < _LOG_EVERY:
-            return
-        self._last_logged = now
-        flag = "--max-requests-inflight" if kind == READ_ONLY_KIND else "--max-mutating-requests-inflight"
-        log.warning(
-            "too many requests in flight; answering 429",
-            extra=fields(kind=kind, limit=limit, flag=flag, refused=self._rejected),
-        )
-        self._rejected = 0
+        refused = self._refusals.count()
+        if refused:
+            flag = "--max-requests-inflight" if kind == READ_ONLY_KIND else "--max-mutating-requests-inflight"
+            log.warning(
+                "too many requests in flight; answering 429",
+                extra=fields(kind=kind, limit=limit, flag=flag, refused=refused),
+            )

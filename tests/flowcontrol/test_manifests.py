@@ -89,6 +89,30 @@ def test_a_priority_level_gets_v1_defaults() -> None:
         ),
         (
             lambda d: d["spec"]["rules"][0].update(
+                subjects=[
+                    {
+                        "kind": "User",
+                        "user": {"name": ""},
+                        "serviceAccount": {"namespace": "a", "name": "b"},
+                        "group": {"name": "y"},
+                    }
+                ]
+            ),
+            "[spec.rules[0].subjects[0].user.name: Required value, spec.rules[0].subjects[0].serviceAccount: "
+            "Forbidden: serviceAccount is forbidden when subject kind is not 'ServiceAccount', "
+            "spec.rules[0].subjects[0].group: Forbidden: group is forbidden when subject kind is not 'Group']",
+        ),
+        (
+            lambda d: d["spec"]["rules"][0].update(
+                subjects=[{"kind": "Group", "serviceAccount": {"namespace": "a", "name": "b"}, "user": {"name": "x"}}]
+            ),
+            "[spec.rules[0].subjects[0].group: Required value: group is required when subject kind is 'Group', "
+            "spec.rules[0].subjects[0].serviceAccount: Forbidden: serviceAccount is forbidden when subject kind is "
+            "not 'ServiceAccount', spec.rules[0].subjects[0].user: Forbidden: user is forbidden when subject kind "
+            "is not 'User']",
+        ),
+        (
+            lambda d: d["spec"]["rules"][0].update(
                 subjects=[{"kind": "ServiceAccount", "serviceAccount": {"name": "noxu"}}]
             ),
             "spec.rules[0].subjects[0].serviceAccount.namespace: Required value: must specify namespace for "

@@ -335,7 +335,7 @@ def test_every_flag_in_the_deployment_exists_in_serve_help(deployment: Obj) -> N
 def test_the_deployment_runs_kube_mode_in_cluster_with_mounted_certificates(deployment: Obj) -> None:
     container = _container(deployment)
     options = _serve_options(container["args"])
-    assert options.kube_mode and options.source.kubeconfig is None  # in-cluster credentials
+    assert options.source.kube_mode and options.source.kubeconfig is None  # in-cluster credentials
     assert options.logging.format == "json"
     assert options.serving.port == 8443
     assert options.delegation.delegate_auth == "front-proxy" and not options.availability.write_apiservice_status

@@ -1022,7 +1022,7 @@ def kube_options(pki: PKI, kubeconfig: Path | str, **overrides: Any) -> Options:
     )
     options = with_flags(base, **overrides)
     validate(options)
-    assert options.kube_mode
+    assert options.source.kube_mode
     return options
 
 

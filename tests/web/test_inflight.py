@@ -5,6 +5,7 @@ limiter with --enable-priority-and-fairness=false; with APF on, tests/flowcontro
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import aiohttp
@@ -12,11 +13,14 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from aggregator.model.userinfo import UserInfo
 from aggregator.web.inflight import MaxInFlight
 from aggregator.web.requestmetrics import RequestMetrics
+from aggregator.web.serverrequest import Response
 from tests.support.backend import GROUP, PREFIX, VERSION
 from tests.support.contexts import context_for
 from tests.support.fixtures import Proxied, StartProxied
+from tests.support.logrecords import fields_of
 from tests.support.pki import PKI
 from tests.support.polling import until
 
@@ -122,3 +126,17 @@ async def test_the_limit_counts_without_waiting() -> None:
     assert limits.metrics.inflight.executing("readOnly") == 1
     limits.finished(ctx, None, None)
     assert limits.metrics.inflight.executing("readOnly") == 0
+
+
+def test_a_flood_of_refusals_is_one_log_line_naming_the_flag(caplog: pytest.LogCaptureFixture) -> None:
+    """The first refusal is logged at once; the ones right after it wait for the next line (10 s)."""
+    caplog.set_level(logging.WARNING, logger="aggregator.web.inflight")
+    limits = MaxInFlight(RequestMetrics(CollectorRegistry()), read_only=1, mutating=1)
+    alice = UserInfo("alice", groups=("system:authenticated",))
+    admitted = context_for("GET", THINGS, user=alice)
+    assert limits.gate(admitted) is None
+    refused = [limits.gate(context_for("GET", THINGS, user=alice)) for _ in range(5)]
+    assert [answer.status for answer in refused if isinstance(answer, Response)] == [429] * 5
+    lines = [r for r in caplog.records if r.name == "aggregator.web.inflight"]
+    assert [r.getMessage() for r in lines] == ["too many requests in flight; answering 429"]
+    assert fields_of(lines[0]) == {"kind": "readOnly", "limit": 1, "flag": "--max-requests-inflight", "refused": 1}

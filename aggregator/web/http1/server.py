@@ -22,6 +22,8 @@ from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
+from aggregator.util.internals import missing_attributes
+
 # Makes the gateway's record of a new client connection from its transport.
 ConnectionFactory = Callable[[asyncio.BaseTransport], object]
 
@@ -261,21 +263,22 @@ def close_connections(server: web.Server) -> None:
 
 def missing_internals() -> list[str]:
     """The internals above this aiohttp no longer has (empty when all is well)."""
-    missing = []
-    for owner, name in (
-        (RequestHandler, "set_parser"),
-        (RequestHandler, "_drain_helper"),
-        (RequestHandler, "_request_count"),
-        (RequestHandler, "_request_in_progress"),
-        (RequestHandler, "_messages"),
-        (RequestHandler, "_payload_parser"),
-        (RequestHandler, "_upgraded"),
-        (RequestHandler, "_loop"),
-        (web.StreamResponse, "_send_headers_immediately"),
-        (web.BaseRequest, "_prepare_hook"),
-        *((web.TCPSite, n) for n in ("_host", "_port", "_bound_port", "_reuse_address", "_reuse_port")),
-        *((web.BaseSite, n) for n in ("_runner", "_ssl_context", "_backlog", "_server")),
-    ):
-        if not hasattr(owner, name):
-            missing.append(f"{owner.__module__}.{owner.__qualname__}.{name}")
-    return missing
+    handler = (
+        "set_parser",
+        "_drain_helper",
+        "_request_count",
+        "_request_in_progress",
+        "_messages",
+        "_payload_parser",
+        "_upgraded",
+        "_loop",
+    )
+    return missing_attributes(
+        [
+            *((RequestHandler, n) for n in handler),
+            (web.StreamResponse, "_send_headers_immediately"),
+            (web.BaseRequest, "_prepare_hook"),
+            *((web.TCPSite, n) for n in ("_host", "_port", "_bound_port", "_reuse_address", "_reuse_port")),
+            *((web.BaseSite, n) for n in ("_runner", "_ssl_context", "_backlog", "_server")),
+        ]
+    )

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from bisect import bisect_left
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -43,6 +42,7 @@ from prometheus_client.exposition import choose_encoder
 
 from aggregator.web.certexpiry import CertificateExpiry
 from aggregator.web.context import RequestContext
+from aggregator.web.fastmetrics import FastHistogram, fast_inc
 from aggregator.web.serverrequest import Response
 from aggregator.web.version import version_info
 
@@ -73,32 +73,6 @@ class Children(Generic[M]):
         self._children.pop(values, None)
         with contextlib.suppress(KeyError):
             self.metric.remove(*(str(v) for v in values))
-
-
-def fast_inc(child: Counter) -> Callable[[float], None]:
-    """A counter child's increment without `Counter.inc`'s checks (labels complete, amount not
-    negative): for the request path, whose children are complete and whose amounts are 1. The
-    value object is the one `Counter.inc` updates, so what Prometheus scrapes is the same."""
-    inc: Callable[[float], None] = child._value.inc
-    return inc
-
-
-class FastHistogram:
-    """A histogram child's `observe`, as prometheus_client computes it (the sum, then the first
-    bucket whose bound is at least the amount) with one bisection instead of its loop over the
-    bounds and its per-call checks: the request path observes three or four histograms a request.
-    The value objects are the child's own, so what Prometheus scrapes is the same."""
-
-    __slots__ = ("_bounds", "_buckets", "_sum")
-
-    def __init__(self, child: Histogram) -> None:
-        self._sum: Callable[[float], None] = child._sum.inc
-        self._buckets: list[Callable[[float], None]] = [bucket.inc for bucket in child._buckets]
-        self._bounds: list[float] = list(child._upper_bounds)  # the last is +Inf
-
-    def observe(self, amount: float) -> None:
-        self._sum(amount)
-        self._buckets[bisect_left(self._bounds, amount)](1)
 
 
 class Increments:

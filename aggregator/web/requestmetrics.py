@@ -41,7 +41,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from aggregator.web.metrics import FastHistogram, fast_inc
+from aggregator.web.fastmetrics import FastHistogram, fast_inc
 from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.requestlabels import (
     MUTATING_KIND,

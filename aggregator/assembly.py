@@ -310,8 +310,8 @@ def build_gateway(
         control.cluster_auth, control.rbac = authentication.cluster, authorization.rbac
         if control.elector is not None:
             components.append(("leader-election", control.elector))
-        _report_expiry(metrics.certificate_expiry, backends.client_certificate)
-        _follow_ca_expiry(metrics.certificate_expiry, authenticator)
+        _report_expiry(metrics.exposition.certificate_expiry, backends.client_certificate)
+        _follow_ca_expiry(metrics.exposition.certificate_expiry, authenticator)
         if config.backends.proxy_client_cert_file is None:
             components.append(("front-proxy-warning", MissingClientCertificateWarning(store)))
         availability: Availability = control.availability
@@ -329,7 +329,7 @@ def build_gateway(
     # 6. what serves requests; a request that cannot reach its backend has availability re-check it
     # (requests in flight are counted for a graceful shutdown, which ends watches and tunnels)
     forwarding = _forwarding(
-        config.delegate_auth if config.kube_mode else None,
+        config.delegate_auth if config.source.kube_mode else None,
         kube,
         metrics.proxy,
         backends,
@@ -345,7 +345,7 @@ def build_gateway(
         components.append(("delegate", forwarding.delegate))
     if isinstance(derived, Control):
         components += _control_components(derived)
-    apiregistration = _apiregistration(config.local_mode, store)
+    apiregistration = _apiregistration(config.source.local_mode, store)
     discovery_routes = DiscoveryRoutes(legacy, aggregated, forwarding.fallback.handler)
 
     # 7. the request path: routes, the APIService proxy, gates
@@ -354,7 +354,7 @@ def build_gateway(
     path = build_request_path(
         config.requests,
         config.logging.access_log,
-        local_mode=config.local_mode,
+        local_mode=config.source.local_mode,
         store=store,
         metrics=metrics,
         health=health,
@@ -476,7 +476,7 @@ def _control(
     discovery = Discovery(
         store,
         backends=backends,
-        kube=kube if config.kube_mode else None,
+        kube=kube if config.source.kube_mode else None,
         metrics=metrics.discovery,
         reachability=availability,
         quarantine=quarantine,
@@ -491,7 +491,7 @@ def _control(
         backends=backends,
         kube=kube,
         metrics=metrics.openapi,
-        local_mode=config.local_mode,
+        local_mode=config.source.local_mode,
         reachability=availability,
         quarantine=quarantine,
     )
@@ -535,7 +535,7 @@ def _flowcontrol(
     source: ConfigSource
     if replica is not None:
         source = HeldConfig()
-    elif config.kube_mode and kube is not None:
+    elif config.source.kube_mode and kube is not None:
         source = KubeConfig(kube)
     elif config.source.apiservices_dir is not None:
         source = FolderConfig(config.source.apiservices_dir)
@@ -745,7 +745,6 @@ def build_request_path(
         gates.append(auditing.gate)
     gates.append(Impersonator(authorizer).gate)
     head_listeners = [limit_unauthenticated_http2] + ([auditing.head_going_out] if auditing is not None else [])
-    last: list[Gate] = []
     if flowcontrol is not None:  # API Priority and Fairness in place of max-in-flight
         apf = flowcontrol.filter
         prioritize: Gate = apf.gate
@@ -754,11 +753,10 @@ def build_request_path(
         gates.append(prioritize)
         finishers.append(apf.finished)
         head_listeners.append(apf.head_going_out)
-        last.append(apf.delegated)  # a watch's seats go back as its handler starts
     elif limits.enabled:
         gates.append(limits.gate)
         finishers.append(limits.finished)
-    gates += [authorize, upgrade_gate(metrics.proxy), *last, instrumentation.gate]  # last: the handler runs
+    gates += [authorize, upgrade_gate(metrics.proxy), instrumentation.gate]  # last: the handler runs
     finishers.append(instrumentation.finished)
     if auditing is not None:
         finishers.append(auditing.finished)
@@ -875,7 +873,7 @@ def _follow_ca_expiry(expiry: CertificateExpiry, authenticator: Authenticator) -
 def _status_sink(config: Config, store: Store, kube: KubeClient | None, leadership: Leadership) -> StatusSink:
     """Where Available conditions go: the store (local mode), kube-apiserver (opt-in, written by
     the Lease holder only), or memory."""
-    if config.local_mode:
+    if config.source.local_mode:
         return StoreStatus(store)
     if config.write_apiservice_status and kube is not None:
         return KubeStatusWriter(kube, store, leadership)

@@ -118,14 +118,6 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tracing: TracingConfiguration | None = None
 
-    @property
-    def local_mode(self) -> bool:
-        return self.source.local_mode
-
-    @property
-    def kube_mode(self) -> bool:
-        return self.source.kube_mode
-
 
 def complete(opts: Options) -> Config:
     """Every group applied to a new `Config` (validated options: `validate` first), in order: the

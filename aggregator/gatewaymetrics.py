@@ -27,7 +27,6 @@ from aggregator.leaderelection import LeaderElectionMetrics
 from aggregator.openapi.metrics import OpenAPIMetrics
 from aggregator.proxy.metrics import ProxyMetrics
 from aggregator.sources.reflector import WatchMetrics
-from aggregator.web.certexpiry import CertificateExpiry
 from aggregator.web.metrics import Metrics
 from aggregator.web.pipeline import PipelineMetrics
 from aggregator.web.requestmetrics import RequestMetrics
@@ -77,7 +76,3 @@ class GatewayMetrics:
     @property
     def registry(self) -> CollectorRegistry:
         return self.exposition.registry
-
-    @property
-    def certificate_expiry(self) -> CertificateExpiry:
-        return self.exposition.certificate_expiry

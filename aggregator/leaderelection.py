@@ -48,13 +48,14 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from aggregator.kube import calls
 from aggregator.model.decode import field as decode_field
 from aggregator.sources.options import SourceConfig
 from aggregator.util.flags import ConfigError, FlagSet, GoBool, GoDuration, Problems
 from aggregator.util.logs import fields
+from aggregator.web.metrics import Families
 
 log = logging.getLogger(__name__)
 
@@ -281,20 +282,19 @@ class LeaderElectionMetrics:
     and help text (metrics/prometheus/clientgo/leaderelection/metrics.go)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.master_status = Gauge(
+        family = Families(registry)
+        self.master_status = family.gauge(
             "leader_election_master_status",
             "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, "
             "1 indicates master. 'name' is the string used to identify the lease. Please make sure to group "
             "by name.",
             ["name"],
-            registry=registry,
         )
-        self.slowpath = Counter(
+        self.slowpath = family.counter(
             "leader_election_slowpath",
             "[ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string "
             "used to identify the lease. Please make sure to group by name.",
             ["name"],
-            registry=registry,
         )
 
 

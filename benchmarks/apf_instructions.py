@@ -6,15 +6,15 @@ Run from the repository root:
 Issue 35's budget: the fast path with APF on costs at most 5% more instructions per request than
 with it off. `proxy_instructions.py --compare-apf` measures the whole request both ways, but its
 rounds move by more than 5% on a busy machine. The two request paths differ only in the gate each
-puts after impersonation: max-in-flight's gate and finisher, or APF's gate, its `delegated` gate
-(last), its head listener (the `X-Kubernetes-PF-*` headers) and its finisher. This runs exactly
-those, on a real `RequestContext` for the benchmark's GET, as a user APF does not exempt
-(`global-default`, a queuing level, a seat free: the common case), with the default limits: each
-under callgrind for N and 2N iterations, so the difference of the totals over N is one request's
-cost, the same on every run whatever else the machine does (the objects made before the loop are
-frozen out of the garbage collector's passes, so a collection of them does not land in one of the
-two runs only). `--request` is a whole proxied GET's instructions (`proxy_instructions.py`; 716k
-in docs/performance.md) to read the difference against.
+puts after impersonation: max-in-flight's gate and finisher, or APF's gate, its head listener (the
+`X-Kubernetes-PF-*` headers) and its finisher. This runs exactly those, on a real `RequestContext`
+for the benchmark's GET, as a user APF does not exempt (`global-default`, a queuing level, a seat
+free: the common case), with the default limits: each under callgrind for N and 2N iterations, so
+the difference of the totals over N is one request's cost, the same on every run whatever else the
+machine does (the objects made before the loop are frozen out of the garbage collector's passes, so
+a collection of them does not land in one of the two runs only). `--request` is a whole proxied
+GET's instructions (`proxy_instructions.py`; 716k in docs/performance.md) to read the difference
+against.
 """
 
 from __future__ import annotations
@@ -76,7 +76,6 @@ def run(mode: str, iterations: int) -> None:
         ctx.priority = None
         if apf.gate(ctx) is not None:
             raise AssertionError("APF did not dispatch the request at once")
-        apf.delegated(ctx)
         apf.head_going_out(ctx, 200, headers)
         apf.finished(ctx, None, None)
         headers.clear()

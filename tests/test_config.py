@@ -183,7 +183,7 @@ def test_every_options_group_applies_itself_to_the_configuration() -> None:
         "--access-log", "all",
     )  # fmt: skip
     config = complete(options)
-    assert (config.source.apiservices_dir, config.local_mode) == (".", True)
+    assert (config.source.apiservices_dir, config.source.local_mode) == (".", True)
     assert config.serving.port == 9443 and config.serving.tls_policy == options.serving.tls_policy()
     assert config.requests.max_requests_inflight == 7
     assert config.shutdown == ShutdownConfig(delay=3.0, watch_grace=0.0, request_grace=60.0)

@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from aggregator.audit.body import DEFAULT_BODY_LIMIT, BodyCapture
 from aggregator.audit.event import (
@@ -34,6 +34,7 @@ from aggregator.audit.policy import Level, Policy, Stage
 from aggregator.audit.sinks import utc_now
 from aggregator.model.userinfo import UserInfo
 from aggregator.web.context import ContextKey, RequestContext
+from aggregator.web.metrics import Families
 from aggregator.web.requestinfo import RequestInfo
 
 log = logging.getLogger(__name__)
@@ -67,23 +68,21 @@ class AuditMetrics:
     (pkg/audit/metrics.go: `eventCounter`, `errorCounter`, `levelCounter`)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.events = Counter(
+        family = Families(registry)
+        self.events = family.counter(
             "apiserver_audit_event",
             "[ALPHA] Counter of audit events generated and sent to the audit backend.",
-            registry=registry,
         )
-        self.errors = Counter(
+        self.errors = family.counter(
             "apiserver_audit_error",
             "[ALPHA] Counter of audit events that failed to be audited properly. Plugin identifies the "
             "plugin affected by the error.",
             ["plugin"],
-            registry=registry,
         )
-        self.levels = Counter(
+        self.levels = family.counter(
             "apiserver_audit_level",
             "[ALPHA] Counter of policy levels for audit events (1 per request).",
             ["level"],
-            registry=registry,
         )
 
 

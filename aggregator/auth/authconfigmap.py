@@ -32,7 +32,6 @@ from aggregator.kube.client import KubeClient
 from aggregator.sources.reflector import ListWatch, Reflector, paged_list
 from aggregator.tls.pem import PEMError
 from aggregator.tls.verify import CAPool
-from aggregator.util.backoff import Backoff
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
 
@@ -44,6 +43,9 @@ SOURCE = f"configmap {NAMESPACE}/{NAME}"
 CHECK_NAME = "authentication-configmap-synced"
 # The one object listed and watched (upstream's ConfigMap informers select it the same way).
 SELECTOR = f"metadata.name={NAME}"
+# How long `start` waits for the first read; after it the gateway serves, refusing what the
+# ConfigMap would allow and failing readiness, until the read comes.
+INITIAL_TIMEOUT = 10.0
 
 
 class ConfigMapError(ValueError):
@@ -102,21 +104,10 @@ class AuthConfigMap:
     `want_client_ca` / `want_requestheader` say which of the two the flags left unset.
     """
 
-    def __init__(
-        self,
-        client: KubeClient,
-        *,
-        want_client_ca: bool,
-        want_requestheader: bool,
-        watch_timeout: float = 300.0,
-        initial_timeout: float = 10.0,
-        backoff_initial: float = 0.5,
-        backoff_cap: float = 30.0,
-    ) -> None:
+    def __init__(self, client: KubeClient, *, want_client_ca: bool, want_requestheader: bool) -> None:
         self.client = client
         self.want_client_ca = want_client_ca
         self.want_requestheader = want_requestheader
-        self.initial_timeout = initial_timeout
         self.resource_version = ""
         self.current: ClusterAuthentication | None = None
         self._client_ca: CAPool | None = None
@@ -133,8 +124,6 @@ class AuthConfigMap:
                 field_selector=SELECTOR,
             ),
             _Follower(self),
-            watch_timeout=watch_timeout,
-            backoff=Backoff(backoff_initial, backoff_cap),
         )
 
     # --- what the authenticator calls (no I/O) -------------------------------------------------------
@@ -157,7 +146,7 @@ class AuthConfigMap:
         """Start following the ConfigMap; wait (bounded) for the first read's answer."""
         self._tasks.spawn(self.reflector.run(), name="watch")
         try:
-            async with asyncio.timeout(self.initial_timeout):
+            async with asyncio.timeout(INITIAL_TIMEOUT):
                 await self.reflector.answered.wait()
         except TimeoutError:
             pass
@@ -167,7 +156,7 @@ class AuthConfigMap:
                 "front-proxy headers it would allow are refused, and readiness fails, until it is read",
                 extra=fields(
                     configmap=f"{NAMESPACE}/{NAME}",
-                    reason=self.reflector.last_error or f"no answer within {self.initial_timeout}s",
+                    reason=self.reflector.last_error or f"no answer within {INITIAL_TIMEOUT}s",
                 ),
             )
 

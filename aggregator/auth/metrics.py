@@ -3,35 +3,28 @@ TokenReview and SubjectAccessReview calls to kube-apiserver (latency, and how ma
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
-from aggregator.web.metrics import LATENCY_BUCKETS
+from aggregator.web.metrics import LATENCY_BUCKETS, Families
 
 
 class AuthMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.authn_cache = Counter(
-            "aggregator_authentication_cache",
-            "Token cache lookups by result (hit, miss).",
-            ["result"],
-            registry=registry,
+        family = Families(registry)
+        self.authn_cache = family.counter(
+            "aggregator_authentication_cache", "Token cache lookups by result (hit, miss).", ["result"]
         )
-        self.authz_cache = Counter(
+        self.authz_cache = family.counter(
             "aggregator_authorization_cache",
             "SubjectAccessReview cache lookups by result (hit, miss).",
             ["result"],
-            registry=registry,
         )
-        self.review_duration = Histogram(
+        self.review_duration = family.histogram(
             "aggregator_webhook_review_duration_seconds",
             "Latency of TokenReview and SubjectAccessReview calls.",
             ["kind"],
             buckets=LATENCY_BUCKETS,
-            registry=registry,
         )
-        self.reviews_in_flight = Gauge(
-            "aggregator_webhook_reviews_in_flight",
-            "Reviews awaiting kube-apiserver.",
-            ["kind"],
-            registry=registry,
+        self.reviews_in_flight = family.gauge(
+            "aggregator_webhook_reviews_in_flight", "Reviews awaiting kube-apiserver.", ["kind"]
         )

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
+
+from aggregator.web.metrics import Families
 
 
 class UnavailableGauge:
@@ -46,10 +48,9 @@ class AvailabilityMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.unavailable = UnavailableGauge()
         registry.register(self.unavailable)
-        self.unavailable_total = Counter(
+        self.unavailable_total = Families(registry).counter(
             "aggregator_unavailable_apiservice",
             "[ALPHA] Counter of APIServices which are marked as unavailable broken down by APIService name "
             "and reason.",
             ["name", "reason"],
-            registry=registry,
         )

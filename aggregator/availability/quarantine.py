@@ -27,12 +27,13 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
 from aggregator.backends.bounds import DISCOVERY_QUARANTINE_AFTER, read_bounds
 from aggregator.model.apiservice import APIService, now_rfc3339
 from aggregator.sources.store import DELETED, Event, Kind, Store
 from aggregator.util.logs import fields
+from aggregator.web.metrics import Families
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +54,12 @@ class QuarantineMetrics:
     """`aggregator_apiservice_discovery_quarantined{apiservice}`: declared by the feature that sets it."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.quarantined = Gauge(
+        self.quarantined = Families(registry).gauge(
             "aggregator_apiservice_discovery_quarantined",
             "1 while an APIService is left out of discovery and OpenAPI after being unavailable for "
             "longer than its aggregator.dev/discovery-quarantine-after, 0 while it is not (only "
             "APIServices with that annotation have a series).",
             ["apiservice"],
-            registry=registry,
         )
 
 

@@ -8,7 +8,9 @@ handshake histograms are observed per endpoint by the proxy, which knows the end
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Histogram
+
+from aggregator.web.metrics import Families
 
 # Connect and handshake phases: loopback and in-cluster ones take well under a millisecond.
 PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -16,30 +18,29 @@ PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 
 class BackendMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.errors = Counter(
+        family = Families(registry)
+        self.errors = family.counter(
             "aggregator_backend_errors",
             "Failures reaching a backend, by APIService and kind (resolve, connect, tls, timeout, redirect).",
             ["apiservice", "kind"],
-            registry=registry,
         )
-        self.insecure = Gauge(
+        self.insecure = family.gauge(
             "aggregator_insecure_backends",
             "1 for each APIService proxied with insecureSkipTLSVerify.",
             ["apiservice"],
-            registry=registry,
         )
         self.dial = _phase(
-            registry,
+            family,
             "aggregator_endpoint_dial_duration_seconds",
             "TCP connect time of new connections, per endpoint.",
         )
         self.tls = _phase(
-            registry,
+            family,
             "aggregator_endpoint_tls_handshake_duration_seconds",
             "TLS handshake time of new connections, per endpoint.",
         )
 
 
-def _phase(registry: CollectorRegistry, name: str, documentation: str) -> Histogram:
+def _phase(family: Families, name: str, documentation: str) -> Histogram:
     """One phase of making a new connection, timed per APIService and endpoint."""
-    return Histogram(name, documentation, ["apiservice", "endpoint"], buckets=PHASE_BUCKETS, registry=registry)
+    return family.histogram(name, documentation, ["apiservice", "endpoint"], buckets=PHASE_BUCKETS)

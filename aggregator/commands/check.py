@@ -395,7 +395,7 @@ def _port(svc: APIService) -> str:
 
 async def run_check(config: Config, name: str | None, out: TextIO, err: TextIO) -> int:
     printer = Printer(out)
-    client = config.source.kube_client() if config.kube_mode else None
+    client = config.source.kube_client() if config.source.kube_mode else None
     # Counted but never served: the check is a command, not a process Prometheus scrapes.
     metrics = BackendMetrics(CollectorRegistry())
     try:

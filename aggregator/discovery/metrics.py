@@ -5,26 +5,26 @@ often the aggregated document was rebuilt. A source is an APIService's name, or 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+
+from aggregator.web.metrics import Families
 
 
 class DiscoveryMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.fetches = Counter(
+        family = Families(registry)
+        self.fetches = family.counter(
             "aggregator_discovery_fetches",
             "Discovery fetches by source (an APIService name, or kube-apiserver in kube mode) and outcome "
             "(aggregated, not_modified, legacy, error).",
             ["apiservice", "result"],
-            registry=registry,
         )
-        self.last_success = Gauge(
+        self.last_success = family.gauge(
             "aggregator_discovery_last_success_timestamp_seconds",
             "Unix time of the last good discovery fetch, by source (APIService name or kube-apiserver).",
             ["apiservice"],
-            registry=registry,
         )
-        self.aggregations = Counter(
+        self.aggregations = family.counter(
             "aggregator_discovery_aggregation_count",
             "Times the aggregated discovery document was regenerated.",
-            registry=registry,
         )

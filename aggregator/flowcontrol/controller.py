@@ -200,7 +200,18 @@ class Schema:
         """The flow's hash (`hashFlowID` of the distinguisher): 0 for a level with one queue or none."""
         if not self.queued:
             return 0
-        distinguisher = self.distinguisher(user, info)
+        return self._hash(self.distinguisher(user, info))
+
+    def user_flow(self, user: UserInfo) -> int:
+        """`flow` for every request of `user`, or -1 where it depends on the request (its namespace)."""
+        if not self.queued:
+            return 0
+        method = self.method
+        if method == BY_REQUEST_NAMESPACE:
+            return -1
+        return self._hash(user.name if method == BY_USER_NAME else "")
+
+    def _hash(self, distinguisher: str) -> int:
         value = self.hashes.get(distinguisher)
         if value is None:
             if len(self.hashes) >= _USER_CACHE:
@@ -212,12 +223,18 @@ class Schema:
 # What a user's requests of one sort (resource or not) may match: the schemas in order with the
 # rules whose subjects it passes, or the one schema that matches all of them.
 Candidates = Schema | tuple[tuple[Schema, tuple[RuleTest, ...]], ...]
+# The schema every request of one sort of a user's matches, and their flow (`Schema.user_flow`).
+Decision = tuple[Schema, int]
 
 
 def _shortest(found: list[tuple[Schema, tuple[RuleTest, ...]]], everything: Callable[[RuleTest], bool]) -> Candidates:
     if found and any(everything(t) for t in found[0][1]):
         return found[0][0]
     return tuple(found)
+
+
+def _decision(candidates: Candidates, user: UserInfo) -> Decision | None:
+    return (candidates, candidates.user_flow(user)) if isinstance(candidates, Schema) else None
 
 
 class Controller:
@@ -241,6 +258,10 @@ class Controller:
         self._catch_all: Schema | None = None
         # What each (user name, groups) may match (`_candidates`): the request path reads it.
         self.by_user: dict[tuple[str, tuple[str, ...]], tuple[Candidates, Candidates]] = {}
+        # The request path's shortcut: per (user name, groups), the `Decision` for its non-resource
+        # requests and for its resource requests (indexed by `is_resource_request`), None for a sort
+        # whose requests must be matched one by one (`classify`).
+        self.decided: dict[tuple[str, tuple[str, ...]], tuple[Decision | None, Decision | None]] = {}
         self._objects: tuple[list[PriorityLevel], list[FlowSchema]] = ([], [])
         self._reap_scheduled = False
         # Told after every digest and borrowing adjustment (worker seat sharing follows the limits).
@@ -304,6 +325,7 @@ class Controller:
         ]
         self._catch_all = next((s for s in self.schemas if s.name == CATCH_ALL), None)
         self.by_user = {}
+        self.decided = {}
         for listener in self.listeners:
             listener()
 
@@ -481,11 +503,13 @@ class Controller:
                     found.append((schema, usable))
         if len(self.by_user) >= _USER_CACHE:
             self.by_user.clear()
+            self.decided.clear()
         both = (
             _shortest(resource, lambda t: t.every_resource),
             _shortest(urls, lambda t: t.every_url),
         )
         self.by_user[(name, groups)] = both
+        self.decided[(name, groups)] = (_decision(both[1], user), _decision(both[0], user))
         return both
 
     # --- quiescing levels ----------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ one, so `system:masters` is that user's group) and before authorization. For eac
   and `X-Kubernetes-PF-PriorityLevel-UID` (`setResponseHeaders`); a backend's own values, when it
   runs APF too, follow the gateway's, as kube-aggregator's proxy adds them after its own;
 - a request holds its seats until its answer is complete, except a watch, which holds them only
-  until its handler starts delegating (`RequestDelegated`): `delegated` is the last gate.
+  until its handler starts delegating (`RequestDelegated`): its route's handler is wrapped to give
+  them back as it starts.
 """
 
 from __future__ import annotations
@@ -25,20 +26,29 @@ import logging
 import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from multidict import CIMultiDict, istr
 
-from aggregator.flowcontrol.controller import BY_REQUEST_NAMESPACE, BY_USER_NAME, Controller, Level, Schema
+from aggregator.flowcontrol.controller import Controller, Level, Schema
 from aggregator.flowcontrol.estimator import WatchTracker, WorkEstimator
-from aggregator.flowcontrol.metrics import EXECUTING, MUTATING, READ_ONLY, WAITING, FlowControlMetrics
+from aggregator.flowcontrol.metrics import (
+    EXECUTING,
+    MUTATING,
+    READ_ONLY,
+    WAITING,
+    FlowControlMetrics,
+    Occupancy,
+)
 from aggregator.flowcontrol.queueset import ONE_SEAT, Request, WorkEstimate
 from aggregator.flowcontrol.retryafter import DroppedRequests
 from aggregator.model.selectors import SelectorError, exact_match, parse_field_selector
 from aggregator.util.logs import fields
 from aggregator.web.context import RequestContext
 from aggregator.web.inflight import too_many_requests
+from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.requestlabels import MUTATING_KIND, READ_ONLY_KIND
-from aggregator.web.requestmetrics import APISERVER, RequestMetrics
+from aggregator.web.requestmetrics import APISERVER, KindCount, RequestMetrics
 from aggregator.web.serverrequest import Answer, Response
 
 log = logging.getLogger(__name__)
@@ -57,16 +67,21 @@ GateAnswer = Response | None
 
 
 class Refused:
-    """What APF decided for a request it refused (`RequestContext.priority`: the headers need it)."""
+    """What APF decided for a request it refused (`RequestContext.priority`: the headers need it).
+    It holds no seats and forgets no watch: read as a `Request` would be, it says so."""
 
     __slots__ = ("schema",)
+
+    executing = False
+    watch = False
+    forget_watch = None
 
     def __init__(self, schema: Schema) -> None:
         self.schema = schema
 
 
 class PriorityAndFairness:
-    """The APF gate, its end-of-chain release for watches, its finisher and its response headers."""
+    """The APF gate, its finisher and its response headers."""
 
     def __init__(
         self,
@@ -92,7 +107,10 @@ class PriorityAndFairness:
         self.waiting = metrics.waiting
         # Requests waiting and executing, by kind, over time (read_vs_write_current_requests).
         counts = metrics.read_vs_write_counts
-        self._executing_counts = {kind: counts[EXECUTING, _METRIC_KIND[kind]] for kind in _METRIC_KIND}
+        self._lanes = {
+            kind: _Lane(self.executing.counts[kind], counts[EXECUTING, _METRIC_KIND[kind]], self.waiting.counts[kind])
+            for kind in _METRIC_KIND
+        }
         self._waiting_counts = {kind: counts[WAITING, _METRIC_KIND[kind]] for kind in _METRIC_KIND}
         self._notes = {kind: _QueueNote(self, kind) for kind in (READ_ONLY_KIND, MUTATING_KIND)}
         self._rejected = 0
@@ -121,15 +139,16 @@ class PriorityAndFairness:
         if ctx.long_running and not watch:
             return None
         controller = self.controller
-        both = controller.by_user.get((user.name, user.groups))
-        found = None if both is None else both[0] if info.is_resource_request else both[1]
-        schema = found if isinstance(found, Schema) else controller.classify(user, info)
+        both = controller.decided.get((user.name, user.groups))
+        found = None if both is None else both[info.is_resource_request]
+        if found is None:  # a user not seen since the last change, or rules to match one by one
+            schema = controller.classify(user, info)
+            flow = schema.flow(user, info)
+        else:
+            schema, flow = found
+            if flow < 0:  # distinguished by namespace
+                flow = schema.flow(user, info)
         level = schema.level
-        flow = 0
-        if schema.queued:
-            method = schema.method
-            distinguisher = user.name if method == BY_USER_NAME else info.namespace if method == BY_REQUEST_NAMESPACE else ""
-            flow = schema.hashes.get(distinguisher) or schema.flow(user, info)
         kind = READ_ONLY_KIND if verb in _READ_ONLY else MUTATING_KIND
         stats = schema.stats
         if verb in _SIZED:
@@ -149,21 +168,16 @@ class PriorityAndFairness:
         request.watch = watch
         ctx.priority = request
         now = request.start
+        lane = self._lanes[kind]
         if request.queue is not None:  # it passed through its queue in an instant
-            self.waiting.passed(kind, now)
-        # _execute, inlined: apiserver_current_inflight_requests' watermark and the executing
-        # count's occupancy (`Occupancy.move`, written out)
-        self.executing.moved(kind, 1, now)
-        occupancy = self._executing_counts[kind]
-        try:
-            occupancy.times[occupancy.value] += now - occupancy.since
-        except IndexError:
-            occupancy.move(now, 1)
-        else:
-            occupancy.since = now
-            occupancy.value += 1
+            waited = lane.waiting  # (`WaitingWatermark.passed`, its commonest case written out)
+            if waited.current or now >= self.waiting.window_end:
+                self.waiting.passed(kind, now)
+            elif not waited.mark:
+                waited.mark = 1
+        self._executing(lane, now, 1)
         if watch:
-            request.forget_watch = self.watches.register(info, lambda name: _pinned(ctx, name))
+            self._watching(ctx, request, info)
         return None
 
     def _start(
@@ -213,12 +227,46 @@ class PriorityAndFairness:
         """The request takes its seats: counted as dispatched and executing."""
         request.stats.dispatched += 1
         kind = request.kind
-        self.executing.moved(kind, 1, request.start)
-        self._executing_counts[kind].move(request.start, 1)
+        self._executing(self._lanes[kind], request.start, 1)
         if request.watch:
             info = ctx.info
             assert info is not None
-            request.forget_watch = self.watches.register(info, lambda name: _pinned(ctx, name))
+            self._watching(ctx, request, info)
+
+    def _watching(self, ctx: RequestContext, request: Request, info: RequestInfo) -> None:
+        """A watch: the estimator counts it while it lasts, and it holds its seats only until its
+        handler starts (`RequestDelegated`). Its route's handler is wrapped to give them back first:
+        no other request pays for a last gate."""
+        request.forget_watch = self.watches.register(info, lambda name: _pinned(ctx, name))
+        route = ctx.route
+        handler = route.handler
+        release = self._release
+
+        async def delegated(ctx: RequestContext) -> Answer:
+            if request.executing:
+                release(request)
+            return await handler(ctx)
+
+        ctx.route = replace(route, handler=delegated)
+
+    def _executing(self, lane: _Lane, now: float, delta: int) -> None:
+        """A request of the lane's kind starts (1) or stops (-1) executing at `now`: the count
+        `apiserver_current_inflight_requests` publishes (`InflightWatermark.moved`) and its occupancy
+        over time (`Occupancy.move`), both written out: every request comes here twice."""
+        occupancy = lane.occupancy
+        try:
+            occupancy.times[occupancy.value] += now - occupancy.since
+        except IndexError:
+            occupancy.move(now, delta)
+        else:
+            occupancy.since = now
+            occupancy.value += delta
+        count = lane.executing
+        count.current = value = count.current + delta
+        if now >= self.executing.window_end:
+            self.executing.tick(now)
+        if value > count.mark:
+            count.mark = value
 
     def _reject(self, ctx: RequestContext, level: Level) -> Response:
         self.apiserver.dropped(ctx, component=APISERVER)
@@ -229,16 +277,10 @@ class PriorityAndFairness:
 
     # --- the end of a request's seats --------------------------------------------------------------------
 
-    def delegated(self, ctx: RequestContext) -> None:
-        """The last gate: a watch's handler starts, so its seats go back (`RequestDelegated`)."""
-        request = ctx.priority
-        if request is not None and request.__class__ is Request and request.watch:
-            self._release(request)
-
     def finished(self, ctx: RequestContext, _answer: Answer | None, _error: BaseException | None) -> None:
         """Finisher: the request is over; its seats (if still held) go back, its watch is forgotten."""
         request = ctx.priority
-        if request is None or request.__class__ is not Request:
+        if request is None:
             return
         if request.executing:
             self._release(request)
@@ -248,25 +290,14 @@ class PriorityAndFairness:
             forget()
 
     def _release(self, request: Request) -> None:
-        if not request.executing:
-            return
+        """The request's seats go back (its callers know it holds them)."""
         stats = request.stats
         executions = stats.execution("watch") if request.watch else stats.regular
         now = self.clock()
         took = now - request.start
         executions.counts[bisect_left(executions.bounds, took)] += 1
         executions.total += took
-        kind = request.kind
-        # the watermark, and `Occupancy.move` written out (as in the gate)
-        self.executing.moved(kind, -1, now)
-        occupancy = self._executing_counts[kind]
-        try:
-            occupancy.times[occupancy.value] += now - occupancy.since
-        except IndexError:
-            occupancy.move(now, -1)
-        else:
-            occupancy.since = now
-            occupancy.value -= 1
+        self._executing(self._lanes[request.kind], now, -1)
         level = request.schema.level
         queues = level.queues
         queues.finish(request, now)
@@ -282,8 +313,8 @@ class PriorityAndFairness:
             return
         schema = priority.schema
         if PRIORITY_LEVEL_UID not in headers and FLOW_SCHEMA_UID not in headers:
-            headers[PRIORITY_LEVEL_UID] = schema.pl_uid
-            headers[FLOW_SCHEMA_UID] = schema.fs_uid
+            headers.add(PRIORITY_LEVEL_UID, schema.pl_uid)  # (absent: no need to replace)
+            headers.add(FLOW_SCHEMA_UID, schema.fs_uid)
             return
         for name, value in ((PRIORITY_LEVEL_UID, schema.pl_uid), (FLOW_SCHEMA_UID, schema.fs_uid)):
             backend = headers.getall(name, ())
@@ -303,6 +334,19 @@ class PriorityAndFairness:
             extra=fields(priority_level=level.name, flow_schema=schema.fs_name, refused=self._rejected),
         )
         self._rejected = 0
+
+
+class _Lane:
+    """What a request kind's requests move on the request path: the count of those executing that
+    `apiserver_current_inflight_requests` publishes, its occupancy over time
+    (`read_vs_write_current_requests`), and the count of those waiting (`WaitingWatermark`)."""
+
+    __slots__ = ("executing", "occupancy", "waiting")
+
+    def __init__(self, executing: KindCount, occupancy: Occupancy, waiting: KindCount) -> None:
+        self.executing = executing
+        self.occupancy = occupancy
+        self.waiting = waiting
 
 
 class _QueueNote:

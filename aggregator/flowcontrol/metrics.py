@@ -651,14 +651,13 @@ class WaitingWatermark(InflightWatermark):
         """A request entered and left its queue at `now` (dispatched as it arrived): the queue held one
         more request for an instant. With none waiting and the window still open (the common case)
         that is a mark of 1, set without the window's bookkeeping."""
-        current = self._current[kind]
-        if current or now >= self._window_end:
-            self._tick(now)
-            current += 1
-            if current > self._mark[kind]:
-                self._mark[kind] = current
-        elif not self._mark[kind]:
-            self._mark[kind] = 1
+        count = self.counts[kind]
+        if count.current or now >= self.window_end:
+            self.tick(now)
+            if count.current + 1 > count.mark:
+                count.mark = count.current + 1
+        elif not count.mark:
+            count.mark = 1
 
     def collect(self) -> Iterator[Metric]:
         for family in super().collect():

@@ -80,12 +80,14 @@ class QueuingConfig:
 
 class Request:
     """A request in a queueset, from arrival to the release of its last seat; the filter keeps what
-    it decided about the request on it too (`schema`, `kind`, `watch`, `forget_watch`)."""
+    it decided about the request on it too (`schema`, `kind`, `watch`, `forget_watch`).
+
+    This class itself is the commonest request of all, one seat dispatched as it arrived
+    (`start_one`): its size and queuing fields are the class's defaults, so making one sets only
+    what differs between such requests. Every other request is a `SizedRequest`, which holds its own."""
 
     __slots__ = (
-        "additional_latency",
         "arrival_r",
-        "decided",
         "executing",
         "final_seats",
         "forget_watch",
@@ -93,34 +95,58 @@ class Request:
         "kind",
         "max_seats",
         "queue",
-        "queued_note",
         "schema",
         "start",
         "stats",
-        "total_work",
-        "waiting",
         "watch",
     )
 
+    # Never queued, its work one seat's: a `SizedRequest` holds these itself. (What `finish` reads
+    # is held by every request: a slot is read faster than a class's default.)
+    additional_latency: float = 0.0  # seconds
+    total_work: int = _G_WORK
+    # Queued: the future the caller waits on (True: dispatched); None once decided.
+    decided: asyncio.Future[bool] | None = None
+    waiting: bool = False
+    queued_note: QueueNote | None = None
+
+    stats: FlowStats  # its FlowSchema's series in its level
+    initial_seats: int
+    final_seats: int
+    max_seats: int
+    arrival_r: int
+    queue: Queue | None
+    start: float
+    executing: bool  # holds seats: `finish` must be called
+    schema: Any
+    kind: str
+    watch: bool
+    forget_watch: Callable[[], None] | None
+
+
+class SizedRequest(Request):
+    """Any request but a one seat one dispatched as it arrived: its seats, its work, its place in a queue."""
+
+    __slots__ = ("additional_latency", "decided", "queued_note", "total_work", "waiting")
+
     def __init__(self, stats: FlowStats, work: WorkEstimate, total_work: int, arrival_r: int) -> None:
-        self.stats = stats  # its FlowSchema's series in its level
+        self.stats = stats
         self.initial_seats = work.initial_seats
         self.final_seats = work.final_seats
         self.additional_latency = work.additional_latency
         self.max_seats = work.max_seats
         self.total_work = total_work
         self.arrival_r = arrival_r
-        self.queue: Queue | None = None
+        self.queue = None
         self.start = 0.0
-        # Queued: the future the caller waits on (True: dispatched); None once decided.
-        self.decided: asyncio.Future[bool] | None = None
+        self.decided = None
         self.waiting = False
-        self.executing = False  # holds seats: `finish` must be called
-        self.queued_note: QueueNote | None = None
-        self.schema: Any = None
+        self.executing = False
+        self.queued_note = None
+        self.schema = None
         self.kind = ""
         self.watch = False
-        self.forget_watch: Callable[[], None] | None = None
+        self.forget_watch = None
 
 
 class Queue:
@@ -128,7 +154,7 @@ class Queue:
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.waiting: deque[Request] = deque()
+        self.waiting: deque[SizedRequest] = deque()
         self.waiting_max_seats = 0
         self.waiting_work = 0
         self.next_dispatch_r = 0
@@ -176,6 +202,8 @@ class QueueSet:
         self._demand = 0
         # Finishing skips the dispatch pass when nothing waits (not while surplus queues drain).
         self._plain = False
+        self._fast = 0
+        self._hand_size = 0
         self.rejected = 0
         self.timed_out = 0
         self.set_configuration(config, 0, 1)
@@ -204,6 +232,9 @@ class QueueSet:
             self._hands = {}
         self.config = config
         self.dealer = dealer
+        self._hand_size = config.hand_size
+        # The kind of level `start_one` serves: 1 queuing, -1 exempt, 0 none (Reject; no shortcuts).
+        self._fast = 0 if not self.shortcuts or config.desired_queues == 0 else 1 if config.desired_queues > 0 else -1
         self.concurrency_limit = concurrency_limit
         qll = max(config.queue_length_limit, 1)
         if config.desired_queues > 0:
@@ -285,12 +316,12 @@ class QueueSet:
                 self.rejected += 1
                 stats.reject("concurrency-limit")
                 return None
-            request = Request(stats, work, self._total_work(work), self.current_r)
+            request = SizedRequest(stats, work, self._total_work(work), self.current_r)
             self._execute(request, None, now)
             self._settle(now)
             return request
         queue = self.queues[self._shuffle_shard(hash_value)]
-        request = Request(stats, work, self._total_work(work), self.current_r)
+        request = SizedRequest(stats, work, self._total_work(work), self.current_r)
         request.queue = queue
         if (
             self.shortcuts
@@ -323,35 +354,38 @@ class QueueSet:
         of a queuing level where nothing waits and a seat is free (what `_dispatch_at_once` does,
         inlined: this runs for nearly every request). None when it is not that case. The caller
         tells the waiting watermark that a queued level's request passed through its queue."""
-        desired = self.config.desired_queues
+        fast = self._fast
         seats = self.seats_in_use
-        if desired == 0 or (desired > 0 and (self.waiting_requests or seats >= self.concurrency_limit)) or not self.shortcuts:
+        if fast > 0:
+            if self.waiting_requests or seats >= self.concurrency_limit:
+                return None
+        elif not fast:
             return None
         now = self.clock()
-        elapsed = now - self.last_real
-        self.last_real = now
-        active = self._active_queues
         r = self.current_r
-        if active and elapsed > 0:
-            requested = self._seats_requested
-            limit = self.concurrency_limit
-            r = self.current_r = r + round((requested if requested < limit else limit) / active * elapsed * SS_SCALE)
-        request = _new_request(Request)
+        active = self._active_queues
+        if active:  # _sync_time, inlined
+            elapsed = now - self.last_real
+            if elapsed > 0:
+                requested = self._seats_requested
+                limit = self.concurrency_limit
+                r = self.current_r = r + round((requested if requested < limit else limit) / active * elapsed * SS_SCALE)
+        self.last_real = now
+        request = _new_request(Request)  # its queuing fields are the class's
         request.stats = stats
         request.initial_seats = request.max_seats = 1
         request.final_seats = 0
-        request.additional_latency = 0.0
-        request.total_work = _G_WORK
         request.arrival_r = r
         request.start = now
-        request.decided = request.queued_note = request.forget_watch = None
-        request.waiting = request.watch = False
+        request.forget_watch = None
+        request.watch = False
         request.executing = True
         stats.executing_requests += 1
         stats.executing_seats += 1
         executing = self.executing_requests = self.executing_requests + 1
         self.seats_in_use = seats = seats + 1
-        if desired < 0:  # exempt: no queue
+        m = self.metrics
+        if fast < 0:  # exempt: no queue
             request.queue = None
             stats.fast_exempt += 1
         else:
@@ -360,7 +394,7 @@ class QueueSet:
             if hand is None:
                 hand = self._deal(hash_value)
             enqueues = self.enqueues
-            queue = request.queue = self.queues[hand[enqueues % len(hand)]]
+            queue = request.queue = self.queues[hand[enqueues % self._hand_size]]
             self.enqueues = enqueues + 1
             before = queue.executing
             if before:
@@ -371,28 +405,30 @@ class QueueSet:
                 start = r
                 self._active_queues = active + 1
             self.robin_index = queue.index
-            discounted = start - queue.seats_in_use * _G_WORK
-            self.metrics.dispatch = (r, start, start, start, discounted, discounted)
+            in_use = queue.seats_in_use
+            discounted = start - in_use * _G_WORK
+            m.dispatch = (r, start, start, start, discounted, discounted)
             queue.executing = before + 1
-            queue.seats_in_use += 1
+            queue.seats_in_use = in_use + 1
             self._seats_requested += 1
             queue.next_dispatch_r = start + _G_WORK
-        # _settle, inlined (nothing waits: the demand is the seats in use)
-        m = self.metrics
+        # _settle, inlined (nothing waits: the demand is the seats in use, one more than it was)
         clock = m.state
         elapsed = now - clock.since
         if elapsed > 0:
             times = clock.times
             previous = clock.state
-            times[previous] = times.get(previous, 0.0) + elapsed
+            try:
+                times[previous] += elapsed
+            except KeyError:
+                times[previous] = elapsed
             clock.since = now
         clock.state = seats if executing == seats else (0, executing, seats, seats)  # level_state
-        if seats != self._demand:
-            self._demand = seats
-            if seats > m.demand_max:
-                m.demand_max = seats
-            if self.on_demand is not None:
-                self.on_demand(seats)
+        self._demand = seats
+        if seats > m.demand_max:
+            m.demand_max = seats
+        if self.on_demand is not None:
+            self.on_demand(seats)
         return request
 
     def _deal(self, hash_value: int) -> list[int]:
@@ -403,7 +439,7 @@ class QueueSet:
         return hand
 
     def _dispatch_at_once(
-        self, request: Request, queue: Queue, queued_note: QueueNote | None, now: float
+        self, request: SizedRequest, queue: Queue, queued_note: QueueNote | None, now: float
     ) -> None:
         """Enqueue and dispatch as one step (`enqueueToBoundLocked` then `dispatchLocked` finding this
         queue, the only one with a request waiting)."""
@@ -429,7 +465,7 @@ class QueueSet:
         queue.next_dispatch_r = start + request.total_work
 
     @staticmethod
-    def _shrink_final_seats(request: Request, limit: int) -> None:
+    def _shrink_final_seats(request: SizedRequest, limit: int) -> None:
         """Final seats beyond the limit: as many as the limit, for as long as keeps the work the same."""
         final_work = request.total_work - _G_WORK * request.initial_seats
         request.additional_latency = final_work / limit / SS_SCALE if limit > 0 else math.inf
@@ -463,7 +499,7 @@ class QueueSet:
                 best = index
         return best
 
-    def _enqueue(self, request: Request, queue: Queue, now: float) -> None:
+    def _enqueue(self, request: SizedRequest, queue: Queue, now: float) -> None:
         was_active = bool(queue.waiting) or queue.executing > 0
         if not was_active:
             queue.next_dispatch_r = self.current_r
@@ -483,7 +519,7 @@ class QueueSet:
         if request.queued_note is not None:
             request.queued_note.queued()
 
-    def _remove_waiting(self, request: Request, queue: Queue) -> None:
+    def _remove_waiting(self, request: SizedRequest, queue: Queue) -> None:
         """Take a waiting request out of its queue (dispatched or timed out)."""
         was_active = True
         if queue.waiting and queue.waiting[0] is request:
@@ -610,6 +646,7 @@ class QueueSet:
         """A queued request whose wait ended (its deadline, or the client went away): out of its queue."""
         if not request.waiting or request.queue is None:
             return
+        assert isinstance(request, SizedRequest)  # (only they wait)
         now = self.clock()
         self._sync_time(now)
         queue = request.queue
@@ -644,10 +681,10 @@ class QueueSet:
         if queue is None or not self._plain or request.final_seats or self.waiting_requests:
             self._finish(request, now)
             return
+        active = self._active_queues  # (its queue is one)
         elapsed = now - self.last_real
         self.last_real = now
-        active = self._active_queues
-        if active and elapsed > 0:
+        if elapsed > 0:
             requested = self._seats_requested
             limit = self.concurrency_limit
             self.current_r += round((requested if requested < limit else limit) / active * elapsed * SS_SCALE)
@@ -664,21 +701,24 @@ class QueueSet:
         self._seats_requested -= seats
         if not executing:
             self._active_queues = active - 1
+        # _settle, inlined (nothing waits: the demand is the seats in use, fewer than it was)
         m = self.metrics
         clock = m.state
         elapsed = now - clock.since
         if elapsed > 0:
             times = clock.times
             previous = clock.state
-            times[previous] = times.get(previous, 0.0) + elapsed
+            try:
+                times[previous] += elapsed
+            except KeyError:
+                times[previous] = elapsed
             clock.since = now
         clock.state = in_use if executing_requests == in_use else (0, executing_requests, in_use, in_use)
-        if in_use != self._demand:
-            self._demand = in_use
-            if in_use < m.demand_min:
-                m.demand_min = in_use
-            if self.on_demand is not None:
-                self.on_demand(in_use)
+        self._demand = in_use
+        if in_use < m.demand_min:
+            m.demand_min = in_use
+        if self.on_demand is not None:
+            self.on_demand(in_use)
 
     def _finish(self, request: Request, now: float) -> None:
         self._sync_time(now)

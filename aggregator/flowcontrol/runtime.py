@@ -2,7 +2,7 @@
 filter, and the periodic borrowing adjustment (`configController.Run`).
 
 Built by the composition root when `--enable-priority-and-fairness` is on (the default): its
-`gate` goes where max-in-flight would, its `delegated` gate last, `finished` among the finishers
+`gate` goes where max-in-flight would, `finished` among the finishers
 and `head_going_out` among the head listeners (`assembly.build_request_path`).
 """
 

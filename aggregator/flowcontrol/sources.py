@@ -47,7 +47,6 @@ from aggregator.sources.folder import FileFingerprint, FolderReader
 from aggregator.sources.manifests import flatten
 from aggregator.sources.problems import REFUSED, ManifestProblem
 from aggregator.sources.reflector import ListWatch, Reflector, paged_list
-from aggregator.util.backoff import Backoff
 from aggregator.util.logs import fields
 from aggregator.util.tasks import TaskSet
 
@@ -178,14 +177,7 @@ class _Collection:
 class KubeConfig(_Listeners):
     """The cluster's FlowSchemas and PriorityLevelConfigurations, listed and watched."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        *,
-        watch_timeout: float = 300.0,
-        backoff_initial: float = 0.5,
-        backoff_cap: float = 30.0,
-    ) -> None:
+    def __init__(self, client: KubeClient) -> None:
         super().__init__()
         # Until both kinds are listed, the mandatory configuration alone (upstream's controller
         # starts from it too).
@@ -194,13 +186,7 @@ class KubeConfig(_Listeners):
         self.levels = _Collection(PRIORITY_LEVEL, decode_priority_level, self._changed)
         self.schemas = _Collection(FLOW_SCHEMA, decode_flow_schema, self._changed)
         self.reflectors = [
-            Reflector(
-                client,
-                ListWatch(name, paged_list(list_call, name), watch_call),
-                target,
-                watch_timeout=watch_timeout,
-                backoff=Backoff(backoff_initial, backoff_cap),
-            )
+            Reflector(client, ListWatch(name, paged_list(list_call, name), watch_call), target)
             for name, list_call, watch_call, target in (
                 (
                     "prioritylevelconfigurations",

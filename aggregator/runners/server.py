@@ -27,7 +27,7 @@ from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
-from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap
+from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap, settle_heap_later
 from aggregator.web.certexpiry import SERVING
 from aggregator.web.connection import Connection
 from aggregator.web.http1.request import serve_http1
@@ -106,7 +106,7 @@ class GatewayServer:
         library = http2_library(config.serving)
         self.serving = serving_certificate(config, http2=library is not None)
         self.gateway = gateway or build_gateway(config)
-        self.gateway.metrics.certificate_expiry.follow(
+        self.gateway.metrics.exposition.certificate_expiry.follow(
             SERVING, lambda: (self.serving.cert_file, [self.serving.current.leaf])
         )
         # `--workers N`: every worker listens on the same port; the kernel spreads connections.
@@ -183,7 +183,7 @@ class GatewayServer:
         log.info(
             "serving",
             extra=fields(
-                mode="local" if self.config.local_mode else "kube",
+                mode="local" if self.config.source.local_mode else "kube",
                 address=f"https://{self.config.serving.bind_address}:{self.port}",
                 objects=self.config.source.apiservices_dir or self.config.source.kubeconfig or "in-cluster",
                 auth=", ".join(self.gateway.auth_summary) or "none configured",
@@ -273,7 +273,9 @@ async def serve(config: Config) -> int:
     server = GatewayServer(config)
     await server.start()
     settle_heap()
+    settling = asyncio.ensure_future(settle_heap_later())
     received = await signals.first()
+    settling.cancel()
     log.info("shutting down", extra=fields(signal=received))
     stopping = asyncio.ensure_future(
         shut_down(server, config.shutdown)

@@ -26,12 +26,13 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from aggregator.kube.calls import ApiCall
 from aggregator.kube.client import KubeAPIError, KubeClient, KubeError, describe_error
 from aggregator.util.backoff import Backoff
 from aggregator.util.logs import fields
+from aggregator.web.metrics import Families
 
 log = logging.getLogger(__name__)
 
@@ -124,14 +125,12 @@ class WatchMetrics:
     """How often the reflectors had to start a watch again, and to list everything again."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.restarts = Counter(
-            "aggregator_watch_restarts", "Watches restarted, by resource.", ["resource"], registry=registry
+        family = Families(registry)
+        self.restarts = family.counter(
+            "aggregator_watch_restarts", "Watches restarted, by resource.", ["resource"]
         )
-        self.relists = Counter(
-            "aggregator_watch_relists",
-            "Full relists (410 Gone or ERROR events), by resource.",
-            ["resource"],
-            registry=registry,
+        self.relists = family.counter(
+            "aggregator_watch_relists", "Full relists (410 Gone or ERROR events), by resource.", ["resource"]
         )
 
 

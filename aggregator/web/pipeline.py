@@ -28,14 +28,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from aggregator.tracing.api import RequestTracer
 from aggregator.util.logs import fields
 from aggregator.web.accesslog import CLIENT_GONE, AccessLog
 from aggregator.web.context import HeadListener, RequestContext
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Increments
+from aggregator.web.metrics import Families, Increments
 from aggregator.web.responses import status_response
 from aggregator.web.routing import Router
 from aggregator.web.serverrequest import Answer, Response, ServerRequest
@@ -59,11 +59,8 @@ class PipelineMetrics:
     route that served it (kube-apiserver's `apiserver_request_*` are `requestmetrics.py`'s)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter(
-            "aggregator_requests",
-            "Requests served, by route kind and HTTP code.",
-            ["route", "code"],
-            registry=registry,
+        self.requests = Families(registry).counter(
+            "aggregator_requests", "Requests served, by route kind and HTTP code.", ["route", "code"]
         )
 
 

@@ -104,6 +104,17 @@ class _Series:
     size: FastHistogram | None
 
 
+class KindCount:
+    """One request kind's count in an `InflightWatermark`: requests now, the most at once during the
+    current window, and what the last completed window published. Plain attributes: API Priority and
+    Fairness's request path moves them inline (`flowcontrol/filter.py`)."""
+
+    __slots__ = ("current", "mark", "published")
+
+    def __init__(self) -> None:
+        self.current = self.mark = self.published = 0
+
+
 class InflightWatermark:
     """`apiserver_current_inflight_requests{request_kind}`: the most requests of each kind executing
     at once during the last completed second.
@@ -112,7 +123,8 @@ class InflightWatermark:
     publishes the highest value recorded since the previous tick and resets it
     (maxinflight.go `requestWatermark`, `startWatermarkMaintenance`). Here the ticks are computed
     from the clock when something records or Prometheus scrapes, so no background task is needed;
-    as upstream, a second with nothing starting or ending publishes 0.
+    as upstream, a second with nothing starting or ending publishes 0. A caller that moves a
+    `KindCount` itself calls `tick` first once `window_end` has passed.
     """
 
     HELP = (
@@ -123,61 +135,59 @@ class InflightWatermark:
     def __init__(self, clock: Callable[[], float] = time.monotonic, period: float = 1.0) -> None:
         self._clock = clock
         self._period = period
-        self._current = {READ_ONLY_KIND: 0, MUTATING_KIND: 0}
-        self._mark = {READ_ONLY_KIND: 0, MUTATING_KIND: 0}
-        self._published = {READ_ONLY_KIND: 0, MUTATING_KIND: 0}
-        self._window_end = clock() + period
+        self.counts = {READ_ONLY_KIND: KindCount(), MUTATING_KIND: KindCount()}
+        self.window_end = clock() + period
 
-    def _tick(self, now: float) -> None:
-        if now < self._window_end:
+    def tick(self, now: float) -> None:
+        if now < self.window_end:
             return
-        windows = int((now - self._window_end) // self._period) + 1
+        windows = int((now - self.window_end) // self._period) + 1
         last_had_records = windows == 1
-        for kind, mark in self._mark.items():
-            self._published[kind] = mark if last_had_records else 0
-            self._mark[kind] = 0
-        self._window_end += windows * self._period
+        for count in self.counts.values():
+            count.published = count.mark if last_had_records else 0
+            count.mark = 0
+        self.window_end += windows * self._period
 
-    def _record(self, kind: str) -> None:
-        self._tick(self._clock())
-        value = self._current[kind]
-        if value > self._mark[kind]:
-            self._mark[kind] = value
+    def _record(self, count: KindCount) -> None:
+        self.tick(self._clock())
+        if count.current > count.mark:
+            count.mark = count.current
 
     def started(self, kind: str) -> None:
-        self._current[kind] += 1
-        self._record(kind)
+        count = self.counts[kind]
+        count.current += 1
+        self._record(count)
 
     def finished(self, kind: str) -> None:
-        self._current[kind] -= 1
-        self._record(kind)
+        count = self.counts[kind]
+        count.current -= 1
+        self._record(count)
 
     def moved(self, kind: str, delta: int, now: float | None = None) -> None:
         """`started` (delta 1) or `finished` (-1) in one call, at `now` when the caller has read the
-        clock already (API Priority and Fairness's request path)."""
-        current = self._current
-        value = current[kind] = current[kind] + delta
+        clock already."""
+        count = self.counts[kind]
+        value = count.current = count.current + delta
         if now is None:
             now = self._clock()
-        if now >= self._window_end:
-            self._tick(now)
-        mark = self._mark
-        if value > mark[kind]:
-            mark[kind] = value
+        if now >= self.window_end:
+            self.tick(now)
+        if value > count.mark:
+            count.mark = value
 
     def executing(self, kind: str) -> int:
         """Requests of `kind` executing now (what a max-in-flight limit compares with)."""
-        return self._current[kind]
+        return self.counts[kind].current
 
     def published(self, kind: str) -> int:
-        self._tick(self._clock())
-        return self._published[kind]
+        self.tick(self._clock())
+        return self.counts[kind].published
 
     def collect(self) -> Iterator[Metric]:
-        self._tick(self._clock())
+        self.tick(self._clock())
         family = GaugeMetricFamily("apiserver_current_inflight_requests", self.HELP, labels=["request_kind"])
         for kind in (READ_ONLY_KIND, MUTATING_KIND):
-            family.add_metric([kind], float(self._published[kind]))
+            family.add_metric([kind], float(self.counts[kind].published))
         yield family
 
 

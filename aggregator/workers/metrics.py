@@ -25,8 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
+
+from aggregator.web.metrics import Families
 
 SUMMED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 CONTROL = "control"
@@ -91,15 +93,13 @@ class WorkerMetrics:
 
     def __init__(self, count: int) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.workers = Gauge(
-            "aggregator_workers", "Worker processes serving the port (--workers).", registry=self.registry
-        )
+        family = Families(self.registry)
+        self.workers = family.gauge("aggregator_workers", "Worker processes serving the port (--workers).")
         self.workers.set(count)
-        self.restarts = Counter(
+        self.restarts = family.counter(
             "aggregator_worker_restarts",
             "Worker processes restarted after they died, by worker index.",
             [WORKER_LABEL],
-            registry=self.registry,
         )
         for worker in range(count):
             self.restarts.labels(str(worker))

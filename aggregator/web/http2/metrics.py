@@ -8,9 +8,9 @@ audit) are the same for both protocols: they are written by the one pipeline.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
-from aggregator.web.metrics import Children
+from aggregator.web.metrics import Children, Families
 
 # Why a GOAWAY was sent, the `reason` label (documented in docs/reference.md).
 GOAWAY_REASONS = (
@@ -34,20 +34,19 @@ GOAWAY_REASONS = (
 
 class ConnectionMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.connections = Counter(
+        family = Families(registry)
+        self.connections = family.counter(
             "aggregator_connections",
             "Client connections accepted, by the protocol TLS negotiated with ALPN (h2, http/1.1).",
             ["protocol"],
-            registry=registry,
         )
-        self.goaways = Counter(
+        self.goaways = family.counter(
             "aggregator_http2_goaways",
             "GOAWAY frames sent on HTTP/2 connections, by reason: shutdown, idle, connection_close, "
             "unauthenticated and client_goaway end a connection gracefully; the others are defences "
             "(rapid_reset, reset_flood, header_block, continuation_flood, settings, "
             "control_flood, control_queue, empty_frames) and protocol_error.",
             ["reason"],
-            registry=registry,
         )
         self._connections = Children(self.connections)
         self._goaways = Children(self.goaways)

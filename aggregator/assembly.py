@@ -110,7 +110,7 @@ from aggregator.web.health import ENDPOINTS, HealthChecks
 from aggregator.web.inflight import MaxInFlight
 from aggregator.web.instrumentation import RequestInstrumentation
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Children
+from aggregator.web.metrics import Increments
 from aggregator.web.options import RequestLimits
 from aggregator.web.paths import refuse_confusing_paths
 from aggregator.web.pipeline import Finisher, Gate, Pipeline
@@ -764,7 +764,7 @@ def build_request_path(
         finishers.append(tracer.finished)  # tracing hook: the request's span ends with its status
     pipeline = Pipeline(
         router,
-        Children(metrics.pipeline.requests),
+        Increments(metrics.pipeline.requests),
         access_lines,
         in_flight=forwarding.in_flight,
         timeouts=timeouts if timeouts.enabled else None,

@@ -33,6 +33,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.settings
+from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 
 from aggregator.web.http2 import nghttp2
@@ -108,19 +109,22 @@ class RawSession:
         self.binding = binding
         self.session = binding.new_session(H2Limits())
         self.queued: dict[int, bytes] = {}
-        self.array, self._data = Http2Serving(_never, H2Limits(), _metrics(), binding).arrays.pack(ANSWER)
+        answer = CIMultiDict((name.decode(), value.decode()) for name, value in ANSWER[1:])
+        # The serving's buffer holds the packed head: kept alive as long as the session uses it.
+        self.serving = Http2Serving(_never, H2Limits(), _metrics(), binding)
+        self.array, self.count, self._data, _close = self.serving.heads.pack(200, answer, len(BODY))
 
     def on_begin_headers(self, stream_id: int) -> int:
         return 0
 
-    def on_header(self, stream_id: int, name: bytes, value: bytes) -> int:
+    def on_header(self, stream_id: int, name: bytes, value: bytes, size: int) -> int:
         return 0
 
     def on_frame_recv(self, kind: int, flags: int, stream_id: int) -> int:
         if kind == nghttp2.HEADERS and flags & nghttp2.FLAG_END_STREAM:
             self.queued[stream_id] = BODY
             lib = self.binding.lib
-            lib.nghttp2_submit_response(self.session, stream_id, self.array, len(ANSWER), self.binding.data_provider)
+            lib.nghttp2_submit_response(self.session, stream_id, self.array, self.count, self.binding.data_provider)
         return 0
 
     def on_frame_send(self, kind: int, stream_id: int, frame: Any) -> int:

@@ -23,7 +23,9 @@ count includes the client's one TLS handshake, spread over `--requests`.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,10 +51,22 @@ class Count:
     label: str
     per_request: float  # instructions, net of the background work
     requests: int
+    # The same without the cyclic garbage collector's collections (`--net-gc`): a collection of the
+    # old generation costs about 11M instructions and lands in one run or another, so single
+    # rounds of the same tree differ by about 40k a request; this figure does not move with it.
+    without_gc: float | None = None
 
     def line(self, base: Count | None = None) -> str:
         ratio = f"   {self.per_request / base.per_request:.2f}x HTTP/1.1" if base is not None else ""
-        return f"{self.label:<32} {self.per_request / 1000:>7.0f}k instructions/request ({self.requests} requests){ratio}"
+        gc = ""
+        if self.without_gc is not None:
+            gc = f"; {self.without_gc / 1000:.0f}k net of GC collections"
+            if base is not None and base.without_gc:
+                gc += f", {self.without_gc / base.without_gc:.2f}x"
+        return (
+            f"{self.label:<32} {self.per_request / 1000:>7.0f}k instructions/request ({self.requests} requests)"
+            f"{ratio}{gc}"
+        )
 
 
 def h2load(url: str, requests: int, streams: int, *, http1: bool = False) -> int:
@@ -85,7 +99,14 @@ def h2load(url: str, requests: int, streams: int, *, http1: bool = False) -> int
 
 
 def counted(
-    pid: int, out: Path, label: str, send: Callable[[], int], dumps: list[int], warm: Callable[[], object] | None
+    pid: int,
+    out: Path,
+    label: str,
+    send: Callable[[], int],
+    dumps: list[int],
+    warm: Callable[[], object] | None,
+    keep: Path | None = None,
+    net_gc: bool = False,
 ) -> Count:
     """Instructions while `send` runs, net of as long a time with no requests. `warm` runs first,
     uncounted: 8 streams at once need 8 backend connections, and the gateway closes spare idle
@@ -106,13 +127,38 @@ def counted(
     busy_dump, idle_dump = dumps[0] + 1, dumps[0] + 2
     dumps[0] += 2
     busy, idle = _totals(Path(f"{out}.{busy_dump}")), _totals(Path(f"{out}.{idle_dump}"))
-    return Count(label, (busy - idle) / requests, requests)
+    without_gc = None
+    if net_gc:
+        busy_gc, idle_gc = _collections(Path(f"{out}.{busy_dump}")), _collections(Path(f"{out}.{idle_dump}"))
+        without_gc = ((busy - busy_gc) - (idle - idle_gc)) / requests
+    if keep is not None:  # for callgrind_annotate: the busy dump and the idle one after it
+        name = re.sub(r"[^A-Za-z0-9.]+", "-", label).strip("-")
+        shutil.copy(f"{out}.{busy_dump}", keep / f"{busy_dump:03d}-{name}.busy")
+        shutil.copy(f"{out}.{idle_dump}", keep / f"{busy_dump:03d}-{name}.idle")
+    return Count(label, (busy - idle) / requests, requests, without_gc)
+
+
+def _collections(dump: Path) -> int:
+    """The instructions of the cyclic garbage collector's collections in a dump (inclusive)."""
+    out = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(dump)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    costs = [
+        int(match.group(1).replace(",", ""))
+        for match in re.finditer(r"^\s*([\d,]+) \([^)]*\)\s+\S*:gc_collect_main\b", out, re.M)
+    ]
+    return max(costs, default=0)
 
 
 def median(counts: list[Count]) -> Count:
     ordered = sorted(counts, key=lambda count: count.per_request)
     middle = ordered[len(ordered) // 2]
-    return Count(middle.label, middle.per_request, sum(count.requests for count in counts))
+    without = sorted(count.without_gc for count in counts if count.without_gc is not None)
+    without_gc = without[len(without) // 2] if without else None
+    return Count(middle.label, middle.per_request, sum(count.requests for count in counts), without_gc)
 
 
 def main() -> int:
@@ -120,7 +166,35 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400, help="requests per run")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is printed")
     parser.add_argument("--path", choices=["version", "proxied", "both"], default="both")
+    parser.add_argument("--keep", type=Path, help="a folder to keep callgrind's dumps in (callgrind_annotate)")
+    parser.add_argument(
+        "--net-gc",
+        action="store_true",
+        help="also print each figure without the garbage collector's collections (callgrind_annotate on each dump)",
+    )
+    parser.add_argument(
+        "--baseline-src",
+        help="another checkout (e.g. before a change) whose gateway is measured too, in alternating rounds",
+    )
     args = parser.parse_args()
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    trees: list[tuple[str, str | None]] = [("", None)]
+    if args.baseline_src:
+        trees = [("baseline ", args.baseline_src), ("", None)]
+    results: list[tuple[str, list[Count]]] = []
+    for tree, src in trees:
+        if src is None:
+            os.environ.pop("BENCH_GATEWAY_SRC", None)
+        else:
+            os.environ["BENCH_GATEWAY_SRC"] = src
+        results += measure(args, tree)
+    report(results, args.requests, args.rounds)
+    return 0
+
+
+def measure(args: argparse.Namespace, tree: str) -> list[tuple[str, list[Count]]]:
+    """Every path's three clients, alternating over `args.rounds`, against one gateway process."""
     requests = args.requests
     paths = [("/version", "/version"), ("proxied GET", PATH)]
     if args.path != "both":
@@ -162,15 +236,20 @@ def main() -> int:
                 rounds: list[list[Count]] = [[] for _ in clients]
                 for round_ in range(args.rounds):
                     for index, (label, send, warm) in enumerate(clients):
-                        run = counted(gw.pid, out, label, send, dumps, warm)
+                        run = counted(gw.pid, out, f"{tree}{name} {label}", send, dumps, warm, args.keep, args.net_gc)
+                        run = Count(label, run.per_request, run.requests, run.without_gc)
                         rounds[index].append(run)
                         base = rounds[0][-1]
-                        print(f"{name} round {round_ + 1}: {run.line(base if index else None)}", flush=True)
-                results.append((name, [median(runs) for runs in rounds]))
+                        print(f"{tree}{name} round {round_ + 1}: {run.line(base if index else None)}", flush=True)
+                results.append((f"{tree}{name}", [median(runs) for runs in rounds]))
+    return results
+
+
+def report(results: list[tuple[str, list[Count]]], requests: int, rounds: int) -> None:
     print(
         f"\nOne gateway process under callgrind, bearer-token callers, one connection, {requests} requests per run,"
     )
-    print(f"median of {args.rounds} alternating rounds")
+    print(f"median of {rounds} alternating rounds")
     worst = 0.0
     for name, runs in results:
         print(f"\n{name}")
@@ -178,9 +257,9 @@ def main() -> int:
         print(h1.line())
         for run in runs[1:]:
             print(run.line(h1))
-            worst = max(worst, run.per_request / h1.per_request)
+            if not name.startswith("baseline "):
+                worst = max(worst, run.per_request / h1.per_request)
     print(f"\nworst HTTP/2 instructions per request: {worst:.2f}x HTTP/1.1's (target <= {TARGET}x)")
-    return 0
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ class _Presented:
     intermediates: tuple[bytes, ...]
     key: bytes
     verified: ClientCertificate | None = None
-    user: UserInfo | None = None
+    user: _Authenticated | None = None  # `verified`'s user, system:authenticated added
 
 
 _NOTHING = _Presented(b"", (), b"")
@@ -190,37 +190,42 @@ class Authenticator:
         if presented is _NOTHING:
             return None
         der, intermediates, key = presented.der, presented.intermediates, presented.key
+        # Why the front proxy did not vouch for the caller: told (in `errors`) only when the client
+        # CA does not either, so a client certificate's request formats nothing.
+        proxy_problem: Rejection | str | None = None
         front_proxy = self.requestheader()
         if front_proxy is not None:
             proxy_cert = front_proxy.pool.check(der, intermediates=intermediates, key=key)
             if isinstance(proxy_cert, Rejection):
-                errors.append(f"front-proxy certificate: {proxy_cert.message}")
+                proxy_problem = proxy_cert
             elif front_proxy.allowed_names and proxy_cert.common_name not in front_proxy.allowed_names:
-                errors.append(
-                    f"front-proxy certificate: x509: subject with cn={proxy_cert.common_name} is not in "
-                    "the allowed list"
+                proxy_problem = (
+                    f"x509: subject with cn={proxy_cert.common_name} is not in the allowed list"
                 )
             else:
                 asserted = user_from_headers(ctx.headers, front_proxy)
                 if asserted is not None:
                     return _Authenticated(asserted, complete=False)
         pool = self.client_ca()
-        if pool is not None:
-            cert = pool.check(der, intermediates=intermediates, key=key)
-            if isinstance(cert, Rejection):
-                # x509.go `Authenticator.AuthenticateRequest` wraps the crypto/x509 error this way.
-                errors.append(
-                    f"client certificate: verifying certificate {cert.certificate} failed: {cert.message}"
-                )
-            else:
-                if presented.verified is not cert or presented.user is None:
-                    presented.verified = cert
-                    presented.user = UserInfo(
+        cert = pool.check(der, intermediates=intermediates, key=key) if pool is not None else None
+        if cert is not None and not isinstance(cert, Rejection):
+            if presented.verified is not cert or presented.user is None:
+                presented.verified = cert
+                presented.user = _Authenticated(
+                    UserInfo(
                         cert.common_name,
                         groups=cert.organizations,
                         extra={CREDENTIAL_ID_KEY: (f"X509SHA256={cert.sha256}",)},
-                    ).with_authenticated_group()
-                return _Authenticated(presented.user, complete=True)
+                    ).with_authenticated_group(),
+                    complete=True,
+                )
+            return presented.user
+        if proxy_problem is not None:
+            message = proxy_problem.message if isinstance(proxy_problem, Rejection) else proxy_problem
+            errors.append(f"front-proxy certificate: {message}")
+        if cert is not None:
+            # x509.go `Authenticator.AuthenticateRequest` wraps the crypto/x509 error this way.
+            errors.append(f"client certificate: verifying certificate {cert.certificate} failed: {cert.message}")
         return None
 
     @staticmethod

@@ -371,9 +371,11 @@ class DiscoveryProbe:
                 failed += 1
                 last = result
         finally:
-            for task in tasks:
+            pending = [task for task in tasks if not task.done()]
+            for task in pending:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            if pending:  # (a healthy backend's one attempt is done: no gather, no extra turn of the loop)
+                await asyncio.gather(*pending, return_exceptions=True)
         return last, failed
 
     def _spread(self, svc: APIService) -> list[Target]:

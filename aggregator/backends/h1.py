@@ -84,21 +84,21 @@ def serialize_head(method: str, target: str, headers: Iterable[tuple[str, str]])
     break or space would let the backend read a request other than the one the gateway authorized
     (UnsafeHead: the request fails, nothing is sent).
     """
-    parts = [f"{method} {target} HTTP/1.1\r\n"]
-    parts.extend(f"{name}: {value}\r\n" for name, value in headers)
-    parts.append("\r\n")
-    text = "".join(parts)
-    lines = len(parts)
+    lines = [f"{method} {target} HTTP/1.1", *[f"{name}: {value}" for name, value in headers]]
+    # The lines without their terminators, searched for CR, LF and NUL by memchr: a third of the
+    # cost of counting the line breaks of the whole head.
+    joined = "".join(lines)
     if (
-        text.count("\n") != lines
-        or text.count("\r") != lines
-        or "\0" in text
+        "\n" in joined
+        or "\r" in joined
+        or "\0" in joined
         or not (method.isprintable() and target.isprintable())
         or " " in method
         or " " in target
     ):
         raise UnsafeHead(f"refusing to forward a request head with line breaks or whitespace: {method} {target!r}")
-    return text.encode("utf-8", "surrogateescape")
+    lines.append("\r\n")  # the empty line that ends the head
+    return "\r\n".join(lines).encode("utf-8", "surrogateescape")
 
 
 class NotWritten(ConnectionError):
@@ -228,8 +228,8 @@ class IdleConnections:
 
     def expire_at(self, protocol: ResponseHandler, deadline: float) -> None:
         """Close `protocol` at `deadline` (monotonic seconds) unless it is taken before."""
-        if protocol not in self._order:
-            return
+        if protocol not in self._order or self._deadline.get(protocol) == deadline:
+            return  # not idle, or already due then (a spare is told its deadline on every release)
         self._deadline[protocol] = deadline
         heapq.heappush(self._heap, (deadline, next(self._seq), protocol))
         if len(self._heap) > 64 and len(self._heap) > 2 * len(self._deadline):

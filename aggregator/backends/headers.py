@@ -121,6 +121,9 @@ class IdentityHeaderPolicy:
     _identities: dict[tuple[int, bool], tuple[UserInfo, list[tuple[str, str]]]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # What `forwarded_headers` decides of an inbound name before looking at its value, by name as
+    # sent (clients send the same few names on every request): see `verdict`.
+    _verdicts: dict[str, tuple[str, bool, bool]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -162,6 +165,19 @@ class IdentityHeaderPolicy:
             self._identities.clear()
         self._identities[key] = (user, lines)
         return lines
+
+    def verdict(self, name: str) -> tuple[str, bool, bool]:
+        """An inbound header name's `dashed` form, and whether it never goes on (hop-by-hop,
+        identity, or set by the gateway itself) without and with the `X-Forwarded-*` headers."""
+        known = self._verdicts.get(name)
+        if known is not None:
+            return known
+        lowered = dashed(name)
+        never = lowered in HOP_BY_HOP or lowered in self.names or lowered.startswith(self.prefixes)
+        verdict = (lowered, never or lowered in _REPLACED, never or lowered in _REPLACED_FORWARDED)
+        if len(self._verdicts) < 4096:
+            self._verdicts[name] = verdict
+        return verdict
 
     def extra_header(self, prefix: str, key: str) -> str:
         cache_key = (prefix, key)
@@ -353,37 +369,33 @@ def forwarded_headers(
     body follows unasked.
     """
     # Each name once, `dashed`: a look-alike is dropped like the header it imitates (module docstring).
-    pairs = [(name, value, name.lower().replace("_", "-")) for name, value in inbound]  # `dashed`, inlined
-    hop_by_hop = HOP_BY_HOP
+    verdicts = policy._verdicts
+    never = 2 if forwarded_uri is not None else 1  # which of the verdicts applies
     dropped: frozenset[str] = frozenset()
     forwarded_for: list[str] = []
-    for _name, value, lowered in pairs:
+    kept: list[tuple[str, str, str]] = []
+    for name, value in inbound:
+        verdict = verdicts.get(name) or policy.verdict(name)
+        lowered = verdict[0]
         if lowered == "connection":
             dropped = dropped | connection_tokens((value,))
         elif lowered == "x-forwarded-for":
             forwarded_for.append(value)
+        if not verdict[never]:
+            kept.append((name, value, lowered))
     if "x-forwarded-for" in dropped:  # hop-by-hop here: Go's ReverseProxy removes it before appending
         forwarded_for = []
-    names = policy.names
-    prefixes = policy.prefixes
-    replaced = _REPLACED_FORWARDED if forwarded_uri is not None else _REPLACED
     out: list[tuple[str, str]] = []
-    for name, value, lowered in pairs:
-        if (
-            lowered in hop_by_hop
-            or lowered in names
-            or lowered.startswith(prefixes)
-            or lowered in replaced
-            or lowered in dropped
-        ):
+    for name, value, lowered in kept:
+        if lowered in dropped:
             continue
         if lowered == "sec-websocket-protocol" and BEARER_PROTOCOL_PREFIX in value:
             # Upstream removes the entry only when it authenticated the caller; a credential never
             # goes on here, whoever the caller turned out to be.
-            kept = without_token_protocols(value)
-            if kept is None:
+            kept_value = without_token_protocols(value)
+            if kept_value is None:
                 continue
-            value = kept
+            value = kept_value
         out.append((name, value))
     out.append(("Host", authority))
     if user is not None:
@@ -424,16 +436,10 @@ def request_headers(
 def response_headers(upstream: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
     """A backend response's headers minus hop-by-hop (and `Connection`-named) and CORS headers."""
     pairs = list(upstream)
-    if not any(name.lower() in _RESPONSE_DROPPED for name, _value in pairs):
-        return CIMultiDict(pairs)  # the common case: nothing to drop
-    dropped: frozenset[str] = frozenset()
-    for name, value in pairs:
-        if name.lower() == "connection":
-            dropped = dropped | connection_tokens((value,))
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in pairs:
-        lowered = name.lower()
-        if lowered in HOP_BY_HOP or lowered in CORS_RESPONSE or lowered in dropped:
-            continue
-        out.add(name, value)
-    return out
+    kept = [(name, value) for name, value in pairs if name.lower() not in _RESPONSE_DROPPED]
+    if len(kept) < len(pairs):
+        # `Connection` may name more (after or before it): those go too.
+        named = connection_tokens(value for name, value in pairs if name.lower() == "connection")
+        if not named <= _RESPONSE_DROPPED:
+            kept = [(name, value) for name, value in kept if name.lower() not in named]
+    return CIMultiDict(kept)

@@ -26,7 +26,7 @@ from aggregator.backends.backend import Address, Backend
 from aggregator.backends.client_cert import ProxyClientCertificate
 from aggregator.backends.errors import BackendError, Hop
 from aggregator.backends.h1 import IdleConnections
-from aggregator.backends.headers import IdentityHeaderPolicy, LiveIdentityPolicy, request_headers
+from aggregator.backends.headers import IdentityHeaderPolicy, LiveIdentityPolicy, forwarded_headers
 from aggregator.backends.metrics import BackendMetrics
 from aggregator.backends.tls import TLSSettings, client_context
 from aggregator.contracts import FetchedResponse
@@ -206,9 +206,7 @@ class BackendRegistry:
         if backend.error is not None or backend.context is None:
             raise BackendError(Hop.TRANSPORT, backend.error or "no TLS context")
         def head() -> Iterable[tuple[str, str]]:
-            return request_headers(
-                headers.items(), user, self.policy, authority=target.authority, hop=self.hop
-            ).items()
+            return forwarded_headers(headers.items(), user, self.policy, authority=target.authority, hop=self.hop)
 
         try:
             return await backend.get(address_of(target), path, head, max_body=max_body)

@@ -77,6 +77,9 @@ class LegacyDiscovery:
     Spec changes of an APIService re-render its group's APIGroup at once (a few members) and mark
     the whole list stale; the list is re-rendered once per burst of changes (`Throttled`), or on
     the next read if that comes first. Status-only changes (availability verdicts) touch neither.
+    Until the list is first read, nothing is rendered ahead: the control process of `--workers N`
+    serves no request, and rendering 5000 groups on every change held up its event loop (the
+    checks of the APIService just added among them) for a few hundred milliseconds each time.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class LegacyDiscovery:
         # None: every version of the group is quarantined (registered, but not listed).
         self._groups: dict[str, Rendered | None] = {}
         self._group_list: Rendered | None = None
+        self._read = False  # the list was asked for: re-render it ahead from now on
         self.rebuilds = 0
         self._render = Throttled(self._render_group_list, interval=interval, name="legacy-discovery")
         for svc in store.apiservices():
@@ -107,8 +111,12 @@ class LegacyDiscovery:
             changed.add(self._add(new))
         for group in changed:
             self._render_group(group)
+        self._stale()
+
+    def _stale(self) -> None:
         self._group_list = None
-        self._render.request()
+        if self._read:
+            self._render.request()
 
     def _add(self, svc: APIService) -> str:
         if svc.group:
@@ -128,8 +136,7 @@ class LegacyDiscovery:
         svc = self.store.apiservice(name)
         if svc is not None and svc.group:
             self._render_group(svc.group)
-        self._group_list = None
-        self._render.request()
+        self._stale()
 
     def _hidden(self) -> frozenset[str]:
         return self.quarantine.quarantined if self.quarantine is not None else frozenset()
@@ -159,6 +166,7 @@ class LegacyDiscovery:
         return group in self._members
 
     def group_list(self) -> Rendered:
+        self._read = True
         self._render_group_list()
         assert self._group_list is not None
         return self._group_list

@@ -145,11 +145,17 @@ def render_v3_index(documents: Mapping[str, Document]) -> bytes:
     return go_marshal(
         {
             "paths": {
-                key: {"serverRelativeURL": f"{V3_ROOT}/{key}?{urlencode({'hash': documents[key].etag})}"}
+                key: {"serverRelativeURL": f"{V3_ROOT}/{key}?{_hash_query(documents[key].etag)}"}
                 for key in sorted(documents)
             }
         }
     )
+
+
+def _hash_query(etag: str) -> str:
+    """`hash=<etag>`, form-encoded (a hex digest, as every rendered document's is, needs no encoding:
+    the index of 5000 group-versions is rendered on every change, and `urlencode` was most of it)."""
+    return f"hash={etag}" if etag.isascii() and etag.isalnum() else urlencode({"hash": etag})
 
 
 def build_v2(inputs: Sequence[V2Input]) -> V2Published:

@@ -23,7 +23,9 @@ user here is the impersonated one, and no `Impersonate-*` header reaches the bac
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
 from aggregator.backends.addresses import PendingLookup
 from aggregator.backends.bounds import read_bounds
@@ -83,11 +85,12 @@ class ServedAPIService:
             long_running=read_bounds(svc.annotations).long_running,
         )
 
-    async def serve_discovery(self, ctx: RequestContext) -> Answer:
-        return await self.proxy.serve(self, ctx, discovery=True)
+    # The routes' handlers: the proxy's coroutine itself, without one of their own around it.
+    def serve_discovery(self, ctx: RequestContext) -> Coroutine[Any, Any, Answer]:
+        return self.proxy.serve(self, ctx, discovery=True)
 
-    async def serve_resource(self, ctx: RequestContext) -> Answer:
-        return await self.proxy.serve(self, ctx, discovery=False)
+    def serve_resource(self, ctx: RequestContext) -> Coroutine[Any, Any, Answer]:
+        return self.proxy.serve(self, ctx, discovery=False)
 
 
 @dataclass(eq=False)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aggregator.backends.backend import Address, Backend
 from aggregator.backends.headers import LiveIdentityPolicy
+from aggregator.util.hostport import join_host_port
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,14 +28,15 @@ class Destination:
     pass_redirects: bool = False
     hop: str | None = None  # this gateway's loop mark (`backends/hops.py`)
 
+    # `host:port` (an IPv6 host in brackets): read by every proxied request, so made once.
+    authority: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "authority", join_host_port(self.host, self.port))
+
     @property
     def address(self) -> Address:
         return Address(self.host, self.port, self.server_name)
-
-    @property
-    def authority(self) -> str:
-        # `util/hostport.join_host_port` inlined: read on every proxied request (log field, metrics).
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
 
 import aiohttp
@@ -43,7 +43,7 @@ from aggregator.util.logs import fields
 from aggregator.web.accesslog import RETRIED
 from aggregator.web.context import RequestContext
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Children
+from aggregator.web.metrics import Increments, Observers
 from aggregator.web.responses import status_response
 from aggregator.web.serverrequest import Answer, Response, StreamedResponse
 from aggregator.wire.redirects import (
@@ -104,12 +104,37 @@ class _Attempts:
     endpoint: Endpoint | None
     endpoints: Endpoints | None
     bounds: Bounds
-    head_for: Callable[[Destination], bytes]
-    head: bytes  # `head_for(dest)`, written again when a retry goes to another endpoint
+    user: UserInfo
+    raw_path: str  # the request target as the backend gets it, after the destination's base path
     chunked: bool
     metrics: EndpointMetrics | None = None
     tries: int = field(default=0, init=False)
     sent: float = field(default=0.0, init=False)
+    # `head_for(dest)`, made again when a retry goes to another endpoint (UnsafeHead: refused).
+    head: bytes = field(default=b"", init=False)
+
+    def __post_init__(self) -> None:
+        self.head = self.head_for(self.dest)
+
+    def head_for(self, dest: Destination) -> bytes:
+        """The request head for `dest` (a method, not a closure: no cells to allocate per request)."""
+        ctx = self.ctx
+        span = ctx.span
+        raw_path = self.raw_path
+        headers = forwarded_headers(
+            ctx.headers.items() if span is None else span.outgoing(ctx.headers.items()),
+            self.user,
+            dest.identity.current(),
+            authority=dest.authority,
+            client_ip=ctx.remote,
+            forwarded_uri=forwarded_uri(raw_path),
+            impersonate=dest.impersonate,
+            extra=dest.credentials,
+            hop=dest.hop,
+        )
+        if self.chunked:
+            headers.append(("Transfer-Encoding", "chunked"))
+        return serialize_head(ctx.method, dest.base_path + raw_path, headers)
 
     def begin(self) -> None:
         endpoint = self.endpoint
@@ -204,8 +229,8 @@ class Forwarder:
 
     def __post_init__(self) -> None:
         # `aggregator_proxy_requests_total{apiservice, verb, code}` and the duration histogram.
-        self._requests = Children(self.metrics.requests)
-        self._durations = Children(self.metrics.duration)
+        self._requests = Increments(self.metrics.requests)
+        self._durations = Observers(self.metrics.duration)
         # Per APIService and endpoint (the delegate's requests are not counted there).
         self.endpoint_metrics = self.metrics.endpoints
 
@@ -244,23 +269,6 @@ class Forwarder:
         span = ctx.span
         if span is not None:  # tracing hook: the proxied call's span, whose traceparent the backend gets
             span.proxy_started(dest.name, dest.authority, ctx.method, f"https://{dest.authority}{dest.base_path}{raw_path}")
-
-        def head_for(dest: Destination) -> bytes:
-            headers = forwarded_headers(
-                ctx.headers.items() if span is None else span.outgoing(ctx.headers.items()),
-                user,
-                dest.identity.current(),
-                authority=dest.authority,
-                client_ip=ctx.remote,
-                forwarded_uri=forwarded_uri(raw_path),
-                impersonate=dest.impersonate,
-                extra=dest.credentials,
-                hop=dest.hop,
-            )
-            if chunked:
-                headers.append(("Transfer-Encoding", "chunked"))
-            return serialize_head(ctx.method, dest.base_path + raw_path, headers)
-
         verb = verb_of(ctx)
         name = dest.name
         deadline = None
@@ -276,8 +284,8 @@ class Forwarder:
                 endpoint,
                 endpoints,
                 bounds,
-                head_for,
-                head_for(dest),
+                user,
+                raw_path,
                 chunked,
                 self.endpoint_metrics if endpoint is not None else None,
             )
@@ -290,9 +298,14 @@ class Forwarder:
                 if deadline_seconds:
                     deadline = now + deadline_seconds
                 async with asyncio.timeout_at(now + limit):
-                    exchange, message, payload = await self._attempts(attempts)
+                    answered = await self._attempt(attempts)
+                    if isinstance(answered, _Failure):
+                        answered = await self._retried(attempts, answered)
             else:
-                exchange, message, payload = await self._attempts(attempts)
+                answered = await self._attempt(attempts)
+                if isinstance(answered, _Failure):
+                    answered = await self._retried(attempts, answered)
+            exchange, message, payload = answered
         except TimeoutError:
             attempts.timed_out()
             if limit == header_timeout and header_timeout is not None:
@@ -310,17 +323,21 @@ class Forwarder:
             exchange.finish()
             attempts.done()
 
-    async def _attempts(self, attempts: _Attempts) -> tuple[Exchange, RawResponseMessage, StreamReader]:
-        """The request, sent once, or twice when the first attempt failed in a way that makes a
-        second one safe (`_Attempts.retry_reason`); raises the last failure in Go's words."""
+    async def _retried(
+        self, attempts: _Attempts, failure: _Failure
+    ) -> tuple[Exchange, RawResponseMessage, StreamReader]:
+        """After a failed first attempt (`send` makes it itself: most succeed), the request sent
+        again when the failure makes a second attempt safe (`_Attempts.retry_reason`); raises
+        the last failure in Go's words."""
         while True:
-            failure = await self._attempt(attempts)
-            if isinstance(failure, tuple):
-                return failure
             reason = attempts.retry_reason(failure)
             if reason is None:
                 raise failure.error
             attempts.retry(failure, reason)
+            answered = await self._attempt(attempts)
+            if not isinstance(answered, _Failure):
+                return answered
+            failure = answered
 
     async def _attempt(
         self, attempts: _Attempts
@@ -554,4 +571,4 @@ class Forwarder:
         log.warning(message, extra=fields(**values))
 
     def count(self, name: str, verb: str, code: int) -> None:
-        self._requests(name, verb, code).inc()
+        self._requests(name, verb, code)(1)

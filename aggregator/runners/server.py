@@ -27,7 +27,7 @@ from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
-from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap
+from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap, settle_heap_later
 from aggregator.web.certexpiry import SERVING
 from aggregator.web.connection import Connection
 from aggregator.web.http1.request import serve_http1
@@ -273,7 +273,9 @@ async def serve(config: Config) -> int:
     server = GatewayServer(config)
     await server.start()
     settle_heap()
+    settling = asyncio.ensure_future(settle_heap_later())
     received = await signals.first()
+    settling.cancel()
     log.info("shutting down", extra=fields(signal=received))
     stopping = asyncio.ensure_future(
         shut_down(server, config.shutdown)

@@ -37,7 +37,7 @@ from aggregator.util.backoff import exponential_delay
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
 from aggregator.util.memory import map_large_allocations
-from aggregator.util.runtime import TerminationSignals, new_event_loop
+from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap, settle_heap_later
 from aggregator.util.tasks import TaskSet
 from aggregator.web.certexpiry import SERVING
 from aggregator.workers.channel import Channel
@@ -141,6 +141,10 @@ class Supervisor:
                 control_pid=os.getpid(),
             ),
         )
+        # The control's state is loaded and its workers run: out of the collector's reach, now and
+        # once its first checks and fetches have landed (it was the last process without this).
+        settle_heap()
+        self._tasks.spawn(settle_heap_later(), name="settle-heap")
 
     async def _spawn(self, worker: _Worker) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -24,6 +24,7 @@ involved crosses a validity boundary, so a keep-alive client costs one hash and 
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import hashlib
 import logging
@@ -33,7 +34,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cachetools import LRUCache
 from cryptography import x509
 from cryptography.x509.oid import ExtensionOID, NameOID
 from cryptography.x509.verification import Store, VerificationError
@@ -47,6 +47,8 @@ from aggregator.util.logs import fields
 log = logging.getLogger(__name__)
 
 UNSUPPORTED = "x509: certificate not supported by this verifier: "
+# Verdicts kept per CA file: one per distinct chain presented (clients choose them: bounded).
+_CACHED_CHAINS = 4096
 
 
 class CertificateError(Exception):
@@ -145,7 +147,9 @@ class CAPool:
             self._by_subject.setdefault(anchor.subject.public_bytes(), []).append(anchor)
         self._store = Store(self.anchors)
         self._policy = policy or ClientChainPolicy()
-        self._cache: LRUCache[bytes, _Verdict] = LRUCache(maxsize=4096)
+        # The verdicts of recent chains, least recently used first: an OrderedDict rather than
+        # cachetools' LRUCache, whose get is four Python calls on every request with a certificate.
+        self._cache: collections.OrderedDict[bytes, _Verdict] = collections.OrderedDict()
 
     def check(
         self,
@@ -165,14 +169,19 @@ class CAPool:
         ts = time.time() if now is None else now
         if key is None:
             key = chain_key(der, intermediates)
-        verdict = self._cache.get(key)
+        cache = self._cache
+        verdict = cache.get(key)
+        if verdict is not None:
+            cache.move_to_end(key)
         if verdict is None or not verdict.since <= ts < verdict.until:
             try:
                 verdict = self._verify(der, intermediates, ts)
             except Exception as err:  # a certificate nothing here can read is refused, never a 500
                 log.warning("client certificate not verifiable", extra=fields(reason=repr(err)))
                 verdict = _Verdict(Rejection(f"x509: {err}"), -math.inf, math.inf)
-            self._cache[key] = verdict
+            cache[key] = verdict
+            if len(cache) > _CACHED_CHAINS:
+                cache.popitem(last=False)
         outcome = verdict.outcome
         if isinstance(outcome, gox509.Expired):
             return Rejection(outcome.render(ts), verdict.certificate)

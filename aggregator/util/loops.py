@@ -210,7 +210,10 @@ class KeyedLoops(Generic[K]):
                 heapq.heappop(heap)
                 entry.running, entry.due = True, None
                 self._active += 1
-                self._runs[key] = self._tasks.spawn(self._run(key, entry), name=str(key))
+                # A task named after its key, when the key is a name: `str` of a tuple key (an
+                # OpenAPI source's, which holds its caBundle) would write kilobytes per run.
+                name = key if isinstance(key, str) else "run"
+                self._runs[key] = self._tasks.spawn(self._run(key, entry), name=name)
             if self._heap and self._active < self.concurrency:
                 self._wake_at(self._heap[0][1])
             if not self._woken:

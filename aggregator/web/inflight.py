@@ -68,7 +68,7 @@ class MaxInFlight:
         kind = request_kind(info)
         limit = self.limits[kind]
         if limit == 0 or self._watermark.executing(kind) < limit:
-            self._watermark.started(kind)
+            self._watermark.moved(kind, 1)  # `started` in one call
             INFLIGHT_KIND.set(ctx, kind)
             return None
         user = ctx.user
@@ -84,7 +84,7 @@ class MaxInFlight:
         kind = INFLIGHT_KIND.get(ctx)
         if kind is not None:
             del ctx.values[INFLIGHT_KIND]
-            self._watermark.finished(kind)
+            self._watermark.moved(kind, -1)  # `finished` in one call
 
     def _log(self, kind: str, limit: int) -> None:
         """One line per 10 s however many are refused: a flood must not become a log flood."""

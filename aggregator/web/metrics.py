@@ -24,7 +24,8 @@ of the gateway's own calls it `apiservice`, as kube-aggregator's newer metrics d
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import enum
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import (
@@ -41,6 +42,7 @@ from prometheus_client.exposition import choose_encoder
 
 from aggregator.web.certexpiry import CertificateExpiry
 from aggregator.web.context import RequestContext
+from aggregator.web.fastmetrics import FastHistogram, fast_inc
 from aggregator.web.serverrequest import Response
 from aggregator.web.version import version_info
 
@@ -71,6 +73,38 @@ class Children(Generic[M]):
         self._children.pop(values, None)
         with contextlib.suppress(KeyError):
             self.metric.remove(*(str(v) for v in values))
+
+
+class Increments:
+    """The bound increments (`fast_inc`) of one counter's children, each looked up once: what the
+    request path counts with (`Children` for everything else)."""
+
+    def __init__(self, metric: Counter) -> None:
+        self._children = Children(metric)
+        self._incs: dict[tuple[str | int | enum.Enum, ...], Callable[[float], None]] = {}
+
+    def __call__(self, *values: str | int | enum.Enum) -> Callable[[float], None]:
+        """The increment of the child labelled `values`; an enum member is labelled with its
+        value (looked up once: `Enum.value` is a Python property, too dear on every request)."""
+        inc = self._incs.get(values)
+        if inc is None:
+            labels = (value.value if isinstance(value, enum.Enum) else value for value in values)
+            inc = self._incs[values] = fast_inc(self._children(*labels))
+        return inc
+
+
+class Observers:
+    """The bound observes (`FastHistogram`) of one histogram's children, each looked up once."""
+
+    def __init__(self, metric: Histogram) -> None:
+        self._children = Children(metric)
+        self._observers: dict[tuple[str | int, ...], FastHistogram] = {}
+
+    def __call__(self, *values: str | int) -> FastHistogram:
+        observer = self._observers.get(values)
+        if observer is None:
+            observer = self._observers[values] = FastHistogram(self._children(*values))
+        return observer
 
 
 class Families:

@@ -28,14 +28,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from aggregator.tracing.api import RequestTracer
 from aggregator.util.logs import fields
 from aggregator.web.accesslog import CLIENT_GONE, AccessLog
 from aggregator.web.context import HeadListener, RequestContext
 from aggregator.web.longrunning import InFlight
-from aggregator.web.metrics import Children, Families
+from aggregator.web.metrics import Families, Increments
 from aggregator.web.responses import status_response
 from aggregator.web.routing import Router
 from aggregator.web.serverrequest import Answer, Response, ServerRequest
@@ -71,7 +71,7 @@ class Pipeline:
 
     router: Router
     # `aggregator_requests_total{route, code}`, one child per (route kind, code).
-    requests: Children[Counter]
+    requests: Increments
     access_log: AccessLog
     _: KW_ONLY
     in_flight: InFlight
@@ -101,21 +101,28 @@ class Pipeline:
         gone = False  # the client went away (its stream reset, its connection closed)
         timeouts = self.timeouts
         try:
-            if timeouts is None:
-                answer = await _sent(ctx, await self._run(ctx))
-                return answer
-            answer = timeouts.arm(ctx)
-            if answer is not None:  # a `?timeout=` that is not a Go duration
-                answer = await _sent(ctx, answer)
-                return answer
+            if timeouts is not None:
+                answer = timeouts.arm(ctx)
+                if answer is not None:  # a `?timeout=` that is not a Go duration
+                    answer = await _sent(ctx, answer)
+                    return answer
             try:
-                answer = await self._run(ctx)
+                # The gates, then the handler, awaited here: no coroutine of the pipeline's own
+                # between this one and the handler's (each costs its creation and every resume).
+                admitted = self._admit(ctx)
+                if admitted is None or isinstance(admitted, Response):
+                    answer = admitted
+                else:
+                    answer = await admitted
+                if answer is None:
+                    answer = await ctx.route.handler(ctx)
                 if ctx.timed_out:  # the handler swallowed the deadline's cancellation
                     ctx.task.uncancel()
-                answer = await _sent(ctx, answer)
+                if isinstance(answer, Response):  # most answers are streamed by their handler
+                    await ctx.request.respond(answer)
             except asyncio.CancelledError:
                 # The deadline cancelled the handler (and nothing else did): answer for it.
-                if not ctx.timed_out or ctx.task.uncancel() > 0:
+                if timeouts is None or not ctx.timed_out or ctx.task.uncancel() > 0:
                     raise
                 answer = await _sent(ctx, await timeouts.expired(ctx))
             return answer
@@ -136,21 +143,37 @@ class Pipeline:
             for finisher in self.finishers:
                 finisher(ctx, answer, error)
             code = CLIENT_GONE if gone or ctx.status is None else ctx.status
-            self.requests(ctx.route.kind.value, code).inc()
+            self.requests(ctx.route.kind, code)(1)
             self.access_log.record(ctx, code)
             in_flight.leave(ctx)
 
-    async def _run(self, ctx: RequestContext) -> Answer:
-        for gate in self.gates:
+    def _admit(self, ctx: RequestContext) -> GateAnswer | Awaitable[GateAnswer]:
+        """The gates in order: the first answer, None when every gate let the request through, or,
+        from the first gate that must wait, an awaitable of either (the later gates run after it)."""
+        gates = self.gates
+        for index, gate in enumerate(gates):
             answer = gate(ctx)
             if answer is None:
                 continue
-            if not isinstance(answer, Response):
-                answer = await answer
-                if answer is None:
-                    continue
+            if isinstance(answer, Response):
+                return answer
+            return self._admit_after(ctx, answer, gates[index + 1 :])
+        return None
+
+    async def _admit_after(
+        self, ctx: RequestContext, waiting: Awaitable[GateAnswer], gates: tuple[Gate, ...]
+    ) -> GateAnswer:
+        answer = await waiting
+        if answer is not None:
             return answer
-        return await ctx.route.handler(ctx)
+        for gate in gates:
+            told = gate(ctx)
+            if told is None:
+                continue
+            answer = told if isinstance(told, Response) else await told
+            if answer is not None:
+                return answer
+        return None
 
 
 async def _sent(ctx: RequestContext, answer: Answer) -> Answer:

@@ -41,6 +41,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from aggregator.web.fastmetrics import FastHistogram, fast_inc
 from aggregator.web.requestinfo import RequestInfo
 from aggregator.web.requestlabels import (
     MUTATING_KIND,
@@ -94,12 +95,13 @@ class MonitoredRequest(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class _Series:
-    """The labelled children one `MonitorRequest` call updates, looked up once per label set."""
+    """The labelled children one `MonitorRequest` call updates, looked up once per label set, and
+    bound for the request path (`web.metrics.fast_inc`, `FastHistogram`)."""
 
-    count: Counter
-    duration: Histogram
-    sli: Histogram | None
-    size: Histogram | None
+    count: Callable[[float], None]
+    duration: FastHistogram
+    sli: FastHistogram | None
+    size: FastHistogram | None
 
 
 class KindCount:
@@ -308,7 +310,7 @@ class RequestMetrics:
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = self._new_series(reported, dry_run, route, component, code, sized)
-        series.count.inc()
+        series.count(1)
         series.duration.observe(seconds)
         if series.sli is not None:
             series.sli.observe(seconds)
@@ -326,12 +328,12 @@ class RequestMetrics:
     ) -> _Series:
         labels = (verb, *route, component)
         return _Series(
-            self.requests.labels(verb, dry_run, *route, component, str(code)),
-            self.durations.labels(verb, dry_run, *route, component),
+            fast_inc(self.requests.labels(verb, dry_run, *route, component, str(code))),
+            FastHistogram(self.durations.labels(verb, dry_run, *route, component)),
             # Upstream observes the SLI only for requests that are not dry runs.
-            self.sli_durations.labels(*labels) if dry_run == "" else None,
+            FastHistogram(self.sli_durations.labels(*labels)) if dry_run == "" else None,
             # "We are only interested in response sizes of read requests."
-            self.response_sizes.labels(*labels) if sized else None,
+            FastHistogram(self.response_sizes.labels(*labels)) if sized else None,
         )
 
     # --- self-defence and long-running requests ---------------------------------------------------

@@ -132,6 +132,11 @@ async def test_certificate_from_unknown_ca_is_401(
     caplog.set_level(logging.INFO, logger="aggregator.auth.authn")
     assert await whoami("stranger") == (401, UNAUTHORIZED)
     assert "x509: certificate signed by unknown authority" in logged_reasons(caplog)
+    # Each authenticator's reason, the front proxy's first (the union authenticator's order).
+    reasons = logged_reasons(caplog)
+    assert "front-proxy certificate: x509: certificate signed by unknown authority" in reasons
+    assert "; client certificate: verifying certificate SN=" in reasons
+    assert reasons.index("front-proxy certificate:") < reasons.index("client certificate:")
 
 
 async def test_expired_certificate_is_401(whoami: WhoAmI, pki: PKI, caplog: pytest.LogCaptureFixture) -> None:

@@ -209,6 +209,7 @@ async def test_idle_connections_across_backends_are_bounded_oldest_first(server:
         ("GET", "/apis/x/v1/things", [("X-Note", "ok\nX-Remote-User: admin")]),
         ("GET", "/apis/x/v1/things", [("X-Note\r\nX-Remote-User", "admin")]),
         ("GET", "/apis/x/v1/things", [("X-Note", "ok\x00")]),
+        ("GET", "/apis/x/v1/things", [("X-Note", "ok\rX-Remote-User: admin")]),
     ],
 )
 def test_a_head_that_would_reach_the_backend_as_another_request_is_never_written(

@@ -200,6 +200,21 @@ def test_forwarded_headers() -> None:
     assert out["Host"] == "10.0.0.5:443"
 
 
+def test_one_policy_decides_each_name_by_its_use_whatever_came_before() -> None:
+    """The policy remembers what it decided of each inbound name: the `X-Forwarded-*` a client
+    sent pass on to the delegate's fetches (no forwarded URI) and are replaced on proxied requests,
+    in either order, and a name in another letter case is decided on its own."""
+    policy = IdentityHeaderPolicy.build(group_headers=["X-Custom-Group"])
+    inbound = [("X-Forwarded-Uri", "/spoof"), ("x-custom_group", "admins"), ("Accept", "*/*")]
+    for _ in range(2):
+        plain = request_headers(inbound, None, policy, authority="a")
+        assert plain.getall("X-Forwarded-Uri") == ["/spoof"] and "X-Custom-Group" not in plain
+        assert plain["Accept"] == "*/*"
+        proxied = request_headers(inbound, None, policy, authority="a", forwarded_uri="/apis/g/v")
+        assert proxied.getall("X-Forwarded-Uri") == ["/apis/g/v"] and "X-Custom-Group" not in proxied
+        assert proxied["Accept"] == "*/*"
+
+
 @given(key=st.text(max_size=30))
 def test_header_key_escape_round_trips_through_the_receiver(key: str) -> None:
     escaped = header_key_escape(key)

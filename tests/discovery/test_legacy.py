@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import aiohttp
 
-from aggregator.discovery.legacy import group_document, group_list_document
+from aggregator.discovery.legacy import LegacyDiscovery, group_document, group_list_document
 from aggregator.model.apiservice import decode_apiservice
+from aggregator.sources.store import Store
 from tests.conftest import StartGateway
 from tests.discovery.manifests import apiservice, write_manifests
 from tests.support.pki import PKI
+from tests.support.polling import until
 
 FIXTURE = [
     apiservice("v1.", 18000, 1, service=None),  # the core group: never listed
@@ -160,3 +163,23 @@ async def test_documents_follow_folder_changes(
         assert names == ["apiregistration.k8s.io", "c.example.com", "a.example.com"]
         async with session.get(server.url + "/apis/c.example.com", ssl=ssl) as resp:
             assert resp.status == 200
+
+
+async def test_the_list_is_rendered_ahead_only_once_someone_reads_it() -> None:
+    """The control process of `--workers N` serves nothing: rendering 5000 groups there on every
+    change only held up its event loop (the new APIService's first check waited behind it)."""
+    store = Store()
+    legacy = LegacyDiscovery(store, interval=0.0)
+    store.add_listener(legacy.on_store_event)
+    store.upsert(decode_apiservice(apiservice("v1.a.example.com", 100, 10)))
+    store.upsert(decode_apiservice(apiservice("v1.b.example.com", 100, 10)))
+    await asyncio.sleep(0.05)  # a turn of the loop for anything scheduled ahead (nothing is)
+    assert legacy.rebuilds == 0
+    names = [g["name"] for g in json.loads(legacy.group_list().json)["groups"]]
+    assert names == ["apiregistration.k8s.io", "a.example.com", "b.example.com"]
+    assert legacy.rebuilds == 1
+    store.upsert(decode_apiservice(apiservice("v1.c.example.com", 200, 1)))
+    await until(lambda: legacy.rebuilds == 2, what="the list rendered ahead of the next read")
+    names = [g["name"] for g in json.loads(legacy.group_list().json)["groups"]]
+    assert names == ["apiregistration.k8s.io", "c.example.com", "a.example.com", "b.example.com"]
+    assert legacy.rebuilds == 2

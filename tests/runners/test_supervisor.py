@@ -10,11 +10,13 @@ import os
 import re
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from aggregator.availability.checker import INTERVAL as PERIODIC_CHECK
 from aggregator.tls.issue import issue_serving_cert, write_pair
 from tests.support.backend import (
     APISERVICE,
@@ -103,10 +105,22 @@ async def test_background_requests_are_the_same_with_one_and_two_workers(
         async with running_group(
             pki, apiservices_dir, tmp_path / f"serve-{workers}.log", "--workers", workers
         ):
-            await until(lambda: backend.seen_by(AGGREGATOR_USER), what="the first background request")
+            await until(lambda: _startup_done(backend), what="every start-up check and fetch")
             counts.append(await quiet_count(backend))
     assert counts[0] > 0
     assert abs(counts[0] - counts[1]) <= 1, counts
+
+
+# What the control sends one backend at start-up: the availability check and the discovery fetch
+# (both the group-version's path), the legacy group list, and the two OpenAPI downloads.
+STARTUP_PATHS = Counter({PREFIX: 2, "/apis": 1, "/openapi/v2": 1, "/openapi/v3": 1})
+
+
+def _startup_done(backend: FakeBackend) -> bool:
+    """Every start-up request has come: the quiet window that follows cannot end in a gap between
+    a slow check and the fetches that wait for it."""
+    seen = Counter(r.raw_path.partition("?")[0] for r in backend.seen_by(AGGREGATOR_USER))
+    return seen >= STARTUP_PATHS
 
 
 async def quiet_count(backend: FakeBackend, quiet: float = 1.5, timeout: float = 60.0) -> int:
@@ -297,12 +311,12 @@ async def test_every_workers_audit_events_reach_the_one_audit_log(
     assert {e["user"]["username"] for e in events} == {"admin"}
 
 
-async def test_a_verdict_reaches_both_workers_within_a_second(
+async def test_a_verdict_reaches_both_workers_as_it_changes(
     pki: PKI, apiservices_dir: Path, tmp_path: Path, backend: FakeBackend, backend_pki: BackendPKI
 ) -> None:
-    """The control's verdict is sent to every worker as it changes, not at the next walk of every
-    APIService: each worker's `/readyz?verbose` and proxy show a flip within a second of the
-    request that caused it, both ways (issue 34's target, at small scale)."""
+    """The control's verdict is sent to every worker as it changes, not at the next periodic check
+    (30 s away): each worker's `/readyz?verbose` and proxy show a flip, both ways, well inside that
+    period. How fast (issue 34's 1 s) is `benchmarks/scale.py`'s figure, not a timed test's."""
     _register(apiservices_dir, backend, backend_pki)
     things = f"{PREFIX}/namespaces/default/things"
     line = f"warn: APIService {APISERVICE} is unavailable".encode()
@@ -313,26 +327,26 @@ async def test_a_verdict_reaches_both_workers_within_a_second(
         for connection in workers.values():
             await until_async(functools.partial(_answers, connection, things, 200), 10.0, "served")
 
-        async def shown_everywhere(status: int, unavailable: bool) -> float:
-            """Seconds until every worker's readyz notes and proxy show the verdict."""
-            started = time.monotonic()
+        async def shown_everywhere(status: int, unavailable: bool) -> None:
+            """Every worker's readyz notes and proxy show the verdict before the periodic check
+            could have brought it (a deadline of half its interval, for all workers together)."""
+            deadline = time.monotonic() + PERIODIC_CHECK / 2
             for connection in workers.values():
 
                 async def shows(c: WorkerConnection = connection) -> bool:
                     _, notes = await c.get("/readyz?verbose")
                     return (line in notes) == unavailable and await _answers(c, things, status)
 
-                await until_async(shows, 10.0, f"worker verdict available={not unavailable}")
-            return time.monotonic() - started
+                left = deadline - time.monotonic()
+                await until_async(shows, left, f"worker verdict available={not unavailable}")
 
         await backend.stop()
         assert (await workers[0].get(things))[0] == 503  # the dial fails: the control re-checks
-        down = await shown_everywhere(503, unavailable=True)
+        await shown_everywhere(503, unavailable=True)
         await asyncio.sleep(1.1)  # the control re-checks on a worker's word at most once a second
         await backend.start()
         assert (await workers[1].get(things))[0] == 503  # refused from the verdict: re-checked
-        up = await shown_everywhere(200, unavailable=False)
-        assert down < 1.0 and up < 1.0, (down, up)
+        await shown_everywhere(200, unavailable=False)
 
 
 async def _answers(connection: WorkerConnection, path: str, status: int) -> bool:

@@ -13,7 +13,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import ClientVerifier, Store, VerificationError
 
-from aggregator.tls import gox509
+from aggregator.tls import gox509, verify
 from aggregator.tls.chainpolicy import ClientChainPolicy
 from aggregator.tls.verify import CAPool, CertificateError, ClientCertificate, Rejection
 from tests.support.certbuilder import DAY, NOW, Cert, Spec, issue, key_usage, resigned_with_sha1, version1
@@ -360,6 +360,33 @@ def test_identical_chains_are_verified_once(root: Cert, intermediate: Cert) -> N
     first = accepted(ca.check(leaf.der, intermediates=[intermediate.der]))
     assert ca.check(leaf.der, intermediates=[intermediate.der]) is first  # the key covers the intermediates
     assert CountingPolicy.calls == 2
+
+
+def test_the_verdicts_kept_are_bounded_and_the_least_recently_used_goes_first(
+    root: Cert, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clients choose the chains they present: the cache holds a bounded number of verdicts, and
+    the chain every request of a busy client presents stays while one-off chains come and go."""
+
+    class CountingPolicy(ClientChainPolicy):
+        calls = 0
+
+        def verifier(self, store: Store, when: dt.datetime) -> ClientVerifier:
+            CountingPolicy.calls += 1
+            return super().verifier(store, when)
+
+    monkeypatch.setattr(verify, "_CACHED_CHAINS", 3)
+    ca = CAPool(root.pem, source="client-ca.crt", policy=CountingPolicy())
+    leaf = issue(Spec("zoe"), root)
+    accepted(ca.check(leaf.der, key=b"busy"))
+    for n in range(10):  # one-off chains, the busy client's between each
+        accepted(ca.check(leaf.der, key=b"once %d" % n))
+        accepted(ca.check(leaf.der, key=b"busy"))
+    assert CountingPolicy.calls == 11  # the busy chain verified once
+    accepted(ca.check(leaf.der, key=b"once 0"))  # long evicted: verified again
+    assert CountingPolicy.calls == 12
+    accepted(ca.check(leaf.der, key=b"once 9"))  # among the three kept
+    assert CountingPolicy.calls == 12
 
 
 def test_refusal_carries_go_certificate_identifier(root: Cert) -> None:

@@ -144,3 +144,4 @@ async def test_metrics_endpoint_shows_process_python_and_build_info(
         "compiler": version["compiler"],
         "platform": version["platform"],
     }
+

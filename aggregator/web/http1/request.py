@@ -13,7 +13,7 @@ response that was written.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -48,11 +48,12 @@ class Http1Answer:
     def body_length(self) -> int:
         return self._response.body_length
 
-    async def write(self, chunk: bytes) -> None:
-        await self._response.write(chunk)
+    # aiohttp's own coroutines, returned rather than awaited here: one coroutine less per call.
+    def write(self, chunk: bytes) -> Coroutine[Any, Any, None]:
+        return self._response.write(chunk)
 
-    async def finish(self, chunk: bytes = b"") -> None:
-        await self._response.write_eof(chunk)
+    def finish(self, chunk: bytes = b"") -> Coroutine[Any, Any, None]:
+        return self._response.write_eof(chunk)
 
     def abort(self) -> None:
         transport = self._request.transport
@@ -150,12 +151,7 @@ class Http1Request:
         # What was written, for aiohttp to finish (keep-alive, the end of a chunked body).
         self.written: web.StreamResponse | None = None
         self._close = False
-        request.gateway_head = self
-
-    def head_going_out(self, status: int, headers: CIMultiDict[str]) -> None:
-        """aiohttp is about to write a head (`GatewayRequest`)."""
-        if self.on_head is not None:
-            self.on_head(status, headers)
+        request.gateway_head = self  # aiohttp tells `on_head` of the head it is about to write
 
     async def respond(self, response: Response) -> None:
         out = web.Response(

@@ -37,9 +37,10 @@ class RawBytesSink(Protocol):
 
 
 class HeadHook(Protocol):
-    """Told of a response's head just before it is written (the request's `ServerRequest`)."""
+    """Whose `on_head` is told of a response's head just before it is written (the request's
+    `ServerRequest`)."""
 
-    def head_going_out(self, status: int, headers: CIMultiDict[str]) -> None: ...
+    on_head: Callable[[int, CIMultiDict[str]], None] | None
 
 
 class HeadersWithBody(web.StreamResponse):
@@ -86,8 +87,13 @@ class GatewayRequest(web.Request):
             del headers["Server"]
         hook = self.gateway_head
         if hook is not None:
-            hook.head_going_out(response.status, headers)
-        await super()._prepare_hook(response)
+            on_head = hook.on_head
+            if on_head is not None:
+                on_head(response.status, headers)
+        if self._match_info is not None:
+            # An application's `on_response_prepare` signals. The gateway serves with aiohttp's
+            # low-level server (no application, no match info): not another coroutine per answer.
+            await super()._prepare_hook(response)
 
 
 class TimedRequestHandler(RequestHandler):

@@ -3,9 +3,11 @@
 Frames in: every read is first shown to the frame guard (`guard.py`), then to libnghttp2
 (`nghttp2_session_mem_recv`), whose callbacks drive the streams: a complete request head starts
 a handler (or queues it), DATA feeds its body, a reset cancels it. A callback never raises: what
-must end the connection is recorded and acted on once libnghttp2 returns. Frames out: whatever
-the session has to send is written to the transport once per turn of the event loop
-(`nghttp2_session_mem_send`), so the answers of one turn leave in one TLS write.
+must end the connection is recorded and acted on once libnghttp2 returns. Frames out
+(`nghttp2_session_mem_send`): an answer given while no other handler runs is written at once, in
+its handler's step (one request at a time: no loop turn between the answer and its write);
+otherwise, and for what the session owes on its own (acknowledgements, window updates, resets),
+once per turn of the event loop, so the answers of streams served together leave in one TLS write.
 
 Handlers are bounded as Go's server bounds them (golang.org/x/net/http2 server.go
 `scheduleHandler`, the fix of CVE-2023-44487): at most `max_streams` run at once, counting the
@@ -77,6 +79,8 @@ class H2ServerConnection(asyncio.Protocol):
         self.queued: deque[H2Stream] = deque()
         self.running = 0  # handlers started and not yet returned
         self.header_bytes = 0  # decoded header bytes held by streams alive
+        self.max_header_list_size = limits.max_header_list_size
+        self.max_header_bytes_held = limits.max_header_bytes_held
         self.writing_paused = False
         self._flush_scheduled = False
         self._drain: asyncio.Future[None] | None = None
@@ -203,20 +207,25 @@ class H2ServerConnection(asyncio.Protocol):
         if transport is None or transport.is_closing() or (self.writing_paused and not self.closing):
             return  # resume_writing flushes; meanwhile what is owed waits in the session
         binding = self.lib
-        lib, ffi, out = binding.lib, binding.ffi, binding.out
+        lib, out, unpack = binding.lib, binding.out, binding.unpack
+        mem_send = lib.nghttp2_session_mem_send
         session = self.session
-        chunks: list[bytes] = []
         binding.current = self
         try:
-            while True:
-                size = lib.nghttp2_session_mem_send(session, out)
-                if size <= 0:
-                    break
-                chunks.append(ffi.buffer(out[0], size)[:])
+            size = mem_send(session, out)
+            if size > 0:
+                # What one turn owes is almost always one chunk; more are joined into one write.
+                chunk = unpack(out[0], size)
+                size = mem_send(session, out)
+                if size > 0:
+                    chunks = [chunk]
+                    while size > 0:
+                        chunks.append(unpack(out[0], size))
+                        size = mem_send(session, out)
+                    chunk = b"".join(chunks)
+                transport.write(chunk)
         finally:
             binding.current = None
-        if chunks:
-            transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
         if self._violation is not None:  # a callback during mem_send (a reset flood's last reset)
             self._fail(self._violation)
             return
@@ -244,18 +253,28 @@ class H2ServerConnection(asyncio.Protocol):
     def submit_response(
         self, stream: H2Stream, status: int, headers: CIMultiDict[str], length: int | None, *, body: bool
     ) -> None:
-        field_list, close = self.serving.fields.encode(status, headers, length)
+        array, count, data, close = self.serving.heads.pack(status, headers, length)
         if close:
             self.shut_down("connection_close")
-        array, data = self.serving.arrays.pack(field_list)
         binding = self.lib
         provider = binding.data_provider if body else binding.ffi.NULL
-        code = binding.lib.nghttp2_submit_response(self.session, stream.id, array, len(field_list), provider)
+        code = binding.lib.nghttp2_submit_response(self.session, stream.id, array, count, provider)
         del data
         if code != 0:
             stream.was_reset()
             raise StreamReset(f"stream {stream.id}: {binding.error(code)}")
-        self.flush()
+
+    def write_answer(self) -> bool:
+        """A stream queued answer frames: written at once when no other handler runs (one request
+        at a time: no loop turn between the answer and its write, and the stream knows at once
+        whether its body left, without asking for the client's window), else once this turn of
+        the loop is over, so the answers of streams served together leave in one TLS write.
+        True when written now."""
+        if self.running > 1:
+            self.flush()
+            return False
+        self.write_out()
+        return True
 
     def resume(self, stream: H2Stream) -> None:
         self.lib.lib.nghttp2_session_resume_data(self.session, stream.id)
@@ -309,24 +328,25 @@ class H2ServerConnection(asyncio.Protocol):
 
     # --- session callbacks (`nghttp2.SessionEvents`) -----------------------------------------------
 
-    def on_header(self, stream_id: int, name: bytes, value: bytes) -> int:
+    def on_header(self, stream_id: int, name: bytes, value: bytes, size: int) -> int:
+        # Every header of every request passes here: the two limits are two sums and two
+        # comparisons (`size` is the name's and value's lengths, from the callback's arguments).
         stream = self.streams.get(stream_id)
         if stream is None:
             stream = self.streams[stream_id] = H2Stream(self, stream_id)
         elif stream.too_large:
             return 0
-        size = len(name) + len(value) + 32  # RFC 9113 6.5.2's accounting
-        limits = self.limits
-        if stream.field_bytes + size > limits.max_header_list_size or (
-            self.header_bytes + size > limits.max_header_bytes_held
-        ):
+        size += 32  # RFC 9113 6.5.2's accounting
+        held = stream.field_bytes + size
+        total = self.header_bytes + size
+        if held > self.max_header_list_size or total > self.max_header_bytes_held:
             stream.too_large = True
             self.header_bytes -= stream.field_bytes
             stream.field_bytes = 0
             stream.fields = []
             return 0
-        stream.field_bytes += size
-        self.header_bytes += size
+        stream.field_bytes = held
+        self.header_bytes = total
         stream.fields.append((name, value))
         return 0
 
@@ -379,11 +399,14 @@ class H2ServerConnection(asyncio.Protocol):
 
     def on_stream_close(self, stream_id: int, error_code: int) -> int:
         stream = self.streams.get(stream_id)
-        ours = stream_id in self._our_resets
-        theirs = stream_id in self._client_resets
-        self._our_resets.discard(stream_id)
-        self._client_resets.discard(stream_id)
-        if error_code != ErrorCode.NO_ERROR and not ours and not theirs:
+        ours = theirs = False
+        if self._our_resets:
+            ours = stream_id in self._our_resets
+            self._our_resets.discard(stream_id)
+        if self._client_resets:
+            theirs = stream_id in self._client_resets
+            self._client_resets.discard(stream_id)
+        if error_code and not ours and not theirs:
             # libnghttp2 reset it for the client's protocol error (MadeYouReset): it counts too.
             failed = self._spend_reset()
             if failed:
@@ -402,7 +425,7 @@ class H2ServerConnection(asyncio.Protocol):
                 )
             )
         stream.closed = True
-        if error_code != ErrorCode.NO_ERROR or not stream.ended:
+        if error_code or not stream.ended:
             stream.was_reset()
         if stream.task is None or stream.handled:
             self._forget(stream)

@@ -40,6 +40,9 @@ _KNOWN_METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE
 # A `:path` byte that is whitespace, a control character or DEL.
 _BAD_PATH_BYTE = re.compile(rb"[\x00-\x20\x7f]")
 _STATUS = {code: str(code).encode() for code in range(100, 600)}
+# The response fields HTTP/1.1's framing adds when the handler did not set them.
+_FRAMING = frozenset({b"content-length", b"content-type", b"date"})
+_NOTHING_SEEN: set[bytes] = set()
 
 
 class BadRequest(ValueError):
@@ -59,43 +62,50 @@ class RequestHead:
         self.headers = headers
 
 
-class HeaderNames:
-    """Go's canonical form of each lowercase field name, cached (bounded)."""
+class CanonicalNames(dict[bytes, str]):
+    """Go's canonical form of each lowercase field name, computed on a miss and cached (bounded):
+    a lookup is one subscript. A pseudo-header here (after the regular fields) is refused."""
 
-    __slots__ = ("_cache",)
-
-    def __init__(self) -> None:
-        self._cache: dict[bytes, str] = {}
-
-    def canonical(self, name: bytes) -> str:
-        known = self._cache.get(name)
-        if known is not None:
-            return known
+    def __missing__(self, name: bytes) -> str:
+        if name[:1] == b":":
+            raise BadRequest(f"pseudo-header {name!r} after the regular fields")
         text = name.decode("utf-8", "surrogateescape")
         canonical = "-".join(part[:1].upper() + part[1:] for part in text.split("-"))
-        if len(self._cache) >= _CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[name] = canonical
+        if len(self) >= _CACHE_LIMIT:
+            self.clear()
+        self[name] = canonical
         return canonical
+
+
+class HeaderNames:
+    """Request heads from decoded header lists, with Go's canonical field names."""
+
+    __slots__ = ("_canonical",)
+
+    def __init__(self) -> None:
+        self._canonical = CanonicalNames()
 
     def request(self, fields: list[tuple[bytes, bytes]]) -> RequestHead:
         """The head of a request; raises BadRequest where Go's server would refuse it."""
         method = path = authority = b""
-        pairs: list[tuple[str, str]] = []
-        known = self._cache.get
-        canonical = self.canonical
+        regular = 0  # where the regular fields start: pseudo-headers come first (RFC 9113 8.3)
         for name, value in fields:
-            if name[:1] == b":":
-                if name == b":method":
-                    method = value
-                elif name == b":path":
-                    path = value
-                elif name == b":authority":
-                    authority = value
-                elif name == b":protocol":
-                    raise BadRequest("extended CONNECT is not offered")
-                continue
-            pairs.append((known(name) or canonical(name), value.decode("utf-8", "surrogateescape")))
+            if name[:1] != b":":
+                break
+            regular += 1
+            if name == b":method":
+                method = value
+            elif name == b":path":
+                path = value
+            elif name == b":authority":
+                authority = value
+            elif name == b":protocol":
+                raise BadRequest("extended CONNECT is not offered")
+        canonical = self._canonical
+        pairs: list[tuple[str, str]] = []
+        append = pairs.append
+        for name, value in fields[regular:]:
+            append((canonical[name], value.decode("utf-8", "surrogateescape")))
         headers: CIMultiDict[str] = CIMultiDict(pairs)  # built in one call, not a call per field
         if method not in _KNOWN_METHODS and not _TOKEN.fullmatch(method):
             raise BadRequest(f"bad :method {method!r}")
@@ -128,111 +138,122 @@ class HttpDate:
         return self._value
 
 
-class ResponseFields:
-    """Response header lists as libnghttp2 takes them: lowercase names, with the fields HTTP/1.1
-    framing would have added (see the module docstring); lowercase names are cached."""
+class LowerNames(dict[str, bytes]):
+    """The lowercase form of each response field name, computed on a miss and cached (bounded):
+    a lookup is one subscript. The connection-specific names map to b"" (never sent)."""
 
-    __slots__ = ("_date", "_lower")
-
-    def __init__(self) -> None:
-        self._lower: dict[str, bytes] = {}
-        self._date = HttpDate()
-
-    def encode(
-        self, status: int, headers: CIMultiDict[str], length: int | None
-    ) -> tuple[list[tuple[bytes, bytes]], bool]:
-        """The header list of a response whose body has `length` bytes (None: streamed), and
-        whether it asked for the connection to end."""
-        fields = [(b":status", _STATUS.get(status) or str(status).encode())]
-        close = False
-        lower_of = self._lower
-        seen_date = seen_type = seen_length = False
-        for name, value in headers.items():
-            lower = lower_of.get(name)
-            if lower is None:
-                lowered = name.lower()
-                if lowered in CONNECTION_SPECIFIC:
-                    if lowered == "connection" and value.strip().lower() == "close":
-                        close = True
-                    continue
-                lower = lowered.encode("utf-8", "surrogateescape")
-                if len(lower_of) < _CACHE_LIMIT:
-                    lower_of[name] = lower
-            if lower == b"date":
-                seen_date = True
-            elif lower == b"content-type":
-                seen_type = True
-            elif lower == b"content-length":
-                seen_length = True
-            fields.append((lower, value.encode("utf-8", "surrogateescape")))
-        empty_status = status < 200 or status in (204, 304)
-        if length is not None and not seen_length and not empty_status:
-            fields.append((b"content-length", str(length).encode()))
-        if not seen_type and length != 0 and not empty_status:
-            fields.append((b"content-type", b"application/octet-stream"))
-        if not seen_date:
-            fields.append((b"date", self._date.now()))
-        return fields, close
+    def __missing__(self, name: str) -> bytes:
+        lowered = name.lower()
+        lower = b"" if lowered in CONNECTION_SPECIFIC else lowered.encode("utf-8", "surrogateescape")
+        if len(self) >= _CACHE_LIMIT:
+            self.clear()
+        self[name] = lower
+        return lower
 
 
-class NameValueArrays:
-    """Packs header lists into `nghttp2_nv` arrays: the array's pointers and lengths written with
-    `struct` in one call, instead of a cffi attribute assignment per field, into one buffer
-    allocated once, followed by the names and values they point to. libnghttp2 copies both during
-    `nghttp2_submit_response`, so the buffer is reused by the next `pack`: what `pack` returns is
-    valid until then (one event loop thread; the caller submits at once). A list too large for the
-    buffer gets buffers of its own."""
+class ResponseHeads:
+    """Response heads as libnghttp2 takes them: an `nghttp2_nv` array of lowercase names and
+    values, with the fields HTTP/1.1 framing would have added (see the module docstring).
 
-    __slots__ = ("_array", "_base", "_ffi", "_formats", "_size", "_view")
+    One pass over the handler's headers writes both the array's entries (pointers and lengths,
+    packed with `struct` in one call instead of a cffi assignment per field) and the bytes they
+    point to, into one buffer allocated once: the array first (room for `ENTRIES` fields), the
+    names and values after it, so every pointer is known as its field is read. libnghttp2 copies
+    both during `nghttp2_submit_response`, so the buffer is reused by the next `pack`: what `pack`
+    returns is valid until then (one event loop thread; the caller submits at once). A head too
+    large for the buffer gets buffers of its own. Lowercase names are cached."""
+
+    __slots__ = ("_array", "_base", "_date", "_ffi", "_formats", "_lower", "_view")
 
     # name, value (pointers), namelen, valuelen (size_t), flags (uint8_t) and padding to 40 bytes.
     ENTRY = "PPNNB7x"
     ENTRY_SIZE = 40
-    # Room for a typical answer's list (a dozen fields) many times over.
+    # Fields the shared buffer has entries for (a typical answer has a dozen), then its names and
+    # values.
+    ENTRIES = 64
     BUFFER = 16 * 1024
 
     def __init__(self, ffi: Any) -> None:
         self._ffi = ffi
+        self._lower = LowerNames()
+        self._date = HttpDate()
         self._formats: dict[int, struct.Struct] = {}
         buffer = ffi.new("char[]", self.BUFFER)
-        self._size = self.BUFFER
         self._view = ffi.buffer(buffer)
         self._base = int(ffi.cast("uintptr_t", buffer))
         self._array = ffi.cast("nghttp2_nv *", buffer)  # keeps `buffer` alive
 
-    def pack(self, fields: list[tuple[bytes, bytes]]) -> tuple[Any, Any]:
-        """(the `nghttp2_nv[]`, what its pointers point into: keep both until submitted)."""
-        count = len(fields)
-        offset = self._base + self.ENTRY_SIZE * count
-        values: list[int] = []
-        parts: list[bytes] = []
-        for name, value in fields:
-            name_length, value_length = len(name), len(value)
+    def pack(self, status: int, headers: CIMultiDict[str], length: int | None) -> tuple[Any, int, Any, bool]:
+        """The `nghttp2_nv[]` of a response whose body has `length` bytes (None: streamed), its
+        length, what its pointers point into (keep it until submitted), and whether the handler
+        asked for the connection to end."""
+        base = self._base
+        start = offset = base + self.ENTRY_SIZE * self.ENTRIES
+        code = _STATUS.get(status) or str(status).encode()
+        values: list[int] = [offset, offset + 7, 7, len(code), 0]
+        parts: list[bytes] = [b":status", code]
+        offset += 7 + len(code)
+        close = False
+        lower_of = self._lower
+        seen: set[bytes] | None = None
+        for name, value in headers.items():
+            lower = lower_of[name]
+            if not lower:  # connection-specific
+                if name.lower() == "connection" and value.strip().lower() == "close":
+                    close = True
+                continue
+            if lower in _FRAMING:
+                if seen is None:
+                    seen = set()
+                seen.add(lower)
+            encoded = value.encode("utf-8", "surrogateescape")
+            name_length = len(lower)
+            value_length = len(encoded)
             values += (offset, offset + name_length, name_length, value_length, 0)
-            parts += (name, value)
+            parts += (lower, encoded)
             offset += name_length + value_length
+        if seen is None or len(seen) < len(_FRAMING):
+            for lower, encoded in self._framing(status, length, seen or _NOTHING_SEEN):
+                name_length = len(lower)
+                value_length = len(encoded)
+                values += (offset, offset + name_length, name_length, value_length, 0)
+                parts += (lower, encoded)
+                offset += name_length + value_length
+        count = len(parts) >> 1
+        if count > self.ENTRIES or offset - base > self.BUFFER:
+            array, data = self._own(parts)
+            return array, count, data, close
         packer = self._formats.get(count)
         if packer is None:
             packer = self._formats[count] = struct.Struct("@" + self.ENTRY * count)
-        head = self.ENTRY_SIZE * count
-        end = offset - self._base
-        if end > self._size:
-            return self._own(fields, packer)
         view = self._view
         packer.pack_into(view, 0, *values)
-        view[head:end] = b"".join(parts)
-        return self._array, None
+        view[start - base : offset - base] = b"".join(parts)
+        return self._array, count, None, close
 
-    def _own(self, fields: list[tuple[bytes, bytes]], packer: struct.Struct) -> tuple[Any, Any]:
-        """A list larger than the shared buffer: an array and a buffer of its own."""
+    def _framing(self, status: int, length: int | None, seen: set[bytes]) -> list[tuple[bytes, bytes]]:
+        """The fields HTTP/1.1's framing adds that the handler's headers lack."""
+        added: list[tuple[bytes, bytes]] = []
+        empty_status = status < 200 or status in (204, 304)
+        if length is not None and b"content-length" not in seen and not empty_status:
+            added.append((b"content-length", str(length).encode()))
+        if b"content-type" not in seen and length != 0 and not empty_status:
+            added.append((b"content-type", b"application/octet-stream"))
+        if b"date" not in seen:
+            added.append((b"date", self._date.now()))
+        return added
+
+    def _own(self, parts: list[bytes]) -> tuple[Any, Any]:
+        """A head larger than the shared buffer: an array and a buffer of its own."""
         ffi = self._ffi
-        data = ffi.from_buffer(b"".join(part for field in fields for part in field))
+        count = len(parts) >> 1
+        data = ffi.from_buffer(b"".join(parts))
         offset = int(ffi.cast("uintptr_t", data))
         values: list[int] = []
-        for name, value in fields:
-            name_length, value_length = len(name), len(value)
+        for index in range(0, len(parts), 2):
+            name_length, value_length = len(parts[index]), len(parts[index + 1])
             values += (offset, offset + name_length, name_length, value_length, 0)
             offset += name_length + value_length
-        array = ffi.new("nghttp2_nv[]", len(fields))
-        packer.pack_into(ffi.buffer(array), 0, *values)
+        array = ffi.new("nghttp2_nv[]", count)
+        struct.pack_into("@" + self.ENTRY * count, ffi.buffer(array), 0, *values)
         return array, data

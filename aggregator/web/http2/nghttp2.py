@@ -91,7 +91,7 @@ int nghttp2_session_server_new2(nghttp2_session **session_ptr, const nghttp2_ses
     void *user_data, const nghttp2_option *option);
 void nghttp2_session_del(nghttp2_session *session);
 ssize_t nghttp2_session_mem_recv(nghttp2_session *session, const uint8_t *in, size_t inlen);
-ssize_t nghttp2_session_mem_send(nghttp2_session *session, const uint8_t **data_ptr);
+ssize_t nghttp2_session_mem_send(nghttp2_session *session, const char **data_ptr);
 int nghttp2_session_want_read(nghttp2_session *session);
 int nghttp2_session_want_write(nghttp2_session *session);
 int nghttp2_submit_settings(nghttp2_session *session, uint8_t flags, const nghttp2_settings_entry *iv, size_t niv);
@@ -134,7 +134,9 @@ class SessionEvents(Protocol):
     one of the library's error codes to refuse the frame (a stream error) or end the session.
     Only the callbacks the server needs are set: each one is a call from C into Python."""
 
-    def on_header(self, stream_id: int, name: bytes, value: bytes) -> int: ...
+    def on_header(self, stream_id: int, name: bytes, value: bytes, size: int) -> int:
+        """One decoded header; `size` is `len(name) + len(value)`."""
+        ...
 
     def on_frame_recv(self, kind: int, flags: int, stream_id: int) -> int: ...
 
@@ -166,7 +168,9 @@ class Nghttp2:
         self.memmove = ffi._backend.memmove
         self.data_provider = ffi.new("nghttp2_data_provider *")
         self.data_provider.read_callback = self._read_body
-        self.out = ffi.new("const uint8_t **")
+        # mem_send's `const uint8_t **` declared `const char **`: `unpack` then gives bytes at once.
+        self.out = ffi.new("const char **")
+        self.unpack = ffi._backend.unpack
 
     def _make_callbacks(self) -> Any:
         ffi, lib = self.ffi, self.lib
@@ -191,7 +195,7 @@ class Nghttp2:
             session: Any, hd: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
         ) -> int:
             return binding.current.on_header(  # type: ignore[union-attr]
-                hd.stream_id, unpack(name, namelen), unpack(value, valuelen)
+                hd.stream_id, unpack(name, namelen), unpack(value, valuelen), namelen + valuelen
             )
 
         @callback("nghttp2_on_frame_recv_callback")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from aggregator.web.http2.heads import HeaderNames, NameValueArrays, ResponseFields
+from aggregator.web.http2.heads import HeaderNames, ResponseHeads
 from aggregator.web.http2.limits import H2Limits
 from aggregator.web.http2.metrics import ConnectionMetrics
 from aggregator.web.http2.nghttp2 import Nghttp2
@@ -30,8 +30,7 @@ class Http2Serving:
         self.metrics = metrics
         self.nghttp2 = nghttp2
         self.names = HeaderNames()
-        self.fields = ResponseFields()
-        self.arrays = NameValueArrays(nghttp2.ffi)
+        self.heads = ResponseHeads(nghttp2.ffi)
         self.connections: set[LiveConnection] = set()
 
     def opened(self, connection: LiveConnection) -> None:

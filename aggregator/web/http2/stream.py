@@ -10,7 +10,9 @@
   windows and frame size); a writer whose queue is full waits, so a slow reader holds its writer
   (a watch's relay, and through it the backend connection) instead of filling memory. An answer
   that cannot leave (the client never opens its window) keeps its writer waiting, inside the
-  request's deadline (`web/timeout.py`), which then resets the stream.
+  request's deadline (`web/timeout.py`), which then resets the stream: written at once, the
+  stream knows whether its end left; written at the end of the loop's turn, it asks libnghttp2
+  for the client's window instead.
 
 A stream the client resets cancels its handler; a handler that ends before its answer did resets
 the stream (`connection.py`).
@@ -59,6 +61,8 @@ class StreamOwner(Protocol):
     def shut_down(self, reason: str = ...) -> None: ...
 
     def flush(self) -> None: ...
+
+    def write_answer(self) -> bool: ...
 
     async def drain(self) -> None: ...
 
@@ -249,13 +253,17 @@ class H2Stream:
             self.owner.shut_down("connection_close")
         if self.head_only or status in _NO_BODY_STATUS or status < 200:
             self._submit(status, headers, len(body) if status >= 200 else None, end=True)
+            self.owner.write_answer()
             return
         if body:
             self._out.append(body)
             self._queued = len(body)
         self.ended = True
         self._submit(status, headers, len(body), end=not body)
-        if body and not self.owner.fits_window(self, len(body)):
+        if self.owner.write_answer():
+            if not self._sent_out:  # the client's window is closed: wait (within the deadline)
+                await self._until_queued(0)
+        elif body and not self.owner.fits_window(self, len(body)):
             await self._until_queued(0)
 
     async def stream(
@@ -267,6 +275,7 @@ class H2Stream:
             self.on_head(status, headers)
         if head_now:
             self._submit(status, headers, None, end=self.head_only)
+            self.owner.write_answer()
         else:
             answer.headers = headers  # submitted with the first body bytes
         return answer
@@ -291,6 +300,7 @@ class H2Stream:
             assert answer is not None, "stream() before send()"
             if self.head_only:
                 self._submit(answer.status, answer.headers, None, end=True)
+                self.owner.write_answer()
                 return
             self._submit(answer.status, answer.headers, None, end=False)
         if chunk:
@@ -301,10 +311,14 @@ class H2Stream:
         if self.deferred:
             self.deferred = False
             self.owner.resume(self)
-        self.owner.flush()
-        if end and self._queued and not self.owner.fits_window(self, self._queued):
+        if self.owner.write_answer():
+            if end and not self._sent_out:  # the client's window is closed: wait (within the deadline)
+                await self._until_queued(0)
+                return
+        elif end and self._queued and not self.owner.fits_window(self, self._queued):
             await self._until_queued(0)
-        elif self._queued > HIGH_WATER:
+            return
+        if self._queued > HIGH_WATER:
             await self._until_queued(HIGH_WATER)
         elif self.owner.writing_paused:
             await self.owner.drain()
@@ -326,6 +340,15 @@ class H2Stream:
         queued yet (it waits for `resume`)."""
         out = self._out
         written = 0
+        if out:
+            # The first chunk at `buf` itself (pointer arithmetic makes a cdata object): a small
+            # answer's whole body is this one call.
+            chunk = out[0]
+            size = len(chunk)
+            if size <= length:
+                memmove(buf, chunk, size)
+                out.popleft()
+                written = size
         while out and written < length:
             chunk = out[0]
             size = len(chunk)

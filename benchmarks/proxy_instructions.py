@@ -42,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from callgrind import inclusive
 from prometheus_client.parser import text_string_to_metric_families
 from proxy import DOCUMENT, GROUP, PATH, VERSION, Ports, backend_conf, front_conf, nginx, prepare
 from wrkbench import gateway_process, run_wrk, wait_for_http
@@ -55,10 +56,10 @@ BENCH_USER = "bench-user"
 @dataclass(frozen=True)
 class Counted:
     label: str
-    instructions: int  # while wrk sent requests, the cyclic collector's runs left out
+    instructions: int  # while wrk sent requests, `ONE_OFF`'s runs left out
     idle: int  # the same process over as long a time with no requests (timers, background work), the same
     requests: int
-    collector: int  # the cyclic collector's runs while wrk sent requests
+    left_out: int  # `ONE_OFF`'s runs while wrk sent requests
 
     @property
     def per_request(self) -> float:
@@ -69,7 +70,7 @@ class Counted:
         return (
             f"{self.label:<12} {self.per_request / 1000:>6.0f}k instructions/request net of "
             f"{self.idle / self.requests / 1000:.0f}k of background work per request "
-            f"({self.requests} requests; the cyclic collector, left out: {self.collector / 1000:.0f}k)"
+            f"({self.requests} requests; collections and handshakes left out: {self.left_out / 1e6:.1f}M)"
         )
 
 
@@ -203,7 +204,7 @@ def count(
     # One file per `callgrind_control -d` (`<out>.1`, `<out>.2`) plus one at exit (about empty:
     # instrumentation is off by then); each ends with `totals:` (its `summary:` line may read 0).
     busy, idle = (_totals(Path(f"{out}.{n}")) for n in (1, 2))
-    collected, idle_collected = (_collector(Path(f"{out}.{n}")) for n in (1, 2))
+    collected, idle_collected = (_one_off(Path(f"{out}.{n}")) for n in (1, 2))
     for dump in work.glob(f"{out.name}*"):
         if keep is not None:
             dump.rename(keep / dump.name)
@@ -230,21 +231,20 @@ def _totals(dump: Path) -> int:
     return int(totals[-1].split()[1])
 
 
-def _collector(dump: Path) -> int:
-    """The instructions of the cyclic collector's runs in `dump` (`gc_collect_main`, inclusive).
+# Left out of every count, busy and idle windows alike (inclusive, from callgrind_annotate):
+# - the cyclic collector's runs: a request leaves a few cyclic objects (aiohttp's task and parsed
+#   message), and with the gateway's young threshold (`util/runtime.py`) one collection of a few
+#   hundred requests' worth (about 11M instructions) comes every few hundred requests, so a window
+#   of a hundred to a few thousand holds one, two or none at random: up to 100k per request;
+# - TLS handshakes: new connections, not requests (nginx's upstream connection ends after its
+#   `keepalive_requests`, and the front opens another), 2-5M instructions each and 0 to a dozen
+#   in a window.
+ONE_OFF = ("gc_collect_main", "_ssl__SSLSocket_do_handshake")
 
-    Left out of every count: a request leaves a few cyclic objects (aiohttp's task and parsed
-    message), and with the gateway's young threshold (`util/runtime.py`) one collection of a few
-    hundred requests' worth (about 10M instructions) comes every few hundred requests, so a window
-    of a hundred holds one or none at random: 0 or 100k per request, more than what is compared."""
-    out = subprocess.run(
-        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(dump)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    match = re.search(r"^\s*([\d,]+) .*gcmodule\.c:gc_collect_main \[", out, re.M)
-    return int(match.group(1).replace(",", "")) if match else 0
+
+def _one_off(dump: Path) -> int:
+    """The instructions of `ONE_OFF`'s runs in a dump."""
+    return sum(inclusive(dump, ONE_OFF).values())
 
 
 def main() -> int:

@@ -33,3 +33,21 @@ def per_iteration(script: str, mode: str, iterations: int) -> float:
     twice = instructions(script, "--child", mode, "--iterations", str(2 * n))
     once = instructions(script, "--child", mode, "--iterations", str(n))
     return (twice - once) / n
+
+
+def inclusive(dump: Path, functions: tuple[str, ...]) -> dict[str, int]:
+    """Each function's inclusive instructions in a dump (`callgrind_annotate --inclusive=yes`): the
+    largest of its entries (a recursive call's `name'2` and a C function's argument-clinic wrapper are
+    entries within it)."""
+    out = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(dump)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    found = dict.fromkeys(functions, 0)
+    for match in re.finditer(r"^\s*([\d,]+) \([^)]*\)\s+\S*:(\w+)\b", out, re.M):
+        name = match.group(2)
+        if name in found:
+            found[name] = max(found[name], int(match.group(1).replace(",", "")))
+    return found

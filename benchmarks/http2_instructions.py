@@ -38,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from callgrind import inclusive
 from http2 import TOKEN, proxied_ready
 from proxy import PATH, backend_conf, nginx, prepare
 from proxy_instructions import _callgrind, _totals
@@ -140,17 +141,7 @@ def counted(
 
 def _collections(dump: Path) -> int:
     """The instructions of the cyclic garbage collector's collections in a dump (inclusive)."""
-    out = subprocess.run(
-        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(dump)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    costs = [
-        int(match.group(1).replace(",", ""))
-        for match in re.finditer(r"^\s*([\d,]+) \([^)]*\)\s+\S*:gc_collect_main\b", out, re.M)
-    ]
-    return max(costs, default=0)
+    return inclusive(dump, ("gc_collect_main",))["gc_collect_main"]
 
 
 def median(counts: list[Count]) -> Count:

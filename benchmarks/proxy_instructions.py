@@ -20,7 +20,11 @@ read against the same tree without it, and against the baseline. `--compare-apf`
 this tree with `--enable-priority-and-fairness=false` (max-in-flight), and sends every request as a
 user who is not in system:masters (whose requests APF would exempt), so the fast path measured is a
 queued priority level's, `global-default` (`apf_instructions.py` counts APF's own part exactly). valgrind makes everything about 50x slower, so a few
-dozen requests per second are counted; wrk's latencies mean nothing here.
+dozen requests per second are counted; wrk's latencies mean nothing here. Counting starts once the
+gateway's start-up work has settled (`wait_settled`, read from its /metrics): the backend's OpenAPI
+documents downloaded and merged, which under valgrind lands seconds after the first request. The
+cyclic collector's runs and TLS handshakes are left out of both windows (`ONE_OFF`): one of either
+lands in a window or not, and moved a round by more than what is compared.
 """
 
 from __future__ import annotations
@@ -28,17 +32,21 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy import DOCUMENT, PATH, Ports, backend_conf, front_conf, nginx, prepare
+from callgrind import inclusive
+from prometheus_client.parser import text_string_to_metric_families
+from proxy import DOCUMENT, GROUP, PATH, VERSION, Ports, backend_conf, front_conf, nginx, prepare
 from wrkbench import gateway_process, run_wrk, wait_for_http
 
 from aggregator.tls.issue import issue_client_cert, load_pair, write_pair
@@ -50,9 +58,10 @@ BENCH_USER = "bench-user"
 @dataclass(frozen=True)
 class Counted:
     label: str
-    instructions: int  # while wrk sent requests
-    idle: int  # the same process over as long a time with no requests (timers, background work)
+    instructions: int  # while wrk sent requests, `ONE_OFF`'s runs left out
+    idle: int  # the same process over as long a time with no requests (timers, background work), the same
     requests: int
+    left_out: int  # `ONE_OFF`'s runs while wrk sent requests
 
     @property
     def per_request(self) -> float:
@@ -63,7 +72,7 @@ class Counted:
         return (
             f"{self.label:<12} {self.per_request / 1000:>6.0f}k instructions/request net of "
             f"{self.idle / self.requests / 1000:.0f}k of background work per request "
-            f"({self.requests} requests)"
+            f"({self.requests} requests; collections and handshakes left out: {self.left_out / 1e6:.1f}M)"
         )
 
 
@@ -80,6 +89,84 @@ def _wrk_requests(url: str, seconds: int) -> int:
     return int(match.group(1))
 
 
+APISERVICE = f"{VERSION}.{GROUP}"
+# The gateway waits up to 9x a v2 merge's duration before the next (`openapi/component.py`'s
+# MERGE_SPACING): no merge for longer than 10x the last one's (and a few seconds) means none is due.
+MERGE_SPACING = 10.0
+
+
+@dataclass(frozen=True)
+class StartUp:
+    """What the gateway's start-up work has done, from its /metrics."""
+
+    fetched: frozenset[str]  # the bench APIService's OpenAPI documents downloaded (v2, v3)
+    merges: float  # v2 merges so far
+    merge_seconds: float  # how long the last one took
+
+
+def start_up(url: str, pki: Path) -> StartUp:
+    """Scrape /metrics as the admin (system:masters, the client certificate `prepare` issued)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.load_cert_chain(pki / "admin.crt", pki / "admin.key")
+    with urllib.request.urlopen(url + "/metrics", context=ctx, timeout=60) as resp:
+        text = resp.read().decode()
+    fetched: set[str] = set()
+    merges = seconds = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "aggregator_openapi_fetches_total" and sample.value > 0:
+                if sample.labels["apiservice"] == APISERVICE and sample.labels["result"] == "ok":
+                    fetched.add(sample.labels["document"])
+            elif sample.name == "aggregator_openapi_v2_merges_total":
+                merges = sample.value
+            elif sample.name == "aggregator_openapi_v2_merge_duration_seconds":
+                seconds = sample.value
+    return StartUp(frozenset(fetched), merges, seconds)
+
+
+def settled(state: StartUp, unchanged_for: float, quiet: float) -> bool:
+    """Both documents in and merged, and no merge for longer than the next one could be due."""
+    in_and_merged = {"v2", "v3"} <= state.fetched and state.merges > 0
+    return in_and_merged and unchanged_for > max(quiet, MERGE_SPACING * state.merge_seconds)
+
+
+def wait_settled(url: str, pid: int, pki: Path, timeout: float = 300, quiet: float = 3.0) -> StartUp:
+    """Until the gateway's one-off start-up work is behind it, so that none of it lands in a counted
+    window: the bench APIService's OpenAPI v2 and v3 downloaded (after its first availability check,
+    slow under valgrind) and no v2 merge (the merge and its JSON, protobuf and gzip renderings:
+    millions of instructions) for longer than the gateway would wait before the next one, and then
+    the process asleep (`asleep`)."""
+    deadline = time.monotonic() + timeout
+    last = start_up(url, pki)
+    since = time.monotonic()
+    while True:
+        time.sleep(0.5)
+        now = start_up(url, pki)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif settled(now, time.monotonic() - since, quiet) and asleep(pid, quiet):
+            return now
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway's start-up work did not settle: {now}")
+
+
+def asleep(pid: int, seconds: float, share: float = 0.9) -> bool:
+    """Whether the process's main thread was asleep (its event loop waiting, state S) in at least
+    `share` of 20 looks a second over `seconds`: whatever else it still does once started (a lazy
+    import such as `watchfiles`', a folder watcher's first look) is over. Its state, not its CPU
+    time: on a loaded machine a busy process gets little CPU time but stays runnable (R)."""
+    stat = Path(f"/proc/{pid}/task/{pid}/stat")
+    looks = max(1, round(seconds * 20))
+    sleeping = 0
+    for _ in range(looks):
+        # (the state follows the command name, which is in parentheses and may hold spaces)
+        sleeping += stat.read_text().rsplit(")", 1)[1].split()[0] == "S"
+        time.sleep(0.05)
+    return sleeping >= share * looks
+
+
 def _callgrind(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
 
@@ -88,6 +175,7 @@ def count(
     label: str,
     work: Path,
     ports: Ports,
+    pki: Path,
     folder: Path,
     gateway_args: list[str],
     src: str | None,
@@ -105,6 +193,7 @@ def count(
     ) as gateway:
         url = f"http://127.0.0.1:{ports.front_gateway}{PATH}"
         wait_for_http(url, DOCUMENT.encode(), timeout=120)
+        wait_settled(gateway.url, gateway.pid, pki)
         run_wrk("warm-up", url, threads=1, connections=2, seconds=5)
         _callgrind(gateway.pid, "-i", "on")
         requests = _wrk_requests(url, seconds)
@@ -117,12 +206,13 @@ def count(
     # One file per `callgrind_control -d` (`<out>.1`, `<out>.2`) plus one at exit (about empty:
     # instrumentation is off by then); each ends with `totals:` (its `summary:` line may read 0).
     busy, idle = (_totals(Path(f"{out}.{n}")) for n in (1, 2))
+    left_out, idle_left_out = (_one_off(Path(f"{out}.{n}")) for n in (1, 2))
     for dump in work.glob(f"{out.name}*"):
         if keep is not None:
             dump.rename(keep / dump.name)
         else:
             dump.unlink()
-    return Counted(label, busy, idle, requests)
+    return Counted(label, busy - left_out, idle - idle_left_out, requests, left_out)
 
 
 def tracing_args(work: Path, rate: int) -> list[str]:
@@ -141,6 +231,21 @@ def _totals(dump: Path) -> int:
     if not totals:
         raise RuntimeError(f"callgrind wrote no totals in {dump}")
     return int(totals[-1].split()[1])
+
+
+# Left out of every count, busy and idle windows alike (inclusive, from callgrind_annotate):
+# - the cyclic collector's runs: a request leaves a few cyclic objects (aiohttp's task and parsed
+#   message), and with the gateway's young threshold (`util/runtime.py`) one collection of a few
+#   hundred requests' worth (about 11M instructions) comes every few hundred requests, so a window
+#   of a hundred to a few thousand holds one, two or none at random: up to 100k per request;
+# - TLS handshakes: new connections, not requests (seen only in busy windows, 10-26M in some,
+#   which connections not traced).
+ONE_OFF = ("gc_collect_main", "_ssl__SSLSocket_do_handshake")
+
+
+def _one_off(dump: Path) -> int:
+    """The instructions of `ONE_OFF`'s runs in a dump."""
+    return sum(inclusive(dump, ONE_OFF).values())
 
 
 def main() -> int:
@@ -200,7 +305,7 @@ def main() -> int:
         ):
             for _ in range(args.rounds):
                 for label, src, flags in trees:
-                    counted = count(label, work, ports, folder, flags, src, args.seconds, args.keep)
+                    counted = count(label, work, ports, pki, folder, flags, src, args.seconds, args.keep)
                     print(counted.line(), flush=True)
                     results[label].append(counted)
     mean = {label: sum(c.per_request for c in runs) / len(runs) for label, runs in results.items()}

@@ -63,10 +63,10 @@ class TokenFile:
 
     def __init__(self, path: str, *, interval: float = 1.0) -> None:
         self.path = path
-        self._tokens = parse_token_csv(self._read(), source=path)  # raises at start-up
-        self._watcher = PollingWatcher(
+        self._watcher = PollingWatcher(  # before the read: see PollingWatcher's baseline
             lambda: stat_fingerprint([path]), self.reload, interval=interval, name=f"token-file {path}"
         )
+        self._tokens = parse_token_csv(self._read(), source=path)  # raises at start-up
 
     def _read(self) -> str:
         try:

@@ -26,17 +26,17 @@ class ProxyClientCertificate:
     def __init__(self, cert_file: str | None, key_file: str | None, *, interval: float = 1.0) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
-        self.pair: CertKeyPair | None = read_pair(cert_file, key_file) if cert_file and key_file else None
         self.generation = 0
         self._listeners: list[Callable[[], None]] = []
         self._watcher: PollingWatcher | None = None
         if cert_file and key_file:
-            self._watcher = PollingWatcher(
+            self._watcher = PollingWatcher(  # before the read: see PollingWatcher's baseline
                 lambda: stat_fingerprint([cert_file, key_file]),
                 self.reload,
                 interval=interval,
                 name="proxy-client-cert-reload",
             )
+        self.pair: CertKeyPair | None = read_pair(cert_file, key_file) if cert_file and key_file else None
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)

@@ -58,6 +58,12 @@ class ServingCertificate:
         self.policy = policy
         # Every context offers the same protocols: after a reload, ALPN is chosen by the new one.
         self.alpn = tuple(alpn)
+        self._watcher = PollingWatcher(  # before the read: see PollingWatcher's baseline
+            lambda: stat_fingerprint([cert_file, key_file]),
+            self.reload,
+            interval=interval,
+            name="serving-cert-reload",
+        )
         self.current: CertKeyPair = read_pair(cert_file, key_file)  # raises PEMError at start-up
         self.context = self._context_for(self.current)
         for line in policy.startup_warnings(self.context.security_level):
@@ -66,12 +72,6 @@ class ServingCertificate:
         self._pair_context = self.context
         self.context.sni_callback = self._select_context
         self.last_error: str | None = None
-        self._watcher = PollingWatcher(
-            lambda: stat_fingerprint([cert_file, key_file]),
-            self.reload,
-            interval=interval,
-            name="serving-cert-reload",
-        )
 
     def _context_for(self, pair: CertKeyPair) -> ssl.SSLContext:
         ctx = new_server_context(self.policy, self.alpn)

@@ -259,11 +259,11 @@ class CAFile:
 
     def __init__(self, path: str, *, on_change: Callable[[CAPool], None] | None = None, interval: float = 1.0):
         self.path = path
-        self.pool = CAPool(Path(path).read_bytes(), source=path)  # raises PEMError at start-up
-        self._on_change = on_change
-        self._watcher = PollingWatcher(
+        self._watcher = PollingWatcher(  # before the read: see PollingWatcher's baseline
             lambda: stat_fingerprint([path]), self.reload, interval=interval, name=f"ca-file {path}"
         )
+        self.pool = CAPool(Path(path).read_bytes(), source=path)  # raises PEMError at start-up
+        self._on_change = on_change
 
     def reload(self) -> None:
         try:

@@ -45,7 +45,7 @@ class DirectoryWatcher:
         self._on_change = on_change
         self._use_inotify = use_inotify
         self._name = name
-        self._poll = PollingWatcher(fingerprint, on_change, interval=interval, name=name)
+        self._poll = PollingWatcher(fingerprint, on_change, interval=interval, name=name, baseline_now=False)
         self._tasks = TaskSet(name)
         self.inotify = False  # whether events come from the kernel (for logs and tests)
         self.polling = False  # whether the fallback poll runs

@@ -41,12 +41,17 @@ class PollingWatcher:
         *,
         interval: float = 1.0,
         name: str = "watcher",
+        baseline_now: bool = True,
     ) -> None:
         self._fingerprint = fingerprint
         self._on_change = on_change
         self.interval = interval
         self._name = name
-        self._last: Fingerprint | None = None
+        # The files' state as they are about to be read: an owner builds its watcher before it
+        # reads them, so a change made between that read and `start` (a worker starts seconds
+        # later) is a change the first poll sees, not the baseline it compares with. (An owner
+        # that reads just before `start`, as DirectoryWatcher's, primes there instead.)
+        self._last: Fingerprint | None = fingerprint() if baseline_now else None
         self._tasks = TaskSet(name)
 
     def prime(self) -> None:

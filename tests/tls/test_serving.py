@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import ssl
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from cryptography import x509
 
 from aggregator.tls.issue import issue_serving_cert, new_ca, write_cert, write_key
+from aggregator.tls.serving import ServingCertificate
 from aggregator.web.http2.nghttp2 import LIBRARY_ENV
 from tests.conftest import StartGateway
 from tests.support.h2client import negotiated_alpn
@@ -74,6 +76,29 @@ async def test_replaced_pair_is_served_on_new_connections_without_restart(
     head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200")
     writer.close()
+
+
+async def test_a_pair_replaced_before_the_watch_starts_is_picked_up(serving_files: tuple[Path, Path]) -> None:
+    """A worker reads the pair as it builds its listener and starts watching the files later (seconds
+    later on a loaded machine): a rotation in between is a change, not the baseline. (Once, one of
+    two workers took the rotated files as its baseline and served the old pair until restarted.)"""
+    cert, key = serving_files
+    serving = ServingCertificate(str(cert), str(key), client_ca_files=[], interval=0.05)
+    rotated = issue_serving_cert(new_ca("rotated-ca"), ["localhost", "127.0.0.1"])
+    write_key(key, rotated.key)
+    write_cert(cert, rotated.cert)
+    later = cert.stat().st_mtime_ns + 1_000_000_000  # as a rotation a second later leaves them
+    for path in (cert, key):
+        os.utime(path, ns=(later, later))
+    serving.start()
+    try:
+        await until(
+            lambda: serving.current.leaf.serial_number == rotated.cert.serial_number,
+            10.0,
+            "the pair written before the watch started taken in",
+        )
+    finally:
+        await serving.stop()
 
 
 async def test_key_type_change_is_served_too(

@@ -1,7 +1,7 @@
 """Benchmark: the instructions API Priority and Fairness costs a request, against max-in-flight, counted exactly.
 
 Run from the repository root:
-    .venv/bin/python benchmarks/apf_instructions.py [--iterations 50000] [--request 716000]
+    .venv/bin/python benchmarks/apf_instructions.py [--iterations 50000] [--request 537000]
 
 Issue 35's budget: the fast path with APF on costs at most 5% more instructions per request than
 with it off. `proxy_instructions.py --compare-apf` measures the whole request both ways, but its
@@ -13,7 +13,7 @@ free: the common case), with the default limits: each under callgrind for N and 
 the difference of the totals over N is one request's cost, the same on every run whatever else the
 machine does (the objects made before the loop are frozen out of the garbage collector's passes, so
 a collection of them does not land in one of the two runs only). `--request` is a whole proxied
-GET's instructions (`proxy_instructions.py`; 716k in docs/performance.md) to read the difference
+GET's instructions (`proxy_instructions.py`; with APF off, 537k on 2026-11-28 in docs/performance.md) to read the difference
 against.
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchrequest import context
-from callgrind import per_iteration
+from callgrind import per_mode
 from multidict import CIMultiDict
 
 from aggregator.assembly import build_flowcontrol
@@ -84,17 +84,13 @@ def run(mode: str, iterations: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=50_000)
-    parser.add_argument("--request", type=float, default=716_000, help="a whole proxied GET's instructions")
+    parser.add_argument("--request", type=float, default=537_000, help="a whole proxied GET's instructions")
     parser.add_argument("--child", choices=["max-in-flight", "apf"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         run(args.child, args.iterations)
         return 0
-    n = args.iterations
-    per: dict[str, float] = {}
-    for mode in ("max-in-flight", "apf"):
-        per[mode] = per_iteration(__file__, mode, n)
-        print(f"{mode:<14} {per[mode]:8.0f} instructions per request", flush=True)
+    per = per_mode(__file__, ("max-in-flight", "apf"), args.iterations)
     extra = per["apf"] - per["max-in-flight"]
     print(
         f"APF costs {extra:.0f} instructions per request more than max-in-flight: "

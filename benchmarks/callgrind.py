@@ -35,6 +35,17 @@ def per_iteration(script: str, mode: str, iterations: int) -> float:
     return (twice - once) / n
 
 
+def per_mode(script: str, modes: tuple[str, ...], iterations: int) -> dict[str, float]:
+    """`per_iteration` for each of a script's modes, in order, each printed as it is measured: the
+    comparison a `--child MODE` benchmark makes (apf_instructions, tracing_instructions)."""
+    width = max(len(mode) for mode in modes) + 1
+    per: dict[str, float] = {}
+    for mode in modes:
+        per[mode] = per_iteration(script, mode, iterations)
+        print(f"{mode:<{width}} {per[mode]:8.0f} instructions per request", flush=True)
+    return per
+
+
 def inclusive(dump: Path, functions: tuple[str, ...]) -> dict[str, int]:
     """Each function's inclusive instructions in a dump (`callgrind_annotate --inclusive=yes`): the
     largest of its entries (a recursive call's `name'2` and a C function's argument-clinic wrapper are

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchrequest import context
-from callgrind import per_iteration
+from callgrind import per_mode
 
 from aggregator.tracing.config import TracingConfiguration
 from aggregator.tracing.gates import AUTHENTICATION, AUTHORIZATION, traced_gate
@@ -61,11 +61,7 @@ def main() -> int:
     if args.child:
         run(args.child, args.iterations)
         return 0
-    n = args.iterations
-    per: dict[str, float] = {}
-    for mode in ("bare", "traced"):
-        per[mode] = per_iteration(__file__, mode, n)
-        print(f"{mode:<7} {per[mode]:8.0f} instructions per request", flush=True)
+    per = per_mode(__file__, ("bare", "traced"), args.iterations)
     print(f"tracing at rate 0 adds {per['traced'] - per['bare']:.0f} instructions to a request that is not sampled")
     return 0
 

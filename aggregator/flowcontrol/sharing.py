@@ -382,8 +382,8 @@ class SeatShare:
         report: dict[str, tuple[int, int, int]] = {}
         for name in self._dirty:
             level = self.controller.levels.get(name)
-            if level is None:
-                continue
+            if level is None or level.exempt:
+                continue  # gone, or never limited (a lower grant or a new limit noted it)
             queues = level.queues
             wanted = queues.seats_in_use + queues.waiting_seats
             weight = max(queues.active_queues, 1) if wanted else 0

@@ -16,7 +16,7 @@ from aggregator.flowcontrol.manifests import ConfigObjects, decode_manifest
 from aggregator.flowcontrol.metrics import FlowControlMetrics
 from aggregator.flowcontrol.objects import FlowSchema, PriorityLevel
 from aggregator.flowcontrol.queueset import ONE_SEAT
-from aggregator.flowcontrol.sharing import SeatAllocator, SeatShare, divide
+from aggregator.flowcontrol.sharing import SeatAllocator, SeatGrants, SeatShare, divide
 from tests.flowcontrol.support import flow_schema, priority_level
 
 
@@ -166,3 +166,24 @@ async def test_exempt_requests_cost_no_messages_and_their_demand_still_reaches_t
     assert group.messages == before
     group.allocator.receive(0, group.shares[0].stats(time.monotonic()))
     assert group.allocator.demand()[bootstrap.EXEMPT].max == 8
+
+
+async def test_a_lower_exempt_grant_is_not_answered() -> None:
+    """A worker answers a lower grant with its seats in use, so the control knows when they are
+    free; an exempt level's seats are never counted against anything, so nothing is sent."""
+    group = Group(4, 2, config())
+    await group.start()
+    share = group.shares[0]
+    queues = group.workers[0].levels[bootstrap.EXEMPT].queues
+    held = queues.start_request(ONE_SEAT, hash_flow(bootstrap.EXEMPT, "admin"), queues.metrics.flow(bootstrap.EXEMPT))
+    assert held is not None and not held.waiting
+    for _ in range(3):
+        await asyncio.sleep(0)
+    before = group.messages
+    grants = dict(share.grants)
+    share.receive(SeatGrants({**grants, bootstrap.EXEMPT: 5}, share.seen + 1))
+    share.receive(SeatGrants({**grants, bootstrap.EXEMPT: 0}, share.seen + 1))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert group.messages == before
+    queues.finish(held)

@@ -14,7 +14,7 @@ from aggregator.flowcontrol import bootstrap
 from aggregator.flowcontrol.controller import Controller, hash_flow
 from aggregator.flowcontrol.manifests import ConfigObjects, decode_manifest
 from aggregator.flowcontrol.metrics import FlowControlMetrics
-from aggregator.flowcontrol.objects import FlowSchema, PriorityLevel
+from aggregator.flowcontrol.objects import EXEMPT, FlowSchema, PriorityLevel
 from aggregator.flowcontrol.queueset import ONE_SEAT
 from aggregator.flowcontrol.sharing import SeatAllocator, SeatGrants, SeatShare, divide
 from tests.flowcontrol.support import flow_schema, priority_level
@@ -152,9 +152,9 @@ async def test_exempt_requests_cost_no_messages_and_their_demand_still_reaches_t
     await group.start()
     await asyncio.sleep(0)  # the greeting's last messages delivered
     before = group.messages
-    queues = group.workers[0].levels[bootstrap.EXEMPT].queues
-    flow = queues.metrics.flow(bootstrap.EXEMPT)
-    held = [queues.start_request(ONE_SEAT, hash_flow(bootstrap.EXEMPT, f"admin-{i}"), flow) for i in range(8)]
+    queues = group.workers[0].levels[EXEMPT].queues
+    flow = queues.metrics.flow(EXEMPT)
+    held = [queues.start_request(ONE_SEAT, hash_flow(EXEMPT, f"admin-{i}"), flow) for i in range(8)]
     for _ in range(3):
         await asyncio.sleep(0)
     assert all(r is not None and not r.waiting for r in held)  # exempt: dispatched at once, over any grant
@@ -165,7 +165,7 @@ async def test_exempt_requests_cost_no_messages_and_their_demand_still_reaches_t
         await asyncio.sleep(0)
     assert group.messages == before
     group.allocator.receive(0, group.shares[0].stats(time.monotonic()))
-    assert group.allocator.demand()[bootstrap.EXEMPT].max == 8
+    assert group.allocator.demand()[EXEMPT].max == 8
 
 
 async def test_a_lower_exempt_grant_is_not_answered() -> None:
@@ -174,15 +174,15 @@ async def test_a_lower_exempt_grant_is_not_answered() -> None:
     group = Group(4, 2, config())
     await group.start()
     share = group.shares[0]
-    queues = group.workers[0].levels[bootstrap.EXEMPT].queues
-    held = queues.start_request(ONE_SEAT, hash_flow(bootstrap.EXEMPT, "admin"), queues.metrics.flow(bootstrap.EXEMPT))
+    queues = group.workers[0].levels[EXEMPT].queues
+    held = queues.start_request(ONE_SEAT, hash_flow(EXEMPT, "admin"), queues.metrics.flow(EXEMPT))
     assert held is not None and not held.waiting
     for _ in range(3):
         await asyncio.sleep(0)
     before = group.messages
     grants = dict(share.grants)
-    share.receive(SeatGrants({**grants, bootstrap.EXEMPT: 5}, share.seen + 1))
-    share.receive(SeatGrants({**grants, bootstrap.EXEMPT: 0}, share.seen + 1))
+    share.receive(SeatGrants({**grants, EXEMPT: 5}, share.seen + 1))
+    share.receive(SeatGrants({**grants, EXEMPT: 0}, share.seen + 1))
     for _ in range(3):
         await asyncio.sleep(0)
     assert group.messages == before

@@ -17,6 +17,10 @@ the HTTP/2 figures' ratio to HTTP/1.1's. Target (issue 33): at most 1.1x. Last, 
 at once, a new connection after each GOAWAY): its requests/s against the run alone, and how many
 floods were cut. Where the machine has 2 CPUs or more the gateway is pinned to CPU 0, the clients
 and the backend to the others.
+
+`--flood-rounds` with `--workers N` (or `--workers default`, the shipped configuration: as many
+workers as CPUs) measures the flood comparison with that many serving workers instead; the gateway
+is then not pinned (its workers would share one CPU), and its CPU is that of all its processes.
 """
 
 from __future__ import annotations
@@ -226,6 +230,7 @@ def proxied_ready(url: str, timeout: float = 20.0) -> None:
 
 
 def flood_rounds(
+    workers: int | None,
     url: str,
     pid: int,
     port: int,
@@ -265,7 +270,8 @@ def flood_rounds(
         )
     ordered = sorted(ratios)
     print(
-        f"\n/version beside rapid-reset floods, {connections} conns x 8 streams, {seconds}s per run: "
+        f"\n/version beside rapid-reset floods, --workers {workers or 'default'}, {connections} conns x 8 "
+        f"streams, {seconds}s per run: "
         f"{', '.join(f'{r:.2f}x' for r in ratios)} the run alone (median {ordered[len(ordered) // 2]:.2f}x, "
         f"target >= 0.8x); the floods' share of the gateway's CPU: median {sorted(shares)[len(shares) // 2]:.0%}"
     )
@@ -283,13 +289,23 @@ def main() -> int:
         help="only the flood comparison: this many alternating rounds of the multiplexed /version run "
         "alone and beside floods (the CPU comparisons are skipped)",
     )
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="with --flood-rounds: the gateway's --workers (a number, or 'default' for the shipped "
+        "default, one per CPU); the CPU comparisons always run one worker",
+    )
     args = parser.parse_args()
+    if not args.flood_rounds and args.workers != "1":
+        parser.error("--workers applies to --flood-rounds only")
+    workers = None if args.workers == "default" else int(args.workers)
     for tool in ("wrk", "h2load"):
         if shutil.which(tool) is None:
             print(f"{tool} is not installed (wrk; h2load is in Debian's nghttp2-client)")
             return 2
     cpus = os.cpu_count() or 1
-    server_cpu, client_cpus = ("0", f"1-{cpus - 1}") if cpus >= 2 else (None, None)
+    pinned = cpus >= 2 and workers == 1
+    server_cpu, client_cpus = ("0", f"1-{cpus - 1}") if pinned else (None, None)
     connections, seconds = args.connections, args.seconds
     multiplexed = max(1, connections // 8)
 
@@ -307,7 +323,7 @@ def main() -> int:
         tokens.write_text(f'{TOKEN},bench,bench-uid,"system:authenticated"\n')
         pki = work / "pki"
         gateway_args = [
-            "--workers", "1",
+            *(["--workers", str(workers)] if workers is not None else []),
             "--token-auth-file", str(tokens),
             "--requestheader-client-ca-file", str(pki / "front-proxy-ca.crt"),
             "--requestheader-allowed-names", "front-proxy-client",
@@ -321,7 +337,7 @@ def main() -> int:
         ):
             proxied_ready(gw.url + PATH)
             if args.flood_rounds:
-                return flood_rounds(gw.url + "/version", gw.pid, ports.gateway, args.flood_rounds, seconds, multiplexed, server_cpu, client_cpus, cpus)  # fmt: skip
+                return flood_rounds(workers, gw.url + "/version", gw.pid, ports.gateway, args.flood_rounds, seconds, multiplexed, server_cpu, client_cpus, cpus)  # fmt: skip
             for name, path in (("/version", "/version"), ("proxied GET", PATH)):
                 url = gw.url + path
                 warm = min(3, seconds)

@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
-from wrkbench import cpu_seconds, free_port, pinning, rss_bytes
+from wrkbench import cpu_seconds, free_port, pinning, rss_bytes, tree, tree_cpu
 
 from aggregator.commands.certs import init_pki
 from aggregator.tls.issue import issue_serving_cert, new_ca, write_pair
@@ -327,26 +327,6 @@ def nginx(work: Path, listen: str, cpus: str | None) -> Iterator[None]:
         proc.send_signal(signal.SIGQUIT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)
-
-
-def tree(pid: int) -> list[int]:
-    """`pid` and its descendants (the control and its workers)."""
-    pids, queue = [], [pid]
-    while queue:
-        current = queue.pop()
-        pids.append(current)
-        with contextlib.suppress(OSError):
-            for task in Path(f"/proc/{current}/task").iterdir():
-                queue += [int(child) for child in (task / "children").read_text().split()]
-    return pids
-
-
-def tree_cpu(pid: int) -> float:
-    total = 0.0
-    for member in tree(pid):
-        with contextlib.suppress(OSError, IndexError):
-            total += cpu_seconds(member)
-    return total
 
 
 def tree_rss(pid: int) -> float:

@@ -71,6 +71,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree(pid: int) -> list[int]:
+    """`pid` and its descendants (the control and its workers)."""
+    pids, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        pids.append(current)
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{current}/task").iterdir():
+                queue += [int(child) for child in (task / "children").read_text().split()]
+    return pids
+
+
+def tree_cpu(pid: int) -> float:
+    total = 0.0
+    for member in tree(pid):
+        with contextlib.suppress(OSError, IndexError):
+            total += cpu_seconds(member)
+    return total
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -36,7 +36,9 @@ from aggregator.web.http2 import nghttp2
 from aggregator.web.http2.limits import H2Limits
 from aggregator.web.http2.listener import alpn_protocols, dispatching
 from aggregator.web.http2.metrics import ConnectionMetrics
+from aggregator.web.http2.penalty import FloodPenalty, Penalties, PenaltyMetrics
 from aggregator.web.http2.serving import Http2Serving
+from aggregator.web.http2.tarpit import Tarpit
 from aggregator.web.options import ShutdownConfig
 
 log = logging.getLogger(__name__)
@@ -113,12 +115,16 @@ class GatewayServer:
         self.reuse_port = reuse_port
         self.connection_metrics = ConnectionMetrics(self.gateway.metrics.registry)
         self.http2: Http2Serving | None = None
+        # Addresses whose HTTP/2 connection was cut for a flood, held before their next handshakes.
+        self.penalties = Penalties(FloodPenalty(), PenaltyMetrics(self.gateway.metrics.registry))
+        self._tarpit: Tarpit | None = None
         if library is not None:
             self.http2 = Http2Serving(
                 self.gateway.pipeline.handle,
                 H2Limits.for_flag(config.serving.http2_max_streams_per_connection),
                 self.connection_metrics,
                 library,
+                self.penalties,
             )
         self.read_header_timeout = READ_HEADER_TIMEOUT
         self.idle_timeout = IDLE_TIMEOUT
@@ -158,6 +164,9 @@ class GatewayServer:
         self._runner = web.ServerRunner(self._low_level_server(), shutdown_timeout=CLOSE_TIMEOUT)
         await self._runner.setup()
         assert self._runner.server is not None
+        dispatch = dispatching(self._runner.server, self.http2, self.connection_metrics)
+        # A connection from an address penalised for a flood waits in the tarpit before it is served.
+        self._tarpit = Tarpit(dispatch, self.penalties)
         site = TimedSite(
             self._runner,
             self.config.serving.bind_address,
@@ -166,7 +175,7 @@ class GatewayServer:
             backlog=LISTEN_BACKLOG,
             reuse_port=self.reuse_port or None,
             ssl_handshake_timeout=self.read_header_timeout,  # Go's tlsHandshakeTimeout
-            protocol_factory=dispatching(self._runner.server, self.http2, self.connection_metrics),
+            protocol_factory=self._tarpit,
         )
         try:
             await site.start()
@@ -214,6 +223,8 @@ class GatewayServer:
         self._closed = True
         self.gateway.shutting_down = True
         await self.serving.stop()
+        if self._tarpit is not None:
+            self._tarpit.close()
         if self.http2 is not None:
             self.http2.close()
         if self._runner is not None:

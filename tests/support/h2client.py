@@ -108,9 +108,13 @@ class H2Client:
         host: str = "127.0.0.1",
         auto_ack: bool = True,
         settings: dict[int, int] | None = None,
+        local: str | None = None,
     ) -> AsyncIterator[H2Client]:
+        """`local`: the source address (another loopback address is another client)."""
         context.set_alpn_protocols(["h2"])
-        reader, writer = await asyncio.open_connection(host, port, ssl=context, limit=2**20)
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=context, limit=2**20, local_addr=(local, 0) if local else None
+        )
         assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
         client = cls(reader, writer, auto_ack=auto_ack, settings=settings)
         try:
@@ -282,7 +286,10 @@ class RawH2:
     PING acknowledgements."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, settings: dict[int, int] | None = None
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        settings: dict[int, int] | None = None,
     ) -> None:
         self.reader = reader
         self.writer = writer
@@ -303,11 +310,19 @@ class RawH2:
     @classmethod
     @contextlib.asynccontextmanager
     async def connect(
-        cls, port: int, context: ssl.SSLContext, settings: dict[int, int] | None = None
+        cls,
+        port: int,
+        context: ssl.SSLContext,
+        settings: dict[int, int] | None = None,
+        *,
+        local: str | None = None,
     ) -> AsyncIterator[RawH2]:
-        """`settings`: the client's SETTINGS (e.g. `{0x4: 0}`, an initial window of 0)."""
+        """`settings`: the client's SETTINGS (e.g. `{0x4: 0}`, an initial window of 0); `local`:
+        the source address."""
         context.set_alpn_protocols(["h2"])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, limit=2**20)
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=context, limit=2**20, local_addr=(local, 0) if local else None
+        )
         assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
         client = cls(reader, writer, settings)
         try:

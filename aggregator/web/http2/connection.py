@@ -596,6 +596,8 @@ class H2ServerConnection(asyncio.Protocol):
                 extra=fields(remote=self.info.remote, reason=violation.reason, detail=str(violation)),
             )
         self.serving.metrics.goaway(violation.reason)
+        if violation.code == ErrorCode.ENHANCE_YOUR_CALM:  # a flood: its address waits (penalty.py)
+            self.serving.penalties.penalise(self.info.remote)
         if submit:
             self.lib.lib.nghttp2_session_terminate_session(self.session, violation.code)
         self.closing = True

@@ -1,6 +1,7 @@
 """What every HTTP/2 connection of one listener shares: the pipeline's entry, the limits, the
 libnghttp2 binding, the header-name and field caches, and the live connections, for the server's
-graceful shutdown (`shut_down`: GOAWAY on each) and its close."""
+graceful shutdown (`shut_down`: GOAWAY on each) and its close, and where a flood's cut
+penalises its address (`penalty.py`)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,28 @@ class LiveConnection(Protocol):
     def close(self) -> None: ...
 
 
+class Penalising(Protocol):
+    """Where a connection cut for a flood reports its client's address (`penalty.Penalties`)."""
+
+    def penalise(self, address: str | None) -> None: ...
+
+
+class _NoPenalty:
+    def penalise(self, address: str | None) -> None:
+        pass
+
+
 class Http2Serving:
-    def __init__(self, handler: Handler, limits: H2Limits, metrics: ConnectionMetrics, nghttp2: Nghttp2) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        limits: H2Limits,
+        metrics: ConnectionMetrics,
+        nghttp2: Nghttp2,
+        penalties: Penalising | None = None,
+    ) -> None:
         self.handler = handler
+        self.penalties: Penalising = penalties or _NoPenalty()
         self.limits = limits
         self.metrics = metrics
         self.nghttp2 = nghttp2

@@ -35,8 +35,8 @@ from aggregator.web.http1.server import GatewayRequest, TimedServer, TimedSite, 
 from aggregator.web.http2 import nghttp2
 from aggregator.web.http2.limits import H2Limits
 from aggregator.web.http2.listener import alpn_protocols, dispatching
-from aggregator.web.http2.metrics import ConnectionMetrics
-from aggregator.web.http2.penalty import FloodPenalty, Penalties, PenaltyMetrics
+from aggregator.web.http2.metrics import ConnectionMetrics, PenaltyMetrics
+from aggregator.web.http2.penalty import FloodPenalty, Penalties
 from aggregator.web.http2.serving import Http2Serving
 from aggregator.web.http2.tarpit import Tarpit
 from aggregator.web.options import ShutdownConfig

@@ -56,3 +56,20 @@ class ConnectionMetrics:
 
     def goaway(self, reason: str) -> None:
         self._goaways(reason).inc()
+
+
+class PenaltyMetrics:
+    """The gateway's own counter (kube-apiserver has no penalty, so no metric to match)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.connections = Families(registry).counter(
+            "aggregator_http2_penalised_connections",
+            "Connections from an address penalised for an HTTP/2 flood (a connection cut with GOAWAY "
+            "ENHANCE_YOUR_CALM), by outcome: delayed (held unserved until the penalty ends) or "
+            "refused (closed at once: too many held for that address).",
+            ["outcome"],
+        )
+        self._connections = Children(self.connections)
+
+    def penalised(self, outcome: str) -> None:
+        self._connections(outcome).inc()

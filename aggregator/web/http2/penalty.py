@@ -21,10 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from prometheus_client import CollectorRegistry
-
-from aggregator.web.metrics import Children, Families
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -35,21 +32,10 @@ class FloodPenalty:
     held_per_address: int = 8  # connections held at once per address; more are closed at once
 
 
-class PenaltyMetrics:
-    """The gateway's own counter (kube-apiserver has no penalty, so no metric to match)."""
+class PenaltyCounter(Protocol):
+    """Where held and refused connections are counted (`metrics.PenaltyMetrics`)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.connections = Families(registry).counter(
-            "aggregator_http2_penalised_connections",
-            "Connections from an address penalised for an HTTP/2 flood (a connection cut with GOAWAY "
-            "ENHANCE_YOUR_CALM), by outcome: delayed (held unserved until the penalty ends) or "
-            "refused (closed at once: too many held for that address).",
-            ["outcome"],
-        )
-        self._connections = Children(self.connections)
-
-    def penalised(self, outcome: str) -> None:
-        self._connections(outcome).inc()
+    def penalised(self, outcome: str) -> None: ...
 
 
 @dataclass
@@ -63,7 +49,7 @@ class Penalties:
     """The penalised addresses of one worker, and how many of their connections are held."""
 
     def __init__(
-        self, policy: FloodPenalty, metrics: PenaltyMetrics, clock: Callable[[], float] = time.monotonic
+        self, policy: FloodPenalty, metrics: PenaltyCounter, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.policy = policy
         self.metrics = metrics

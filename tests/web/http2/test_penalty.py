@@ -14,7 +14,8 @@ from hyperframe.frame import RstStreamFrame
 from prometheus_client import CollectorRegistry
 
 from aggregator.runners.server import GatewayServer
-from aggregator.web.http2.penalty import FloodPenalty, Penalties, PenaltyMetrics
+from aggregator.web.http2.metrics import PenaltyMetrics
+from aggregator.web.http2.penalty import FloodPenalty, Penalties
 from tests.support.fixtures import StartProxied
 from tests.support.h2client import H2Client, RawH2
 from tests.support.pki import PKI
@@ -27,7 +28,10 @@ PENALTY = 6.0
 
 
 def penalised(server: GatewayServer, outcome: str) -> int:
-    return int(server.penalties.metrics.connections.labels(outcome)._value.get())
+    value = server.gateway.metrics.registry.get_sample_value(
+        "aggregator_http2_penalised_connections_total", {"outcome": outcome}
+    )
+    return int(value or 0)
 
 
 async def served_at(port: int, pki: PKI) -> float:

@@ -108,9 +108,10 @@ class PriorityAndFairness:
         # Requests waiting and executing, by kind, over time (read_vs_write_current_requests).
         counts = metrics.read_vs_write_counts
         self._lanes = {
-            kind: _Lane(self.executing.counts[kind], counts[EXECUTING, _METRIC_KIND[kind]], self.waiting.counts[kind])
+            kind: _Lane(kind, self.executing.counts[kind], counts[EXECUTING, _METRIC_KIND[kind]], self.waiting.counts[kind])
             for kind in _METRIC_KIND
         }
+        self._read_only, self._mutating = self._lanes[READ_ONLY_KIND], self._lanes[MUTATING_KIND]
         self._waiting_counts = {kind: counts[WAITING, _METRIC_KIND[kind]] for kind in _METRIC_KIND}
         self._notes = {kind: _QueueNote(self, kind) for kind in (READ_ONLY_KIND, MUTATING_KIND)}
         self._rejected = 0
@@ -138,18 +139,19 @@ class PriorityAndFairness:
         watch = verb == "watch"
         if ctx.long_running and not watch:
             return None
-        controller = self.controller
-        both = controller.decided.get((user.name, user.groups))
-        found = None if both is None else both[info.is_resource_request]
+        known = self.controller.decided.get(user.name)
+        found = None
+        if known is not None and known[0] == user.groups:
+            found = known[2] if info.is_resource_request else known[1]
         if found is None:  # a user not seen since the last change, or rules to match one by one
-            schema = controller.classify(user, info)
+            schema = self.controller.classify(user, info)
             flow = schema.flow(user, info)
         else:
             schema, flow = found
             if flow < 0:  # distinguished by namespace
                 flow = schema.flow(user, info)
         level = schema.level
-        kind = READ_ONLY_KIND if verb in _READ_ONLY else MUTATING_KIND
+        lane = self._read_only if verb in _READ_ONLY else self._mutating
         stats = schema.stats
         if verb in _SIZED:
             work, watch_count = self.estimator.estimate(info, ctx.query if ctx.raw_query else {}, level.name)
@@ -157,22 +159,21 @@ class PriorityAndFairness:
                 stats.watch_count.observe(watch_count)
             if work is not ONE_SEAT:
                 stats.work_seats.observe(work.max_seats)
-                return self._start(ctx, schema, kind, watch, work, flow)
+                return self._start(ctx, schema, lane, watch, work, flow)
         request = level.queues.start_one(flow, stats)
         if request is None:
             stats.one_seat += 1  # estimated: one seat
-            return self._start(ctx, schema, kind, watch, ONE_SEAT, flow)
+            return self._start(ctx, schema, lane, watch, ONE_SEAT, flow)
         # (start_one counted it: dispatched, one seat, waited 0 s, passed its queue)
         request.schema = schema
-        request.kind = kind
+        request.lane = lane
         request.watch = watch
         ctx.priority = request
         now = request.start
-        lane = self._lanes[kind]
         if request.queue is not None:  # it passed through its queue in an instant
             waited = lane.waiting  # (`WaitingWatermark.passed`, its commonest case written out)
             if waited.current or now >= self.waiting.window_end:
-                self.waiting.passed(kind, now)
+                self.waiting.passed(lane.kind, now)
             elif not waited.mark:
                 waited.mark = 1
         self._executing(lane, now, 1)
@@ -181,19 +182,19 @@ class PriorityAndFairness:
         return None
 
     def _start(
-        self, ctx: RequestContext, schema: Schema, kind: str, watch: bool, work: WorkEstimate, flow: int
+        self, ctx: RequestContext, schema: Schema, lane: _Lane, watch: bool, work: WorkEstimate, flow: int
     ) -> GateAnswer | Awaitable[GateAnswer]:
         """The general case: queued, refused, wider than a seat, or a Reject level."""
         level = schema.level
         stats = schema.stats
-        request = level.queues.start_request(work, flow, stats, self._notes[kind])
+        request = level.queues.start_request(work, flow, stats, self._notes[lane.kind])
         if request is None:
             ctx.priority = Refused(schema)
             if not level.exempt:
                 stats.waited("false").observe(0.0)
             return self._reject(ctx, level)
         request.schema = schema
-        request.kind = kind
+        request.lane = lane
         request.watch = watch
         ctx.priority = request
         if request.decided is None:
@@ -226,8 +227,7 @@ class PriorityAndFairness:
     def _execute(self, ctx: RequestContext, request: Request) -> None:
         """The request takes its seats: counted as dispatched and executing."""
         request.stats.dispatched += 1
-        kind = request.kind
-        self._executing(self._lanes[kind], request.start, 1)
+        self._executing(request.lane, request.start, 1)
         if request.watch:
             info = ctx.info
             assert info is not None
@@ -297,7 +297,7 @@ class PriorityAndFairness:
         took = now - request.start
         executions.counts[bisect_left(executions.bounds, took)] += 1
         executions.total += took
-        self._executing(self._lanes[request.kind], now, -1)
+        self._executing(request.lane, now, -1)
         level = request.schema.level
         queues = level.queues
         queues.finish(request, now)
@@ -339,11 +339,13 @@ class PriorityAndFairness:
 class _Lane:
     """What a request kind's requests move on the request path: the count of those executing that
     `apiserver_current_inflight_requests` publishes, its occupancy over time
-    (`read_vs_write_current_requests`), and the count of those waiting (`WaitingWatermark`)."""
+    (`read_vs_write_current_requests`), and the count of those waiting (`WaitingWatermark`).
+    A request holds its kind's lane (`Request.lane`): its finisher finds them without a lookup."""
 
-    __slots__ = ("executing", "occupancy", "waiting")
+    __slots__ = ("executing", "kind", "occupancy", "waiting")
 
-    def __init__(self, executing: KindCount, occupancy: Occupancy, waiting: KindCount) -> None:
+    def __init__(self, kind: str, executing: KindCount, occupancy: Occupancy, waiting: KindCount) -> None:
+        self.kind = kind
         self.executing = executing
         self.occupancy = occupancy
         self.waiting = waiting

@@ -80,7 +80,7 @@ class QueuingConfig:
 
 class Request:
     """A request in a queueset, from arrival to the release of its last seat; the filter keeps what
-    it decided about the request on it too (`schema`, `kind`, `watch`, `forget_watch`).
+    it decided about the request on it too (`schema`, `lane`, `watch`, `forget_watch`).
 
     This class itself is the commonest request of all, one seat dispatched as it arrived
     (`start_one`): its size and queuing fields are the class's defaults, so making one sets only
@@ -92,7 +92,7 @@ class Request:
         "final_seats",
         "forget_watch",
         "initial_seats",
-        "kind",
+        "lane",
         "max_seats",
         "queue",
         "schema",
@@ -119,7 +119,7 @@ class Request:
     start: float
     executing: bool  # holds seats: `finish` must be called
     schema: Any
-    kind: str
+    lane: Any  # its kind's counters in the filter
     watch: bool
     forget_watch: Callable[[], None] | None
 
@@ -144,7 +144,7 @@ class SizedRequest(Request):
         self.executing = False
         self.queued_note = None
         self.schema = None
-        self.kind = ""
+        self.lane = None
         self.watch = False
         self.forget_watch = None
 

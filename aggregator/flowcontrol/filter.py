@@ -176,7 +176,20 @@ class PriorityAndFairness:
                 self.waiting.passed(lane.kind, now)
             elif not waited.mark:
                 waited.mark = 1
-        self._executing(lane, now, 1)
+        occupancy = lane.occupancy
+        try:
+            occupancy.times[occupancy.value] += now - occupancy.since
+        except IndexError:
+            occupancy.move(now, 1)
+        else:
+            occupancy.since = now
+            occupancy.value += 1
+        count = lane.executing
+        count.current = value = count.current + 1
+        if now >= self.executing.window_end:
+            self.executing.tick(now)
+        if value > count.mark:
+            count.mark = value
         if watch:
             self._watching(ctx, request, info)
         return None
@@ -252,7 +265,8 @@ class PriorityAndFairness:
     def _executing(self, lane: _Lane, now: float, delta: int) -> None:
         """A request of the lane's kind starts (1) or stops (-1) executing at `now`: the count
         `apiserver_current_inflight_requests` publishes (`InflightWatermark.moved`) and its occupancy
-        over time (`Occupancy.move`), both written out: every request comes here twice."""
+        over time (`Occupancy.move`), both written out. For the general path: the gate's fast path
+        and `_release` write it out again (a call is a measurable share of a request's cost)."""
         occupancy = lane.occupancy
         try:
             occupancy.times[occupancy.value] += now - occupancy.since
@@ -297,7 +311,21 @@ class PriorityAndFairness:
         took = now - request.start
         executions.counts[bisect_left(executions.bounds, took)] += 1
         executions.total += took
-        self._executing(request.lane, now, -1)
+        lane = request.lane
+        occupancy = lane.occupancy
+        try:
+            occupancy.times[occupancy.value] += now - occupancy.since
+        except IndexError:
+            occupancy.move(now, -1)
+        else:
+            occupancy.since = now
+            occupancy.value -= 1
+        count = lane.executing
+        count.current = value = count.current - 1
+        if now >= self.executing.window_end:
+            self.executing.tick(now)
+        if value > count.mark:
+            count.mark = value
         level = request.schema.level
         queues = level.queues
         queues.finish(request, now)

@@ -253,11 +253,13 @@ class PriorityAndFairness:
         request.forget_watch = self.watches.register(info, lambda name: _pinned(ctx, name))
         route = ctx.route
         handler = route.handler
-        release = self._release
+        finished = self.finished
 
         async def delegated(ctx: RequestContext) -> Answer:
-            if request.executing:
-                release(request)
+            # The finisher gives the seats back; the watch stays counted until it ends.
+            forget, request.forget_watch = request.forget_watch, None
+            finished(ctx, None, None)
+            request.forget_watch = forget
             return await handler(ctx)
 
         ctx.route = replace(route, handler=delegated)
@@ -266,7 +268,7 @@ class PriorityAndFairness:
         """A request of the lane's kind starts (1) or stops (-1) executing at `now`: the count
         `apiserver_current_inflight_requests` publishes (`InflightWatermark.moved`) and its occupancy
         over time (`Occupancy.move`), both written out. For the general path: the gate's fast path
-        and `_release` write it out again (a call is a measurable share of a request's cost)."""
+        and `finished` write it out again (a call is a measurable share of a request's cost)."""
         occupancy = lane.occupancy
         try:
             occupancy.times[occupancy.value] += now - occupancy.since
@@ -292,45 +294,42 @@ class PriorityAndFairness:
     # --- the end of a request's seats --------------------------------------------------------------------
 
     def finished(self, ctx: RequestContext, _answer: Answer | None, _error: BaseException | None) -> None:
-        """Finisher: the request is over; its seats (if still held) go back, its watch is forgotten."""
+        """Finisher: the request is over; its seats (if still held) go back, its watch (if it has
+        one) is forgotten. (A watch's wrapped handler calls it as it starts, without the watch.)"""
         request = ctx.priority
         if request is None:
             return
-        if request.executing:
-            self._release(request)
+        if request.executing:  # its seats go back
+            stats = request.stats
+            executions = stats.execution("watch") if request.watch else stats.regular
+            now = self.clock()
+            took = now - request.start
+            executions.counts[bisect_left(executions.bounds, took)] += 1
+            executions.total += took
+            lane = request.lane
+            occupancy = lane.occupancy
+            try:
+                occupancy.times[occupancy.value] += now - occupancy.since
+            except IndexError:
+                occupancy.move(now, -1)
+            else:
+                occupancy.since = now
+                occupancy.value -= 1
+            count = lane.executing
+            count.current = value = count.current - 1
+            if now >= self.executing.window_end:
+                self.executing.tick(now)
+            if value > count.mark:
+                count.mark = value
+            level = request.schema.level
+            queues = level.queues
+            queues.finish(request, now)
+            if level.quiescing and queues.is_idle():
+                self.controller.level_idle(level)
         forget = request.forget_watch
         if forget is not None:
             request.forget_watch = None
             forget()
-
-    def _release(self, request: Request) -> None:
-        """The request's seats go back (its callers know it holds them)."""
-        stats = request.stats
-        executions = stats.execution("watch") if request.watch else stats.regular
-        now = self.clock()
-        took = now - request.start
-        executions.counts[bisect_left(executions.bounds, took)] += 1
-        executions.total += took
-        lane = request.lane
-        occupancy = lane.occupancy
-        try:
-            occupancy.times[occupancy.value] += now - occupancy.since
-        except IndexError:
-            occupancy.move(now, -1)
-        else:
-            occupancy.since = now
-            occupancy.value -= 1
-        count = lane.executing
-        count.current = value = count.current - 1
-        if now >= self.executing.window_end:
-            self.executing.tick(now)
-        if value > count.mark:
-            count.mark = value
-        level = request.schema.level
-        queues = level.queues
-        queues.finish(request, now)
-        if level.quiescing and queues.is_idle():
-            self.controller.level_idle(level)
 
     # --- the answer's headers ------------------------------------------------------------------------------
 

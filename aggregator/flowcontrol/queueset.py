@@ -353,7 +353,8 @@ class QueueSet:
         """`start_request` for the common case, in one step: a one-seat request of an exempt level, or
         of a queuing level where nothing waits and a seat is free (what `_dispatch_at_once` does,
         inlined: this runs for nearly every request). None when it is not that case. The caller
-        tells the waiting watermark that a queued level's request passed through its queue."""
+        sets what it decided (`schema`, `lane`, `watch`) and tells the waiting watermark that a
+        queued level's request passed through its queue."""
         fast = self._fast
         seats = self.seats_in_use
         if fast > 0:
@@ -378,7 +379,6 @@ class QueueSet:
         request.arrival_r = r
         request.start = now
         request.forget_watch = None
-        request.watch = False
         request.executing = True
         stats.executing_requests += 1
         stats.executing_seats += 1

@@ -139,3 +139,24 @@ def test_connections_are_held_up_to_the_bound_then_refused_and_none_once_it_ends
     assert book.admit("10.0.0.2") == 0.0
     clock.now += 1.0
     assert book.admit("10.0.0.1") == 0.0
+
+
+async def test_connections_held_when_the_server_closes_are_closed_unserved(
+    start_proxied: StartProxied, pki: PKI
+) -> None:
+    proxied = await start_proxied()
+    server, port = proxied.server, proxied.server.port
+    server.penalties.policy = FloodPenalty(first=60.0, longest=60.0)
+    async with RawH2.connect(port, pki.client_context("admin"), local="127.0.0.1") as flood:
+        frames: list[bytes | RstStreamFrame] = []
+        for n in range(200):
+            sid = 2 * n + 1
+            frames += [flood.headers(sid, "GET", "/version"), RstStreamFrame(sid, error_code=ErrorCodes.CANCEL)]
+        flood.send(*frames)
+        await flood.until(lambda: flood.goaway is not None)
+    async with RawH2.connect(port, pki.client_context("admin"), local="127.0.0.1") as held:
+        await until(lambda: penalised(server, "delayed") == 1, what="the connection held")
+        await server.stop(request_grace=0)
+        with pytest.raises(AssertionError, match="closed"):
+            await held.until(lambda: held.goaway is not None)
+        assert held.goaway is None  # never served: not even the server's SETTINGS

@@ -1,12 +1,13 @@
 """Flood penalties: a source address whose HTTP/2 connection was cut with GOAWAY
 ENHANCE_YOUR_CALM waits before its next connections are served.
 
-A rapid-reset flooder cut after 32 streams simply reconnects: 40-65 floods a second, each paying
-the gateway a TLS handshake and the decoding up to the cut, a third of one worker's CPU beside
-another client's requests. Penalised, its next connections are held, unread, until the penalty
+A rapid-reset flooder cut after 32 streams simply reconnects: 40-95 floods a second, each paying
+the gateway a TLS handshake and the decoding up to the cut, which left other clients 0.5-0.8x of
+their requests per second. Penalised, its next connections are held, unread, until the penalty
 ends (the `tarpit` gate, right after the TLS handshake), so its loop of connect, flood, cut runs at
-one connection per penalty. The penalty is short and doubles while the address keeps flooding: 1 s, 2 s, 4 s ... up to
-30 s; a cut more than `quiet` seconds after the last penalty ended starts again at 1 s. At most
+one connection per penalty. The penalty is short and doubles while the address keeps flooding:
+1 s, 2 s, 4 s ... up to 30 s; a cut more than `quiet` seconds after the last penalty ended starts
+again at 1 s. At most
 `held_per_address` connections of one address are held at once; more are closed at once, so
 holding cannot exhaust the worker's descriptors.
 

@@ -29,7 +29,7 @@ from sample_apiserver.server import SampleServer
 from aggregator.flowcontrol.metrics import FlowControlMetrics
 from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.sources.problems import ManifestReport
-from aggregator.web.http2.metrics import ConnectionMetrics
+from aggregator.web.http2.metrics import ConnectionMetrics, PenaltyMetrics
 from aggregator.workers.metrics import WorkerMetrics
 from tests.manifests.k8s import MANIFESTS, REPO
 from tests.support.pki import PKI
@@ -174,6 +174,7 @@ def test_every_metric_in_the_table_is_served_under_that_name() -> None:
     # with --workers N.
     metrics = GatewayMetrics.declare()
     ConnectionMetrics(metrics.registry)
+    PenaltyMetrics(metrics.registry)  # the listener's flood penalty
     ManifestReport(list, metrics.registry)  # local mode's folder
     FlowControlMetrics(metrics.registry)  # API Priority and Fairness, on by default
     for registry in (metrics.registry, WorkerMetrics(2).registry):

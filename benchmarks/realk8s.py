@@ -17,6 +17,9 @@ answered. It prints req/s, p50, p99 and CPU µs per request for both and the rat
 33, over HTTP/2): at most 0.8x kube-apiserver's CPU per request, at least 1.0x its req/s, and at
 one request at a time a p50 within 0.2 ms of the gateway's own over HTTP/1.1.
 
+`BENCH_GATEWAY_SRC=DIR` runs another checkout's gateway (e.g. `git archive main | tar -x -C DIR`)
+with this harness, to compare a change with the tree before it in the same session.
+
 The folder is shared and is only read: the script never starts, stops or changes its processes,
 and writes nothing into it. Not for CI: it needs the real binaries.
 """
@@ -167,7 +170,11 @@ def gateway(folder: Path, work: Path, workers: int | None) -> Iterator[tuple[str
         *(["--workers", str(workers)] if workers else []),
     ]  # fmt: skip
     log = (work / "gateway.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    env, cwd = dict(os.environ), None
+    if os.environ.get("BENCH_GATEWAY_SRC"):
+        # Another checkout's gateway (e.g. before a change) with this run's harness, as wrkbench does.
+        cwd = env["PYTHONPATH"] = os.environ["BENCH_GATEWAY_SRC"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     base = f"https://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

@@ -7,10 +7,11 @@ at most its *grant* of a level's seats in use, and the grants of a level never a
 its limit. Dispatching stays local, so a request that finds a free seat in its worker's share
 costs no message; only a level whose demand outgrows a worker's share moves seats:
 
-- a worker whose demand for a level (seats in use + seats waiting) exceeds its grant, or falls back
-  within it, reports the level's demand, its weight (the queues active there: fair queuing gives
-  each active queue an equal share) and the seats it has in use (`SeatDemand`); reports are
-  gathered once per turn of the event loop;
+- a worker whose demand for a limited level (seats in use + seats waiting) exceeds its grant, or
+  falls back within it, reports the level's demand, its weight (the queues active there: fair
+  queuing gives each active queue an equal share) and the seats it has in use (`SeatDemand`);
+  reports are gathered once per turn of the event loop (an exempt level, never limited, reports
+  none);
 - the control process then divides the level's limit: what every worker asks for when it all fits
   (the rest spread evenly, so an idle worker can take a burst at once), otherwise max-min fair by
   weight, each worker capped at its demand, with fractions of a seat carried over between
@@ -354,9 +355,14 @@ class SeatShare:
     # --- reporting demand ---------------------------------------------------------------------------------------
 
     def _hook_levels(self) -> None:
-        """Watch every level's seat demand (levels are created on configuration changes)."""
+        """Watch every limited level's seat demand (levels are created on configuration changes).
+        An exempt level dispatches whatever its grant, so its demand is not reported: that was two
+        messages and a wake-up of the control per change of its seats in use, i.e. per request of
+        system:masters. Its integrals still go out with `stats`, for the borrowing."""
         for level in self.controller.levels.values():
-            if level.queues.on_demand is None:
+            if level.exempt:
+                level.queues.on_demand = None
+            elif level.queues.on_demand is None:
                 level.queues.on_demand = lambda _demand, level=level: self._noted(level)
 
     def _noted(self, level: Level) -> None:
@@ -376,8 +382,8 @@ class SeatShare:
         report: dict[str, tuple[int, int, int]] = {}
         for name in self._dirty:
             level = self.controller.levels.get(name)
-            if level is None:
-                continue
+            if level is None or level.exempt:
+                continue  # gone, or never limited (a lower grant or a new limit noted it)
             queues = level.queues
             wanted = queues.seats_in_use + queues.waiting_seats
             weight = max(queues.active_queues, 1) if wanted else 0

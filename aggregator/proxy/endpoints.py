@@ -7,8 +7,8 @@ one `Endpoints` per APIService (kept across changes of its objects by `HandlingT
 - balancing: power of two choices (two endpoints at random, the cheaper one unless their costs are
   within `NOISE` of each other), where an endpoint's
   cost is its requests in flight plus one, times its recent time to first byte (a moving average;
-  an endpoint not chosen for `STALE` seconds gets one request as if it were new, so a replica
-  that was slow is tried again): close to Finagle's "peak EWMA". Long-running requests are not counted (a watch
+  an endpoint not chosen for `STALE` seconds, or that lost `LOSSES` pairs in a row, gets one
+  request as if it were new, so a replica that was slow is tried again): close to Finagle's "peak EWMA". Long-running requests are not counted (a watch
   is not load). A replica 200 ms slower than its peers then gets a few percent of the requests.
 - passive outlier ejection: an endpoint that refuses or resets a connection, fails TLS or does not
   connect in time is ejected at once; `consecutive_errors` 502/503/504 answers in a row eject it
@@ -49,6 +49,11 @@ STALE = 2.0
 # the one that happened to be a little slower would otherwise lose every pair it is in (a third of
 # three equal replicas starved on a loaded machine). One request in flight more doubles a cost.
 NOISE = 1.5
+# An endpoint that lost this many pairs in a row is tried once as if its average were unknown, as
+# after `STALE`: under a burst, a replica priced out by one slow answer (a loaded machine's hiccup)
+# would otherwise get nothing for a whole period (4 of 600 GETs went to one of three equal replicas).
+# A replica that is really slow then gets about one request in `LOSSES` pairs it is drawn into.
+LOSSES = 32
 
 
 class Endpoint:
@@ -64,6 +69,7 @@ class Endpoint:
         "first_byte_counts",
         "first_byte_sum",
         "latency",
+        "losses",
         "outstanding",
         "probing",
         "reason",
@@ -82,6 +88,7 @@ class Endpoint:
         self.latency = 0.0  # moving average of the time to first byte (seconds; 0: none yet)
         self.timed = 0.0  # when it was last updated (the clock of `Endpoints`)
         self.trial = False  # chosen because its average was stale: its next answer replaces it
+        self.losses = 0  # pairs lost since it was last chosen
         self.bad_answers = 0  # consecutive 502/503/504
         self.ejected_until: float | None = None  # set while ejected (past it: waiting for a probe)
         self.ejections = 0  # ejections since the last good answer (the cooldown's doubling)
@@ -172,16 +179,22 @@ class Endpoints:
         now = self.clock()
         stale = now - STALE
         first_cost = (first.outstanding + 1) * (
-            LATENCY_FLOOR + (first.latency if first.timed > stale else 0.0)
+            LATENCY_FLOOR + (first.latency if first.timed > stale and first.losses < LOSSES else 0.0)
         )
         second_cost = (second.outstanding + 1) * (
-            LATENCY_FLOOR + (second.latency if second.timed > stale else 0.0)
+            LATENCY_FLOOR + (second.latency if second.timed > stale and second.losses < LOSSES else 0.0)
         )
         # `first` is already a random one of the two: it stays unless `second` is clearly cheaper.
-        chosen = second if second_cost * NOISE < first_cost else first
-        if chosen.timed <= stale:
+        if second_cost * NOISE < first_cost:
+            chosen = second
+            first.losses += 1
+        else:
+            chosen = first
+            second.losses += 1
+        if chosen.timed <= stale or chosen.losses >= LOSSES:
             chosen.timed = now  # one trial per period: its answer replaces the average
             chosen.trial = True
+        chosen.losses = 0
         return chosen
 
     # --- what happened -------------------------------------------------------------------------------

@@ -265,9 +265,10 @@ def test_a_newcomer_follows_the_readme(terminal: tuple[Terminal, Path, int], tmp
         rows = [line.split() for line in listed[-1].stdout.splitlines()[1:]]
         return len(rows) == 2 and all(row[2] == "False" and row[3].startswith("(FailedDiscoveryCheck)") for row in rows)
 
-    # "within a second" of the failed requests: the re-check they asked for, plus the time to ask.
-    took = until(both_false, 10, lambda: listed[-1].stdout + listed[-1].stderr)
-    assert took < 5, took
+    # "within a second" of the failed requests: the re-check they asked for, plus the time to ask
+    # (each kubectl run takes a second or more on a loaded machine); the periodic check is 30 s away.
+    took = until(both_false, 20, lambda: listed[-1].stdout + listed[-1].stderr)
+    assert took < 15, took
     print(f"newcomer: both APIServices False {took:.1f}s after the failed requests")
     done = shell.run(check_line)
     assert done.returncode != 0 and [line.split()[0] for line in done.stdout.splitlines()[1:]] == ["✗", "✗"], (

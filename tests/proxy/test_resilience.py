@@ -267,9 +267,8 @@ async def test_past_the_concurrency_limit_a_request_gets_429_at_once_and_the_oth
 
         first = [asyncio.create_task(get()) for _ in range(2)]
         await until(lambda: replicas[HOSTS[0]].received(THINGS) == 2, 10, "two requests at the replica")
-        started = time.monotonic()
         status, body, retry_after = await get()
-        assert time.monotonic() - started < 1.0  # at once, not after the others
+        assert not any(task.done() for task in first)  # at once, not after the others
         assert (status, retry_after) == (429, "1")
         assert status_of(body)["reason"] == "TooManyRequests"
         assert "max-concurrent-requests" in status_of(body)["message"]
@@ -343,7 +342,9 @@ async def test_request_timeout_and_long_running_paths_from_annotations(
         started = time.monotonic()
         async with session.get(server.url + THINGS, ssl=context) as resp:
             assert resp.status == 504
-        assert time.monotonic() - started < 1.4  # the APIService's 500ms, not --request-timeout's 60s
+        # The APIService's 500ms (the replica answers after 1.5 s), not --request-timeout's 60s;
+        # the bound leaves room for a loaded machine.
+        assert time.monotonic() - started < 5.0
         async with session.get(
             server.url + f"{PREFIX}/namespaces/default/things/a/stream", ssl=context
         ) as resp:
@@ -385,10 +386,11 @@ async def test_a_blackholed_backend_on_a_pooled_connection_answers_within_the_re
                 return resp.status, await resp.read(), time.monotonic() - stopped
 
         for status, body, took in await asyncio.gather(get(), get()):
-            assert status == 503 and took < 1.5, (status, body, took)
+            # The 500 ms response-header timeout, not --request-timeout's 60 s.
+            assert status == 503 and took < 5.0, (status, body, took)
             assert "timeout awaiting response headers" in status_of(body)["message"]
         await until(lambda: not availability.is_available(APISERVICE), 10, "the verdict")
-        assert time.monotonic() - stopped < 6.0
+        assert time.monotonic() - stopped < 9.0  # a probe's 5 s, not the next periodic check's 30 s
 
 
 async def test_a_request_still_connecting_to_a_blackholed_backend_has_it_checked_at_once(

@@ -87,6 +87,7 @@ class H2ServerConnection(asyncio.Protocol):
         self.goaway_sent = False  # graceful GOAWAY submitted: no new streams
         self.last_stream_id = 0  # the last stream that GOAWAY said is served
         self._close_scheduled = False
+        self._goaway_out = False  # a GOAWAY frame went out (the library's own, after a protocol error, too)
         self.closing = False  # error GOAWAY submitted (or the connection is gone): nothing is served
         self._settled = False  # the client's first SETTINGS arrived
         self._violation: Violation | None = None  # what a callback found: acted on after mem_recv
@@ -214,20 +215,30 @@ class H2ServerConnection(asyncio.Protocol):
         try:
             size = mem_send(session, out)
             if size > 0:
-                # What one turn owes is almost always one chunk; more are joined into one write.
+                # Each chunk is one whole frame (`nghttp2_session_mem_send` hands out one frame
+                # buffer a call): byte 3 is its type. What one turn owes is joined into one write.
                 chunk = unpack(out[0], size)
+                goaway = chunk[3] == nghttp2.GOAWAY
                 size = mem_send(session, out)
                 if size > 0:
                     chunks = [chunk]
                     while size > 0:
-                        chunks.append(unpack(out[0], size))
+                        chunk = unpack(out[0], size)
+                        goaway = goaway or chunk[3] == nghttp2.GOAWAY
+                        chunks.append(chunk)
                         size = mem_send(session, out)
                     chunk = b"".join(chunks)
+                if goaway:
+                    self._goaway_out = True
                 transport.write(chunk)
         finally:
             binding.current = None
         if self._violation is not None:  # a callback during mem_send (a reset flood's last reset)
             self._fail(self._violation)
+            return
+        if not (self._goaway_out or self.goaway_sent or self.closing):
+            # A session ends only after a GOAWAY went out or came in (`nghttp2_session_want_read`);
+            # until then asking costs a call into the library per write for nothing.
             return
         if lib.nghttp2_session_want_read(session) or lib.nghttp2_session_want_write(session):
             return

@@ -169,6 +169,27 @@ async def test_a_continuation_flood_is_cut_before_the_block_is_decoded(
     assert served(proxied.server) == before
 
 
+@pytest.mark.parametrize("broken", ["ping_of_nine_bytes", "undecodable_header_block"])
+async def test_a_session_libnghttp2_ends_by_itself_is_closed(
+    start_proxied: StartProxied, pki: PKI, broken: str
+) -> None:
+    """Errors libnghttp2 ends the session for without telling the gateway through a callback (a
+    frame of the wrong size, nghttp2_session.c `session_handle_frame_size_error`) or with a
+    positive return (HPACK): the gateway learns of the end from the GOAWAY it writes, then closes
+    the connection as Go's server does."""
+    proxied = await start_proxied()
+    async with RawH2.connect(proxied.server.port, pki.client_context("admin")) as client:
+        await client.round_trip()
+        if broken == "ping_of_nine_bytes":  # RFC 9113 6.7: a PING is 8 bytes, else FRAME_SIZE_ERROR
+            client.send(b"\x00\x00\x09\x06\x00\x00\x00\x00\x00" + b"\x00" * 9)
+            code = ErrorCodes.FRAME_SIZE_ERROR
+        else:  # an index past both tables: RFC 7541 2.3.3, COMPRESSION_ERROR
+            client.send(client.headers(1, block=b"\xff\xff\xff\xff\x0f"))
+            code = ErrorCodes.COMPRESSION_ERROR
+        await cut(client, code)
+    assert goaways(proxied.server, "protocol_error") == 1
+
+
 async def test_a_header_block_past_twice_the_header_limit_is_refused_unread(
     start_proxied: StartProxied, pki: PKI
 ) -> None:

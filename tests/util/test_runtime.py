@@ -42,7 +42,7 @@ def test_the_heap_is_settled_again_after_the_first_checks_and_fetches() -> None:
 # What a worker's first state and replaced documents leave behind: freed heap below blocks that
 # live on (glibc gives back only a free top of its heap by itself).
 FREED_BELOW_LIVE = """
-import asyncio, json
+import json
 from aggregator.util import runtime
 
 def rss_kib():
@@ -53,14 +53,13 @@ peak = [bytes(2000) for _ in range(40_000)]  # about 80 MiB of heap, each block 
 kept = bytes(2000)  # allocated above them: the heap's top stays in use
 del peak
 before = rss_kib()
-asyncio.run(runtime.settle_heap_later((0.0,)))
+runtime.settle_heap()
 print(json.dumps({"before": before, "after": rss_kib()}))
 """
 
 
 def test_settling_gives_the_freed_heap_back_to_the_kernel() -> None:
-    """A worker of 5000 APIServices held about 12 MiB of freed heap for good; settled again once its
-    first rounds are in, it does not."""
+    """A worker of 5000 APIServices held about 12 MiB of freed heap for good; settled, it does not."""
     out = subprocess.run(
         [sys.executable, "-c", FREED_BELOW_LIVE], capture_output=True, text=True, check=True, timeout=60
     )

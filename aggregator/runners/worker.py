@@ -25,7 +25,7 @@ from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.runners.server import GatewayServer, shut_down
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import configure_logging, fields
-from aggregator.util.runtime import new_event_loop, settle_heap, settle_heap_later, wait_for_termination
+from aggregator.util.runtime import new_event_loop, settle_heap, wait_for_termination
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import Hello, Listening
 from aggregator.workers.replica import Replica
@@ -73,12 +73,8 @@ async def serve(fd: int) -> int:
             print(f"aggregator serve: {err}", file=sys.stderr, flush=True)
             return EXIT_USAGE
         settle_heap()
-        # Again once the control's first verdicts and documents have landed (the documents of
-        # the ramp are replaced many times: the heap they freed goes back to the kernel).
-        settling = asyncio.create_task(settle_heap_later(), name="settle-heap")
         channel.send(Listening(os.getpid()))
         await asyncio.wait([stop, following], return_when=asyncio.FIRST_COMPLETED)
-        settling.cancel()
         lost = following.done()
         log.info("shutting down" if not lost else "shutting down: the control process is gone")
         await shut_down(

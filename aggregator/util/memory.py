@@ -1,5 +1,4 @@
-"""Large allocations from the kernel's own mappings, in a process that serves no requests; freed
-heap given back to the kernel once a process has settled.
+"""Large allocations from the kernel's own mappings, in a process that serves no requests.
 
 glibc serves an allocation of 128 KiB or more from a mapping of its own, given back to the kernel
 when freed, until the first such block is freed: it then raises that threshold to the block's size,
@@ -37,21 +36,3 @@ def map_large_allocations() -> bool:
     done = bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD))
     log.debug("large allocations mapped", extra=fields(threshold=THRESHOLD, done=done))
     return done
-
-
-def trim_heap() -> bool:
-    """Give the kernel back the free pages of every malloc arena (`malloc_trim(0)`; True when some
-    were), or nothing where there is no glibc.
-
-    glibc gives back only the free top of its main heap by itself. A worker decodes its first
-    state, 5000 APIServices' objects, and later replaces whole rendered documents as they change;
-    what those peaks freed stays resident below objects that live on, as about 12 MiB of each
-    worker's 120 MiB at 5000 APIServices (measured on a settled worker). `malloc_trim(0)` walks
-    the arenas once and releases every free page (`MADV_DONTNEED`), at a cost of milliseconds:
-    called where the heap settles (`util/runtime.py`), never on a request path.
-    """
-    try:
-        malloc_trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    return bool(malloc_trim(0))

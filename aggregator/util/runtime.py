@@ -7,8 +7,6 @@ import contextlib
 import gc
 import signal
 
-from aggregator.util.memory import trim_heap
-
 # Allocations between two young-generation collections (CPython's default: 700). A proxied request
 # allocates a few hundred tracked objects and frees nearly all of them itself; a young collection
 # costs about the objects still alive, not those allocated, so collecting 14x less often spares
@@ -27,13 +25,11 @@ def settle_heap() -> None:
     classes, the kubernetes client's models, the first state) out of the collector's reach
     (`gc.freeze`). They live as long as the process; the cyclic collector then scans only what
     requests and later changes allocate, instead of the whole start-up heap at every full
-    collection. The young generation is collected less often (`YOUNG_THRESHOLD`). What start-up
-    freed goes back to the kernel (`trim_heap`). For server processes only, never a test's (what
-    a test frees would stay)."""
+    collection. The young generation is collected less often (`YOUNG_THRESHOLD`). For server
+    processes only, never a test's (what a test frees would stay)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-    trim_heap()
 
 
 async def settle_heap_later(delays: tuple[float, ...] = SETTLE_AGAIN) -> None:
@@ -44,14 +40,12 @@ async def settle_heap_later(delays: tuple[float, ...] = SETTLE_AGAIN) -> None:
     event loop stalls as long), although nearly all of them live as long as the process. No full
     collection here (it would cost that second once more): the younger generations are
     collected, then everything alive is frozen. Cyclic garbage already in the oldest generation
-    would stay; a steady gateway makes none (its full collections found nothing to free). The
-    heap those first rounds freed (documents replaced, answers read) goes back to the kernel."""
+    would stay; a steady gateway makes none (its full collections found nothing to free)."""
     started = asyncio.get_running_loop().time()
     for delay in delays:
         await asyncio.sleep(max(0.0, started + delay - asyncio.get_running_loop().time()))
         gc.collect(1)
         gc.freeze()
-        trim_heap()
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

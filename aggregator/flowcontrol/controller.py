@@ -258,10 +258,11 @@ class Controller:
         self._catch_all: Schema | None = None
         # What each (user name, groups) may match (`_candidates`): the request path reads it.
         self.by_user: dict[tuple[str, tuple[str, ...]], tuple[Candidates, Candidates]] = {}
-        # The request path's shortcut: per (user name, groups), the `Decision` for its non-resource
-        # requests and for its resource requests (indexed by `is_resource_request`), None for a sort
-        # whose requests must be matched one by one (`classify`).
-        self.decided: dict[tuple[str, tuple[str, ...]], tuple[Decision | None, Decision | None]] = {}
+        # The request path's shortcut: per user name, the groups it was decided for, then the
+        # `Decision` for its non-resource requests and for its resource requests, None for a sort
+        # whose requests must be matched one by one (`classify`). Keyed by the name alone: the
+        # request path then compares the groups instead of hashing a new (name, groups) tuple.
+        self.decided: dict[str, tuple[tuple[str, ...], Decision | None, Decision | None]] = {}
         self._objects: tuple[list[PriorityLevel], list[FlowSchema]] = ([], [])
         self._reap_scheduled = False
         # Told after every digest and borrowing adjustment (worker seat sharing follows the limits).
@@ -470,9 +471,13 @@ class Controller:
 
     def classify(self, user: UserInfo, info: RequestInfo) -> Schema:
         """The FlowSchema a request matches (`startRequest`'s loop)."""
-        both = self.by_user.get((user.name, user.groups))
+        name, groups = user.name, user.groups
+        both = self.by_user.get((name, groups))
         if both is None:
             both = self._candidates(user)
+        known = self.decided.get(name)
+        if known is None or known[0] != groups:  # (new, or the name's last request had other groups)
+            self.decided[name] = (groups, _decision(both[1], user), _decision(both[0], user))
         candidates = both[0] if info.is_resource_request else both[1]
         if isinstance(candidates, Schema):  # the first schema that can match matches every such request
             return candidates
@@ -509,7 +514,6 @@ class Controller:
             _shortest(urls, lambda t: t.every_url),
         )
         self.by_user[(name, groups)] = both
-        self.decided[(name, groups)] = (_decision(both[1], user), _decision(both[0], user))
         return both
 
     # --- quiescing levels ----------------------------------------------------------------------------------

@@ -108,9 +108,10 @@ class PriorityAndFairness:
         # Requests waiting and executing, by kind, over time (read_vs_write_current_requests).
         counts = metrics.read_vs_write_counts
         self._lanes = {
-            kind: _Lane(self.executing.counts[kind], counts[EXECUTING, _METRIC_KIND[kind]], self.waiting.counts[kind])
+            kind: _Lane(kind, self.executing.counts[kind], counts[EXECUTING, _METRIC_KIND[kind]], self.waiting.counts[kind])
             for kind in _METRIC_KIND
         }
+        self._read_only, self._mutating = self._lanes[READ_ONLY_KIND], self._lanes[MUTATING_KIND]
         self._waiting_counts = {kind: counts[WAITING, _METRIC_KIND[kind]] for kind in _METRIC_KIND}
         self._notes = {kind: _QueueNote(self, kind) for kind in (READ_ONLY_KIND, MUTATING_KIND)}
         self._rejected = 0
@@ -138,18 +139,19 @@ class PriorityAndFairness:
         watch = verb == "watch"
         if ctx.long_running and not watch:
             return None
-        controller = self.controller
-        both = controller.decided.get((user.name, user.groups))
-        found = None if both is None else both[info.is_resource_request]
+        known = self.controller.decided.get(user.name)
+        found = None
+        if known is not None and known[0] == user.groups:
+            found = known[2] if info.is_resource_request else known[1]
         if found is None:  # a user not seen since the last change, or rules to match one by one
-            schema = controller.classify(user, info)
+            schema = self.controller.classify(user, info)
             flow = schema.flow(user, info)
         else:
             schema, flow = found
             if flow < 0:  # distinguished by namespace
                 flow = schema.flow(user, info)
         level = schema.level
-        kind = READ_ONLY_KIND if verb in _READ_ONLY else MUTATING_KIND
+        lane = self._read_only if verb in _READ_ONLY else self._mutating
         stats = schema.stats
         if verb in _SIZED:
             work, watch_count = self.estimator.estimate(info, ctx.query if ctx.raw_query else {}, level.name)
@@ -157,43 +159,55 @@ class PriorityAndFairness:
                 stats.watch_count.observe(watch_count)
             if work is not ONE_SEAT:
                 stats.work_seats.observe(work.max_seats)
-                return self._start(ctx, schema, kind, watch, work, flow)
+                return self._start(ctx, schema, lane, watch, work, flow)
         request = level.queues.start_one(flow, stats)
         if request is None:
             stats.one_seat += 1  # estimated: one seat
-            return self._start(ctx, schema, kind, watch, ONE_SEAT, flow)
+            return self._start(ctx, schema, lane, watch, ONE_SEAT, flow)
         # (start_one counted it: dispatched, one seat, waited 0 s, passed its queue)
         request.schema = schema
-        request.kind = kind
+        request.lane = lane
         request.watch = watch
         ctx.priority = request
         now = request.start
-        lane = self._lanes[kind]
         if request.queue is not None:  # it passed through its queue in an instant
             waited = lane.waiting  # (`WaitingWatermark.passed`, its commonest case written out)
             if waited.current or now >= self.waiting.window_end:
-                self.waiting.passed(kind, now)
+                self.waiting.passed(lane.kind, now)
             elif not waited.mark:
                 waited.mark = 1
-        self._executing(lane, now, 1)
+        occupancy = lane.occupancy
+        try:
+            occupancy.times[occupancy.value] += now - occupancy.since
+        except IndexError:
+            occupancy.move(now, 1)
+        else:
+            occupancy.since = now
+            occupancy.value += 1
+        count = lane.executing
+        count.current = value = count.current + 1
+        if now >= self.executing.window_end:
+            self.executing.tick(now)
+        if value > count.mark:
+            count.mark = value
         if watch:
             self._watching(ctx, request, info)
         return None
 
     def _start(
-        self, ctx: RequestContext, schema: Schema, kind: str, watch: bool, work: WorkEstimate, flow: int
+        self, ctx: RequestContext, schema: Schema, lane: _Lane, watch: bool, work: WorkEstimate, flow: int
     ) -> GateAnswer | Awaitable[GateAnswer]:
         """The general case: queued, refused, wider than a seat, or a Reject level."""
         level = schema.level
         stats = schema.stats
-        request = level.queues.start_request(work, flow, stats, self._notes[kind])
+        request = level.queues.start_request(work, flow, stats, self._notes[lane.kind])
         if request is None:
             ctx.priority = Refused(schema)
             if not level.exempt:
                 stats.waited("false").observe(0.0)
             return self._reject(ctx, level)
         request.schema = schema
-        request.kind = kind
+        request.lane = lane
         request.watch = watch
         ctx.priority = request
         if request.decided is None:
@@ -226,8 +240,7 @@ class PriorityAndFairness:
     def _execute(self, ctx: RequestContext, request: Request) -> None:
         """The request takes its seats: counted as dispatched and executing."""
         request.stats.dispatched += 1
-        kind = request.kind
-        self._executing(self._lanes[kind], request.start, 1)
+        self._executing(request.lane, request.start, 1)
         if request.watch:
             info = ctx.info
             assert info is not None
@@ -240,11 +253,13 @@ class PriorityAndFairness:
         request.forget_watch = self.watches.register(info, lambda name: _pinned(ctx, name))
         route = ctx.route
         handler = route.handler
-        release = self._release
+        finished = self.finished
 
         async def delegated(ctx: RequestContext) -> Answer:
-            if request.executing:
-                release(request)
+            # The finisher gives the seats back; the watch stays counted until it ends.
+            forget, request.forget_watch = request.forget_watch, None
+            finished(ctx, None, None)
+            request.forget_watch = forget
             return await handler(ctx)
 
         ctx.route = replace(route, handler=delegated)
@@ -252,7 +267,8 @@ class PriorityAndFairness:
     def _executing(self, lane: _Lane, now: float, delta: int) -> None:
         """A request of the lane's kind starts (1) or stops (-1) executing at `now`: the count
         `apiserver_current_inflight_requests` publishes (`InflightWatermark.moved`) and its occupancy
-        over time (`Occupancy.move`), both written out: every request comes here twice."""
+        over time (`Occupancy.move`), both written out. For the general path: the gate's fast path
+        and `finished` write it out again (a call is a measurable share of a request's cost)."""
         occupancy = lane.occupancy
         try:
             occupancy.times[occupancy.value] += now - occupancy.since
@@ -278,31 +294,42 @@ class PriorityAndFairness:
     # --- the end of a request's seats --------------------------------------------------------------------
 
     def finished(self, ctx: RequestContext, _answer: Answer | None, _error: BaseException | None) -> None:
-        """Finisher: the request is over; its seats (if still held) go back, its watch is forgotten."""
+        """Finisher: the request is over; its seats (if still held) go back, its watch (if it has
+        one) is forgotten. (A watch's wrapped handler calls it as it starts, without the watch.)"""
         request = ctx.priority
         if request is None:
             return
-        if request.executing:
-            self._release(request)
+        if request.executing:  # its seats go back
+            stats = request.stats
+            executions = stats.execution("watch") if request.watch else stats.regular
+            now = self.clock()
+            took = now - request.start
+            executions.counts[bisect_left(executions.bounds, took)] += 1
+            executions.total += took
+            lane = request.lane
+            occupancy = lane.occupancy
+            try:
+                occupancy.times[occupancy.value] += now - occupancy.since
+            except IndexError:
+                occupancy.move(now, -1)
+            else:
+                occupancy.since = now
+                occupancy.value -= 1
+            count = lane.executing
+            count.current = value = count.current - 1
+            if now >= self.executing.window_end:
+                self.executing.tick(now)
+            if value > count.mark:
+                count.mark = value
+            level = request.schema.level
+            queues = level.queues
+            queues.finish(request, now)
+            if level.quiescing and queues.is_idle():
+                self.controller.level_idle(level)
         forget = request.forget_watch
         if forget is not None:
             request.forget_watch = None
             forget()
-
-    def _release(self, request: Request) -> None:
-        """The request's seats go back (its callers know it holds them)."""
-        stats = request.stats
-        executions = stats.execution("watch") if request.watch else stats.regular
-        now = self.clock()
-        took = now - request.start
-        executions.counts[bisect_left(executions.bounds, took)] += 1
-        executions.total += took
-        self._executing(self._lanes[request.kind], now, -1)
-        level = request.schema.level
-        queues = level.queues
-        queues.finish(request, now)
-        if level.quiescing and queues.is_idle():
-            self.controller.level_idle(level)
 
     # --- the answer's headers ------------------------------------------------------------------------------
 
@@ -339,11 +366,13 @@ class PriorityAndFairness:
 class _Lane:
     """What a request kind's requests move on the request path: the count of those executing that
     `apiserver_current_inflight_requests` publishes, its occupancy over time
-    (`read_vs_write_current_requests`), and the count of those waiting (`WaitingWatermark`)."""
+    (`read_vs_write_current_requests`), and the count of those waiting (`WaitingWatermark`).
+    A request holds its kind's lane (`Request.lane`): its finisher finds them without a lookup."""
 
-    __slots__ = ("executing", "occupancy", "waiting")
+    __slots__ = ("executing", "kind", "occupancy", "waiting")
 
-    def __init__(self, executing: KindCount, occupancy: Occupancy, waiting: KindCount) -> None:
+    def __init__(self, kind: str, executing: KindCount, occupancy: Occupancy, waiting: KindCount) -> None:
+        self.kind = kind
         self.executing = executing
         self.occupancy = occupancy
         self.waiting = waiting

@@ -80,7 +80,7 @@ class QueuingConfig:
 
 class Request:
     """A request in a queueset, from arrival to the release of its last seat; the filter keeps what
-    it decided about the request on it too (`schema`, `kind`, `watch`, `forget_watch`).
+    it decided about the request on it too (`schema`, `lane`, `watch`, `forget_watch`).
 
     This class itself is the commonest request of all, one seat dispatched as it arrived
     (`start_one`): its size and queuing fields are the class's defaults, so making one sets only
@@ -92,7 +92,7 @@ class Request:
         "final_seats",
         "forget_watch",
         "initial_seats",
-        "kind",
+        "lane",
         "max_seats",
         "queue",
         "schema",
@@ -119,7 +119,7 @@ class Request:
     start: float
     executing: bool  # holds seats: `finish` must be called
     schema: Any
-    kind: str
+    lane: Any  # its kind's counters in the filter
     watch: bool
     forget_watch: Callable[[], None] | None
 
@@ -144,7 +144,7 @@ class SizedRequest(Request):
         self.executing = False
         self.queued_note = None
         self.schema = None
-        self.kind = ""
+        self.lane = None
         self.watch = False
         self.forget_watch = None
 
@@ -353,7 +353,8 @@ class QueueSet:
         """`start_request` for the common case, in one step: a one-seat request of an exempt level, or
         of a queuing level where nothing waits and a seat is free (what `_dispatch_at_once` does,
         inlined: this runs for nearly every request). None when it is not that case. The caller
-        tells the waiting watermark that a queued level's request passed through its queue."""
+        sets what it decided (`schema`, `lane`, `watch`) and tells the waiting watermark that a
+        queued level's request passed through its queue."""
         fast = self._fast
         seats = self.seats_in_use
         if fast > 0:
@@ -378,7 +379,6 @@ class QueueSet:
         request.arrival_r = r
         request.start = now
         request.forget_watch = None
-        request.watch = False
         request.executing = True
         stats.executing_requests += 1
         stats.executing_seats += 1

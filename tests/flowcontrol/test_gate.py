@@ -106,6 +106,24 @@ async def test_every_answer_names_the_flow_schema_and_priority_level_that_classi
         assert answer.uids == (uid_of(FLOW_SCHEMA, "probes"), uid_of(PRIORITY_LEVEL, "exempt"))
 
 
+async def test_one_user_name_in_other_groups_is_classified_by_its_groups_each_time(
+    start_proxied: StartProxied, apiservices_dir: Path, pki: PKI
+) -> None:
+    """The request path remembers a user's decision by name and checks the groups: carol as a
+    member of system:masters is exempt, the same name without the group is not, in any order."""
+    admin_carol = pki.issue_user("carol-admin", "carol", ("system:masters",))
+    plain_carol = pki.issue_user("carol-plain", "carol")
+    proxied = await start_proxied()
+    port = proxied.server.port
+    exempt = (uid_of(FLOW_SCHEMA, "exempt"), uid_of(PRIORITY_LEVEL, "exempt"))
+    plain = (uid_of(FLOW_SCHEMA, "global-default"), uid_of(PRIORITY_LEVEL, "global-default"))
+    async with client(pki, port, PROTOCOLS[0], admin_carol) as as_admin, client(
+        pki, port, PROTOCOLS[0], plain_carol
+    ) as as_plain:
+        seen = [(await c.request("GET", THINGS)).uids for c in (as_admin, as_plain, as_plain, as_admin, as_plain)]
+    assert seen == [exempt, plain, plain, exempt, plain]
+
+
 async def test_a_backends_own_apf_headers_follow_the_gateways(
     start_proxied: StartProxied, apiservices_dir: Path, pki: PKI, alice: str
 ) -> None:

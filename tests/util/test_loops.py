@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -326,3 +327,52 @@ async def _named(_key: str, names: list[str]) -> bool:
     assert task is not None
     names.append(task.get_name())
     return True
+
+
+async def test_periodic_runs_of_every_engine_come_due_on_one_shared_tick() -> None:
+    """Checks, discovery fetches and OpenAPI refreshes of 5000 APIServices, jittered apart, each
+    woke the process for one request; due on shared ticks, those of a tick start together. A
+    run asked for now is not held for a tick, and short waits (retries) are not aligned."""
+    tick = 0.05
+    loop = asyncio.get_running_loop()
+    finished: dict[str, float] = {}
+
+    async def work(key: str) -> bool:
+        await asyncio.sleep(0)
+        finished[key] = loop.time()
+        return not key.startswith("failing")
+
+    def engine_with_tick(name: str, interval: float, jitter: float) -> KeyedLoops[str]:
+        draws = itertools.cycle([0.0, 0.3, 0.7, 0.9])
+        return KeyedLoops(
+            name, work, interval=interval, backoff_initial=0.02, backoff_max=0.02,
+            concurrency=8, jitter=jitter, rng=lambda: next(draws), tick=tick,
+        )  # fmt: skip
+
+    checks, fetches = engine_with_tick("checks", 0.6, 0.1), engine_with_tick("fetches", 1.1, 0.0)
+    checks.start()
+    fetches.start()
+    try:
+        for i in range(4):  # added apart, as APIServices are
+            checks.ensure(f"check{i}")
+            fetches.ensure(f"fetch{i}")
+            first = checks.due(f"check{i}")
+            assert first is not None and first <= loop.time()  # asked for now: not held for a tick
+            await until(functools.partial(set.issubset, {f"check{i}", f"fetch{i}"}, finished), what="first runs")
+            await asyncio.sleep(0.013)
+        checks.ensure("failing")
+        await until(lambda: checks.failures("failing") >= 1, what="a failed run")
+        keys = [(checks, f"check{i}") for i in range(4)] + [(fetches, f"fetch{i}") for i in range(4)]
+        await until(lambda: all(engine.due(key) is not None for engine, key in keys), what="next runs due")
+        for engine, key in keys:
+            due = engine.due(key)
+            assert due is not None
+            assert abs(due / tick - round(due / tick)) < 1e-6, (key, due)  # on a tick of the loop's clock
+            wait = due - finished[key]
+            assert engine.interval * (1 - engine.jitter) - 1e-6 <= wait < engine.interval + tick, (key, wait)
+        await until(lambda: checks.due("failing") is not None, what="the retry due")
+        retry = checks.due("failing")
+        assert retry is not None and abs(retry / tick - round(retry / tick)) > 1e-6  # 0.02 s: not aligned
+    finally:
+        await checks.stop()
+        await fetches.stop()

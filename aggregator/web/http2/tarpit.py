@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 
 from aggregator.util.logs import fields
+from aggregator.util.logthrottle import LogThrottle
 from aggregator.web.http2.penalty import Penalties
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ class Tarpit:
         self.app = app
         self.penalties = penalties
         self.held: set[Gate] = set()
+        # A flooder's refused connections come in floods: one line per period, with their count.
+        self.refusals = LogThrottle()
 
     def __call__(self) -> Gate:
         return Gate(self)
@@ -62,7 +65,12 @@ class Gate(asyncio.Protocol):
         tarpit = self._tarpit
         wait = tarpit.penalties.admit(address)
         if wait is None:
-            log.info("connection of an address penalised for a flood refused", extra=fields(remote=address))
+            refused = tarpit.refusals.count()
+            if refused:
+                log.info(
+                    "connections of an address penalised for a flood refused",
+                    extra=fields(remote=address, connections=refused),
+                )
             transport.close()
             return
         if not wait:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
+from pathlib import Path
 
 import pytest
 from h2.errors import ErrorCodes
@@ -21,6 +23,7 @@ from tests.support.fixtures import StartProxied
 from tests.support.h2client import H2Client, RawH2
 from tests.support.pki import PKI
 from tests.support.polling import until
+from tests.workers.group import Group, running_group
 
 pytestmark = [pytest.mark.long(30), pytest.mark.uvloop]
 
@@ -42,15 +45,9 @@ async def served_at(port: int, pki: PKI) -> float:
     return time.monotonic()
 
 
-async def test_a_flooding_address_waits_and_another_address_does_not(
-    start_proxied: StartProxied, pki: PKI, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger="aggregator.web.http2.tarpit")
-    proxied = await start_proxied()
-    server, port = proxied.server, proxied.server.port
-    server.penalties.policy = FloodPenalty(first=PENALTY, longest=PENALTY, held_per_address=2)
-    started = time.monotonic()  # the penalty starts later than this, so it ends later than + PENALTY
-    async with RawH2.connect(port, pki.client_context("admin"), local="127.0.0.1") as flood:
+async def flood_once(port: int, pki: PKI, local: str) -> RawH2:
+    """One connection from `local` opening and resetting 200 streams at once, until its GOAWAY."""
+    async with RawH2.connect(port, pki.client_context("admin"), local=local) as flood:
         frames: list[bytes | RstStreamFrame] = []
         for n in range(200):
             frames += [
@@ -59,7 +56,19 @@ async def test_a_flooding_address_waits_and_another_address_does_not(
             ]
         flood.send(*frames)
         await flood.until(lambda: flood.goaway is not None)
-        assert flood.goaway is not None and flood.goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM
+    return flood
+
+
+async def test_a_flooding_address_waits_and_another_address_does_not(
+    start_proxied: StartProxied, pki: PKI, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="aggregator.web.http2.tarpit")
+    proxied = await start_proxied()
+    server, port = proxied.server, proxied.server.port
+    server.penalties.policy = FloodPenalty(first=PENALTY, longest=PENALTY, held_per_address=2)
+    started = time.monotonic()  # the penalty starts later than this, so it ends later than + PENALTY
+    flood = await flood_once(port, pki, "127.0.0.1")
+    assert flood.goaway is not None and flood.goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM
     # Another address is served, neither held nor refused.
     async with H2Client.connect(port, pki.client_context("admin"), local="127.0.0.2") as other:
         assert (await other.get("/livez")).status == 200
@@ -156,7 +165,10 @@ async def test_connections_held_when_the_server_closes_are_closed_unserved(
         frames: list[bytes | RstStreamFrame] = []
         for n in range(200):
             sid = 2 * n + 1
-            frames += [flood.headers(sid, "GET", "/version"), RstStreamFrame(sid, error_code=ErrorCodes.CANCEL)]
+            frames += [
+                flood.headers(sid, "GET", "/version"),
+                RstStreamFrame(sid, error_code=ErrorCodes.CANCEL),
+            ]
         flood.send(*frames)
         await flood.until(lambda: flood.goaway is not None)
     async with RawH2.connect(port, pki.client_context("admin"), local="127.0.0.1") as held:
@@ -165,3 +177,34 @@ async def test_connections_held_when_the_server_closes_are_closed_unserved(
         with pytest.raises(AssertionError, match="closed"):
             await held.until(lambda: held.goaway is not None)
         assert held.goaway is None  # never served: not even the server's SETTINGS
+
+
+async def test_with_the_default_workers_a_flooder_reconnecting_is_held_and_another_address_served(
+    pki: PKI, tmp_path: Path
+) -> None:
+    """The shipped configuration: `--workers` unset (one worker per CPU), each worker with its own
+    penalties. A flooder that keeps reconnecting is held by a worker that cut it (the kernel spreads
+    its connections, so it may get into each worker once), and another address is served at once."""
+    apiservices = tmp_path / "apiservices"
+    apiservices.mkdir()
+
+    async def held(group: Group) -> int:
+        status, body = await group.get("/metrics")
+        assert status == 200
+        found = re.search(
+            r'^aggregator_http2_penalised_connections_total\{outcome="delayed"\} (\S+)$', body.decode(), re.M
+        )
+        return int(float(found.group(1))) if found else 0
+
+    async with running_group(pki, apiservices, tmp_path / "serve.log") as group:
+        for _ in range(40):  # (each connection lands on a worker at random: 40 misses are 2^-39)
+            flood = await flood_once(group.port, pki, "127.0.0.1")
+            assert flood.goaway is not None and flood.goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM
+            if await held(group):
+                break
+        assert await held(group) >= 1, group.log()
+        count = await held(group)
+        for _ in range(4):  # whichever worker it lands on
+            async with H2Client.connect(group.port, pki.client_context("admin"), local="127.0.0.2") as other:
+                assert (await other.get("/livez")).status == 200
+        assert await held(group) == count

@@ -36,6 +36,9 @@ from aggregator.web.metrics import LATENCY_BUCKETS
 # Time-to-first-byte buckets of `aggregator_endpoint_first_byte_duration_seconds` (endpointmetrics.py),
 # counted on each endpoint.
 FIRST_BYTE_BUCKETS = LATENCY_BUCKETS
+# The counts of an endpoint that has had no answer yet: one shared tuple instead of a list each (a
+# worker holds an endpoint per Service address, most of them idle).
+NO_ANSWERS: tuple[int, ...] = (0,) * (len(FIRST_BYTE_BUCKETS) + 1)
 # The answers that count towards `consecutive_errors`.
 BAD_ANSWERS = frozenset({502, 503, 504})
 # The weight of the newest time to first byte in an endpoint's moving average.
@@ -83,7 +86,8 @@ class Endpoint:
         self.outstanding = 0
         # `aggregator_endpoint_requests_total` and the time-to-first-byte histogram (endpointmetrics.py).
         self.attempts = 0
-        self.first_byte_counts = [0] * (len(FIRST_BYTE_BUCKETS) + 1)
+        # A list once it has an answer to count (an endpoint never used holds the shared zeros).
+        self.first_byte_counts: list[int] | tuple[int, ...] = NO_ANSWERS
         self.first_byte_sum = 0.0
         self.latency = 0.0  # moving average of the time to first byte (seconds; 0: none yet)
         self.timed = 0.0  # when it was last updated (the clock of `Endpoints`)
@@ -104,6 +108,18 @@ Prober = Callable[["Endpoints", Endpoint], None]
 
 class Endpoints:
     """The endpoints of one APIService: balancing and ejection (see the module docstring)."""
+
+    __slots__ = (
+        "_by_authority",
+        "all",
+        "bounds",
+        "clock",
+        "ejected_count",
+        "listener",
+        "name",
+        "prober",
+        "rng",
+    )
 
     def __init__(
         self,
@@ -211,7 +227,10 @@ class Endpoints:
         else:
             endpoint.latency = latency + (took - latency) * ALPHA
         endpoint.timed = self.clock()
-        endpoint.first_byte_counts[bisect_left(FIRST_BYTE_BUCKETS, took)] += 1
+        counts = endpoint.first_byte_counts
+        if not isinstance(counts, list):
+            counts = endpoint.first_byte_counts = list(counts)
+        counts[bisect_left(FIRST_BYTE_BUCKETS, took)] += 1
         endpoint.first_byte_sum += took
         if status in BAD_ANSWERS:
             endpoint.bad_answers += 1

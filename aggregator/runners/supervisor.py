@@ -243,7 +243,7 @@ async def supervise(config: Config) -> int:
     # refused (or generated, once) before the port and before any worker, as a single process does
     serving = serving_certificate(config)
     config = replace(config, serving=replace(config.serving, port=reserve_port(config.serving)))
-    control = build_gateway(config)
+    control = build_gateway(config, serving=False)
     # Its idle connections cost a page or two each (`run`): enough for every backend's probes to
     # find theirs warm, within the file descriptors the process may open.
     control.backends.idle.limit = control_idle_limit()

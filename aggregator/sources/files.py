@@ -129,7 +129,9 @@ class FolderSource:
         # Documents of the folder another component reads (local mode's RBAC): not "skipped".
         self.read_elsewhere = read_elsewhere
         self._files: dict[Path, _FileState] = {}
-        self._owners: dict[ObjKey, set[Path]] = {}  # which files define each object
+        # Which files define each object: nearly always one (a tuple of one is a quarter of a set's
+        # memory, and the control holds an entry per object of the folder).
+        self._owners: dict[ObjKey, tuple[Path, ...]] = {}
         self._reported: set[tuple[Path, str, str]] = set()  # (file, apiVersion, kind) skipped and said
         # Only the files with problems, so that reading them costs what is wrong, not the folder.
         self._problems: dict[Path, tuple[ManifestProblem, ...]] = {}
@@ -173,18 +175,20 @@ class FolderSource:
             else:
                 self._problems.pop(path, None)
             for obj_key in new.objects:
-                self._owners.setdefault(obj_key, set()).add(path)
+                owners = self._owners.get(obj_key, ())
+                if path not in owners:
+                    self._owners[obj_key] = (*owners, path)
             affected |= set(new.objects)
         self._apply(affected)
 
     def _forget_file(self, path: Path) -> set[ObjKey]:
         state = self._files.pop(path)
         for obj_key in state.objects:
-            owners = self._owners.get(obj_key)
-            if owners is not None:
-                owners.discard(path)
-                if not owners:
-                    del self._owners[obj_key]
+            remaining = tuple(owner for owner in self._owners.get(obj_key, ()) if owner != path)
+            if remaining:
+                self._owners[obj_key] = remaining
+            else:
+                self._owners.pop(obj_key, None)
         return set(state.objects)
 
     def _read(self, path: Path, fingerprint: FileFingerprint, previous: _FileState | None) -> _FileState:

@@ -17,7 +17,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -103,6 +103,20 @@ def log_not_loaded(logger: logging.Logger, what: str, path: Path, reason: str, k
         f"{what} file not loaded; the objects it held before stay in force",
         extra=fields(file=str(path), reason=reason, kept=kept),
     )
+
+
+# What a folder APIService's `raw` keeps of its manifest. The served object is encoded from the
+# decoded fields (`apiregistration/documents.py`), the status lives in `conditions`, and only the
+# metadata is ever read back (labels, annotations, uid, creationTimestamp): the spec's dicts cost
+# about 600 bytes an APIService in every process, for nothing.
+_KEPT_OF_MANIFEST = frozenset({"apiVersion", "kind", "metadata"})
+
+
+def _fields_hold_spec(svc: APIService) -> APIService:
+    raw = svc.raw
+    if raw.keys() <= _KEPT_OF_MANIFEST:
+        return svc
+    return replace(svc, raw={key: value for key, value in raw.items() if key in _KEPT_OF_MANIFEST})
 
 
 @dataclass
@@ -227,6 +241,8 @@ class FolderSource:
                     objects[(kind_of(previous_obj), key_of(previous_obj))] = previous_obj
                 problems.append(ManifestProblem(path, REFUSED, result.message, int(previous_obj is not None)))
                 continue
+            if isinstance(result, APIService):
+                result = _fields_hold_spec(result)
             objects[(kind_of(result), key_of(result))] = result
         return _FileState(fingerprint, objects, tuple(problems))
 

@@ -110,7 +110,6 @@ class Endpoints:
     """The endpoints of one APIService: balancing and ejection (see the module docstring)."""
 
     __slots__ = (
-        "_by_authority",
         "all",
         "bounds",
         "clock",
@@ -137,15 +136,17 @@ class Endpoints:
         self.clock = clock
         self.bounds = DEFAULT_BOUNDS
         self.all: tuple[Endpoint, ...] = ()
-        self._by_authority: dict[str, Endpoint] = {}
         self.ejected_count = 0
 
     def update(self, destinations: Sequence[Destination], bounds: Bounds) -> list[Endpoint]:
         """The Service's endpoints changed: keep the state of those still there; returns the gone."""
         self.bounds = bounds
+        # By address only here, while they change: a dict kept per APIService cost every worker
+        # a few hundred bytes an APIService, for a lookup made only when its endpoints change.
+        by_authority = {endpoint.authority: endpoint for endpoint in self.all}
         kept: dict[str, Endpoint] = {}
         for dest in destinations:
-            endpoint = self._by_authority.get(dest.authority)
+            endpoint = by_authority.get(dest.authority)
             if endpoint is None or endpoint.destination != dest:
                 previous = endpoint
                 endpoint = Endpoint(dest)
@@ -159,8 +160,7 @@ class Endpoints:
                     endpoint.first_byte_sum = previous.first_byte_sum
                     endpoint.latency, endpoint.timed = previous.latency, previous.timed
             kept[dest.authority] = endpoint
-        gone = [e for a, e in self._by_authority.items() if a not in kept]
-        self._by_authority = kept
+        gone = [e for a, e in by_authority.items() if a not in kept]
         self.all = tuple(kept.values())
         self.ejected_count = sum(1 for e in self.all if e.ejected_until is not None)
         return gone

@@ -345,13 +345,15 @@ class H2ServerConnection(asyncio.Protocol):
     def on_header(
         self, session: Any, hd: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
     ) -> int:
-        # Every header of every request passes here: the fast path is a sum, a comparison, the
-        # stream id and an append to the block being decoded. The limits are one number
-        # (`_block_limit`: what the stream's header list and the connection's may still take),
-        # so a header list is bounded as it is decoded, not once it is complete (RFC 7541 7.3:
-        # one-byte references to a large table entry).
+        # Every header of every request passes here: the fast path is a sum, a comparison and an
+        # append to the block being decoded. The limits are one number (`_block_limit`: what the
+        # stream's header list and the connection's may still take), so a header list is bounded
+        # as it is decoded, not once it is complete (RFC 7541 7.3: one-byte references to a large
+        # table entry). A block's first header takes the slow path (the limit is -1 between
+        # blocks), which records the block's stream; the HEADERS frame that completes it must
+        # name the same stream, or its fields are not the request's.
         size = self._block_bytes + namelen + valuelen + 32  # RFC 9113 6.5.2's accounting
-        if size > self._block_limit or hd.stream_id != self._block_stream:
+        if size > self._block_limit:
             return self._header_checked(hd.stream_id, name, namelen, value, valuelen)
         self._block_bytes = size
         unpack = self._unpack
@@ -362,7 +364,8 @@ class H2ServerConnection(asyncio.Protocol):
         """A block's first header, or one past the size the fast path allows."""
         if stream_id != self._block_stream:
             # A new block. One left unfinished was refused by libnghttp2 midway (its stream is
-            # reset, no HEADERS frame completes it): its fields go.
+            # reset, no HEADERS frame completes it; `on_invalid_frame` drops it first): its
+            # fields go.
             self._drop_block()
             self._block_stream = stream_id
             self._block_limit = self._header_room()
@@ -403,12 +406,12 @@ class H2ServerConnection(asyncio.Protocol):
             flags = hd.flags
             if stream_id == self._block_stream:
                 request_fields, size, too_large = self._block, self._block_bytes, self._block_too_large
-                self._block = []
-                self._block_stream = self._block_bytes = 0
-                self._block_limit = -1
-                self._block_too_large = False
-            else:  # a block without fields (trailers can be empty)
+            else:  # a block without fields (trailers can be empty), or not this stream's
                 request_fields, size, too_large = [], 0, False
+            self._block = []
+            self._block_stream = self._block_bytes = 0
+            self._block_limit = -1
+            self._block_too_large = False
             if stream_id <= self._last_request:
                 # Not a new stream (libnghttp2 takes new ones in increasing order only): trailers,
                 # which nothing reads.

@@ -69,7 +69,11 @@ class H2ServerConnection(asyncio.Protocol):
         self.limits = limits = serving.limits
         self.lib = serving.nghttp2
         self.loop = asyncio.get_running_loop()
-        session = self._session = self.lib.new_session(limits, self)
+        session = self.lib.new_session(limits, self)
+        # The session's callbacks are this connection's bound methods: a reference cycle, broken
+        # when the connection is lost (so the connection is freed as its last reference goes, not
+        # left to the cyclic collector, which `gc.freeze` may have put out of reach).
+        self._session: nghttp2.Session | None = session
         self.session = session.handle
         self._data_provider = session.data_provider
         self._unpack = self.lib.unpack
@@ -183,6 +187,11 @@ class H2ServerConnection(asyncio.Protocol):
         self._drain = None
         self.transport = None
         self.serving.closed(self)
+        # The callbacks go (the cycle through them with it); the session stays until this
+        # connection is freed, for the handlers still finishing. Nothing drives it any more:
+        # libnghttp2 calls back only from `mem_recv` (a read) and `mem_send` (`write_out`, which
+        # returns at once without a transport).
+        self._session = None
 
     def pause_writing(self) -> None:
         self.writing_paused = True

@@ -519,6 +519,12 @@ def run(scenario: Scenario, idle_window: float, other_cpus: str | None, figures:
                 figures["worst_window_percent"] = 100 * windows.worst_after(FROM_START)
                 figures["log_lines"] = sum(1 for _ in (work / "gateway.log").open())
                 figures.update(new_manifest(scenario, folder, port, pki, backend_port, ca_b64))
+            except BaseException:
+                # The temporary folder goes away with the run: keep the log that says why it failed.
+                kept = Path(tempfile.gettempdir()) / f"scale-failed-{scenario.kind}-{scenario.count}-{os.getpid()}.log"
+                shutil.copyfile(work / "gateway.log", kept)
+                print(f"   the gateway's log: {kept} (exit status {proc.poll()})", flush=True)
+                raise
             finally:
                 windows.stop()
                 proc.terminate()
@@ -635,7 +641,7 @@ def main() -> int:
                         failure = ""
                         try:
                             run(scenario, args.idle_window, other_cpus, figures)
-                        except RuntimeError as err:
+                        except (RuntimeError, OSError) as err:
                             failure = f"   FAILED: {err}"
                         load = " ".join(f"{x:.1f}" for x in os.getloadavg())
                         print(f"{line(scenario, figures)}   load {load}{failure}", flush=True)

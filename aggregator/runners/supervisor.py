@@ -37,7 +37,13 @@ from aggregator.util.backoff import exponential_delay
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
 from aggregator.util.memory import map_large_allocations
-from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap, settle_heap_later
+from aggregator.util.runtime import (
+    TerminationSignals,
+    hold_collector,
+    new_event_loop,
+    settle_heap,
+    settle_heap_later,
+)
 from aggregator.util.tasks import TaskSet
 from aggregator.web.certexpiry import SERVING
 from aggregator.workers.channel import Channel
@@ -297,5 +303,6 @@ def run(config: Config) -> int:
     # The control probes and fetches every backend and proxies nothing: its TLS connections keep
     # only what their answers wrote of their read buffers (`util/memory.py`).
     map_large_allocations()
+    hold_collector()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(supervise(config))

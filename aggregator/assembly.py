@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aggregator.apiregistration.api import APIRegistration
 from aggregator.audit.factory import build_auditor
@@ -40,20 +40,7 @@ from aggregator.auth.build import build_authentication, build_authorization
 from aggregator.auth.impersonation import Impersonator
 from aggregator.auth.options import RequestHeaderOptions
 from aggregator.auth.rbacfolder import RBACFolder
-from aggregator.auth.rbacobjects import is_rbac
 from aggregator.auth.selfreviews import SelfReviews
-from aggregator.availability.checker import FIRST_ROUND_CHECK, AvailabilityChecker
-from aggregator.availability.ejections import EjectionBook
-from aggregator.availability.probe import DiscoveryProbe
-from aggregator.availability.quarantine import DiscoveryQuarantine
-from aggregator.availability.status import (
-    ALWAYS_LEADS,
-    KubeStatusWriter,
-    Leadership,
-    MemoryStatus,
-    StatusSink,
-    StoreStatus,
-)
 from aggregator.backends.addresses import AddressResolver
 from aggregator.backends.client_cert import ProxyClientCertificate
 from aggregator.backends.frontproxy import MissingClientCertificateWarning
@@ -64,10 +51,8 @@ from aggregator.backends.options import BackendConfig
 from aggregator.backends.registry import BackendRegistry
 from aggregator.config import Config
 from aggregator.contracts import Availability, Component, EjectionReport, Recheck
-from aggregator.discovery.component import KUBE_DISCOVERY_CHECK, Discovery
 from aggregator.discovery.legacy import LegacyDiscovery
 from aggregator.discovery.routes import AggregatedEndpoint, DiscoveryRoutes
-from aggregator.flowcontrol.manifests import is_flowcontrol
 from aggregator.flowcontrol.metrics import FlowControlMetrics
 from aggregator.flowcontrol.options import FlowControlConfig
 from aggregator.flowcontrol.runtime import FlowControl
@@ -75,10 +60,6 @@ from aggregator.flowcontrol.sources import CHECK_NAME as FLOWCONTROL_CHECK
 from aggregator.flowcontrol.sources import ConfigSource, FolderConfig, HeldConfig, KubeConfig, StaticConfig
 from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.kube.client import KubeClient
-from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
-from aggregator.leaderelection import LeaderElector, elector_for
-from aggregator.openapi.component import OpenAPIAggregation
-from aggregator.openapi.readiness import CHECK_NAME as KUBE_OPENAPI_CHECK
 from aggregator.openapi.routes import OpenAPIRoutes, PublishedOpenAPI
 from aggregator.proxy.apiservices import APIServiceProxy
 from aggregator.proxy.delegate import FRONT_PROXY, Delegate
@@ -87,8 +68,6 @@ from aggregator.proxy.handling import HandlingTable
 from aggregator.proxy.loops import loop_gate
 from aggregator.proxy.metrics import ProxyMetrics
 from aggregator.proxy.upgrade import UpgradeTunnel, upgrade_gate
-from aggregator.sources.files import FolderSource
-from aggregator.sources.kube import KubeSource
 from aggregator.sources.options import SourceConfig
 from aggregator.sources.problems import ManifestReport, merged_problems
 from aggregator.sources.reflector import WatchMetrics
@@ -121,6 +100,20 @@ from aggregator.web.timeout import RequestTimeouts
 from aggregator.web.version import serve_version
 from aggregator.workers.replica import CHANNEL_CHECK as CONTROL_CHECK
 from aggregator.workers.replica import Replica
+
+if TYPE_CHECKING:
+    # What only a single or control process builds (`_sources`, `_control`): imported there, so a
+    # worker of `--workers N` never loads the checker, the fetchers, the folder or kube sources,
+    # leader election or their dependencies (tests/runners/test_worker_imports.py).
+    from aggregator.availability.checker import AvailabilityChecker
+    from aggregator.availability.ejections import EjectionBook
+    from aggregator.availability.quarantine import DiscoveryQuarantine
+    from aggregator.availability.status import Leadership, StatusSink
+    from aggregator.discovery.component import Discovery
+    from aggregator.leaderelection import LeaderElector
+    from aggregator.openapi.component import OpenAPIAggregation
+    from aggregator.sources.files import FolderSource
+    from aggregator.sources.kube import KubeSource
 
 log = logging.getLogger(__name__)
 
@@ -441,6 +434,11 @@ class Sources:
 
 def _sources(source: SourceConfig, store: Store, kube: KubeClient | None, metrics: WatchMetrics) -> Sources:
     """The kube watch (kube mode) and/or the folder (local mode, or beside kube mode)."""
+    from aggregator.auth.rbacobjects import is_rbac
+    from aggregator.flowcontrol.manifests import is_flowcontrol
+    from aggregator.sources.files import FolderSource
+    from aggregator.sources.kube import KubeSource
+
     kube_source = KubeSource(kube, store, metrics) if source.kube_mode and kube is not None else None
     folder = None
     if source.apiservices_dir is not None:
@@ -467,6 +465,15 @@ def _control(
     (started before the checker, so it stops after it and the Lease is released only once no
     status write can still be under way).
     """
+    from aggregator.availability.checker import AvailabilityChecker
+    from aggregator.availability.ejections import EjectionBook
+    from aggregator.availability.probe import DiscoveryProbe
+    from aggregator.availability.quarantine import DiscoveryQuarantine
+    from aggregator.availability.status import ALWAYS_LEADS
+    from aggregator.discovery.component import Discovery
+    from aggregator.leaderelection import elector_for
+    from aggregator.openapi.component import OpenAPIAggregation
+
     elector: LeaderElector | None = None
     if config.leader_election is not None and kube is not None:
         elector = elector_for(config.leader_election, kube, metrics.leader_election)
@@ -580,6 +587,11 @@ def build_flowcontrol(
 
 def _control_checks(health: HealthChecks, store: Store, control: Control, kube: KubeClient | None) -> None:
     """The health checks of what a single or control process derives."""
+    from aggregator.availability.checker import FIRST_ROUND_CHECK
+    from aggregator.discovery.component import KUBE_DISCOVERY_CHECK
+    from aggregator.leaderelection import CHECK_NAME as LEADER_CHECK
+    from aggregator.openapi.readiness import CHECK_NAME as KUBE_OPENAPI_CHECK
+
     health.add("apiservice-registry-synced", store.synced_check, livez=False)
     # Ready once the first verdicts are in (a dead backend delays this by one probe timeout at
     # most; it never makes the gateway unready), and the unavailable ones listed in the notes.
@@ -895,6 +907,8 @@ def _follow_ca_expiry(expiry: CertificateExpiry, authenticator: Authenticator) -
 def _status_sink(config: Config, store: Store, kube: KubeClient | None, leadership: Leadership) -> StatusSink:
     """Where Available conditions go: the store (local mode), kube-apiserver (opt-in, written by
     the Lease holder only), or memory."""
+    from aggregator.availability.status import KubeStatusWriter, MemoryStatus, StoreStatus
+
     if config.source.local_mode:
         return StoreStatus(store)
     if config.write_apiservice_status and kube is not None:

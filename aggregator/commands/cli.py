@@ -144,17 +144,20 @@ def _certs_init(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from aggregator.runners.server import run
-    from aggregator.runners.supervisor import run as run_workers
-
     options = options_from_args(args)
     stop_logging = None
     try:
         validate(options)
         config = complete(options)
         stop_logging = configure_logging(config.logging.format, config.logging.verbosity)
+        # Only the runner that runs is imported: the control process of --workers N loads neither
+        # aiohttp's server nor the HTTP/2 listener (tests/runners/test_worker_imports.py).
         if config.workers > 1:
+            from aggregator.runners.supervisor import run as run_workers
+
             return run_workers(config)
+        from aggregator.runners.server import run
+
         return run(config)
     except ConfigError as err:
         if stop_logging is not None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 from typing import Any
 
 from aiohttp import web
@@ -22,9 +21,8 @@ from aiohttp import web
 from aggregator import __version__
 from aggregator.assembly import Gateway, build_gateway
 from aggregator.config import Config
+from aggregator.runners.serving import CLOSE_TIMEOUT, serving_certificate
 from aggregator.tls.options import ServingConfig
-from aggregator.tls.pem import PEMError
-from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
 from aggregator.util.runtime import (
@@ -40,7 +38,7 @@ from aggregator.web.http1.request import serve_http1
 from aggregator.web.http1.server import GatewayRequest, TimedServer, TimedSite, close_connections
 from aggregator.web.http2 import nghttp2
 from aggregator.web.http2.limits import H2Limits
-from aggregator.web.http2.listener import alpn_protocols, dispatching
+from aggregator.web.http2.listener import dispatching
 from aggregator.web.http2.metrics import ConnectionMetrics, PenaltyMetrics
 from aggregator.web.http2.penalty import FloodPenalty, Penalties
 from aggregator.web.http2.serving import Http2Serving
@@ -57,16 +55,6 @@ LISTEN_BACKLOG = 1024
 # request in flight is closed after 90 s ("matches http.DefaultTransport keep-alive timeout").
 READ_HEADER_TIMEOUT = 32.0
 IDLE_TIMEOUT = 90.0
-# What outlives its drain bound is cut: aiohttp's RequestHandler.shutdown waits this long for a
-# handler, cancels it, and waits as long again.
-CLOSE_TIMEOUT = 1.0
-
-
-def _serving_hosts(serving: ServingConfig) -> list[str]:
-    hosts = [socket.gethostname()]
-    if serving.bind_address not in ("0.0.0.0", "::"):
-        hosts.append(serving.bind_address)
-    return hosts
 
 
 def http2_library(serving: ServingConfig) -> nghttp2.Nghttp2 | None:
@@ -82,28 +70,6 @@ def http2_library(serving: ServingConfig) -> nghttp2.Nghttp2 | None:
             ),
         )
     return binding
-
-
-def serving_certificate(config: Config, *, http2: bool = True) -> ServingCertificate:
-    """The serving pair the flags name (or one generated in --cert-dir), hot-reloaded once
-    started, asking for client certificates of the CAs authentication trusts."""
-    serving = config.serving
-    cert_file, key_file, generated = resolve_serving_files(
-        serving.cert_file, serving.key_file, serving.cert_dir, _serving_hosts(serving)
-    )
-    if generated:
-        log.info("generated a self-signed serving certificate", extra=fields(cert_file=cert_file))
-    try:
-        return ServingCertificate(
-            cert_file,
-            key_file,
-            client_ca_files=config.authentication.client_ca_files(),
-            policy=serving.tls_policy,
-            alpn=alpn_protocols(http2 and serving.http2),
-        )
-    except PEMError as err:
-        flag = "--tls-cert-file" if serving.cert_file else "--cert-dir"
-        raise ConfigError(flag, str(err)) from err
 
 
 class GatewayServer:
@@ -275,12 +241,6 @@ async def shut_down(server: GatewayServer, shutdown: ShutdownConfig) -> None:
             ),
         )
     await server.close()
-
-
-def shutdown_bound(shutdown: ShutdownConfig) -> float:
-    """The longest `shut_down` takes, before the components stop (a second or so): what a
-    Deployment's terminationGracePeriodSeconds must exceed."""
-    return shutdown.delay + shutdown.drain + 2 * CLOSE_TIMEOUT
 
 
 async def serve(config: Config) -> int:

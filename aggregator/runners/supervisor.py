@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from aggregator.assembly import Gateway, build_gateway
 from aggregator.backends.h1 import MAX_IDLE
 from aggregator.config import Config
-from aggregator.runners.server import serving_certificate, shutdown_bound
+from aggregator.runners.serving import serving_certificate, shutdown_bound
 from aggregator.tls.options import ServingConfig
 from aggregator.util.backoff import exponential_delay
 from aggregator.util.flags import ConfigError

@@ -26,7 +26,7 @@ import pytest
 
 from aggregator.commands.cli import build_parser
 from aggregator.config import Options, complete, options_from_args
-from aggregator.runners.server import shutdown_bound
+from aggregator.runners.serving import shutdown_bound
 from tests.conftest import StartGateway
 from tests.manifests.k8s import (
     KUBECTL,

@@ -328,7 +328,7 @@ def test_generated_serving_certificate_is_announced_only_when_generated(
     from aggregator.runners.server import GatewayServer
     from tests.support.gateway import local_options
 
-    caplog.set_level(logging.INFO, logger="aggregator.runners.server")
+    caplog.set_level(logging.INFO, logger="aggregator.runners.serving")
     options = local_options(
         pki,
         str(apiservices_dir),

@@ -14,17 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from aggregator.web.alpn import H2, HTTP11
 from aggregator.web.http2.connection import H2ServerConnection
 from aggregator.web.http2.metrics import ConnectionMetrics
 from aggregator.web.http2.serving import Http2Serving
-
-H2 = "h2"
-HTTP11 = "http/1.1"
-
-
-def alpn_protocols(http2: bool) -> tuple[str, ...]:
-    """What the TLS context offers (secure_serving.go `tlsConfig`)."""
-    return (H2, HTTP11) if http2 else (HTTP11,)
 
 
 class AlpnDispatch(asyncio.Protocol):

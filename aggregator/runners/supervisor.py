@@ -41,6 +41,7 @@ from aggregator.util.runtime import (
     TerminationSignals,
     hold_collector,
     new_event_loop,
+    release_collector,
     settle_heap,
     settle_heap_later,
 )
@@ -130,6 +131,7 @@ class Supervisor:
 
     async def start(self) -> None:
         """Start the control, then every worker; ConfigError if a worker cannot start."""
+        self.control.store.when_synced(self._tasks, release_collector, name="release-collector")
         await self.control.start()
         await self.publisher.start()
         for worker in self.workers:

@@ -21,7 +21,12 @@ import aiohttp
 from cryptography import x509
 
 from aggregator.backends import tlsdiag
-from aggregator.backends._aiohttp import HttpProcessingError, ResponseHandler, response_protocol
+from aggregator.backends._aiohttp import (
+    BufferedReads,
+    HttpProcessingError,
+    ResponseHandler,
+    response_protocol,
+)
 from aggregator.backends.addresses import is_ip
 from aggregator.backends.errors import BackendError, Hop, classify
 from aggregator.backends.h1 import KEEPALIVE, DialTimes, H1Pool, IdleConnections, serialize_head
@@ -146,14 +151,16 @@ class Backend:
     async def _dial_http(
         self, host: str, port: int, server_name: str | None, within: float | None, times: DialTimes | None
     ) -> ResponseHandler:
-        loop = asyncio.get_running_loop()
-        _, protocol = await self.dial(
+        handler = response_protocol(asyncio.get_running_loop())
+        # Over TLS the handler reads through `BufferedReads` (no 256 KiB bytes object per record);
+        # a plain TCP transport reads into the loop's own buffer and hands over exact slices.
+        await self.dial(
             Address(host, port, server_name),
-            lambda: response_protocol(loop),
+            (lambda: BufferedReads(handler)) if self.context is not None else (lambda: handler),
             within=CONNECT_TIMEOUT if within is None else within,
             times=times,
         )
-        return protocol
+        return handler
 
     async def describe(self, err: BaseException, address: Address) -> BackendError:
         """A failure after the connection was made, in Go's words; a bare EOF or reset right after

@@ -74,6 +74,9 @@ class Backend:
     keepalive: InitVar[float] = KEEPALIVE
     # The bound on idle connections this backend shares with the others (the registry's).
     idle: InitVar[IdleConnections | None] = None
+    # TLS answers read through `BufferedReads` (the control process, where a 256 KiB read buffer
+    # per record is a mapping); elsewhere uvloop's own reads, without BufferedReads' copy.
+    buffered_reads: bool = False
     pool: H1Pool = field(init=False)
     _diag_context: ssl.SSLContext | None = field(default=None, init=False)
     # (host, port, server name) -> (expiry, the look in progress or done): see `diagnose`.
@@ -152,11 +155,10 @@ class Backend:
         self, host: str, port: int, server_name: str | None, within: float | None, times: DialTimes | None
     ) -> ResponseHandler:
         handler = response_protocol(asyncio.get_running_loop())
-        # Over TLS the handler reads through `BufferedReads` (no 256 KiB bytes object per record);
-        # a plain TCP transport reads into the loop's own buffer and hands over exact slices.
+        buffered = self.buffered_reads and self.context is not None  # plain TCP: exact slices already
         await self.dial(
             Address(host, port, server_name),
-            (lambda: BufferedReads(handler)) if self.context is not None else (lambda: handler),
+            (lambda: BufferedReads(handler)) if buffered else (lambda: handler),
             within=CONNECT_TIMEOUT if within is None else within,
             times=times,
         )

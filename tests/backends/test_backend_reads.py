@@ -80,31 +80,23 @@ async def tls_server(tmp_path: Path) -> AsyncIterator[tuple[TLSServer, bytes]]:
     await server.stop()
 
 
-async def test_answers_over_tls_arrive_whole_through_buffered_reads(
-    tls_server: tuple[TLSServer, bytes],
-) -> None:
-    await answers_arrive_whole(*tls_server)
+async def test_answers_over_tls_arrive_whole_through_buffered_reads(tls_server: tuple[TLSServer, bytes]) -> None:
+    await answers_arrive_whole(*tls_server, buffered=True)
 
 
 @pytest.mark.uvloop  # the production loop, whose TLS protocol picks the buffered path by itself
-async def test_answers_over_tls_arrive_whole_through_buffered_reads_on_uvloop(
-    tls_server: tuple[TLSServer, bytes],
-) -> None:
-    await answers_arrive_whole(*tls_server)
+@pytest.mark.parametrize("buffered", [True, False])
+async def test_answers_over_tls_arrive_whole_on_uvloop(tls_server: tuple[TLSServer, bytes], buffered: bool) -> None:
+    await answers_arrive_whole(*tls_server, buffered=buffered)
 
 
-async def answers_arrive_whole(server: TLSServer, ca_pem: bytes) -> None:
-    backend = Backend("reads", context=client_context(ca_pem, insecure=False, client_pair=None))
+async def answers_arrive_whole(server: TLSServer, ca_pem: bytes, *, buffered: bool) -> None:
+    context = client_context(ca_pem, insecure=False, client_pair=None)
+    backend = Backend("reads", context=context, buffered_reads=buffered)
     address = Address("127.0.0.1", server.port, NAME)
     try:
         # Small and large answers, sized and chunked, one after the other on one pooled connection.
-        for path, size in [
-            ("/sized", 90),
-            ("/sized", BIG),
-            ("/chunked", BIG),
-            ("/sized", 0),
-            ("/chunked", 5),
-        ]:
+        for path, size in [("/sized", 90), ("/sized", BIG), ("/chunked", BIG), ("/sized", 0), ("/chunked", 5)]:
             response = await backend.get(address, f"{path}/{size}", lambda: [("Host", NAME)], max_body=BIG)
             assert response.status == 200
             assert len(response.body) == size
@@ -113,6 +105,6 @@ async def answers_arrive_whole(server: TLSServer, ca_pem: bytes) -> None:
         assert len(idle) == 1  # every answer ended cleanly on the one connection
         handler = idle[0][0]
         assert handler.transport is not None
-        assert isinstance(handler.transport.get_protocol(), BufferedReads)
+        assert isinstance(handler.transport.get_protocol(), BufferedReads) is buffered
     finally:
         await backend.close()

@@ -107,54 +107,51 @@ class RawSession:
 
     def __init__(self, binding: nghttp2.Nghttp2) -> None:
         self.binding = binding
-        self.session = binding.new_session(H2Limits())
+        session = binding.new_session(H2Limits(), self)
+        self.session, self._session, self.data_provider = session.handle, session, session.data_provider
         self.queued: dict[int, bytes] = {}
         answer = CIMultiDict((name.decode(), value.decode()) for name, value in ANSWER[1:])
         # The serving's buffer holds the packed head: kept alive as long as the session uses it.
         self.serving = Http2Serving(_never, H2Limits(), _metrics(), binding)
         self.array, self.count, self._data, _close = self.serving.heads.pack(200, answer, len(BODY))
 
-    def on_begin_headers(self, stream_id: int) -> int:
+    def on_header(
+        self, session: Any, hd: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
+    ) -> int:
         return 0
 
-    def on_header(self, stream_id: int, name: bytes, value: bytes, size: int) -> int:
-        return 0
-
-    def on_frame_recv(self, kind: int, flags: int, stream_id: int) -> int:
-        if kind == nghttp2.HEADERS and flags & nghttp2.FLAG_END_STREAM:
-            self.queued[stream_id] = BODY
+    def on_frame_recv(self, session: Any, hd: Any, user_data: Any) -> int:
+        if hd.type == nghttp2.HEADERS and hd.flags & nghttp2.FLAG_END_STREAM:
+            self.queued[hd.stream_id] = BODY
             lib = self.binding.lib
-            lib.nghttp2_submit_response(self.session, stream_id, self.array, self.count, self.binding.data_provider)
+            lib.nghttp2_submit_response(self.session, hd.stream_id, self.array, self.count, self.data_provider)
         return 0
 
-    def on_frame_send(self, kind: int, stream_id: int, frame: Any) -> int:
+    def on_invalid_frame(self, session: Any, hd: Any, error: int, user_data: Any) -> int:
         return 0
 
-    def on_invalid_frame(self, kind: int, stream_id: int, error: int) -> int:
+    def on_data(self, session: Any, flags: int, stream_id: int, data: Any, length: int, user_data: Any) -> int:
         return 0
 
-    def on_data(self, stream_id: int, data: bytes) -> int:
+    def on_stream_close(self, session: Any, stream_id: int, error_code: int, user_data: Any) -> int:
         return 0
 
-    def on_stream_close(self, stream_id: int, error_code: int) -> int:
-        return 0
-
-    def read_body(self, stream_id: int, buf: Any, length: int, flags: Any) -> int:
+    def read_body(
+        self, session: Any, stream_id: int, buf: Any, length: int, flags: Any, source: Any, user_data: Any
+    ) -> int:
         body = self.queued.pop(stream_id)
         self.binding.ffi.memmove(buf, body, len(body))
         flags[0] = nghttp2.DATA_FLAG_EOF
         return len(body)
 
-    def on_error(self, message: str) -> int:
+    def on_error(self, session: Any, code: int, message: Any, length: int, user_data: Any) -> int:
         return 0
 
     def feed(self, data: bytes) -> None:
         binding, lib = self.binding, self.binding.lib
-        binding.current = self
         lib.nghttp2_session_mem_recv(self.session, data, len(data))
         while lib.nghttp2_session_mem_send(self.session, binding.out) > 0:
             pass
-        binding.current = None
 
 
 def with_nghttp2(binding: nghttp2.Nghttp2, preface: bytes, requests: list[bytes]) -> float:

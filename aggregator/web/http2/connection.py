@@ -69,7 +69,15 @@ class H2ServerConnection(asyncio.Protocol):
         self.limits = limits = serving.limits
         self.lib = serving.nghttp2
         self.loop = asyncio.get_running_loop()
-        self.session = self.lib.new_session(limits)
+        session = self.lib.new_session(limits, self)
+        # The session's callbacks are this connection's bound methods: a reference cycle, broken
+        # when the connection is lost (so the connection is freed as its last reference goes, not
+        # left to the cyclic collector, which `gc.freeze` may have put out of reach).
+        self._session: nghttp2.Session | None = session
+        self.session = session.handle
+        self._data_provider = session.data_provider
+        self._unpack = self.lib.unpack
+        self._memmove = self.lib.memmove
         self.guard = FrameGuard(limits)
         self.resets = TokenBucket(limits.reset_burst, limits.reset_rate)
         self._unstarted_resets = TokenBucket(limits.unstarted_reset_burst, limits.reset_rate)
@@ -94,6 +102,13 @@ class H2ServerConnection(asyncio.Protocol):
         self._our_resets: set[int] = set()  # streams the gateway reset itself
         self._client_resets: set[int] = set()  # streams the client reset
         self._last_request = 0  # the highest stream whose request head arrived
+        # The header block being decoded (`on_header`): its stream, fields, size, and the size
+        # past which a header takes the slow path (`_header_checked`); -1 until a block starts.
+        self._block_stream = 0
+        self._block: list[tuple[bytes, bytes]] = []
+        self._block_bytes = 0
+        self._block_limit = -1
+        self._block_too_large = False
         self._idle_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -144,11 +159,7 @@ class H2ServerConnection(asyncio.Protocol):
             self._fail(violation)
             return
         binding = self.lib
-        binding.current = self
-        try:
-            result = binding.lib.nghttp2_session_mem_recv(self.session, data, len(data))
-        finally:
-            binding.current = None
+        result = binding.lib.nghttp2_session_mem_recv(self.session, data, len(data))
         if self._violation is not None:
             self._fail(self._violation)
             return
@@ -176,6 +187,11 @@ class H2ServerConnection(asyncio.Protocol):
         self._drain = None
         self.transport = None
         self.serving.closed(self)
+        # The callbacks go (the cycle through them with it); the session stays until this
+        # connection is freed, for the handlers still finishing. Nothing drives it any more:
+        # libnghttp2 calls back only from `mem_recv` (a read) and `mem_send` (`write_out`, which
+        # returns at once without a transport).
+        self._session = None
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -211,28 +227,24 @@ class H2ServerConnection(asyncio.Protocol):
         lib, out, unpack = binding.lib, binding.out, binding.unpack
         mem_send = lib.nghttp2_session_mem_send
         session = self.session
-        binding.current = self
-        try:
+        size = mem_send(session, out)
+        if size > 0:
+            # Each chunk is one whole frame (`nghttp2_session_mem_send` hands out one frame
+            # buffer a call): byte 3 is its type. What one turn owes is joined into one write.
+            chunk = unpack(out[0], size)
+            goaway = chunk[3] == nghttp2.GOAWAY
             size = mem_send(session, out)
             if size > 0:
-                # Each chunk is one whole frame (`nghttp2_session_mem_send` hands out one frame
-                # buffer a call): byte 3 is its type. What one turn owes is joined into one write.
-                chunk = unpack(out[0], size)
-                goaway = chunk[3] == nghttp2.GOAWAY
-                size = mem_send(session, out)
-                if size > 0:
-                    chunks = [chunk]
-                    while size > 0:
-                        chunk = unpack(out[0], size)
-                        goaway = goaway or chunk[3] == nghttp2.GOAWAY
-                        chunks.append(chunk)
-                        size = mem_send(session, out)
-                    chunk = b"".join(chunks)
-                if goaway:
-                    self._goaway_out = True
-                transport.write(chunk)
-        finally:
-            binding.current = None
+                chunks = [chunk]
+                while size > 0:
+                    chunk = unpack(out[0], size)
+                    goaway = goaway or chunk[3] == nghttp2.GOAWAY
+                    chunks.append(chunk)
+                    size = mem_send(session, out)
+                chunk = b"".join(chunks)
+            if goaway:
+                self._goaway_out = True
+            transport.write(chunk)
         if self._violation is not None:  # a callback during mem_send (a reset flood's last reset)
             self._fail(self._violation)
             return
@@ -268,7 +280,7 @@ class H2ServerConnection(asyncio.Protocol):
         if close:
             self.shut_down("connection_close")
         binding = self.lib
-        provider = binding.data_provider if body else binding.ffi.NULL
+        provider = self._data_provider if body else binding.ffi.NULL
         code = binding.lib.nghttp2_submit_response(self.session, stream.id, array, count, provider)
         del data
         if code != 0:
@@ -339,53 +351,105 @@ class H2ServerConnection(asyncio.Protocol):
 
     # --- session callbacks (`nghttp2.SessionEvents`) -----------------------------------------------
 
-    def on_header(self, stream_id: int, name: bytes, value: bytes, size: int) -> int:
-        # Every header of every request passes here: the two limits are two sums and two
-        # comparisons (`size` is the name's and value's lengths, from the callback's arguments).
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            stream = self.streams[stream_id] = H2Stream(self, stream_id)
-        elif stream.too_large:
-            return 0
-        size += 32  # RFC 9113 6.5.2's accounting
-        held = stream.field_bytes + size
-        total = self.header_bytes + size
-        if held > self.max_header_list_size or total > self.max_header_bytes_held:
-            stream.too_large = True
-            self.header_bytes -= stream.field_bytes
-            stream.field_bytes = 0
-            stream.fields = []
-            return 0
-        stream.field_bytes = held
-        self.header_bytes = total
-        stream.fields.append((name, value))
+    def on_header(
+        self, session: Any, hd: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
+    ) -> int:
+        # Every header of every request passes here: the fast path is a sum, a comparison and an
+        # append to the block being decoded. The limits are one number (`_block_limit`: what the
+        # stream's header list and the connection's may still take), so a header list is bounded
+        # as it is decoded, not once it is complete (RFC 7541 7.3: one-byte references to a large
+        # table entry). A block's first header takes the slow path (the limit is -1 between
+        # blocks), which records the block's stream; the HEADERS frame that completes it must
+        # name the same stream, or its fields are not the request's.
+        size = self._block_bytes + namelen + valuelen + 32  # RFC 9113 6.5.2's accounting
+        if size > self._block_limit:
+            return self._header_checked(hd.stream_id, name, namelen, value, valuelen)
+        self._block_bytes = size
+        unpack = self._unpack
+        self._block.append((unpack(name, namelen), unpack(value, valuelen)))
         return 0
 
-    def on_frame_recv(self, kind: int, flags: int, stream_id: int) -> int:
-        if kind == nghttp2.HEADERS:
-            stream = self.streams.get(stream_id)
-            if stream is None:
+    def _header_checked(self, stream_id: int, name: Any, namelen: int, value: Any, valuelen: int) -> int:
+        """A block's first header, or one past the size the fast path allows."""
+        if stream_id != self._block_stream:
+            # A new block. One left unfinished was refused by libnghttp2 midway (its stream is
+            # reset, no HEADERS frame completes it; `on_invalid_frame` drops it first): its
+            # fields go.
+            self._drop_block()
+            self._block_stream = stream_id
+            self._block_limit = self._header_room()
+        if self._block_too_large:
+            return 0
+        size = self._block_bytes + namelen + valuelen + 32
+        if size > self._block_limit:
+            self._block_limit = self._header_room()  # handlers may have returned since the block began
+            if size > self._block_limit:
+                # Answered 431 once complete (`_serve`); what is decoded later is dropped.
+                self._block = []
+                self._block_bytes = 0
+                self._block_too_large = True
+                self._block_limit = -1
                 return 0
+        self._block_bytes = size
+        unpack = self._unpack
+        self._block.append((unpack(name, namelen), unpack(value, valuelen)))
+        return 0
+
+    def _header_room(self) -> int:
+        """What one header list may hold: the stream's limit, and what the connection's limit
+        leaves of the lists its live streams hold."""
+        return min(self.max_header_list_size, self.max_header_bytes_held - self.header_bytes)
+
+    def _drop_block(self) -> None:
+        self._block_stream = 0
+        if self._block_bytes or self._block_too_large:
+            self._block = []
+            self._block_bytes = 0
+            self._block_too_large = False
+        self._block_limit = -1
+
+    def on_frame_recv(self, session: Any, hd: Any, user_data: Any) -> int:
+        kind = hd.type
+        if kind == nghttp2.HEADERS:
+            stream_id = hd.stream_id
+            flags = hd.flags
+            if stream_id == self._block_stream:
+                request_fields, size, too_large = self._block, self._block_bytes, self._block_too_large
+            else:  # a block without fields (trailers can be empty), or not this stream's
+                request_fields, size, too_large = [], 0, False
+            self._block = []
+            self._block_stream = self._block_bytes = 0
+            self._block_limit = -1
+            self._block_too_large = False
             if stream_id <= self._last_request:
-                # Not a new stream (libnghttp2 takes new ones in increasing order only): trailers.
-                if flags & nghttp2.FLAG_END_STREAM:  # trailers: the end of the body
+                # Not a new stream (libnghttp2 takes new ones in increasing order only): trailers,
+                # which nothing reads.
+                stream = self.streams.get(stream_id)
+                if stream is not None and flags & nghttp2.FLAG_END_STREAM:  # the end of the body
                     self._body_ended(stream)
                 return 0
             self._last_request = stream_id
+            stream = self.streams[stream_id] = H2Stream(self, stream_id)
+            if too_large:
+                stream.too_large = True
+            else:
+                stream.fields = request_fields
+                stream.field_bytes = size
+                self.header_bytes += size
             if flags & nghttp2.FLAG_END_STREAM:
                 stream.remote_ended = True
             return self._on_request(stream)
         if kind == nghttp2.DATA:
-            if flags & nghttp2.FLAG_END_STREAM:
-                stream = self.streams.get(stream_id)
+            if hd.flags & nghttp2.FLAG_END_STREAM:
+                stream = self.streams.get(hd.stream_id)
                 if stream is not None:
                     self._body_ended(stream)
             return 0
         if kind == nghttp2.RST_STREAM:
-            self._client_resets.add(stream_id)
+            self._client_resets.add(hd.stream_id)
             return self._spend_reset()
         if kind == nghttp2.SETTINGS:
-            if not flags & nghttp2.FLAG_ACK:
+            if not hd.flags & nghttp2.FLAG_ACK:
                 self._settled = True
             return 0
         if kind == nghttp2.GOAWAY:
@@ -394,21 +458,25 @@ class H2ServerConnection(asyncio.Protocol):
             self.shut_down("client_goaway")
         return 0
 
-    def on_invalid_frame(self, kind: int, stream_id: int, error: int) -> int:
+    def on_invalid_frame(self, session: Any, hd: Any, error: int, user_data: Any) -> int:
+        if hd.stream_id == self._block_stream:
+            self._drop_block()
         log.debug("HTTP/2 frame refused", extra=fields(remote=self.info.remote, reason=self.lib.error(error)))
         return 0
 
-    def on_data(self, stream_id: int, data: bytes) -> int:
+    def on_data(self, session: Any, flags: int, stream_id: int, data: Any, length: int, user_data: Any) -> int:
         stream = self.streams.get(stream_id)
         body = stream.body if stream is not None else None
         if body is None or stream is None or stream.reset:
             # Nobody will read it: hand the window back at once.
-            self.lib.lib.nghttp2_session_consume(self.session, stream_id, len(data))
+            self.lib.lib.nghttp2_session_consume(self.session, stream_id, length)
             return 0
-        body.feed(data)
+        body.feed(self._unpack(data, length))
         return 0
 
-    def on_stream_close(self, stream_id: int, error_code: int) -> int:
+    def on_stream_close(self, session: Any, stream_id: int, error_code: int, user_data: Any) -> int:
+        if stream_id == self._block_stream:
+            self._drop_block()
         stream = self.streams.get(stream_id)
         ours = theirs = False
         if self._our_resets:
@@ -442,15 +510,17 @@ class H2ServerConnection(asyncio.Protocol):
             self._forget(stream)
         return 0
 
-    def read_body(self, stream_id: int, buf: Any, length: int, flags: Any) -> int:
+    def read_body(
+        self, session: Any, stream_id: int, buf: Any, length: int, flags: Any, source: Any, user_data: Any
+    ) -> int:
         stream = self.streams.get(stream_id)
         if stream is None:
             return nghttp2.ERR_TEMPORAL_CALLBACK_FAILURE
-        written = stream.read_body(buf, length, flags, self.lib.memmove)
-        return nghttp2.ERR_DEFERRED if written is None else written
+        return stream.read_body(buf, length, flags, self._memmove)
 
-    def on_error(self, message: str) -> int:
-        log.debug("HTTP/2 session error", extra=fields(remote=self.info.remote, reason=message))
+    def on_error(self, session: Any, code: int, message: Any, length: int, user_data: Any) -> int:
+        reason = self.lib.ffi.string(message, length).decode("utf-8", "replace")
+        log.debug("HTTP/2 session error", extra=fields(remote=self.info.remote, reason=reason))
         return 0
 
     # --- requests -----------------------------------------------------------------------------------

@@ -40,9 +40,6 @@ _KNOWN_METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE
 # A `:path` byte that is whitespace, a control character or DEL.
 _BAD_PATH_BYTE = re.compile(rb"[\x00-\x20\x7f]")
 _STATUS = {code: str(code).encode() for code in range(100, 600)}
-# The response fields HTTP/1.1's framing adds when the handler did not set them.
-_FRAMING = frozenset({b"content-length", b"content-type", b"date"})
-_NOTHING_SEEN: set[bytes] = set()
 
 
 class BadRequest(ValueError):
@@ -161,9 +158,27 @@ class ResponseHeads:
     names and values after it, so every pointer is known as its field is read. libnghttp2 copies
     both during `nghttp2_submit_response`, so the buffer is reused by the next `pack`: what `pack`
     returns is valid until then (one event loop thread; the caller submits at once). A head too
-    large for the buffer gets buffers of its own. Lowercase names are cached."""
+    large for the buffer gets buffers of its own. Lowercase names are cached.
 
-    __slots__ = ("_array", "_base", "_date", "_ffi", "_formats", "_lower", "_view")
+    A field seen twice (the same name and value: a backend's `Server`, `Cache-Control`, the flow
+    control UIDs, an object's `ETag`) gets an entry of its own, its lowercase name and encoded
+    value in bytes kept alive with it: from then on the field costs a dict lookup and the entry's
+    five numbers, not a lowercase lookup, an encoding and its offsets. Bounded: the cache starts
+    again empty once it holds `CACHED` fields (at the start of a `pack`, never while an array
+    built from it waits to be submitted)."""
+
+    __slots__ = (
+        "_array",
+        "_base",
+        "_cached",
+        "_date",
+        "_ffi",
+        "_formats",
+        "_held",
+        "_lower",
+        "_once",
+        "_view",
+    )
 
     # name, value (pointers), namelen, valuelen (size_t), flags (uint8_t) and padding to 40 bytes.
     ENTRY = "PPNNB7x"
@@ -172,12 +187,17 @@ class ResponseHeads:
     # values.
     ENTRIES = 64
     BUFFER = 16 * 1024
+    # Fields with entries of their own (and as many seen once) before the cache starts again.
+    CACHED = 512
 
     def __init__(self, ffi: Any) -> None:
         self._ffi = ffi
         self._lower = LowerNames()
         self._date = HttpDate()
         self._formats: dict[int, struct.Struct] = {}
+        self._cached: dict[tuple[str, str], tuple[int, int, int, int, int]] = {}
+        self._held: list[Any] = []  # what the cached entries point into
+        self._once: set[tuple[str, str]] = set()
         buffer = ffi.new("char[]", self.BUFFER)
         self._view = ffi.buffer(buffer)
         self._base = int(ffi.cast("uintptr_t", buffer))
@@ -195,34 +215,44 @@ class ResponseHeads:
         offset += 7 + len(code)
         close = False
         lower_of = self._lower
-        seen: set[bytes] | None = None
-        for name, value in headers.items():
+        if len(self._cached) >= self.CACHED or len(self._once) >= self.CACHED:
+            self._forget_fields()
+        cached = self._cached
+        cached_count = 0
+        for item in headers.items():
+            entry = cached.get(item)
+            if entry is not None:
+                values += entry
+                cached_count += 1
+                continue
+            name, value = item
             lower = lower_of[name]
             if not lower:  # connection-specific
                 if name.lower() == "connection" and value.strip().lower() == "close":
                     close = True
                 continue
-            if lower in _FRAMING:
-                if seen is None:
-                    seen = set()
-                seen.add(lower)
+            if item in self._once:
+                self._cache(item, lower, value)
+            else:
+                self._once.add(item)
             encoded = value.encode("utf-8", "surrogateescape")
             name_length = len(lower)
             value_length = len(encoded)
             values += (offset, offset + name_length, name_length, value_length, 0)
             parts += (lower, encoded)
             offset += name_length + value_length
-        if seen is None or len(seen) < len(_FRAMING):
-            for lower, encoded in self._framing(status, length, seen or _NOTHING_SEEN):
+        if "Content-Length" not in headers or "Content-Type" not in headers or "Date" not in headers:
+            for lower, encoded in self._framing(status, length, headers):
                 name_length = len(lower)
                 value_length = len(encoded)
                 values += (offset, offset + name_length, name_length, value_length, 0)
                 parts += (lower, encoded)
                 offset += name_length + value_length
-        count = len(parts) >> 1
+        count = (len(parts) >> 1) + cached_count
         if count > self.ENTRIES or offset - base > self.BUFFER:
+            parts = self._parts(status, headers, length)
             array, data = self._own(parts)
-            return array, count, data, close
+            return array, len(parts) >> 1, data, close
         packer = self._formats.get(count)
         if packer is None:
             packer = self._formats[count] = struct.Struct("@" + self.ENTRY * count)
@@ -231,15 +261,38 @@ class ResponseHeads:
         view[start - base : offset - base] = b"".join(parts)
         return self._array, count, None, close
 
-    def _framing(self, status: int, length: int | None, seen: set[bytes]) -> list[tuple[bytes, bytes]]:
+    def _cache(self, item: tuple[str, str], lower: bytes, value: str) -> None:
+        """An entry of its own for a field seen before."""
+        held = lower + value.encode("utf-8", "surrogateescape")
+        pointer = int(self._ffi.cast("uintptr_t", self._ffi.from_buffer(held)))
+        self._held.append(held)
+        self._cached[item] = (pointer, pointer + len(lower), len(lower), len(held) - len(lower), 0)
+
+    def _forget_fields(self) -> None:
+        self._cached = {}
+        self._held = []
+        self._once = set()
+
+    def _parts(self, status: int, headers: CIMultiDict[str], length: int | None) -> list[bytes]:
+        """Every name and value of a head, in turn (for a head too large for the shared buffer)."""
+        parts = [b":status", _STATUS.get(status) or str(status).encode()]
+        for name, value in headers.items():
+            lower = self._lower[name]
+            if lower:
+                parts += (lower, value.encode("utf-8", "surrogateescape"))
+        for lower, encoded in self._framing(status, length, headers):
+            parts += (lower, encoded)
+        return parts
+
+    def _framing(self, status: int, length: int | None, headers: CIMultiDict[str]) -> list[tuple[bytes, bytes]]:
         """The fields HTTP/1.1's framing adds that the handler's headers lack."""
         added: list[tuple[bytes, bytes]] = []
         empty_status = status < 200 or status in (204, 304)
-        if length is not None and b"content-length" not in seen and not empty_status:
+        if length is not None and "Content-Length" not in headers and not empty_status:
             added.append((b"content-length", str(length).encode()))
-        if b"content-type" not in seen and length != 0 and not empty_status:
+        if "Content-Type" not in headers and length != 0 and not empty_status:
             added.append((b"content-type", b"application/octet-stream"))
-        if b"date" not in seen:
+        if "Date" not in headers:
             added.append((b"date", self._date.now()))
         return added
 

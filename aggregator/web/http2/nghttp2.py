@@ -14,9 +14,9 @@ installs it). The declarations below are the subset of `nghttp2.h` the server us
 structures' exact layouts. The callbacks that only read a frame's header declare their
 `const nghttp2_frame *` as `const nghttp2_frame_hd *` (the union's first member: the same
 address), so reading the stream id is one attribute, not two: every header of every request
-crosses here. The callbacks are made once per process and shared by every session:
-libnghttp2 calls them synchronously from `mem_recv` and `mem_send`, so the session being driven
-is recorded in `current` just before (one event loop thread; no callback ever runs otherwise).
+crosses here. Each session's callbacks are its receiver's bound methods (`SessionEvents`), made
+with the session (about 20 us, once per connection): a callback is then one Python frame, where
+callbacks shared by every session would need an adapter's frame to find the session being driven.
 
 Where the library is missing or too old, `load` returns None with the reason, and the server
 offers only HTTP/1.1 (clients fall back to it as they do for any server without `h2`).
@@ -46,8 +46,8 @@ typedef struct { int age; int version_num; const char *version_str; const char *
 typedef struct { uint8_t *name; uint8_t *value; size_t namelen; size_t valuelen; uint8_t flags; } nghttp2_nv;
 typedef struct { size_t length; int32_t stream_id; uint8_t type; uint8_t flags; uint8_t reserved; } nghttp2_frame_hd;
 typedef union { int fd; void *ptr; } nghttp2_data_source;
-typedef ssize_t (*nghttp2_data_source_read_callback)(nghttp2_session *session, int32_t stream_id,
-    uint8_t *buf, size_t length, uint32_t *data_flags, nghttp2_data_source *source, void *user_data);
+typedef ssize_t (*nghttp2_data_source_read_callback)(uintptr_t session, int32_t stream_id,
+    uint8_t *buf, size_t length, uint32_t *data_flags, uintptr_t source, uintptr_t user_data);
 typedef struct { nghttp2_data_source source; nghttp2_data_source_read_callback read_callback; } nghttp2_data_provider;
 typedef struct { int32_t stream_id; int32_t weight; uint8_t exclusive; } nghttp2_priority_spec;
 typedef struct { nghttp2_frame_hd hd; size_t padlen; nghttp2_priority_spec pri_spec; nghttp2_nv *nva;
@@ -60,18 +60,19 @@ typedef union { nghttp2_frame_hd hd; nghttp2_headers headers; nghttp2_rst_stream
     nghttp2_goaway goaway; nghttp2_window_update window_update; } nghttp2_frame;
 typedef struct { int32_t settings_id; uint32_t value; } nghttp2_settings_entry;
 
-typedef int (*nghttp2_on_frame_recv_callback)(nghttp2_session *, const nghttp2_frame_hd *, void *);
-typedef int (*nghttp2_on_invalid_frame_recv_callback)(nghttp2_session *, const nghttp2_frame_hd *, int, void *);
-typedef int (*nghttp2_on_header_callback)(nghttp2_session *, const nghttp2_frame_hd *, const char *name,
-    size_t namelen, const char *value, size_t valuelen, uint8_t flags, void *);
-typedef int (*nghttp2_on_data_chunk_recv_callback)(nghttp2_session *, uint8_t flags, int32_t stream_id,
-    const char *data, size_t len, void *);
-typedef int (*nghttp2_on_stream_close_callback)(nghttp2_session *, int32_t stream_id, uint32_t error_code, void *);
-typedef int (*nghttp2_error_callback2)(nghttp2_session *, int lib_error_code, const char *msg, size_t len, void *);
+typedef int (*nghttp2_on_frame_recv_callback)(uintptr_t, const nghttp2_frame_hd *, uintptr_t);
+typedef int (*nghttp2_on_invalid_frame_recv_callback)(uintptr_t, const nghttp2_frame_hd *, int, uintptr_t);
+typedef int (*nghttp2_on_header_callback)(uintptr_t, const nghttp2_frame_hd *, const char *name,
+    size_t namelen, const char *value, size_t valuelen, uint8_t flags, uintptr_t);
+typedef int (*nghttp2_on_data_chunk_recv_callback)(uintptr_t, uint8_t flags, int32_t stream_id,
+    const char *data, size_t len, uintptr_t);
+typedef int (*nghttp2_on_stream_close_callback)(uintptr_t, int32_t stream_id, uint32_t error_code, uintptr_t);
+typedef int (*nghttp2_error_callback2)(uintptr_t, int lib_error_code, const char *msg, size_t len, uintptr_t);
 
 nghttp2_info *nghttp2_version(int least_version);
 const char *nghttp2_strerror(int lib_error_code);
 int nghttp2_session_callbacks_new(nghttp2_session_callbacks **callbacks_ptr);
+void nghttp2_session_callbacks_del(nghttp2_session_callbacks *callbacks);
 void nghttp2_session_callbacks_set_on_frame_recv_callback(nghttp2_session_callbacks *, nghttp2_on_frame_recv_callback);
 void nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(nghttp2_session_callbacks *,
     nghttp2_on_invalid_frame_recv_callback);
@@ -130,125 +131,100 @@ HCAT_REQUEST = 0
 
 
 class SessionEvents(Protocol):
-    """What a session's callbacks report to (`connection.H2ServerConnection`); each returns 0, or
-    one of the library's error codes to refuse the frame (a stream error) or end the session.
-    Only the callbacks the server needs are set: each one is a call from C into Python."""
+    """What a session's callbacks call: the receiver's own methods, with libnghttp2's C arguments
+    as cffi passes them (`connection.H2ServerConnection`). Each returns 0, or one of the library's
+    error codes to refuse the frame (a stream error) or end the session. Only the callbacks the
+    server needs are set: each one is a call from C into Python, and each is one Python frame, not
+    an adapter's frame and then the receiver's."""
 
-    def on_header(self, stream_id: int, name: bytes, value: bytes, size: int) -> int:
-        """One decoded header; `size` is `len(name) + len(value)`."""
+    def on_header(
+        self, session: Any, hd: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
+    ) -> int:
+        """One decoded header (`hd` is the frame's header)."""
         ...
 
-    def on_frame_recv(self, kind: int, flags: int, stream_id: int) -> int: ...
+    def on_frame_recv(self, session: Any, hd: Any, user_data: Any) -> int: ...
 
-    def on_invalid_frame(self, kind: int, stream_id: int, error: int) -> int: ...
+    def on_invalid_frame(self, session: Any, hd: Any, error: int, user_data: Any) -> int: ...
 
-    def on_data(self, stream_id: int, data: bytes) -> int: ...
+    def on_data(self, session: Any, flags: int, stream_id: int, data: Any, length: int, user_data: Any) -> int: ...
 
-    def on_stream_close(self, stream_id: int, error_code: int) -> int: ...
+    def on_stream_close(self, session: Any, stream_id: int, error_code: int, user_data: Any) -> int: ...
 
-    def read_body(self, stream_id: int, buf: Any, length: int, flags: Any) -> int: ...
+    def read_body(
+        self, session: Any, stream_id: int, buf: Any, length: int, flags: Any, source: Any, user_data: Any
+    ) -> int: ...
 
-    def on_error(self, message: str) -> int: ...
+    def on_error(self, session: Any, code: int, message: Any, length: int, user_data: Any) -> int: ...
+
+
+class Session:
+    """One server session: its handle (freed when this is collected), its data provider, and the
+    callbacks bound to its receiver, kept alive as long as the session may call them."""
+
+    __slots__ = ("_callbacks", "data_provider", "handle")
+
+    def __init__(self, handle: Any, data_provider: Any, callbacks: tuple[Any, ...]) -> None:
+        self.handle = handle
+        self.data_provider = data_provider
+        self._callbacks = callbacks
+
+
+def _failed(exception: Any, exc_value: Any, traceback: Any) -> None:
+    log.error("HTTP/2 callback failed", exc_info=(exception, exc_value, traceback))
 
 
 class Nghttp2:
-    """The loaded library and the callbacks every session shares (see the module docstring)."""
+    """The loaded library (see the module docstring)."""
 
     def __init__(self, ffi: Any, lib: Any) -> None:
         self.ffi = ffi
         self.lib = lib
         info = lib.nghttp2_version(0)
         self.version = ffi.string(info.version_str).decode()
-        # The session whose `mem_recv`/`mem_send` runs now: the callbacks' receiver.
-        self.current: SessionEvents | None = None
         self.has_reset_rate_limit = _has(lib, "nghttp2_option_set_stream_reset_rate_limit")
         self.has_max_continuations = _has(lib, "nghttp2_option_set_max_continuations")
-        self._callbacks = self._make_callbacks()
         # `ffi.memmove` without its Python-level wrapper: one call fewer per answer's body.
         self.memmove = ffi._backend.memmove
-        self.data_provider = ffi.new("nghttp2_data_provider *")
-        self.data_provider.read_callback = self._read_body
         # mem_send's `const uint8_t **` declared `const char **`: `unpack` then gives bytes at once.
         self.out = ffi.new("const char **")
-        self.unpack = ffi._backend.unpack
-
-    def _make_callbacks(self) -> Any:
-        ffi, lib = self.ffi, self.lib
-        binding = self
-
-        def failed(exception: Any, exc_value: Any, traceback: Any) -> None:
-            log.error("HTTP/2 callback failed", exc_info=(exception, exc_value, traceback))
-
-        def callback(kind: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
-            def wrap(function: Callable[..., int]) -> Callable[..., int]:
-                made: Callable[..., int] = ffi.callback(kind, function, onerror=failed, error=ERR_CALLBACK_FAILURE)
-                return made
-
-            return wrap
-
         # `const char *` and a length: the exact bytes, NUL or not (`ffi.unpack` without its
         # Python-level wrapper, which would be one more call per header).
-        unpack = ffi._backend.unpack
+        self.unpack = ffi._backend.unpack
 
-        @callback("nghttp2_on_header_callback")
-        def on_header(
-            session: Any, hd: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
-        ) -> int:
-            return binding.current.on_header(  # type: ignore[union-attr]
-                hd.stream_id, unpack(name, namelen), unpack(value, valuelen), namelen + valuelen
-            )
+    def _callbacks(self, events: SessionEvents) -> tuple[Any, tuple[Any, ...]]:
+        """A callbacks structure whose callbacks are `events`' bound methods (the session copies
+        the structure; the callbacks themselves must outlive it)."""
+        ffi, lib = self.ffi, self.lib
 
-        @callback("nghttp2_on_frame_recv_callback")
-        def on_frame_recv(session: Any, hd: Any, user_data: Any) -> int:
-            return binding.current.on_frame_recv(hd.type, hd.flags, hd.stream_id)  # type: ignore[union-attr]
+        def made(kind: str, method: Callable[..., int]) -> Any:
+            return ffi.callback(kind, method, onerror=_failed, error=ERR_CALLBACK_FAILURE)
 
-        @callback("nghttp2_on_invalid_frame_recv_callback")
-        def on_invalid_frame(session: Any, hd: Any, error: int, user_data: Any) -> int:
-            return binding.current.on_invalid_frame(hd.type, hd.stream_id, error)  # type: ignore[union-attr]
-
-        @callback("nghttp2_on_data_chunk_recv_callback")
-        def on_data(session: Any, flags: int, stream_id: int, data: Any, length: int, user_data: Any) -> int:
-            return binding.current.on_data(stream_id, unpack(data, length))  # type: ignore[union-attr]
-
-        @callback("nghttp2_on_stream_close_callback")
-        def on_stream_close(session: Any, stream_id: int, error_code: int, user_data: Any) -> int:
-            return binding.current.on_stream_close(stream_id, error_code)  # type: ignore[union-attr]
-
-        @callback("nghttp2_error_callback2")
-        def on_error(session: Any, code: int, message: Any, length: int, user_data: Any) -> int:
-            return binding.current.on_error(ffi.string(message, length).decode("utf-8", "replace"))  # type: ignore[union-attr]
-
-        @callback("nghttp2_data_source_read_callback")
-        def read_body(
-            session: Any, stream_id: int, buf: Any, length: int, flags: Any, source: Any, user_data: Any
-        ) -> int:
-            return binding.current.read_body(stream_id, buf, length, flags)  # type: ignore[union-attr]
-
-        self._read_body = read_body
-        self._keep = (
-            on_header,
-            on_frame_recv,
-            on_invalid_frame,
-            on_data,
-            on_stream_close,
-            on_error,
-            read_body,
+        keep = (
+            made("nghttp2_on_header_callback", events.on_header),
+            made("nghttp2_on_frame_recv_callback", events.on_frame_recv),
+            made("nghttp2_on_invalid_frame_recv_callback", events.on_invalid_frame),
+            made("nghttp2_on_data_chunk_recv_callback", events.on_data),
+            made("nghttp2_on_stream_close_callback", events.on_stream_close),
+            made("nghttp2_error_callback2", events.on_error),
+            made("nghttp2_data_source_read_callback", events.read_body),
         )
         holder = ffi.new("nghttp2_session_callbacks **")
         if lib.nghttp2_session_callbacks_new(holder) != 0:
             raise MemoryError("nghttp2_session_callbacks_new failed")
-        callbacks = holder[0]
-        lib.nghttp2_session_callbacks_set_on_header_callback(callbacks, on_header)
-        lib.nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, on_frame_recv)
-        lib.nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(callbacks, on_invalid_frame)
-        lib.nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, on_data)
-        lib.nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, on_stream_close)
-        lib.nghttp2_session_callbacks_set_error_callback2(callbacks, on_error)
-        return callbacks
+        callbacks = ffi.gc(holder[0], lib.nghttp2_session_callbacks_del)
+        lib.nghttp2_session_callbacks_set_on_header_callback(callbacks, keep[0])
+        lib.nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, keep[1])
+        lib.nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(callbacks, keep[2])
+        lib.nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, keep[3])
+        lib.nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, keep[4])
+        lib.nghttp2_session_callbacks_set_error_callback2(callbacks, keep[5])
+        return callbacks, keep
 
-    def new_session(self, options: SessionOptions) -> Any:
-        """A server session (freed when the returned handle is collected)."""
+    def new_session(self, options: SessionOptions, events: SessionEvents) -> Session:
+        """A server session whose callbacks are `events`' methods."""
         ffi, lib = self.ffi, self.lib
+        callbacks, keep = self._callbacks(events)
         option_holder = ffi.new("nghttp2_option **")
         if lib.nghttp2_option_new(option_holder) != 0:
             raise MemoryError("nghttp2_option_new failed")
@@ -266,10 +242,12 @@ class Nghttp2:
         if self.has_max_continuations:
             lib.nghttp2_option_set_max_continuations(option, options.max_continuations)
         holder = ffi.new("nghttp2_session **")
-        code = lib.nghttp2_session_server_new2(holder, self._callbacks, ffi.NULL, option)
+        code = lib.nghttp2_session_server_new2(holder, callbacks, ffi.NULL, option)
         if code != 0:
             raise MemoryError(f"nghttp2_session_server_new2: {self.error(code)}")
-        return ffi.gc(holder[0], lib.nghttp2_session_del)
+        data_provider = ffi.new("nghttp2_data_provider *")
+        data_provider.read_callback = keep[6]
+        return Session(ffi.gc(holder[0], lib.nghttp2_session_del), data_provider, keep)
 
     def error(self, code: int) -> str:
         return str(self.ffi.string(self.lib.nghttp2_strerror(code)).decode())

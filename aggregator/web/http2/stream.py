@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from aggregator.web.connection import Connection
+from aggregator.web.http2 import nghttp2
 from aggregator.web.http2.codes import ErrorCode
 from aggregator.web.serverrequest import HeadHook, Response, StreamedResponse, Tunnel
 
@@ -335,9 +336,9 @@ class H2Stream:
         if self.reset:
             raise StreamReset(f"stream {self.id} reset")
 
-    def read_body(self, buf: Any, length: int, flags: Any, memmove: Any) -> int | None:
-        """libnghttp2 asks for up to `length` body bytes: copied into `buf`; None when none is
-        queued yet (it waits for `resume`)."""
+    def read_body(self, buf: Any, length: int, flags: Any, memmove: Any) -> int:
+        """libnghttp2 asks for up to `length` body bytes: copied into `buf`; NGHTTP2_ERR_DEFERRED
+        when none is queued yet (it waits for `resume`)."""
         out = self._out
         written = 0
         if out:
@@ -368,7 +369,7 @@ class H2Stream:
             self._sent_out = True
         elif not written:
             self.deferred = True
-            return None
+            return nghttp2.ERR_DEFERRED
         waiter = self._drained
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

@@ -92,6 +92,23 @@ async def test_an_illegal_header_field_is_a_stream_error_never_forwarded(
     assert not any(header[1] in (r.one("X-Note") or "") for r in proxied.backend.received)
 
 
+async def test_fields_of_a_header_block_refused_midway_never_reach_the_next_request(
+    start_proxied: StartProxied, pki: PKI
+) -> None:
+    """libnghttp2 refuses a block at its first illegal field, after the fields before it were
+    decoded: those are dropped with the block, never counted into the next stream's request."""
+    proxied = await start_proxied()
+    async with RawH2.connect(proxied.server.port, pki.client_context("admin")) as client:
+        refused = client.block("GET", THINGS, [("x-note", "first"), ("X-Upper", "an uppercase name")])
+        served = client.block("GET", THINGS, [("x-note", "second")])
+        client.send(client.headers(1, block=refused), client.headers(3, block=served))  # one read
+        await client.until(lambda: 1 in client.resets and 3 in client.ended)
+        assert client.resets[1] == ErrorCodes.PROTOCOL_ERROR
+        assert client.statuses[3] == 200
+    [request] = proxied.backend.seen_by("admin")
+    assert request.all("X-Note") == ["second"]
+
+
 @pytest.mark.parametrize("length", ["+3", "-3", "3, 3", "0x3", " 3"])
 async def test_a_content_length_that_is_not_digits_is_a_stream_error(
     start_proxied: StartProxied, pki: PKI, length: str

@@ -5,7 +5,8 @@ below, and handles the parser's `HttpProcessingError` as a malformed answer.
 
 The proxy's hot path reads a backend's answer with aiohttp's own C parser (llhttp) on a connection
 it manages (`ResponseHandler`), keeps that parser between exchanges of a pooled connection
-(`prepare_response`), and waits for a paused transport to drain. aiohttp's minor version is
+(`prepare_response`), and waits for a paused transport to drain. In the control process a TLS
+transport hands that handler its records through `BufferedReads`. aiohttp's minor version is
 pinned in pyproject.toml for these; `missing_internals()` is checked by
 tests/backends/test_aiohttp_internals.py so an upgrade that breaks one fails loudly there, not
 in production.

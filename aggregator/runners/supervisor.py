@@ -38,7 +38,13 @@ from aggregator.util.backoff import exponential_delay
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
 from aggregator.util.memory import map_large_allocations
-from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap, settle_heap_later
+from aggregator.util.runtime import (
+    TerminationSignals,
+    hold_collector,
+    new_event_loop,
+    settle_heap,
+    settle_heap_later,
+)
 from aggregator.util.tasks import TaskSet
 from aggregator.web.certexpiry import SERVING
 from aggregator.workers.channel import Channel
@@ -244,7 +250,7 @@ async def supervise(config: Config) -> int:
     # refused (or generated, once) before the port and before any worker, as a single process does
     serving = serving_certificate(config)
     config = replace(config, serving=replace(config.serving, port=reserve_port(config.serving)))
-    control = build_gateway(config)
+    control = build_gateway(config, serving=False)
     control_backends(control.backends)
     # The group's metrics take gauges from the control: it follows the serving pair too.
     expiry = control.metrics.exposition.certificate_expiry
@@ -305,5 +311,6 @@ def run(config: Config) -> int:
     # The control probes and fetches every backend and proxies nothing: its TLS connections keep
     # only what their answers wrote of their read buffers (`util/memory.py`).
     map_large_allocations()
+    hold_collector()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(supervise(config))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from aggregator.assembly import Gateway, build_gateway
 from aggregator.backends.h1 import MAX_IDLE
+from aggregator.backends.registry import BackendRegistry
 from aggregator.config import Config
 from aggregator.runners.server import serving_certificate, shutdown_bound
 from aggregator.tls.options import ServingConfig
@@ -252,9 +253,7 @@ async def supervise(config: Config) -> int:
     serving = serving_certificate(config)
     config = replace(config, serving=replace(config.serving, port=reserve_port(config.serving)))
     control = build_gateway(config, serving=False)
-    # Its idle connections cost a page or two each (`run`): enough for every backend's probes to
-    # find theirs warm, within the file descriptors the process may open.
-    control.backends.idle.limit = control_idle_limit()
+    control_backends(control.backends)
     # The group's metrics take gauges from the control: it follows the serving pair too.
     expiry = control.metrics.exposition.certificate_expiry
     expiry.follow(SERVING, lambda: (serving.cert_file, [serving.current.leaf]))
@@ -290,6 +289,15 @@ async def supervise(config: Config) -> int:
     stopping.result()
     await serving.stop()
     return 0
+
+
+def control_backends(backends: BackendRegistry) -> None:
+    """How the control process, which probes and fetches and proxies nothing, holds its backends."""
+    # Its idle connections cost a page or two each (`run`): enough for every backend's probes to
+    # find theirs warm, within the file descriptors the process may open.
+    backends.idle.limit = control_idle_limit()
+    # Its large allocations are mappings (`run`): TLS records are read into buffers of their size.
+    backends.buffered_reads = True
 
 
 def control_idle_limit() -> int:

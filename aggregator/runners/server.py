@@ -25,6 +25,7 @@ from aggregator.runners.serving import CLOSE_TIMEOUT, serving_certificate
 from aggregator.tls.options import ServingConfig
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
+from aggregator.util.memory import limit_arenas
 from aggregator.util.runtime import (
     TerminationSignals,
     hold_collector,
@@ -275,6 +276,7 @@ async def serve(config: Config) -> int:
 
 
 def run(config: Config) -> int:
+    limit_arenas()
     hold_collector()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(serve(config))

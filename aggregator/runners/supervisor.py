@@ -37,7 +37,7 @@ from aggregator.tls.options import ServingConfig
 from aggregator.util.backoff import exponential_delay
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
-from aggregator.util.memory import map_large_allocations
+from aggregator.util.memory import limit_arenas, map_large_allocations
 from aggregator.util.runtime import (
     TerminationSignals,
     hold_collector,
@@ -313,6 +313,7 @@ def run(config: Config) -> int:
     # The control probes and fetches every backend and proxies nothing: its TLS connections keep
     # only what their answers wrote of their read buffers (`util/memory.py`).
     map_large_allocations()
+    limit_arenas()
     hold_collector()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(supervise(config))

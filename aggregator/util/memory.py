@@ -12,6 +12,12 @@ raising) costs a mapping per large allocation; the event loop would read every T
 fresh 256 KiB bytes object (an mmap, an mremap and an munmap per read), so the process that sets
 it reads its backends' answers through `backends._aiohttp.BufferedReads`, into buffers of their
 size. The process that proxies requests keeps glibc's default.
+
+glibc also gives each thread that allocates while another holds an arena a new arena of its own,
+up to 8 per core, and an arena keeps what its thread freed: the control's OpenAPI parses and
+renders (`asyncio.to_thread`) and the folder watchers' threads left a megabyte or so in each of a
+dozen arenas. The gateway's threads do little besides that, so every process allows two arenas
+(`limit_arenas`): the main thread's and one the others share.
 """
 
 from __future__ import annotations
@@ -23,17 +29,32 @@ from aggregator.util.logs import fields
 
 log = logging.getLogger(__name__)
 
-# mallopt(3): M_MMAP_THRESHOLD, and glibc's initial threshold.
+# mallopt(3): M_MMAP_THRESHOLD, and glibc's initial threshold; M_ARENA_MAX, and the arenas allowed.
 M_MMAP_THRESHOLD = -3
 THRESHOLD = 128 * 1024
+M_ARENA_MAX = -8
+ARENAS = 2
 
 
-def map_large_allocations() -> bool:
-    """Fix glibc's threshold for mapped allocations (True), or leave it where there is no glibc."""
+def _mallopt(parameter: int, value: int) -> bool:
+    """mallopt(3): whether glibc took the setting (False where there is no glibc)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    done = bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD))
+    return bool(mallopt(parameter, value))
+
+
+def map_large_allocations() -> bool:
+    """Fix glibc's threshold for mapped allocations (True), or leave it where there is no glibc."""
+    done = _mallopt(M_MMAP_THRESHOLD, THRESHOLD)
     log.debug("large allocations mapped", extra=fields(threshold=THRESHOLD, done=done))
+    return done
+
+
+def limit_arenas(arenas: int = ARENAS) -> bool:
+    """Allow glibc `arenas` arenas in all (True), or leave it where there is no glibc. Called before
+    any thread starts (an arena made before stays)."""
+    done = _mallopt(M_ARENA_MAX, arenas)
+    log.debug("malloc arenas limited", extra=fields(arenas=arenas, done=done))
     return done

@@ -64,7 +64,8 @@ def _serving_hosts(serving: ServingConfig) -> list[str]:
 
 
 def http2_library(serving: ServingConfig) -> nghttp2.Nghttp2 | None:
-    """libnghttp2 when HTTP/2 is to be served; None (and a warning naming why) when it cannot be."""
+    """libnghttp2 when HTTP/2 is to be served (and a line saying which header collector it uses);
+    None (and a warning naming why) when it cannot be."""
     if not serving.http2:
         return None
     binding, why = nghttp2.load()
@@ -75,6 +76,8 @@ def http2_library(serving: ServingConfig) -> nghttp2.Nghttp2 | None:
                 reason=why, fix="install libnghttp2 (Debian and Ubuntu: apt-get install libnghttp2-14)"
             ),
         )
+    else:  # which collects request headers: the compiled callback, or Python (nghttp2.py)
+        log.info("HTTP/2 served by libnghttp2", extra=fields(detail=why))
     return binding
 
 

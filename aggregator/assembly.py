@@ -224,7 +224,11 @@ async def _stop_all(components: list[tuple[str, Component]]) -> None:
 
 
 def build_gateway(
-    config: Config, *, replica: Replica | None = None, metrics: GatewayMetrics | None = None
+    config: Config,
+    *,
+    replica: Replica | None = None,
+    metrics: GatewayMetrics | None = None,
+    serving: bool = True,
 ) -> Gateway:
     """Wire every component the configuration asks for, each given its own part of it.
 
@@ -232,6 +236,9 @@ def build_gateway(
     with no object source, availability checks, discovery or OpenAPI fetches and no leader
     election; what those derive comes from the control process through `replica` (`workers/`),
     and `metrics` is the registry the replica reports to the control's scrapes.
+    `serving=False`: the control process of `--workers N`, which never listens: its request path
+    follows no APIService (the proxy's routes, handling and endpoints of each, and local mode's
+    `apiregistration.k8s.io` identities, about 2 KB an APIService, would serve nothing).
     """
     # 1. observability and state
     metrics = metrics or GatewayMetrics.declare()
@@ -255,7 +262,9 @@ def build_gateway(
     kube = config.source.kube_client()
     if kube is not None:
         components.append(("kube-client", kube))
-    sources = _sources(config.source, store, kube, metrics.watches) if replica is None else Sources(None, None)
+    sources = (
+        _sources(config.source, store, kube, metrics.watches) if replica is None else Sources(None, None)
+    )
     components += sources.components
 
     # 3. who is calling, and may they (caches stay per process; a worker's copies of the cluster's
@@ -306,7 +315,7 @@ def build_gateway(
     # 5. what derives state: availability (before the proxy that asks it), discovery, OpenAPI
     derived: Control | Replica
     if replica is None:
-        derived = control = _control(config, store, kube, metrics, backends, sources)
+        derived = control = _control(config, store, kube, metrics, backends, sources, serving=serving)
         control.cluster_auth, control.rbac = authentication.cluster, authorization.rbac
         if control.elector is not None:
             components.append(("leader-election", control.elector))
@@ -345,7 +354,7 @@ def build_gateway(
         components.append(("delegate", forwarding.delegate))
     if isinstance(derived, Control):
         components += _control_components(derived)
-    apiregistration = _apiregistration(config.source.local_mode, store)
+    apiregistration = _apiregistration(config.source.local_mode, store, follow=serving)
     discovery_routes = DiscoveryRoutes(legacy, aggregated, forwarding.fallback.handler)
 
     # 7. the request path: routes, the APIService proxy, gates
@@ -372,6 +381,7 @@ def build_gateway(
         ejections=ejections,
         tracer=tracer,
         flowcontrol=flowcontrol,
+        serving=serving,
     )
     components.append(("endpoint-probes", path.proxy.handling))
 
@@ -447,8 +457,11 @@ def _control(
     metrics: GatewayMetrics,
     backends: BackendRegistry,
     sources: Sources,
+    *,
+    serving: bool = True,
 ) -> Control:
-    """Availability, discovery and OpenAPI, each subscribed to what it follows.
+    """Availability, discovery and OpenAPI, each subscribed to what it follows (`serving`: see
+    `build_gateway`; a control that serves nothing keeps no legacy discovery documents).
 
     With --write-apiservice-status in kube mode a Lease elects the one replica that writes
     (started before the checker, so it stops after it and the Lease is released only once no
@@ -480,6 +493,7 @@ def _control(
         metrics=metrics.discovery,
         reachability=availability,
         quarantine=quarantine,
+        legacy_documents=serving,
     )
     store.add_listener(discovery.on_store_event)
     # A verdict flip sends discovery and OpenAPI back to the backend at once: an APIService found
@@ -690,6 +704,7 @@ def build_request_path(
     ejections: EjectionReport | None = None,
     tracer: RequestTracer | None = None,
     flowcontrol: FlowControl | None = None,
+    serving: bool = True,
 ) -> RequestPath:
     """The request path of every gateway process, single, control or worker: the router (the
     gateway's own paths, the features' `routes`, then the APIService proxy's claim), and the
@@ -699,7 +714,9 @@ def build_request_path(
     group), authorization;
     before them, looped requests and paths a backend could read as another resource are refused.
     A feature that is off has no stage: no audit policy, no audit gate; no limits, no
-    max-in-flight gate; no timeouts, no deadline."""
+    max-in-flight gate; no timeouts, no deadline. A process that never listens (`serving=False`:
+    the control of `--workers N`) keeps its proxy out of the store's and availability's events,
+    so it builds nothing per APIService."""
     router = _own_routes(local_mode, forwarding.fallback, health, metrics_route)
     for installer in routes:
         installer.install(router)
@@ -719,9 +736,10 @@ def build_request_path(
         recheck=forwarding.forwarder.recheck,
         timeouts=timeouts,
     )
-    store.add_listener(proxy.on_store_event)
-    availability.add_listener(proxy.availability_changed)
-    backends.client_certificate.add_listener(proxy.client_certificate_changed)
+    if serving:
+        store.add_listener(proxy.on_store_event)
+        availability.add_listener(proxy.availability_changed)
+        backends.client_certificate.add_listener(proxy.client_certificate_changed)
     router.add_claim(proxy.claim)
 
     access_lines = AccessLog(access_log)
@@ -744,7 +762,9 @@ def build_request_path(
     if auditing is not None:
         gates.append(auditing.gate)
     gates.append(Impersonator(authorizer).gate)
-    head_listeners = [limit_unauthenticated_http2] + ([auditing.head_going_out] if auditing is not None else [])
+    head_listeners = [limit_unauthenticated_http2] + (
+        [auditing.head_going_out] if auditing is not None else []
+    )
     if flowcontrol is not None:  # API Priority and Fairness in place of max-in-flight
         apf = flowcontrol.filter
         prioritize: Gate = apf.gate
@@ -783,12 +803,14 @@ def _local_routes(apiregistration: APIRegistration | None, authorizer: Authorize
     return [apiregistration, SelfReviews(authorizer)]
 
 
-def _apiregistration(local_mode: bool, store: Store) -> APIRegistration | None:
-    """Local mode serves `apiregistration.k8s.io/v1` itself (kube mode: kube-apiserver does)."""
+def _apiregistration(local_mode: bool, store: Store, *, follow: bool = True) -> APIRegistration | None:
+    """Local mode serves `apiregistration.k8s.io/v1` itself (kube mode: kube-apiserver does);
+    a process that serves no request does not `follow` the store."""
     if not local_mode:
         return None
     apiregistration = APIRegistration(store)
-    store.add_listener(apiregistration.on_store_event)
+    if follow:
+        store.add_listener(apiregistration.on_store_event)
     return apiregistration
 
 

@@ -24,7 +24,8 @@ The script prints, for the gateway's whole process tree (control and workers, fr
 - time until settled (healthy: every APIService Available; dead: a minute after every APIService
   was found unavailable, so every retry is at its 30 s cap; blackhole: a minute past ready; and
   the gateway's CPU below 20% over a second);
-- RSS (the sum over the tree) once settled, and again after the idle window;
+- RSS (the sum over the tree) once settled, and again after the idle window, then each process's
+  RSS and PSS (shared pages divided among the processes that map them) on a line of its own;
 - idle CPU over a window after settling (background probes, discovery and OpenAPI refreshes only;
   a full minute by default, so every loop's period is counted once), and the highest 20-second
   window from 60 s after start on;
@@ -140,9 +141,13 @@ def backend_documents(root: Path, index: int) -> None:
     doc = {"openapi": "3.0.0", "info": {"title": group, "version": "v1"}, "paths": {}}
     digest = hashlib.sha512(json.dumps(doc).encode()).hexdigest().upper()
     (folder / "v3-doc.json").write_text(json.dumps(doc))
-    index_doc = {"paths": {f"apis/{group}/v1": {"serverRelativeURL": f"/openapi/v3/apis/{group}/v1?hash={digest}"}}}
+    index_doc = {
+        "paths": {f"apis/{group}/v1": {"serverRelativeURL": f"/openapi/v3/apis/{group}/v1?hash={digest}"}}
+    }
     (folder / "v3.json").write_text(json.dumps(index_doc))
-    (folder / "v2.json").write_text(json.dumps({"swagger": "2.0", "info": {"title": group, "version": "v1"}, "paths": {}}))
+    (folder / "v2.json").write_text(
+        json.dumps({"swagger": "2.0", "info": {"title": group, "version": "v1"}, "paths": {}})
+    )
 
 
 # Accepts every connection on every local address of `port` and never reads or writes; a
@@ -205,7 +210,11 @@ def objects(scenario: Scenario, index: int, port: int, ca_pem_b64: str) -> list[
         {
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
-            "metadata": {"namespace": "bench", "name": f"{name}-1", "labels": {"kubernetes.io/service-name": name}},
+            "metadata": {
+                "namespace": "bench",
+                "name": f"{name}-1",
+                "labels": {"kubernetes.io/service-name": name},
+            },
             "addressType": "IPv4",
             "ports": [{"name": "https", "port": port}],
             "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
@@ -219,7 +228,11 @@ def write_folder(folder: Path, scenario: Scenario, port: int, ca_pem_b64: str) -
             backend_documents(folder.parent / "backend", index)
     count = scenario.count
     for start in range(0, count, PER_FILE):
-        docs = [d for i in range(start, min(count, start + PER_FILE)) for d in objects(scenario, i, port, ca_pem_b64)]
+        docs = [
+            d
+            for i in range(start, min(count, start + PER_FILE))
+            for d in objects(scenario, i, port, ca_pem_b64)
+        ]
         (folder / f"apiservices-{start:05d}.yaml").write_text(yaml.safe_dump_all(docs))
 
 
@@ -338,6 +351,25 @@ def tree_rss(pid: int) -> float:
     return total / 2**20
 
 
+def per_process(pid: int) -> dict[str, float]:
+    """RSS and PSS in MiB of each process of the tree (`rss:control`, `pss:worker1`, ...), from
+    /proc/<pid>/smaps_rollup: RSS counts shared pages in each process (as the tree's sum above
+    does), PSS divides them among the processes that share them."""
+    figures: dict[str, float] = {}
+    workers = 0
+    for member in tree(pid):
+        with contextlib.suppress(OSError):
+            rollup = Path(f"/proc/{member}/smaps_rollup").read_text()
+            fields = dict(line.split(":", 1) for line in rollup.splitlines()[1:] if ":" in line)
+            if member == pid:
+                role = "control"
+            else:
+                role, workers = f"worker{workers}", workers + 1
+            figures[f"rss:{role}"] = int(fields["Rss"].split()[0]) / 1024
+            figures[f"pss:{role}"] = int(fields["Pss"].split()[0]) / 1024
+    return figures
+
+
 def cpu_fraction(pid: int, seconds: float) -> float:
     before, started = tree_cpu(pid), time.monotonic()
     time.sleep(seconds)
@@ -441,7 +473,9 @@ def run(scenario: Scenario, idle_window: float, other_cpus: str | None, figures:
         with backends(scenario, work, backend_port, other_cpus):
             log = (work / "gateway.log").open("w")
             started = time.monotonic()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.environ.get("BENCH_GATEWAY_SRC"))
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.environ.get("BENCH_GATEWAY_SRC")
+            )
             windows = Windows(proc.pid)
             client = Client(f"https://127.0.0.1:{port}", pki)
             try:
@@ -481,9 +515,16 @@ def run(scenario: Scenario, idle_window: float, other_cpus: str | None, figures:
                 figures["idle_control_percent"] = 100 * control / (time.monotonic() - idle_started)
                 # After a full minute of background traffic: start-up's spare connections have closed.
                 figures["steady_rss_mib"] = tree_rss(proc.pid)
+                figures.update(per_process(proc.pid))
                 figures["worst_window_percent"] = 100 * windows.worst_after(FROM_START)
                 figures["log_lines"] = sum(1 for _ in (work / "gateway.log").open())
                 figures.update(new_manifest(scenario, folder, port, pki, backend_port, ca_b64))
+            except BaseException:
+                # The temporary folder goes away with the run: keep the log that says why it failed.
+                kept = Path(tempfile.gettempdir()) / f"scale-failed-{scenario.kind}-{scenario.count}-{os.getpid()}.log"
+                shutil.copyfile(work / "gateway.log", kept)
+                print(f"   the gateway's log: {kept} (exit status {proc.poll()})", flush=True)
+                raise
             finally:
                 windows.stop()
                 proc.terminate()
@@ -546,17 +587,34 @@ def line(scenario: Scenario, figures: dict[str, float]) -> str:
     )
 
 
+def per_process_line(figures: dict[str, float]) -> str:
+    """The steady RSS and PSS of each process, and the tree's PSS (empty if not measured)."""
+    roles = [key.split(":", 1)[1] for key in figures if key.startswith("rss:")]
+    if not roles:
+        return ""
+    each = ", ".join(f"{role} {figures['rss:' + role]:.1f}/{figures['pss:' + role]:.1f}" for role in roles)
+    pss = sum(figures["pss:" + role] for role in roles)
+    return f"    steady, MiB RSS/PSS: {each}; PSS of the tree {pss:.0f} MiB"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", default="5000,20000")
     parser.add_argument(
-        "--backends", default="dead,blackhole,healthy", help=f"comma-separated kinds of backend: {', '.join(BACKENDS)}"
+        "--backends",
+        default="dead,blackhole,healthy",
+        help=f"comma-separated kinds of backend: {', '.join(BACKENDS)}",
     )
     parser.add_argument("--addresses", default="one,distinct", help="one, distinct, or both")
-    parser.add_argument("--workers", default="default,1", help="comma-separated: default (unset) and/or counts")
+    parser.add_argument(
+        "--workers", default="default,1", help="comma-separated: default (unset) and/or counts"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="run every scenario this many times")
     parser.add_argument(
-        "--idle-window", type=float, default=60.0, help="seconds of idle CPU measurement (a full refresh period)"
+        "--idle-window",
+        type=float,
+        default=60.0,
+        help="seconds of idle CPU measurement (a full refresh period)",
     )
     args = parser.parse_args()
     cpus = os.cpu_count() or 1
@@ -583,10 +641,12 @@ def main() -> int:
                         failure = ""
                         try:
                             run(scenario, args.idle_window, other_cpus, figures)
-                        except RuntimeError as err:
+                        except (RuntimeError, OSError) as err:
                             failure = f"   FAILED: {err}"
                         load = " ".join(f"{x:.1f}" for x in os.getloadavg())
                         print(f"{line(scenario, figures)}   load {load}{failure}", flush=True)
+                        if per_process_line(figures):
+                            print(per_process_line(figures), flush=True)
     return 0
 
 

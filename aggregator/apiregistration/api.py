@@ -15,7 +15,7 @@ import contextlib
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,10 @@ class _Identity:
     created: str
 
 
+# An object whose manifest carries both: `encode_apiservice` serves the manifest's (`setdefault`).
+_IN_MANIFEST = _Identity("", "")
+
+
 # --- the component -----------------------------------------------------------------------------------
 
 
@@ -92,6 +96,12 @@ class APIRegistration:
     # --- identities and history -------------------------------------------------------------------
 
     def _identify(self, svc: APIService) -> _Identity:
+        """The uid and creationTimestamp the object is served with: its manifest's when it holds
+        both (the folder source sets them, `sources/identity.py`; nothing is kept per object then),
+        else made up here once per object."""
+        metadata = svc.raw.get("metadata")
+        if isinstance(metadata, Mapping) and metadata.get("uid") and metadata.get("creationTimestamp"):
+            return _IN_MANIFEST
         identity = self._identities.get(svc.name)
         if identity is None:
             identity = _Identity(str(uuid.uuid4()), model.now_rfc3339())
@@ -277,7 +287,9 @@ class APIRegistration:
             for event in self._history:
                 if event.revision > start and isinstance(event.obj, APIService):
                     initial.append((event.type, event.obj))
-        response = await ctx.request.stream(200, CIMultiDict({"Content-Type": content_type(media), **HEADERS}))
+        response = await ctx.request.stream(
+            200, CIMultiDict({"Content-Type": content_type(media), **HEADERS})
+        )
         try:
             async with asyncio.timeout(timeout):
                 for kind, svc in initial:

@@ -28,7 +28,7 @@ from aggregator.web.rendering import respond
 from aggregator.web.serverrequest import Response
 from aggregator.wire.jsonenc import go_marshal
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, MediaType
-from aggregator.wire.rendered import Rendered, quoted_sha512
+from aggregator.wire.rendered import ParsedLater, Rendered, quoted_sha512
 
 log = logging.getLogger(__name__)
 
@@ -240,25 +240,22 @@ def merge_items(
 
 def render(items: list[dict[str, Any]]) -> dict[str, Rendered]:
     """The document per served version (`v2`, `v2beta1`), all sharing upstream's ETag."""
-    return _render_joined(b",".join(go_marshal(item) for item in items), items)
+    return _render_joined(b",".join(go_marshal(item) for item in items))
 
 
-def _render_joined(joined: bytes, items: list[dict[str, Any]]) -> dict[str, Rendered]:
+def _render_joined(joined: bytes) -> dict[str, Rendered]:
     """`joined` is the items' compact JSON, comma-separated: the document is assembled around it
     byte for byte as encoding the whole document would write it (Go's encoder and ours write
-    nested objects identically), and upstream's ETag is the hash of `{"metadata":{},"items":[...]}`."""
+    nested objects identically), and upstream's ETag is the hash of `{"metadata":{},"items":[...]}`.
+    The items are not kept as dicts: the rare indented or YAML form parses the bytes."""
     etag = quoted_sha512(b'{"metadata":{},"items":[' + joined + b"]}")
-    rendered = {}
+    rendered: dict[str, Rendered] = {}
     for version in ("v2", "v2beta1"):
-        document = {
-            "kind": DISCOVERY_KIND,
-            "apiVersion": f"{DISCOVERY_GROUP}/{version}",
-            "metadata": {},
-            "items": items,
-        }
-        head = go_marshal({"kind": DISCOVERY_KIND, "apiVersion": f"{DISCOVERY_GROUP}/{version}", "metadata": {}})
+        head = go_marshal(
+            {"kind": DISCOVERY_KIND, "apiVersion": f"{DISCOVERY_GROUP}/{version}", "metadata": {}}
+        )
         body = head[:-1] + b',"items":[' + joined + b"]}\n"
-        rendered[version] = Rendered(document, body, etag)
+        rendered[version] = ParsedLater(body, etag)
     return rendered
 
 
@@ -277,9 +274,9 @@ class AggregatedDiscovery:
         self._on_render = on_render
         self._metadata = metadata
         self._rendered: dict[str, Rendered] | None = None
-        # Each group's item as last rendered (its entries, metadata, dict and JSON): a render
-        # re-encodes only the groups whose entries changed, and joins the rest as they were.
-        self._fragments: dict[str, tuple[list[VersionEntry], Mapping[str, Any], dict[str, Any], bytes]] = {}
+        # Each group's item as last rendered (its entries, metadata and JSON): a render re-encodes
+        # only the groups whose entries changed, and joins the rest as they were.
+        self._fragments: dict[str, tuple[list[VersionEntry], Mapping[str, Any], bytes]] = {}
         # The last document: a change that leaves the bytes equal keeps it (and its ETag).
         self._joined: bytes | None = None
         self._last: dict[str, Rendered] | None = None
@@ -303,26 +300,23 @@ class AggregatedDiscovery:
 
     def document(self, version: str = "v2") -> Rendered:
         if self._rendered is None:
-            items: list[dict[str, Any]] = []
             parts: list[bytes] = []
-            fragments: dict[str, tuple[list[VersionEntry], Mapping[str, Any], dict[str, Any], bytes]] = {}
+            fragments: dict[str, tuple[list[VersionEntry], Mapping[str, Any], bytes]] = {}
             for name, ordered in order_groups(self._entries()):
                 metadata = self._metadata(name)
                 cached = self._fragments.get(name)
                 if cached is not None and cached[0] == ordered and cached[1] == metadata:
                     fragment = cached
                 else:
-                    item = group_item(name, ordered, metadata)
-                    fragment = (ordered, metadata, item, go_marshal(item))
+                    fragment = (ordered, metadata, go_marshal(group_item(name, ordered, metadata)))
                 fragments[name] = fragment
-                items.append(fragment[2])
-                parts.append(fragment[3])
+                parts.append(fragment[2])
             self._fragments = fragments
             joined = b",".join(parts)
             if self._last is not None and joined == self._joined:
                 self._rendered = self._last
             else:
-                self._rendered = self._last = _render_joined(joined, items)
+                self._rendered = self._last = _render_joined(joined)
                 self._joined = joined
                 if self._on_render is not None:
                     self._on_render()

@@ -33,6 +33,8 @@ class Discovery:
     `kube` is kube-apiserver in kube mode (its own groups, built-ins and CRDs, come from its
     aggregated `/apis`), None in local mode (the gateway lists `apiregistration.k8s.io` itself).
     `quarantine` names the APIServices left out of every document (`availability/quarantine.py`).
+    `legacy_documents=False` in a process that serves no request (the control of `--workers N`:
+    each worker builds the legacy documents from its own store): they are not kept up to date there.
     """
 
     def __init__(
@@ -44,9 +46,11 @@ class Discovery:
         metrics: DiscoveryMetrics,
         reachability: Reachability | None = None,
         quarantine: Quarantined | None = None,
+        legacy_documents: bool = True,
     ) -> None:
         self.quarantine = quarantine
         self.legacy = LegacyDiscovery(store, quarantine=quarantine)
+        self._legacy_documents = legacy_documents
         self.aggregated = AggregatedDiscovery(
             self.entries, on_render=metrics.aggregations.inc, metadata=self.group_metadata
         )
@@ -60,7 +64,8 @@ class Discovery:
     def on_store_event(self, event: Event) -> None:
         """Subscribe to the store (the composition root does): the legacy documents, kube-apiserver's
         discovery and the backend fetcher follow the objects, in that order."""
-        self.legacy.on_store_event(event)
+        if self._legacy_documents:
+            self.legacy.on_store_event(event)
         if self.delegate is not None:
             self.delegate.on_store_event(event)
         self.fetcher.on_store_event(event)
@@ -81,7 +86,8 @@ class Discovery:
 
     def quarantine_changed(self, name: str) -> None:
         """An APIService entered or left discovery quarantine (a listener of the quarantine)."""
-        self.legacy.quarantine_changed(name)
+        if self._legacy_documents:
+            self.legacy.quarantine_changed(name)
         self.aggregated.invalidate()
 
     def group_metadata(self, name: str) -> dict[str, Any]:

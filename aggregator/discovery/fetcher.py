@@ -85,7 +85,7 @@ def _body_excerpt(body: bytes, limit: int = 512) -> str:
     return body[:limit].decode("utf-8", "replace").strip()
 
 
-@dataclass
+@dataclass(slots=True)
 class FetchState:
     """What the gateway knows about one APIService's discovery."""
 

@@ -12,12 +12,12 @@ import binascii
 import datetime as dt
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aggregator.model import fielderrors as fe
-from aggregator.model.decode import DecodeError, int32, mapping, sequence
+from aggregator.model.decode import DecodeError, int32, mapping, sequence, shared
 from aggregator.model.decode import field as decode_field
 
 GROUP = "apiregistration.k8s.io"
@@ -60,6 +60,30 @@ class Condition:
         if self.message:
             out["message"] = self.message
         return out
+
+    def __reduce__(self) -> tuple[Callable[..., Condition], tuple[str, str, str | None, str, str]]:
+        """Unpickled (a worker's copy) with its repeated texts shared: every unavailable
+        APIService's condition says `Available`, `False` and the same reason, and thousands
+        share a transition second."""
+        return _shared_condition, (
+            self.type,
+            self.status,
+            self.last_transition_time,
+            self.reason,
+            self.message,
+        )
+
+
+def _shared_condition(
+    type: str, status: str, last_transition_time: str | None, reason: str, message: str
+) -> Condition:
+    return Condition(
+        shared(type),
+        shared(status),
+        None if last_transition_time is None else shared(last_transition_time),
+        shared(reason),
+        message,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +168,16 @@ def _shared_bundle(encoded: str) -> tuple[str, bytes]:
     return encoded, base64.b64decode(encoded, validate=True)
 
 
+def _shared_field(obj: Mapping[str, Any], key: str, path: str) -> str:
+    """A text field many APIServices repeat (a version, a Service's namespace and name, the
+    manifest's apiVersion and kind), held once in the process: the decoded manifest kept as
+    `raw` is given the same copy."""
+    value: str = decode_field(obj, key, str, path, "")
+    if value and isinstance(obj, dict):
+        value = obj[key] = shared(value)
+    return value
+
+
 def decode_apiservice(obj: Mapping[str, Any]) -> APIService:
     """Decode and default (`service.port` -> 443). Raises DecodeError on wrong types or bad base64."""
     metadata = mapping(obj, "metadata", "metadata")
@@ -153,23 +187,26 @@ def decode_apiservice(obj: Mapping[str, Any]) -> APIService:
         ref = mapping(spec, "service", "spec.service")
         port = int32(ref, "port", "spec.service.port")
         service = ServiceReference(
-            namespace=decode_field(ref, "namespace", str, "spec.service.namespace", ""),
-            name=decode_field(ref, "name", str, "spec.service.name", ""),
+            namespace=_shared_field(ref, "namespace", "spec.service.namespace"),
+            name=_shared_field(ref, "name", "spec.service.name"),
             port=443 if port is None else port,
         )
     raw_bundle = decode_field(spec, "caBundle", str, "spec.caBundle", "")
     try:
-        shared, ca_bundle = _shared_bundle(raw_bundle) if raw_bundle else ("", b"")
+        bundle_text, ca_bundle = _shared_bundle(raw_bundle) if raw_bundle else ("", b"")
     except (binascii.Error, ValueError) as err:
         raise DecodeError(f"spec.caBundle: illegal base64 data ({err})") from err
-    if shared and isinstance(spec, dict):
-        spec["caBundle"] = shared  # the same text, held once
+    if bundle_text and isinstance(spec, dict):
+        spec["caBundle"] = bundle_text  # the same text, held once
+    for key in ("apiVersion", "kind"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), str):
+            obj[key] = shared(obj[key])
     return APIService(
         name=decode_field(metadata, "name", str, "metadata.name", ""),
         namespace=decode_field(metadata, "namespace", str, "metadata.namespace", ""),
         resource_version=decode_field(metadata, "resourceVersion", str, "metadata.resourceVersion", ""),
         group=decode_field(spec, "group", str, "spec.group", ""),
-        version=decode_field(spec, "version", str, "spec.version", ""),
+        version=_shared_field(spec, "version", "spec.version"),
         service=service,
         ca_bundle=ca_bundle,
         insecure_skip_tls_verify=decode_field(

@@ -5,6 +5,7 @@ Go's JSON decoder refuses `port: "443"` for an int32; we do the same instead of 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -29,6 +30,14 @@ def field(obj: Mapping[str, Any], key: str, kind: type, path: str, default: Any 
             f"{path}: expected {_TYPE_NAMES.get(kind, kind.__name__)}, got {type(value).__name__}"
         )
     return value
+
+
+def shared(text: str) -> str:
+    """One copy per process of a string many objects repeat (a namespace, an address, a port's
+    name, a Service's name in its Service, its EndpointSlices and its APIServices). At 5000
+    APIServices each such field held its own copy, in the control and again in each worker, whose
+    first state pickles an object once however many hold it (about 4 MiB a process)."""
+    return sys.intern(text)
 
 
 def mapping(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:

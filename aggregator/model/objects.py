@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aggregator.model.decode import DecodeError, int32, mapping, sequence
+from aggregator.model.decode import DecodeError, int32, mapping, sequence, shared
 from aggregator.model.decode import field as decode_field
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -71,8 +71,8 @@ class EndpointSlice:
 def _meta(obj: Mapping[str, Any]) -> tuple[str, str, str, Mapping[str, Any]]:
     metadata = mapping(obj, "metadata", "metadata")
     return (
-        decode_field(metadata, "namespace", str, "metadata.namespace", ""),
-        decode_field(metadata, "name", str, "metadata.name", ""),
+        shared(decode_field(metadata, "namespace", str, "metadata.namespace", "")),
+        shared(decode_field(metadata, "name", str, "metadata.name", "")),
         decode_field(metadata, "resourceVersion", str, "metadata.resourceVersion", ""),
         mapping(metadata, "labels", "metadata.labels"),
     )
@@ -93,17 +93,17 @@ def decode_service(obj: Mapping[str, Any]) -> Service:
             raise DecodeError(f"{path}.targetPort: expected integer or string")
         ports.append(
             ServicePort(
-                name=decode_field(item, "name", str, f"{path}.name", ""),
+                name=shared(decode_field(item, "name", str, f"{path}.name", "")),
                 port=int32(item, "port", f"{path}.port", 0) or 0,
                 target_port=target,
-                protocol=decode_field(item, "protocol", str, f"{path}.protocol", "TCP"),
+                protocol=shared(decode_field(item, "protocol", str, f"{path}.protocol", "TCP")),
             )
         )
     return Service(
         namespace=namespace or "default",
         name=name,
-        type=decode_field(spec, "type", str, "spec.type", "ClusterIP"),
-        cluster_ip=decode_field(spec, "clusterIP", str, "spec.clusterIP", ""),
+        type=shared(decode_field(spec, "type", str, "spec.type", "ClusterIP")),
+        cluster_ip=shared(decode_field(spec, "clusterIP", str, "spec.clusterIP", "")),
         ports=tuple(ports),
         external_name=decode_field(spec, "externalName", str, "spec.externalName", ""),
         resource_version=rv,
@@ -118,11 +118,12 @@ def decode_endpointslice(obj: Mapping[str, Any]) -> EndpointSlice:
     for i, item in enumerate(sequence(obj, "ports", "ports")):
         if not isinstance(item, dict):
             raise DecodeError(f"ports[{i}]: expected object")
+        port_name = decode_field(item, "name", str, f"ports[{i}].name")
         ports.append(
             EndpointPort(
-                name=decode_field(item, "name", str, f"ports[{i}].name"),
+                name=None if port_name is None else shared(port_name),
                 port=int32(item, "port", f"ports[{i}].port"),
-                protocol=decode_field(item, "protocol", str, f"ports[{i}].protocol", "TCP"),
+                protocol=shared(decode_field(item, "protocol", str, f"ports[{i}].protocol", "TCP")),
             )
         )
     endpoints = []
@@ -136,7 +137,7 @@ def decode_endpointslice(obj: Mapping[str, Any]) -> EndpointSlice:
         conditions = mapping(item, "conditions", f"{path}.conditions")
         endpoints.append(
             Endpoint(
-                addresses=tuple(addresses),
+                addresses=tuple(map(shared, addresses)),
                 ready=decode_field(conditions, "ready", bool, f"{path}.conditions.ready"),
             )
         )
@@ -146,8 +147,8 @@ def decode_endpointslice(obj: Mapping[str, Any]) -> EndpointSlice:
     return EndpointSlice(
         namespace=namespace or "default",
         name=name,
-        service_name=service_name,
-        address_type=decode_field(obj, "addressType", str, "addressType", "IPv4"),
+        service_name=shared(service_name),
+        address_type=shared(decode_field(obj, "addressType", str, "addressType", "IPv4")),
         ports=tuple(ports),
         endpoints=tuple(endpoints),
         resource_version=rv,

@@ -169,7 +169,7 @@ class _Pass:
     errors: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class OpenAPISource:
     """What the gateway holds from one source, and how to refresh it."""
 

@@ -36,6 +36,9 @@ from aggregator.web.metrics import LATENCY_BUCKETS
 # Time-to-first-byte buckets of `aggregator_endpoint_first_byte_duration_seconds` (endpointmetrics.py),
 # counted on each endpoint.
 FIRST_BYTE_BUCKETS = LATENCY_BUCKETS
+# The counts of an endpoint that has had no answer yet: one shared tuple instead of a list each (a
+# worker holds an endpoint per Service address, most of them idle).
+NO_ANSWERS: tuple[int, ...] = (0,) * (len(FIRST_BYTE_BUCKETS) + 1)
 # The answers that count towards `consecutive_errors`.
 BAD_ANSWERS = frozenset({502, 503, 504})
 # The weight of the newest time to first byte in an endpoint's moving average.
@@ -83,7 +86,8 @@ class Endpoint:
         self.outstanding = 0
         # `aggregator_endpoint_requests_total` and the time-to-first-byte histogram (endpointmetrics.py).
         self.attempts = 0
-        self.first_byte_counts = [0] * (len(FIRST_BYTE_BUCKETS) + 1)
+        # A list once it has an answer to count (an endpoint never used holds the shared zeros).
+        self.first_byte_counts: list[int] | tuple[int, ...] = NO_ANSWERS
         self.first_byte_sum = 0.0
         self.latency = 0.0  # moving average of the time to first byte (seconds; 0: none yet)
         self.timed = 0.0  # when it was last updated (the clock of `Endpoints`)
@@ -105,6 +109,17 @@ Prober = Callable[["Endpoints", Endpoint], None]
 class Endpoints:
     """The endpoints of one APIService: balancing and ejection (see the module docstring)."""
 
+    __slots__ = (
+        "all",
+        "bounds",
+        "clock",
+        "ejected_count",
+        "listener",
+        "name",
+        "prober",
+        "rng",
+    )
+
     def __init__(
         self,
         name: str,
@@ -121,15 +136,17 @@ class Endpoints:
         self.clock = clock
         self.bounds = DEFAULT_BOUNDS
         self.all: tuple[Endpoint, ...] = ()
-        self._by_authority: dict[str, Endpoint] = {}
         self.ejected_count = 0
 
     def update(self, destinations: Sequence[Destination], bounds: Bounds) -> list[Endpoint]:
         """The Service's endpoints changed: keep the state of those still there; returns the gone."""
         self.bounds = bounds
+        # By address only here, while they change: a dict kept per APIService cost every worker
+        # a few hundred bytes an APIService, for a lookup made only when its endpoints change.
+        by_authority = {endpoint.authority: endpoint for endpoint in self.all}
         kept: dict[str, Endpoint] = {}
         for dest in destinations:
-            endpoint = self._by_authority.get(dest.authority)
+            endpoint = by_authority.get(dest.authority)
             if endpoint is None or endpoint.destination != dest:
                 previous = endpoint
                 endpoint = Endpoint(dest)
@@ -143,8 +160,7 @@ class Endpoints:
                     endpoint.first_byte_sum = previous.first_byte_sum
                     endpoint.latency, endpoint.timed = previous.latency, previous.timed
             kept[dest.authority] = endpoint
-        gone = [e for a, e in self._by_authority.items() if a not in kept]
-        self._by_authority = kept
+        gone = [e for a, e in by_authority.items() if a not in kept]
         self.all = tuple(kept.values())
         self.ejected_count = sum(1 for e in self.all if e.ejected_until is not None)
         return gone
@@ -211,7 +227,10 @@ class Endpoints:
         else:
             endpoint.latency = latency + (took - latency) * ALPHA
         endpoint.timed = self.clock()
-        endpoint.first_byte_counts[bisect_left(FIRST_BYTE_BUCKETS, took)] += 1
+        counts = endpoint.first_byte_counts
+        if not isinstance(counts, list):
+            counts = endpoint.first_byte_counts = list(counts)
+        counts[bisect_left(FIRST_BYTE_BUCKETS, took)] += 1
         endpoint.first_byte_sum += took
         if status in BAD_ANSWERS:
             endpoint.bad_answers += 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aggregator.backends.addresses import Addresses, PendingLookup, Target
 from aggregator.backends.backend import Backend
@@ -47,7 +47,7 @@ PROBE_TIMEOUT = 5.0
 _MAX_LOOKED_UP = 16
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class HandlingInfo:
     """One APIService as the proxy serves it (see the module docstring)."""
 
@@ -63,8 +63,9 @@ class HandlingInfo:
     # Upstream bounds proxied discovery requests (`/apis/<g>/<v>`) to this many seconds.
     discovery_timeout: float
     bounds: Bounds = DEFAULT_BOUNDS
-    # ExternalName: the endpoint for each address a lookup returned (never ejected: one address).
-    looked_up: dict[Target, Endpoint] = field(default_factory=dict)
+    # ExternalName: the endpoint for each address a lookup returned (never ejected: one address);
+    # None until the first lookup (most APIServices have endpoints and never look one up).
+    looked_up: dict[Target, Endpoint] | None = None
 
     @property
     def name(self) -> str:
@@ -106,11 +107,14 @@ class HandlingInfo:
 
     def looked_up_endpoint(self, target: Target) -> Endpoint:
         """The endpoint of an ExternalName's address, built once per address."""
-        endpoint = self.looked_up.get(target)
+        looked_up = self.looked_up
+        if looked_up is None:
+            looked_up = self.looked_up = {}
+        endpoint = looked_up.get(target)
         if endpoint is None:
-            if len(self.looked_up) >= _MAX_LOOKED_UP:
-                self.looked_up.clear()
-            endpoint = self.looked_up[target] = Endpoint(self.destination(target))
+            if len(looked_up) >= _MAX_LOOKED_UP:
+                looked_up.clear()
+            endpoint = looked_up[target] = Endpoint(self.destination(target))
         return endpoint
 
 

@@ -27,7 +27,13 @@ from aggregator.tls.pem import PEMError
 from aggregator.tls.serving import ServingCertificate, resolve_serving_files
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
-from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap, settle_heap_later
+from aggregator.util.runtime import (
+    TerminationSignals,
+    hold_collector,
+    new_event_loop,
+    settle_heap,
+    settle_heap_later,
+)
 from aggregator.web.certexpiry import SERVING
 from aggregator.web.connection import Connection
 from aggregator.web.http1.request import serve_http1
@@ -291,9 +297,7 @@ async def serve(config: Config) -> int:
     received = await signals.first()
     settling.cancel()
     log.info("shutting down", extra=fields(signal=received))
-    stopping = asyncio.ensure_future(
-        shut_down(server, config.shutdown)
-    )
+    stopping = asyncio.ensure_future(shut_down(server, config.shutdown))
     second = asyncio.ensure_future(signals.second())
     try:
         await asyncio.wait({stopping, second}, return_when=asyncio.FIRST_COMPLETED)
@@ -310,5 +314,6 @@ async def serve(config: Config) -> int:
 
 
 def run(config: Config) -> int:
+    hold_collector()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(serve(config))

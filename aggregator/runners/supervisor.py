@@ -37,7 +37,13 @@ from aggregator.util.backoff import exponential_delay
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
 from aggregator.util.memory import map_large_allocations
-from aggregator.util.runtime import TerminationSignals, new_event_loop, settle_heap, settle_heap_later
+from aggregator.util.runtime import (
+    TerminationSignals,
+    hold_collector,
+    new_event_loop,
+    settle_heap,
+    settle_heap_later,
+)
 from aggregator.util.tasks import TaskSet
 from aggregator.web.certexpiry import SERVING
 from aggregator.workers.channel import Channel
@@ -243,7 +249,7 @@ async def supervise(config: Config) -> int:
     # refused (or generated, once) before the port and before any worker, as a single process does
     serving = serving_certificate(config)
     config = replace(config, serving=replace(config.serving, port=reserve_port(config.serving)))
-    control = build_gateway(config)
+    control = build_gateway(config, serving=False)
     # Its idle connections cost a page or two each (`run`): enough for every backend's probes to
     # find theirs warm, within the file descriptors the process may open.
     control.backends.idle.limit = control_idle_limit()
@@ -297,5 +303,6 @@ def run(config: Config) -> int:
     # The control probes and fetches every backend and proxies nothing: its TLS connections keep
     # only what their answers wrote of their read buffers (`util/memory.py`).
     map_large_allocations()
+    hold_collector()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(supervise(config))

@@ -25,7 +25,7 @@ from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.runners.server import GatewayServer, shut_down
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import configure_logging, fields
-from aggregator.util.runtime import new_event_loop, settle_heap, wait_for_termination
+from aggregator.util.runtime import hold_collector, new_event_loop, settle_heap, wait_for_termination
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import Hello, Listening
 from aggregator.workers.replica import Replica
@@ -52,7 +52,9 @@ async def serve(fd: int) -> int:
     channel = await Channel.open(socket.socket(fileno=fd))
     config = await channel.receive()
     if not isinstance(config, Config):
-        raise RuntimeError(f"expected the configuration from the control process, got {type(config).__name__}")
+        raise RuntimeError(
+            f"expected the configuration from the control process, got {type(config).__name__}"
+        )
     hello = await channel.receive()
     if not isinstance(hello, Hello):
         raise RuntimeError(f"expected a Hello from the control process, got {type(hello).__name__}")
@@ -99,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    hold_collector()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         try:
             return runner.run(serve(int(args[0])))

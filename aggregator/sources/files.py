@@ -17,7 +17,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -105,6 +105,20 @@ def log_not_loaded(logger: logging.Logger, what: str, path: Path, reason: str, k
     )
 
 
+# What a folder APIService's `raw` keeps of its manifest. The served object is encoded from the
+# decoded fields (`apiregistration/documents.py`), the status lives in `conditions`, and only the
+# metadata is ever read back (labels, annotations, uid, creationTimestamp): the spec's dicts cost
+# about 600 bytes an APIService in every process, for nothing.
+_KEPT_OF_MANIFEST = frozenset({"apiVersion", "kind", "metadata"})
+
+
+def _fields_hold_spec(svc: APIService) -> APIService:
+    raw = svc.raw
+    if raw.keys() <= _KEPT_OF_MANIFEST:
+        return svc
+    return replace(svc, raw={key: value for key, value in raw.items() if key in _KEPT_OF_MANIFEST})
+
+
 @dataclass
 class _FileState:
     fingerprint: FileFingerprint
@@ -129,7 +143,9 @@ class FolderSource:
         # Documents of the folder another component reads (local mode's RBAC): not "skipped".
         self.read_elsewhere = read_elsewhere
         self._files: dict[Path, _FileState] = {}
-        self._owners: dict[ObjKey, set[Path]] = {}  # which files define each object
+        # Which files define each object: nearly always one (a tuple of one is a quarter of a set's
+        # memory, and the control holds an entry per object of the folder).
+        self._owners: dict[ObjKey, tuple[Path, ...]] = {}
         self._reported: set[tuple[Path, str, str]] = set()  # (file, apiVersion, kind) skipped and said
         # Only the files with problems, so that reading them costs what is wrong, not the folder.
         self._problems: dict[Path, tuple[ManifestProblem, ...]] = {}
@@ -173,18 +189,20 @@ class FolderSource:
             else:
                 self._problems.pop(path, None)
             for obj_key in new.objects:
-                self._owners.setdefault(obj_key, set()).add(path)
+                owners = self._owners.get(obj_key, ())
+                if path not in owners:
+                    self._owners[obj_key] = (*owners, path)
             affected |= set(new.objects)
         self._apply(affected)
 
     def _forget_file(self, path: Path) -> set[ObjKey]:
         state = self._files.pop(path)
         for obj_key in state.objects:
-            owners = self._owners.get(obj_key)
-            if owners is not None:
-                owners.discard(path)
-                if not owners:
-                    del self._owners[obj_key]
+            remaining = tuple(owner for owner in self._owners.get(obj_key, ()) if owner != path)
+            if remaining:
+                self._owners[obj_key] = remaining
+            else:
+                self._owners.pop(obj_key, None)
         return set(state.objects)
 
     def _read(self, path: Path, fingerprint: FileFingerprint, previous: _FileState | None) -> _FileState:
@@ -223,6 +241,8 @@ class FolderSource:
                     objects[(kind_of(previous_obj), key_of(previous_obj))] = previous_obj
                 problems.append(ManifestProblem(path, REFUSED, result.message, int(previous_obj is not None)))
                 continue
+            if isinstance(result, APIService):
+                result = _fields_hold_spec(result)
             objects[(kind_of(result), key_of(result))] = result
         return _FileState(fingerprint, objects, tuple(problems))
 

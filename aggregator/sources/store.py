@@ -120,8 +120,11 @@ class Subscription:
 class Store:
     def __init__(self) -> None:
         self._objects: dict[Kind, dict[Key, Obj]] = {kind: {} for kind in Kind}
-        self._slices_by_service: dict[Key, dict[str, EndpointSlice]] = {}
-        self._apiservices_by_service: dict[Key, set[str]] = {}
+        # Indexes by Service. A Service nearly always has one slice and one APIService: tuples,
+        # replaced on change, cost a quarter of the dict or set they were (an entry per Service in
+        # every process of the gateway).
+        self._slices_by_service: dict[Key, tuple[EndpointSlice, ...]] = {}
+        self._apiservices_by_service: dict[Key, tuple[str, ...]] = {}
         self._listeners: list[Callable[[Event], None]] = []
         self._subscriptions: set[Subscription] = set()
         self._synced = asyncio.Event()
@@ -141,7 +144,7 @@ class Store:
         return obj if isinstance(obj, Service) else None
 
     def endpointslices_for(self, namespace: str, service_name: str) -> list[EndpointSlice]:
-        return list(self._slices_by_service.get((namespace, service_name), {}).values())
+        return list(self._slices_by_service.get((namespace, service_name), ()))
 
     def apiservices_for_service(self, namespace: str, name: str) -> list[APIService]:
         """The APIServices backed by this Service (an index: every Service and EndpointSlice event
@@ -233,22 +236,23 @@ class Store:
             if obj.service is None:
                 return
             key = (obj.service.namespace, obj.service.name)
-            names = self._apiservices_by_service.setdefault(key, set())
-            if remove:
-                names.discard(obj.name)
-                if not names:
-                    del self._apiservices_by_service[key]
+            names = tuple(n for n in self._apiservices_by_service.get(key, ()) if n != obj.name)
+            if not remove:
+                names += (obj.name,)
+            if names:
+                self._apiservices_by_service[key] = names
             else:
-                names.add(obj.name)
+                self._apiservices_by_service.pop(key, None)
             return
         if isinstance(obj, EndpointSlice):
-            slices = self._slices_by_service.setdefault((obj.namespace, obj.service_name), {})
-            if remove:
-                slices.pop(obj.name, None)
-                if not slices:
-                    del self._slices_by_service[(obj.namespace, obj.service_name)]
+            key = (obj.namespace, obj.service_name)
+            slices = tuple(s for s in self._slices_by_service.get(key, ()) if s.name != obj.name)
+            if not remove:
+                slices += (obj,)
+            if slices:
+                self._slices_by_service[key] = slices
             else:
-                slices[obj.name] = obj
+                self._slices_by_service.pop(key, None)
 
     def upsert(self, obj: Obj, *, preserve_status: bool = False) -> Event | None:
         """Add or replace an object; returns the event, or None when nothing changed.

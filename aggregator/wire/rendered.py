@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json as jsonlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,6 +73,36 @@ class Rendered:
         if packed is None:
             packed = self._gzipped[id(body)] = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
         return packed
+
+
+_UNPARSED: Mapping[str, Any] = {}
+
+
+class ParsedLater(Rendered):
+    """A document held as its compact JSON and ETag alone: the indented JSON and the YAML, which
+    kubectl never asks `/apis` for, parse it on first use. A large aggregated `/apis` (5000 groups)
+    is several MiB as dicts, kept otherwise beside its bytes in every process that renders or
+    receives it; the compact JSON is what a parse of itself encodes back to, so the forms are the
+    same."""
+
+    __slots__ = ()
+
+    def __init__(self, json: bytes, etag: str) -> None:
+        super().__init__(_UNPARSED, json, etag)
+
+    def _parse(self) -> None:
+        if self._document is _UNPARSED:
+            self._document = jsonlib.loads(self.json)
+
+    @property
+    def pretty(self) -> bytes:
+        self._parse()
+        return Rendered.pretty.fget(self)  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def yaml(self) -> bytes:
+        self._parse()
+        return Rendered.yaml.fget(self)  # type: ignore[attr-defined,no-any-return]
 
 
 # k8s.io/apiserver responsewriters: bodies above 128 KiB are compressed (level 1, BestSpeed) for a

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
@@ -40,7 +38,7 @@ from aggregator.web.context import RequestContext
 from aggregator.web.rendering import respond
 from aggregator.web.serverrequest import Response
 from aggregator.wire.negotiation import DISCOVERY_GROUP, DISCOVERY_KIND, MediaType
-from aggregator.wire.rendered import Rendered
+from aggregator.wire.rendered import ParsedLater, Rendered
 from aggregator.workers import metrics as merging
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import (
@@ -68,31 +66,6 @@ SUSPECT_INTERVAL = 0.1
 # How long `/metrics` waits for the group's figures before answering with this worker's alone.
 SCRAPE_TIMEOUT = 5.0
 CHANNEL_CHECK = "control-process"
-
-
-_UNPARSED: dict[str, Any] = {}
-
-
-class _Received(Rendered):
-    """A document rendered by the control: the compact JSON and ETag as received; the parsed
-    document (for the indented JSON and YAML forms only) is built on first use, so a worker does
-    not hold a second, dict-shaped copy of a large `/apis` nobody asks for in those forms."""
-
-    __slots__ = ()
-
-    def _parse(self) -> None:
-        if self._document is _UNPARSED:
-            self._document = json.loads(self.json)
-
-    @property
-    def pretty(self) -> bytes:
-        self._parse()
-        return Rendered.pretty.fget(self)  # type: ignore[attr-defined,no-any-return]
-
-    @property
-    def yaml(self) -> bytes:
-        self._parse()
-        return Rendered.yaml.fget(self)  # type: ignore[attr-defined,no-any-return]
 
 
 def _available(conditions: tuple[Condition, ...]) -> bool:
@@ -268,9 +241,7 @@ class Replica:
         self.first_state.set()
 
     def _apply_discovery(self, docs: AggregatedDocs) -> None:
-        self._aggregated = {
-            version: _Received(_UNPARSED, body, etag) for version, body, etag in docs.documents
-        }
+        self._aggregated = {version: ParsedLater(body, etag) for version, body, etag in docs.documents}
         self._legacy_only = docs.legacy_only
 
     # --- contracts.Availability, contracts.Recheck -------------------------------------------------

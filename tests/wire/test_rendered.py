@@ -9,14 +9,16 @@ import pytest
 from aggregator.web.context import RequestContext
 from aggregator.web.rendering import accepts_gzip, respond
 from aggregator.wire.negotiation import JSON, MediaType
-from aggregator.wire.rendered import GZIP_THRESHOLD, Rendered
+from aggregator.wire.rendered import GZIP_THRESHOLD, ParsedLater, Rendered
 from tests.support.contexts import context_for
 
 MEDIA = MediaType(JSON, None, False)
 
 
 def big() -> Rendered:
-    return Rendered.of({"kind": "Big", "items": [{"name": f"item-{i:06d}", "pad": "x" * 40} for i in range(3000)]})
+    return Rendered.of(
+        {"kind": "Big", "items": [{"name": f"item-{i:06d}", "pad": "x" * 40} for i in range(3000)]}
+    )
 
 
 def request(**headers: str) -> RequestContext:
@@ -61,3 +63,15 @@ def test_a_small_document_is_never_compressed() -> None:
     small = Rendered.of({"kind": "Small"})
     response = respond(request(**{"Accept-Encoding": "gzip"}), small, MEDIA)
     assert "Content-Encoding" not in response.headers
+
+
+def test_a_document_held_as_its_bytes_gives_the_same_forms() -> None:
+    """`ParsedLater` (the aggregated `/apis` of the renderer and of each worker) keeps no parsed
+    copy: its indented JSON and YAML, parsed from the compact JSON on first use, are those of the
+    document it was rendered from, HTML-escaped characters and key order included."""
+    document = {"kind": "List", "items": [{"name": "a<b>&c", "n": 3, "ok": True, "none": None}], "z": {}}
+    whole = Rendered.of(document)
+    held = ParsedLater(whole.json, whole.etag)
+    assert (held.json, held.etag) == (whole.json, whole.etag)
+    assert held.pretty == whole.pretty
+    assert held.yaml == whole.yaml

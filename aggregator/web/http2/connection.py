@@ -356,6 +356,8 @@ class H2ServerConnection(asyncio.Protocol):
     def on_header(
         self, session: Any, hd: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
     ) -> int:
+        # The Python collector, where the compiled one (`nghttp2.HeaderBlocks`, the same limits) is
+        # not installed or AGGREGATOR_HTTP2_COMPILED=0 turned it off; libnghttp2 calls it then.
         # Every header of every request passes here: the fast path is a sum, a comparison and an
         # append to the block being decoded. The limits are one number (`_block_limit`: what the
         # stream's header list and the connection's may still take), so a header list is bounded

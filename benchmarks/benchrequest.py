@@ -10,6 +10,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from aggregator.web.connection import Connection
 from aggregator.web.context import RequestContext
 from aggregator.web.routing import Route, RouteKind
+from aggregator.web.serverrequest import EncodedHeaders
 
 PATH = "/apis/bench.example.com/v1/namespaces/default/things/thing-1"
 # What the benchmark's client sends (proxy.py: wrk behind nginx), no traceparent.
@@ -27,6 +28,11 @@ class Head:
         self.headers = CIMultiDictProxy(CIMultiDict(HEADERS))
         self.connection = Connection("127.0.0.1", None)
         self.on_head: Any = None
+        self.head_lines: bytes | None = None
+
+    def add_encoded_headers(self, _headers: CIMultiDict[str], encoded: EncodedHeaders) -> None:
+        """As HTTP/1.1's request does (`Http1Request`): the lines go to the writer, one answer's here."""
+        self.head_lines = encoded.lines
 
 
 async def _handler(_ctx: RequestContext) -> Any:

@@ -21,6 +21,8 @@ unset, as shipped (one worker per CPU the gateway may use: the gateway is not pi
 
 The script prints, for the gateway's whole process tree (control and workers, from /proc):
 - time to listening (the port accepts connections) and to ready (`/readyz` 200);
+- time until every APIService's verdict was in (`verdicts`: healthy, all Available; dead and
+  blackhole, all unavailable), polled every 3 s or so;
 - time until settled (healthy: every APIService Available; dead: a minute after every APIService
   was found unavailable, so every retry is at its 30 s cap; blackhole: a minute past ready; and
   the gateway's CPU below 20% over a second);
@@ -571,7 +573,7 @@ def found_unavailable(status: int, body: bytes) -> bool:
 
 HEADER = (
     f"{'backends':>9} {'addresses':>9} {'workers':>7} {'count':>6} {'listening':>9} {'ready':>7} "
-    f"{'settled':>8} {'CPU to settle':>13} {'RSS settled':>11} {'idle CPU':>8} {'control':>7} {'worst 20s':>9} "
+    f"{'verdicts':>8} {'settled':>8} {'CPU to settle':>13} {'RSS settled':>11} {'idle CPU':>8} {'control':>7} {'worst 20s':>9} "
     f"{'RSS steady':>10} {'log lines':>9} {'file->/apis':>11} {'->verdict':>10}"
 )
 
@@ -579,7 +581,7 @@ HEADER = (
 def line(scenario: Scenario, figures: dict[str, float]) -> str:
     f = defaultdict(lambda: float("nan"), figures)
     return (
-        f"{scenario.row()} {f['listening']:>8.1f}s {f['ready']:>6.1f}s {f['settled']:>7.1f}s "
+        f"{scenario.row()} {f['listening']:>8.1f}s {f['ready']:>6.1f}s {f['verdicts']:>7.1f}s {f['settled']:>7.1f}s "
         f"{f['cpu_to_settle']:>12.1f}s {f['rss_mib']:>7.0f} MiB {f['idle_cpu_percent']:>7.1f}% "
         f"{f['idle_control_percent']:>6.1f}% "
         f"{f['worst_window_percent']:>8.1f}% {f['steady_rss_mib']:>6.0f} MiB {f['log_lines']:>9.0f} "

@@ -21,7 +21,12 @@ import aiohttp
 from cryptography import x509
 
 from aggregator.backends import tlsdiag
-from aggregator.backends._aiohttp import HttpProcessingError, ResponseHandler, response_protocol
+from aggregator.backends._aiohttp import (
+    BufferedReads,
+    HttpProcessingError,
+    ResponseHandler,
+    response_protocol,
+)
 from aggregator.backends.addresses import is_ip
 from aggregator.backends.errors import BackendError, Hop, classify
 from aggregator.backends.h1 import KEEPALIVE, DialTimes, H1Pool, IdleConnections, serialize_head
@@ -69,6 +74,9 @@ class Backend:
     keepalive: InitVar[float] = KEEPALIVE
     # The bound on idle connections this backend shares with the others (the registry's).
     idle: InitVar[IdleConnections | None] = None
+    # TLS answers read through `BufferedReads` (the control process, where a 256 KiB read buffer
+    # per record is a mapping); elsewhere uvloop's own reads, without BufferedReads' copy.
+    buffered_reads: bool = False
     pool: H1Pool = field(init=False)
     _diag_context: ssl.SSLContext | None = field(default=None, init=False)
     # (host, port, server name) -> (expiry, the look in progress or done): see `diagnose`.
@@ -146,14 +154,15 @@ class Backend:
     async def _dial_http(
         self, host: str, port: int, server_name: str | None, within: float | None, times: DialTimes | None
     ) -> ResponseHandler:
-        loop = asyncio.get_running_loop()
-        _, protocol = await self.dial(
+        handler = response_protocol(asyncio.get_running_loop())
+        buffered = self.buffered_reads and self.context is not None  # plain TCP: exact slices already
+        await self.dial(
             Address(host, port, server_name),
-            lambda: response_protocol(loop),
+            (lambda: BufferedReads(handler)) if buffered else (lambda: handler),
             within=CONNECT_TIMEOUT if within is None else within,
             times=times,
         )
-        return protocol
+        return handler
 
     async def describe(self, err: BaseException, address: Address) -> BackendError:
         """A failure after the connection was made, in Go's words; a bare EOF or reset right after

@@ -75,6 +75,8 @@ class BackendRegistry:
         # Idle connections to every backend, bounded together: thousands of Services hold at most
         # this many between their requests (the rest close, oldest first).
         self.idle = IdleConnections()
+        # Backends read TLS answers through `BufferedReads` (set by the control process: see there).
+        self.buffered_reads = False
 
     @property
     def policy(self) -> IdentityHeaderPolicy:
@@ -138,7 +140,9 @@ class BackendRegistry:
                 extra=fields(apiservice=apiservice.name, reason=str(err)),
             )
             return Backend(apiservice.name, context=None, error=str(err))
-        return Backend(apiservice.name, context=context, client_pair=pair, idle=self.idle)
+        return Backend(
+            apiservice.name, context=context, client_pair=pair, idle=self.idle, buffered_reads=self.buffered_reads
+        )
 
     def _release(self, name: str, settings: TLSSettings) -> None:
         users = self._users.get(settings)

@@ -27,6 +27,8 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from multidict import istr
+
 from aggregator.flowcontrol import bootstrap
 from aggregator.flowcontrol.allocation import AllocationError, AllocItem, compute_allocation
 from aggregator.flowcontrol.integrator import IntegratorResults, Moments, results_of
@@ -47,9 +49,14 @@ from aggregator.flowcontrol.shufflesharding import Dealer, DealerError
 from aggregator.model.userinfo import UserInfo
 from aggregator.util.logs import fields
 from aggregator.web.requestinfo import RequestInfo
+from aggregator.web.serverrequest import EncodedHeaders
 
 log = logging.getLogger(__name__)
 
+# Go's canonical spelling of upstream's response headers (`Header.Set`), as they appear on the wire.
+# (istr: multidict looks them up without folding their case again.)
+FLOW_SCHEMA_UID = istr("X-Kubernetes-Pf-Flowschema-Uid")
+PRIORITY_LEVEL_UID = istr("X-Kubernetes-Pf-Prioritylevel-Uid")
 BORROWING_ADJUSTMENT_PERIOD = 10.0
 SEAT_DEMAND_SMOOTHING = 0.977
 MAX_SEATS_PERCENT = 0.15
@@ -172,7 +179,7 @@ class Schema:
     """A FlowSchema in force, compiled, with the level it sends requests to; what the request path
     reads of it is kept in plain attributes (it runs for every request)."""
 
-    __slots__ = ("fs", "fs_name", "fs_uid", "hashes", "level", "method", "pl_uid", "queued", "rules", "stats")
+    __slots__ = ("fs", "fs_name", "fs_uid", "hashes", "headers", "level", "method", "pl_uid", "queued", "rules", "stats")
 
     def __init__(self, fs: FlowSchema, level: Level, rules: tuple[RuleTest, ...]) -> None:
         self.fs = fs
@@ -181,6 +188,8 @@ class Schema:
         self.fs_name = fs.name
         self.fs_uid = fs.uid
         self.pl_uid = level.pl.uid
+        # `setResponseHeaders`' two headers, the same on every answer: encoded once.
+        self.headers = EncodedHeaders(((PRIORITY_LEVEL_UID, self.pl_uid), (FLOW_SCHEMA_UID, self.fs_uid)))
         self.queued = level.config.desired_queues > 1  # requests are hashed to flows
         method = fs.spec.distinguisher
         self.method = BY_USER_NAME if method == BY_USER else BY_REQUEST_NAMESPACE if method == BY_NAMESPACE else BY_NOTHING

@@ -28,9 +28,9 @@ from bisect import bisect_left
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-from multidict import CIMultiDict, istr
+from multidict import CIMultiDict
 
-from aggregator.flowcontrol.controller import Controller, Level, Schema
+from aggregator.flowcontrol.controller import FLOW_SCHEMA_UID, PRIORITY_LEVEL_UID, Controller, Level, Schema
 from aggregator.flowcontrol.estimator import WatchTracker, WorkEstimator
 from aggregator.flowcontrol.metrics import (
     EXECUTING,
@@ -53,10 +53,6 @@ from aggregator.web.serverrequest import Answer, Response
 
 log = logging.getLogger(__name__)
 
-# Go's canonical spelling of upstream's names (`Header.Set`), as they appear on the wire.
-# (istr: multidict looks them up without folding their case again.)
-FLOW_SCHEMA_UID = istr("X-Kubernetes-Pf-Flowschema-Uid")
-PRIORITY_LEVEL_UID = istr("X-Kubernetes-Pf-Prioritylevel-Uid")
 MAX_WAIT = 60.0
 _READ_ONLY = frozenset({"get", "list", "watch"})  # maxinflight.go nonMutatingRequestVerbs
 _SIZED = frozenset({"list", "watch", "create", "update", "patch", "delete"})  # the estimators' verbs
@@ -340,8 +336,8 @@ class PriorityAndFairness:
             return
         schema = priority.schema
         if PRIORITY_LEVEL_UID not in headers and FLOW_SCHEMA_UID not in headers:
-            headers.add(PRIORITY_LEVEL_UID, schema.pl_uid)  # (absent: no need to replace)
-            headers.add(FLOW_SCHEMA_UID, schema.fs_uid)
+            # (absent: no need to replace) encoded once, last in the head as `add` puts them
+            ctx.request.add_encoded_headers(headers, schema.headers)
             return
         for name, value in ((PRIORITY_LEVEL_UID, schema.pl_uid), (FLOW_SCHEMA_UID, schema.fs_uid)):
             backend = headers.getall(name, ())

@@ -31,9 +31,11 @@ from aggregator.util.runtime import (
     TerminationSignals,
     hold_collector,
     new_event_loop,
+    release_collector,
     settle_heap,
     settle_heap_later,
 )
+from aggregator.util.tasks import TaskSet
 from aggregator.web.certexpiry import SERVING
 from aggregator.web.connection import Connection
 from aggregator.web.http1.request import serve_http1
@@ -291,6 +293,8 @@ async def serve(config: Config) -> int:
     a second signal cut the graceful shutdown short, as component-base's `SetupSignalContext`)."""
     signals = TerminationSignals()
     server = GatewayServer(config)
+    tasks = TaskSet("serve")
+    server.gateway.store.when_synced(tasks, release_collector, name="release-collector")
     await server.start()
     settle_heap()
     settling = asyncio.ensure_future(settle_heap_later())

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from aggregator.assembly import Gateway, build_gateway
 from aggregator.backends.h1 import MAX_IDLE
+from aggregator.backends.registry import BackendRegistry
 from aggregator.config import Config
 from aggregator.runners.server import serving_certificate, shutdown_bound
 from aggregator.tls.options import ServingConfig
@@ -41,6 +42,7 @@ from aggregator.util.runtime import (
     TerminationSignals,
     hold_collector,
     new_event_loop,
+    release_collector,
     settle_heap,
     settle_heap_later,
 )
@@ -130,6 +132,7 @@ class Supervisor:
 
     async def start(self) -> None:
         """Start the control, then every worker; ConfigError if a worker cannot start."""
+        self.control.store.when_synced(self._tasks, release_collector, name="release-collector")
         await self.control.start()
         await self.publisher.start()
         for worker in self.workers:
@@ -250,9 +253,7 @@ async def supervise(config: Config) -> int:
     serving = serving_certificate(config)
     config = replace(config, serving=replace(config.serving, port=reserve_port(config.serving)))
     control = build_gateway(config, serving=False)
-    # Its idle connections cost a page or two each (`run`): enough for every backend's probes to
-    # find theirs warm, within the file descriptors the process may open.
-    control.backends.idle.limit = control_idle_limit()
+    control_backends(control.backends)
     # The group's metrics take gauges from the control: it follows the serving pair too.
     expiry = control.metrics.exposition.certificate_expiry
     expiry.follow(SERVING, lambda: (serving.cert_file, [serving.current.leaf]))
@@ -288,6 +289,15 @@ async def supervise(config: Config) -> int:
     stopping.result()
     await serving.stop()
     return 0
+
+
+def control_backends(backends: BackendRegistry) -> None:
+    """How the control process, which probes and fetches and proxies nothing, holds its backends."""
+    # Its idle connections cost a page or two each (`run`): enough for every backend's probes to
+    # find theirs warm, within the file descriptors the process may open.
+    backends.idle.limit = control_idle_limit()
+    # Its large allocations are mappings (`run`): TLS records are read into buffers of their size.
+    backends.buffered_reads = True
 
 
 def control_idle_limit() -> int:

@@ -8,9 +8,10 @@ connection of the event loop (uvloop's and asyncio's alike: `SSLProtocol.max_siz
 idle connection keeps a page or two of it, from recycled heap all 256 KiB. The control process of
 `--workers N` holds a connection to every backend its checks and fetches reach: 5000 healthy
 Services took 1.7 GiB that way. A fixed threshold (`M_MMAP_THRESHOLD`, which also stops the
-raising) costs a mapping per large allocation, and the event loop reads every TLS record into a
-fresh 256 KiB bytes object: a few system calls per read, nothing for a process that only probes
-and fetches, too much for the one that proxies requests (which keeps glibc's default).
+raising) costs a mapping per large allocation; the event loop would read every TLS record into a
+fresh 256 KiB bytes object (an mmap, an mremap and an munmap per read), so the process that sets
+it reads its backends' answers through `backends._aiohttp.BufferedReads`, into buffers of their
+size. The process that proxies requests keeps glibc's default.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ upgrade (exec, attach, port-forward), which only HTTP/1.1 has (RFC 9113 forbids 
 
 Every answer's head goes through `on_head` before it is written (the request's context sets it:
 the audit adds its `Audit-Id` header and records ResponseStarted, the context notes the status).
+A listener may add constant headers encoded once (`EncodedHeaders`, `add_encoded_headers`): HTTP/1.1
+writes their bytes as they are instead of checking and encoding them again for every answer.
 """
 
 from __future__ import annotations
@@ -81,6 +83,26 @@ class Response:
 
     def __repr__(self) -> str:
         return f"<Response {self.status} {len(self.body)} bytes>"
+
+
+class EncodedHeaders:
+    """Constant headers, checked and encoded for HTTP/1.1 once (`ServerRequest.add_encoded_headers`).
+
+    `lines` is what aiohttp's writer would make of them (`name: value\r\n`, UTF-8), None when a
+    name or value holds a character HTTP forbids in a field (RFC 9110 5.5: a control character but
+    tab): such headers are added as any other, and the writer refuses them as it would have."""
+
+    __slots__ = ("lines", "pairs")
+
+    def __init__(self, pairs: tuple[tuple[str, str], ...]) -> None:
+        self.pairs = pairs
+        safe = all(_field_safe(name) and _field_safe(value) for name, value in pairs)
+        self.lines = b"".join(f"{name}: {value}\r\n".encode() for name, value in pairs) if safe else None
+
+
+def _field_safe(text: str) -> bool:
+    """Whether aiohttp's writer writes `text` in a head (`_write_str_raise_on_nlcr`)."""
+    return not any((c < " " and c != "\t") or c == "\x7f" for c in text)
 
 
 class StreamedResponse(Protocol):
@@ -182,6 +204,12 @@ class ServerRequest(Protocol):
     def abort(self) -> None:
         """Cut the answer short (`StreamedResponse.abort`), or refuse to give one: HTTP/1.1 closes
         the connection, HTTP/2 resets the stream."""
+        ...
+
+    def add_encoded_headers(self, headers: CIMultiDict[str], encoded: EncodedHeaders) -> None:
+        """From a head listener (`on_head`): add `encoded` to the answer's head, after `headers`.
+        HTTP/1.1 writes their lines as they are (they are then not in `headers`); HTTP/2 adds
+        them to `headers`."""
         ...
 
     def close_connection(self, reason: str = "connection_close") -> None:

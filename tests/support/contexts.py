@@ -16,7 +16,14 @@ from aggregator.model.userinfo import UserInfo
 from aggregator.web.connection import HTTP1, Connection
 from aggregator.web.context import RequestContext
 from aggregator.web.routing import Route, RouteKind
-from aggregator.web.serverrequest import HeadHook, RequestBody, Response, StreamedResponse, Tunnel
+from aggregator.web.serverrequest import (
+    EncodedHeaders,
+    HeadHook,
+    RequestBody,
+    Response,
+    StreamedResponse,
+    Tunnel,
+)
 
 
 async def _unused(_ctx: RequestContext) -> Response:
@@ -123,6 +130,9 @@ class RecordedRequest:
 
     def tunnel(self) -> Tunnel | None:
         return None
+
+    def add_encoded_headers(self, headers: CIMultiDict[str], encoded: EncodedHeaders) -> None:
+        headers.extend(encoded.pairs)
 
     def abort(self) -> None:
         self.aborted = True

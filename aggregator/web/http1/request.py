@@ -20,8 +20,23 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from aggregator.web.connection import HTTP1, Connection
-from aggregator.web.http1.server import GatewayRequest, HeadersWithBody, RawBytesSink, drain, take_over
-from aggregator.web.serverrequest import HeadHook, RequestBody, Response, StreamedResponse, Tunnel
+from aggregator.web.http1.server import (
+    GatewayRequest,
+    GatewayResponse,
+    GatewayStreamResponse,
+    HeadersWithBody,
+    RawBytesSink,
+    drain,
+    take_over,
+)
+from aggregator.web.serverrequest import (
+    EncodedHeaders,
+    HeadHook,
+    RequestBody,
+    Response,
+    StreamedResponse,
+    Tunnel,
+)
 
 # The pipeline's entry (`Pipeline.handle`).
 PipelineEntry = Callable[[Any], Awaitable[Any]]
@@ -154,7 +169,7 @@ class Http1Request:
         request.gateway_head = self  # aiohttp tells `on_head` of the head it is about to write
 
     async def respond(self, response: Response) -> None:
-        out = web.Response(
+        out = GatewayResponse(
             body=response.body, status=response.status, reason=response.reason or None, headers=response.headers
         )
         if response.close or self._close:
@@ -166,7 +181,7 @@ class Http1Request:
     async def stream(
         self, status: int, headers: CIMultiDict[str], *, reason: str = "", head_now: bool = True
     ) -> StreamedResponse:
-        cls = web.StreamResponse if head_now else HeadersWithBody
+        cls = GatewayStreamResponse if head_now else HeadersWithBody
         out = cls(status=status, reason=reason or None, headers=headers)
         if self._close:
             out.force_close()
@@ -177,6 +192,13 @@ class Http1Request:
 
     def tunnel(self) -> Tunnel | None:
         return Http1Tunnel(self._request)
+
+    def add_encoded_headers(self, headers: CIMultiDict[str], encoded: EncodedHeaders) -> None:
+        lines = encoded.lines
+        if lines is None:  # a value the writer refuses: as any other header, refused the same way
+            headers.extend(encoded.pairs)
+        else:
+            self._request.gateway_lines += lines
 
     def abort(self) -> None:
         transport = self._request.transport

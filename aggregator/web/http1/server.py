@@ -4,8 +4,9 @@ Every aiohttp internal the HTTP/1.1 side relies on is here (the client side's ar
 `backends/_aiohttp.py`): a header-read timeout on its connections (`TimedServer`,
 `TimedRequestHandler`), a TLS handshake deadline and a protocol factory of our own (`TimedSite`,
 for the ALPN dispatch), responses without aiohttp's `Server` header that tell the request's
-`ServerRequest` when their head is about to be written (`GatewayRequest`), headers sent with the
-first body bytes (`HeadersWithBody`), and the raw connection after a `101` (`take_over`, the hook
+`ServerRequest` when their head is about to be written (`GatewayRequest`), responses whose head
+ends with header lines encoded once (`GatewayResponse`, `GatewayStreamResponse`), headers sent with
+the first body bytes (`HeadersWithBody`), and the raw connection after a `101` (`take_over`, the hook
 `WebSocketResponse` uses). aiohttp's minor version is pinned in pyproject.toml for these;
 `missing_internals()` is checked by tests/web/http1/test_aiohttp_internals.py so an upgrade that
 breaks one fails loudly there, not in production.
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.http_writer import StreamWriter
 from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
@@ -43,7 +45,36 @@ class HeadHook(Protocol):
     on_head: Callable[[int, CIMultiDict[str]], None] | None
 
 
-class HeadersWithBody(web.StreamResponse):
+class _EncodedLines(web.StreamResponse):
+    """A response whose head ends with its request's `gateway_lines`: header lines checked and
+    encoded once (`serverrequest.EncodedHeaders`), not checked again character by character with
+    every answer as the headers aiohttp serializes are."""
+
+    async def _write_headers(self) -> None:
+        # `StreamResponse._write_headers`, the lines appended before the head's empty line.
+        request = self._req
+        writer = self._payload_writer
+        assert request is not None and writer is not None
+        version = request.version
+        status_line = f"HTTP/{version[0]}.{version[1]} {self._status} {self._reason}"
+        await writer.write_headers(status_line, self._headers)
+        lines = request.gateway_lines if isinstance(request, GatewayRequest) else b""
+        if lines:
+            head: Any = writer
+            head._headers_buf = b"".join((head._headers_buf[:-2], lines, b"\r\n"))
+        if self._send_headers_immediately:
+            writer.send_headers()
+
+
+class GatewayResponse(_EncodedLines, web.Response):
+    """`web.Response`, its head ending with the request's encoded lines."""
+
+
+class GatewayStreamResponse(_EncodedLines):
+    """`web.StreamResponse`, its head ending with the request's encoded lines."""
+
+
+class HeadersWithBody(GatewayStreamResponse):
     """A response whose headers go out with its first body bytes (one TLS record for a small one).
 
     For answers whose body is already on its way (a Content-Length was announced); a streamed one
@@ -78,8 +109,10 @@ class GatewayRequest(web.Request):
     even when an aiohttp backend sends the same text) is the backend's business and stays.
     """
 
-    ATTRS = web.Request.ATTRS | frozenset(["gateway_head"])
+    ATTRS = web.Request.ATTRS | frozenset(["gateway_head", "gateway_lines"])
     gateway_head: HeadHook | None = None
+    # Header lines encoded once, for the end of its answer's head (`GatewayResponse`).
+    gateway_lines = b""
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         headers = response.headers
@@ -277,8 +310,21 @@ def missing_internals() -> list[str]:
         [
             *((RequestHandler, n) for n in handler),
             (web.StreamResponse, "_send_headers_immediately"),
+            (web.StreamResponse, "_write_headers"),
             (web.BaseRequest, "_prepare_hook"),
             *((web.TCPSite, n) for n in ("_host", "_port", "_bound_port", "_reuse_address", "_reuse_port")),
             *((web.BaseSite, n) for n in ("_runner", "_ssl_context", "_backlog", "_server")),
         ]
-    )
+    ) + _missing_fields()
+
+
+def _missing_fields() -> list[str]:
+    """The fields `_EncodedLines` reads (set by aiohttp's constructors, so not on the classes)."""
+    response = web.StreamResponse()
+    writer = StreamWriter(None, None)  # type: ignore[arg-type]  # only its fields are read
+    return [
+        f"{type(owner).__module__}.{type(owner).__qualname__}.{name}"
+        for owner, names in ((response, ("_req", "_payload_writer", "_status", "_reason", "_headers")), (writer, ("_headers_buf",)))
+        for name in names
+        if not hasattr(owner, name)
+    ]

@@ -29,7 +29,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from aggregator.web.connection import Connection
 from aggregator.web.http2 import nghttp2
 from aggregator.web.http2.codes import ErrorCode
-from aggregator.web.serverrequest import HeadHook, Response, StreamedResponse, Tunnel
+from aggregator.web.serverrequest import EncodedHeaders, HeadHook, Response, StreamedResponse, Tunnel
 
 # Queued answer bytes above which a writer waits for the client to take some.
 HIGH_WATER = 256 * 1024
@@ -233,6 +233,9 @@ class H2Stream:
 
     def tunnel(self) -> Tunnel | None:
         return None  # RFC 9113 has no Upgrade
+
+    def add_encoded_headers(self, headers: CIMultiDict[str], encoded: EncodedHeaders) -> None:
+        headers.extend(encoded.pairs)  # HPACK encodes them with the rest
 
     def close_connection(self, reason: str = "connection_close") -> None:
         self.owner.shut_down(reason)

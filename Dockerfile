@@ -9,9 +9,16 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/aggregator
+# A C compiler for the one compiled module, libnghttp2's header callback (native/h2blocks.c, built
+# by setup.py with cffi): only this stage has it; the runtime stage gets the built module with the
+# environment. Without it the install still succeeds and HTTP/2 collects header blocks in Python.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what the package build needs (.dockerignore keeps everything else out of the context).
-COPY pyproject.toml README.md LICENSE ./
+COPY pyproject.toml README.md LICENSE setup.py ./
+COPY native/ ./native/
 COPY aggregator/ ./aggregator/
 # The kube extra: the image runs in a cluster, where kube mode needs the kubernetes client; the
 # tracing extra: --tracing-config-file works there too (about 25 MB: grpcio, protobuf).

@@ -12,6 +12,9 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_STAMP := $(VENV)/.demo-stamp
 # The sample extension API server: a package of its own, never inside the gateway's wheel.
 SAMPLE := samples/wardle
+# The compiled HTTP/2 header callback (setup.py builds it into the package at install; optional:
+# without a C compiler the install goes on and Python collects header blocks).
+NATIVE := setup.py native/h2blocks.c native/h2blocks_build.py
 
 .PHONY: demo test lint e2e bench clean
 
@@ -21,13 +24,13 @@ $(BIN)/python:
 
 # --no-compile: Python compiles what the demo imports when it first imports it, not every installed
 # module up front.
-$(DEMO_STAMP): pyproject.toml $(SAMPLE)/pyproject.toml | $(BIN)/python
+$(DEMO_STAMP): pyproject.toml $(NATIVE) $(SAMPLE)/pyproject.toml | $(BIN)/python
 	@echo "make demo: installing the gateway, the sample server and the packages they run into $(VENV) (the first time only)"
 	$(BIN)/python -m pip install --disable-pip-version-check --no-compile -e . -e $(SAMPLE)
 	@echo "make demo: installed"
 	touch $@
 
-$(STAMP): pyproject.toml $(SAMPLE)/pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml $(NATIVE) $(SAMPLE)/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,dev]' -e $(SAMPLE)
 	touch $(DEMO_STAMP) $@

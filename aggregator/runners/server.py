@@ -61,7 +61,8 @@ IDLE_TIMEOUT = 90.0
 
 
 def http2_library(serving: ServingConfig) -> nghttp2.Nghttp2 | None:
-    """libnghttp2 when HTTP/2 is to be served; None (and a warning naming why) when it cannot be."""
+    """libnghttp2 when HTTP/2 is to be served (and a line saying which header collector it uses);
+    None (and a warning naming why) when it cannot be."""
     if not serving.http2:
         return None
     binding, why = nghttp2.load()
@@ -72,6 +73,8 @@ def http2_library(serving: ServingConfig) -> nghttp2.Nghttp2 | None:
                 reason=why, fix="install libnghttp2 (Debian and Ubuntu: apt-get install libnghttp2-14)"
             ),
         )
+    else:  # which collects request headers: the compiled callback, or Python (nghttp2.py)
+        log.info("HTTP/2 served by libnghttp2", extra=fields(detail=why))
     return binding
 
 

@@ -151,7 +151,7 @@ def test_the_package_is_installed_with_pip_from_the_repository(stages: list[Stag
 
 
 def test_nothing_but_the_package_sources_is_copied_and_no_secret_is_set(stages: list[Stage]) -> None:
-    allowed = {"pyproject.toml", "README.md", "LICENSE", "aggregator/", "aggregator"}
+    allowed = {"pyproject.toml", "README.md", "LICENSE", "setup.py", "native/", "aggregator/", "aggregator"}
     for stage in stages:
         assert not stage.all("ADD"), "ADD fetches URLs and unpacks archives: use COPY"
         for sources, _ in _copies(stage):
@@ -259,14 +259,17 @@ def test_dockerignore_keeps_out_environments_certificates_caches_and_git() -> No
 
 def test_the_build_context_holds_every_package_file_and_nothing_else() -> None:
     context = build_context(read_dockerignore())
-    assert {"pyproject.toml", "README.md", "LICENSE"} <= set(context)
-    assert all(
-        p in ("pyproject.toml", "README.md", "LICENSE") or p.startswith("aggregator/") for p in context
-    ), context
+    # setup.py and native/: the compiled HTTP/2 header callback, built in the build stage.
+    top = ("pyproject.toml", "README.md", "LICENSE", "setup.py")
+    assert {*top, "native/h2blocks.c", "native/h2blocks_build.py"} <= set(context)
+    assert all(p in top or p.startswith(("aggregator/", "native/")) for p in context), context
     package = {
         str(p.relative_to(REPO))
         for p in (REPO / "aggregator").rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".key", ".pem")
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        # what an editable install compiled into the tree: the build stage compiles its own
+        and p.suffix not in (".pyc", ".key", ".pem", ".so")
     }
     assert package <= set(context)
 
@@ -295,14 +298,16 @@ def replay_copies(stage: Stage, context: list[str], root: Path) -> Path:
 
 
 def build_offline(project: Path, egg_base: Path, installed: Path) -> subprocess.CompletedProcess[str]:
-    """What `pip install <project>` does, offline: setuptools' egg_info (entry points) and build_py
-    (the files a wheel would carry, package data included) into `installed`."""
+    """What `pip install <project>` does, offline: setuptools' egg_info (entry points), build_py
+    (the files a wheel would carry, package data included) and, where the project has a setup.py,
+    build_ext (its compiled modules) into `installed`."""
     egg_base.mkdir(parents=True, exist_ok=True)
+    setup = ["setup.py"] if (project / "setup.py").exists() else ["-c", "from setuptools import setup; setup()"]
+    compiled = ["build_ext", "--build-lib", str(installed)] if setup == ["setup.py"] else []
     return subprocess.run(
         [
             sys.executable,
-            "-c",
-            "from setuptools import setup; setup()",
+            *setup,
             "-q",
             "egg_info",
             "--egg-base",
@@ -310,6 +315,7 @@ def build_offline(project: Path, egg_base: Path, installed: Path) -> subprocess.
             "build_py",
             "--build-lib",
             str(installed),
+            *compiled,
         ],
         capture_output=True,
         text=True,
@@ -385,6 +391,8 @@ def test_the_build_stage_installs_a_working_console_script(tmp_path: Path, stage
     for data in (REPO / "aggregator").rglob("*"):
         if data.suffix in (".json", ".yaml", ".typed") and "__pycache__" not in data.parts:
             assert (installed / data.relative_to(REPO)).exists(), f"{data} is missing from the image"
+    # The compiled HTTP/2 header callback is built from the context (this machine has a compiler).
+    assert list((installed / "aggregator/web/http2").glob("_h2blocks*.so")), "the header callback was not built"
     # The gateway's wheel holds the gateway: the sample server is a package of its own.
     assert sorted(p.name for p in installed.iterdir()) == ["aggregator"]
 

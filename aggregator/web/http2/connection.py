@@ -76,6 +76,8 @@ class H2ServerConnection(asyncio.Protocol):
         self._session: nghttp2.Session | None = session
         self.session = session.handle
         self._data_provider = session.data_provider
+        # The compiled header collector (`nghttp2.HeaderBlocks`), or None: `on_header` collects.
+        self._blocks = session.blocks
         self._unpack = self.lib.unpack
         self._memmove = self.lib.memmove
         self.guard = FrameGuard(limits)
@@ -354,6 +356,8 @@ class H2ServerConnection(asyncio.Protocol):
     def on_header(
         self, session: Any, hd: Any, name: Any, namelen: int, value: Any, valuelen: int, flags: int, user_data: Any
     ) -> int:
+        # The Python collector, where the compiled one (`nghttp2.HeaderBlocks`, the same limits) is
+        # not installed or AGGREGATOR_HTTP2_COMPILED=0 turned it off; libnghttp2 calls it then.
         # Every header of every request passes here: the fast path is a sum, a comparison and an
         # append to the block being decoded. The limits are one number (`_block_limit`: what the
         # stream's header list and the connection's may still take), so a header list is bounded
@@ -395,6 +399,12 @@ class H2ServerConnection(asyncio.Protocol):
         self._block.append((unpack(name, namelen), unpack(value, valuelen)))
         return 0
 
+    def _hold_header_bytes(self, change: int) -> None:
+        """The decoded header lists live streams hold grew or shrank by `change` bytes."""
+        self.header_bytes += change
+        if self._blocks is not None:
+            self._blocks.held(self.header_bytes)
+
     def _header_room(self) -> int:
         """What one header list may hold: the stream's limit, and what the connection's limit
         leaves of the lists its live streams hold."""
@@ -413,14 +423,18 @@ class H2ServerConnection(asyncio.Protocol):
         if kind == nghttp2.HEADERS:
             stream_id = hd.stream_id
             flags = hd.flags
-            if stream_id == self._block_stream:
-                request_fields, size, too_large = self._block, self._block_bytes, self._block_too_large
-            else:  # a block without fields (trailers can be empty), or not this stream's
-                request_fields, size, too_large = [], 0, False
-            self._block = []
-            self._block_stream = self._block_bytes = 0
-            self._block_limit = -1
-            self._block_too_large = False
+            blocks = self._blocks
+            if blocks is not None:
+                request_fields, size, too_large = blocks.take(stream_id)
+            else:
+                if stream_id == self._block_stream:
+                    request_fields, size, too_large = self._block, self._block_bytes, self._block_too_large
+                else:  # a block without fields (trailers can be empty), or not this stream's
+                    request_fields, size, too_large = [], 0, False
+                self._block = []
+                self._block_stream = self._block_bytes = 0
+                self._block_limit = -1
+                self._block_too_large = False
             if stream_id <= self._last_request:
                 # Not a new stream (libnghttp2 takes new ones in increasing order only): trailers,
                 # which nothing reads.
@@ -435,7 +449,7 @@ class H2ServerConnection(asyncio.Protocol):
             else:
                 stream.fields = request_fields
                 stream.field_bytes = size
-                self.header_bytes += size
+                self._hold_header_bytes(size)
             if flags & nghttp2.FLAG_END_STREAM:
                 stream.remote_ended = True
             return self._on_request(stream)
@@ -459,7 +473,9 @@ class H2ServerConnection(asyncio.Protocol):
         return 0
 
     def on_invalid_frame(self, session: Any, hd: Any, error: int, user_data: Any) -> int:
-        if hd.stream_id == self._block_stream:
+        if self._blocks is not None:
+            self._blocks.drop(hd.stream_id)
+        elif hd.stream_id == self._block_stream:
             self._drop_block()
         log.debug("HTTP/2 frame refused", extra=fields(remote=self.info.remote, reason=self.lib.error(error)))
         return 0
@@ -475,7 +491,9 @@ class H2ServerConnection(asyncio.Protocol):
         return 0
 
     def on_stream_close(self, session: Any, stream_id: int, error_code: int, user_data: Any) -> int:
-        if stream_id == self._block_stream:
+        if self._blocks is not None:
+            self._blocks.drop(stream_id)
+        elif stream_id == self._block_stream:
             self._drop_block()
         stream = self.streams.get(stream_id)
         ours = theirs = False
@@ -608,7 +626,7 @@ class H2ServerConnection(asyncio.Protocol):
         stream.handled = True
         self.running -= 1
         if stream.field_bytes:
-            self.header_bytes -= stream.field_bytes
+            self._hold_header_bytes(-stream.field_bytes)
             stream.field_bytes = 0
         if not self.closing and not stream.reset and not stream.closed:
             if not stream.ended:
@@ -630,7 +648,7 @@ class H2ServerConnection(asyncio.Protocol):
         if self.streams.get(stream.id) is stream:
             del self.streams[stream.id]
         if stream.field_bytes:
-            self.header_bytes -= stream.field_bytes
+            self._hold_header_bytes(-stream.field_bytes)
             stream.field_bytes = 0
         if not self.streams and not self.goaway_sent:
             self._idle_since = self.loop.time()

@@ -18,6 +18,15 @@ crosses here. Each session's callbacks are its receiver's bound methods (`Sessio
 with the session (about 20 us, once per connection): a callback is then one Python frame, where
 callbacks shared by every session would need an adapter's frame to find the session being driven.
 
+The header callback, compiled where it could be. libnghttp2 calls back once per decoded header,
+and through the ABI mode each call is a libffi closure, a GIL round trip and a Python frame (about
+9k instructions a header, most of what an HTTP/2 request cost beyond an HTTP/1.1 one). Where the
+install compiled `_h2blocks` (native/h2blocks.c, cffi's API mode, built by setup.py when a C
+compiler and Python's headers are there) the header callback is C: it bounds and collects the
+block, and Python takes it whole when the HEADERS frame completes (`HeaderBlocks`). Otherwise, or
+with `AGGREGATOR_HTTP2_COMPILED=0`, the callback is the connection's `on_header`, in Python, with
+the same limits. `load` says which.
+
 Where the library is missing or too old, `load` returns None with the reason, and the server
 offers only HTTP/1.1 (clients fall back to it as they do for any server without `h2`).
 """
@@ -25,6 +34,7 @@ offers only HTTP/1.1 (clients fall back to it as they do for any server without 
 from __future__ import annotations
 
 import ctypes.util
+import importlib
 import logging
 import os
 from collections.abc import Callable
@@ -37,6 +47,9 @@ MINIMUM_VERSION = (1, 43, 0)
 # Where the library is looked for when `AGGREGATOR_LIBNGHTTP2` does not name it.
 LIBRARY_NAMES = ("libnghttp2.so.14", "libnghttp2.14.dylib")
 LIBRARY_ENV = "AGGREGATOR_LIBNGHTTP2"
+# "0": header blocks collected in Python even where the compiled callback is installed.
+COMPILED_ENV = "AGGREGATOR_HTTP2_COMPILED"
+COMPILED_MODULE = "aggregator.web.http2._h2blocks"
 
 CDEF = """
 typedef struct nghttp2_session nghttp2_session;
@@ -158,16 +171,86 @@ class SessionEvents(Protocol):
     def on_error(self, session: Any, code: int, message: Any, length: int, user_data: Any) -> int: ...
 
 
+class HeaderBlocks:
+    """One session's header block as the compiled callback collects it (native/h2blocks.c): the
+    stream's limit and what the connection's leaves bound it as it is decoded, as the Python
+    collector does (`connection.H2ServerConnection.on_header`); Python takes it once, complete."""
+
+    __slots__ = ("_block", "_clear", "_free", "_max_held", "_unpack", "user_data")
+
+    def __init__(self, compiled: Any, unpack: Callable[[Any, int], Any], options: SessionOptions) -> None:
+        ffi, lib = compiled.ffi, compiled.lib
+        self._block = block = ffi.new("agg_block *")
+        block.max_list = options.max_header_list_size
+        block.room_held = self._max_held = options.max_header_bytes_held
+        self._clear = lib.agg_block_clear
+        self._free = lib.agg_block_free
+        self._unpack = unpack
+        self.user_data = int(ffi.cast("uintptr_t", block))
+
+    def __del__(self) -> None:
+        self._free(self._block)
+
+    def take(self, stream_id: int) -> tuple[list[tuple[bytes, bytes]], int, bool]:
+        """The block a HEADERS frame of `stream_id` completed: its fields, their size and whether
+        it went past its limit (no fields then). Empty when the fields decoded were another
+        stream's (a block libnghttp2 refused midway) or there were none."""
+        block = self._block
+        if block.stream != stream_id:
+            if block.stream:
+                self._clear(block)
+            return [], 0, False
+        count = block.count
+        result: list[tuple[bytes, bytes]] = []
+        if count:
+            data: bytes = self._unpack(block.data, block.used)
+            parts = data.split(b"\0")
+            if len(parts) == 2 * count + 1:
+                pairs = iter(parts)
+                result = list(zip(pairs, pairs, strict=False))
+            else:  # a NUL inside a field (libnghttp2 refuses them in values): by the lengths
+                result = _by_lengths(data, self._unpack(block.lens, 2 * count))
+        size, too_large = block.bytes, bool(block.too_large)
+        self._clear(block)
+        return result, size, too_large
+
+    def drop(self, stream_id: int) -> None:
+        """The block of `stream_id`, if it is the one being collected, is not completed: its
+        fields go."""
+        block = self._block
+        if block.stream == stream_id:
+            self._clear(block)
+
+    def held(self, header_bytes: int) -> None:
+        """The connection's live streams now hold `header_bytes` of decoded headers."""
+        self._block.room_held = self._max_held - header_bytes
+
+
+def _by_lengths(data: bytes, lengths: list[int]) -> list[tuple[bytes, bytes]]:
+    fields: list[tuple[bytes, bytes]] = []
+    at = 0
+    for index in range(0, len(lengths), 2):
+        name_end = at + lengths[index]
+        value_end = name_end + 1 + lengths[index + 1]
+        fields.append((data[at:name_end], data[name_end + 1 : value_end]))
+        at = value_end + 1
+    return fields
+
+
 class Session:
-    """One server session: its handle (freed when this is collected), its data provider, and the
-    callbacks bound to its receiver, kept alive as long as the session may call them."""
+    """One server session: its handle (freed when this is collected), its data provider, the
+    callbacks bound to its receiver, kept alive as long as the session may call them, and its
+    compiled header collector (None where headers go to the receiver's `on_header`)."""
 
-    __slots__ = ("_callbacks", "data_provider", "handle")
+    __slots__ = ("_callbacks", "blocks", "data_provider", "handle")
 
-    def __init__(self, handle: Any, data_provider: Any, callbacks: tuple[Any, ...]) -> None:
+    def __init__(
+        self, handle: Any, data_provider: Any, callbacks: tuple[Any, ...], blocks: HeaderBlocks | None
+    ) -> None:
         self.handle = handle
         self.data_provider = data_provider
         self._callbacks = callbacks
+        self.blocks = blocks
 
 
 def _failed(exception: Any, exc_value: Any, traceback: Any) -> None:
@@ -177,9 +260,15 @@ def _failed(exception: Any, exc_value: Any, traceback: Any) -> None:
 class Nghttp2:
     """The loaded library (see the module docstring)."""
 
-    def __init__(self, ffi: Any, lib: Any) -> None:
+    def __init__(self, ffi: Any, lib: Any, compiled: Any = None) -> None:
         self.ffi = ffi
         self.lib = lib
+        # The compiled header callback's module (`_h2blocks`), or None: headers go to Python.
+        self.compiled = compiled
+        self._on_header = None
+        if compiled is not None:
+            address = int(compiled.ffi.cast("uintptr_t", compiled.ffi.addressof(compiled.lib, "agg_on_header")))
+            self._on_header = ffi.cast("nghttp2_on_header_callback", address)
         info = lib.nghttp2_version(0)
         self.version = ffi.string(info.version_str).decode()
         self.has_reset_rate_limit = _has(lib, "nghttp2_option_set_stream_reset_rate_limit")
@@ -194,14 +283,15 @@ class Nghttp2:
 
     def _callbacks(self, events: SessionEvents) -> tuple[Any, tuple[Any, ...]]:
         """A callbacks structure whose callbacks are `events`' bound methods (the session copies
-        the structure; the callbacks themselves must outlive it)."""
+        the structure; the callbacks themselves must outlive it), the header callback the compiled
+        one where it is loaded."""
         ffi, lib = self.ffi, self.lib
 
         def made(kind: str, method: Callable[..., int]) -> Any:
             return ffi.callback(kind, method, onerror=_failed, error=ERR_CALLBACK_FAILURE)
 
         keep = (
-            made("nghttp2_on_header_callback", events.on_header),
+            self._on_header or made("nghttp2_on_header_callback", events.on_header),
             made("nghttp2_on_frame_recv_callback", events.on_frame_recv),
             made("nghttp2_on_invalid_frame_recv_callback", events.on_invalid_frame),
             made("nghttp2_on_data_chunk_recv_callback", events.on_data),
@@ -241,13 +331,18 @@ class Nghttp2:
             )
         if self.has_max_continuations:
             lib.nghttp2_option_set_max_continuations(option, options.max_continuations)
+        blocks = None
+        user_data = ffi.NULL
+        if self.compiled is not None:
+            blocks = HeaderBlocks(self.compiled, self.unpack, options)
+            user_data = ffi.cast("void *", blocks.user_data)  # what the compiled callback collects into
         holder = ffi.new("nghttp2_session **")
-        code = lib.nghttp2_session_server_new2(holder, callbacks, ffi.NULL, option)
+        code = lib.nghttp2_session_server_new2(holder, callbacks, user_data, option)
         if code != 0:
             raise MemoryError(f"nghttp2_session_server_new2: {self.error(code)}")
         data_provider = ffi.new("nghttp2_data_provider *")
         data_provider.read_callback = keep[6]
-        return Session(ffi.gc(holder[0], lib.nghttp2_session_del), data_provider, keep)
+        return Session(ffi.gc(holder[0], lib.nghttp2_session_del), data_provider, keep, blocks)
 
     def error(self, code: int) -> str:
         return str(self.ffi.string(self.lib.nghttp2_strerror(code)).decode())
@@ -271,6 +366,12 @@ class SessionOptions(Protocol):
     @property
     def max_continuations(self) -> int: ...
 
+    @property
+    def max_header_list_size(self) -> int: ...
+
+    @property
+    def max_header_bytes_held(self) -> int: ...
+
 
 def _has(lib: Any, name: str) -> bool:
     try:
@@ -288,8 +389,21 @@ def _candidates() -> list[str]:
     return [*LIBRARY_NAMES, *([found] if found else [])]
 
 
-def load() -> tuple[Nghttp2 | None, str]:
-    """The library, or None and why not (the server then offers HTTP/1.1 only)."""
+def _compiled(wanted: bool | None) -> tuple[Any, str]:
+    """The compiled header callback's module, or None, and which collects header blocks."""
+    if wanted is None:
+        wanted = os.environ.get(COMPILED_ENV, "1") != "0"
+    if not wanted:
+        return None, f"header blocks collected in Python ({COMPILED_ENV}=0)"
+    try:
+        return importlib.import_module(COMPILED_MODULE), "header blocks collected in C"
+    except ImportError as err:
+        return None, f"header blocks collected in Python (the compiled callback was not built: {err})"
+
+
+def load(*, compiled: bool | None = None) -> tuple[Nghttp2 | None, str]:
+    """The library, or None and why not (the server then offers HTTP/1.1 only). `compiled`: the
+    compiled header callback if installed (None: unless `AGGREGATOR_HTTP2_COMPILED=0`), or not."""
     try:
         from cffi import FFI
     except ImportError as err:  # cffi comes with cryptography: only a broken install lacks it
@@ -303,10 +417,11 @@ def load() -> tuple[Nghttp2 | None, str]:
         except OSError as err:
             reasons.append(f"{name}: {err}")
             continue
-        binding = Nghttp2(ffi, lib)
+        module, how = _compiled(compiled)
+        binding = Nghttp2(ffi, lib, module)
         version = tuple(int(part) for part in binding.version.split(".")[:3] if part.isdigit())
         if version < MINIMUM_VERSION:
             minimum = ".".join(map(str, MINIMUM_VERSION))
             return None, f"{name} is nghttp2 {binding.version}; HTTP/2 needs {minimum} or newer"
-        return binding, f"nghttp2 {binding.version}"
+        return binding, f"nghttp2 {binding.version}, {how}"
     return None, "libnghttp2 was not found (" + "; ".join(reasons) + ")"

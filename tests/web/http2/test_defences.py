@@ -30,7 +30,8 @@ from tests.support.pki import PKI
 from tests.support.polling import until
 
 # The production loop: its TLS transport is no asyncio.Transport, and it reports failures its own way.
-pytestmark = [pytest.mark.long(15), pytest.mark.uvloop]
+# Every defence with both header collectors (conftest.py), the compiled one and Python's.
+pytestmark = [pytest.mark.long(30), pytest.mark.uvloop, pytest.mark.usefixtures("header_collector")]
 
 THINGS = f"{PREFIX}/namespaces/default/things"
 CALM = ErrorCodes.ENHANCE_YOUR_CALM

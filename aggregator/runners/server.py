@@ -25,14 +25,13 @@ from aggregator.runners.serving import CLOSE_TIMEOUT, serving_certificate
 from aggregator.tls.options import ServingConfig
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
-from aggregator.util.memory import limit_arenas
 from aggregator.util.runtime import (
     TerminationSignals,
-    hold_collector,
     new_event_loop,
     release_collector,
     settle_heap,
     settle_heap_later,
+    start_server_process,
 )
 from aggregator.util.tasks import TaskSet
 from aggregator.web.certexpiry import SERVING
@@ -279,7 +278,6 @@ async def serve(config: Config) -> int:
 
 
 def run(config: Config) -> int:
-    limit_arenas()
-    hold_collector()
+    start_server_process()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(serve(config))

@@ -37,14 +37,14 @@ from aggregator.tls.options import ServingConfig
 from aggregator.util.backoff import exponential_delay
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import fields
-from aggregator.util.memory import limit_arenas, map_large_allocations
+from aggregator.util.memory import map_large_allocations
 from aggregator.util.runtime import (
     TerminationSignals,
-    hold_collector,
     new_event_loop,
     release_collector,
     settle_heap,
     settle_heap_later,
+    start_server_process,
 )
 from aggregator.util.tasks import TaskSet
 from aggregator.web.certexpiry import SERVING
@@ -313,7 +313,6 @@ def run(config: Config) -> int:
     # The control probes and fetches every backend and proxies nothing: its TLS connections keep
     # only what their answers wrote of their read buffers (`util/memory.py`).
     map_large_allocations()
-    limit_arenas()
-    hold_collector()
+    start_server_process()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(supervise(config))

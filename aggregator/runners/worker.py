@@ -25,8 +25,7 @@ from aggregator.gatewaymetrics import GatewayMetrics
 from aggregator.runners.server import GatewayServer, shut_down
 from aggregator.util.flags import ConfigError
 from aggregator.util.logs import configure_logging, fields
-from aggregator.util.memory import limit_arenas
-from aggregator.util.runtime import hold_collector, new_event_loop, settle_heap, wait_for_termination
+from aggregator.util.runtime import new_event_loop, settle_heap, start_server_process, wait_for_termination
 from aggregator.workers.channel import Channel
 from aggregator.workers.messages import Hello, Listening
 from aggregator.workers.replica import Replica
@@ -102,8 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    limit_arenas()
-    hold_collector()
+    start_server_process()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         try:
             return runner.run(serve(int(args[0])))

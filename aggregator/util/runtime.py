@@ -8,6 +8,8 @@ import gc
 import signal
 import threading
 
+from aggregator.util.memory import limit_arenas
+
 # Allocations between two young-generation collections (CPython's default: 700). A proxied request
 # allocates a few hundred tracked objects and frees nearly all of them itself; a young collection
 # costs about the objects still alive, not those allocated, so collecting 14x less often spares
@@ -48,6 +50,14 @@ def hold_collector(limit: float = HOLD_LIMIT) -> None:
     timer = threading.Timer(limit, gc.enable)
     timer.daemon = True
     timer.start()
+
+
+def start_server_process() -> None:
+    """What every server process (a single process, the control, a worker) does first, before its
+    event loop: two malloc arenas (`util/memory.limit_arenas`) and no cyclic collection while its
+    state loads (`hold_collector`)."""
+    limit_arenas()
+    hold_collector()
 
 
 def release_collector() -> None:

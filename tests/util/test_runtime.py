@@ -69,7 +69,7 @@ def test_start_up_runs_without_the_collector_until_released_settled_or_the_limit
     out = subprocess.run([sys.executable, "-c", HELD], capture_output=True, text=True, check=True, timeout=60)
     result = json.loads(out.stdout)
     assert result["held"] is False
-    assert result["grew"] >= 50_000  # nothing collected the young generation on the way
+    assert result["grew"] > 40_000  # nothing collected the young generation (700 at a time) on the way
     assert result["settled"] is True
     assert result["after_limit"] is True
     # Released at the store's sync: what is loaded is out of reach, and the collector runs again.
